@@ -1,0 +1,126 @@
+//! The API's error: each variant answers with its status and the SPEC's JSON shape
+//! `{"error": {"code", "message"}}`. Internal causes are logged, never sent.
+
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the body is not JSON, or a path or query value is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 401: no token, or not a valid one.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// 403: the token belongs to another biz type.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 404
+    #[error("{0}")]
+    NotFound(String),
+    /// 405
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// 409: wrong state, or a key already used with another request.
+    #[error("{0}")]
+    Conflict(String),
+    /// 413
+    #[error("{0}")]
+    TooLarge(String),
+    /// 422: a field is invalid; the message names it.
+    #[error("{0}")]
+    Invalid(String),
+    /// 429, with Retry-After.
+    #[error("create rate limit of this biz type exceeded; retry after {} ms", .0.as_millis())]
+    RateLimited(Duration),
+    /// 503: the database cannot be reached.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500: logged with its cause; the client sees only that it happened.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::Unauthenticated(_) => "unauthenticated",
+            ApiError::Forbidden(_) => "permission_denied",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::TooLarge(_) => "payload_too_large",
+            ApiError::Invalid(_) => "invalid_argument",
+            ApiError::RateLimited(_) => "rate_limited",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The `{"code", "message"}` object, also used for the items of a batch.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"code": self.code(), "message": self.to_string()})
+    }
+}
+
+impl From<crate::error::Error> for ApiError {
+    fn from(e: crate::error::Error) -> Self {
+        use crate::error::Error;
+        match e {
+            Error::Invalid { .. } => ApiError::Invalid(e.to_string()),
+            Error::NotFound(m) => ApiError::NotFound(m),
+            Error::Forbidden(m) => ApiError::Forbidden(m),
+            Error::Conflict(m) => ApiError::Conflict(m),
+            Error::TooLarge(m) => ApiError::TooLarge(m),
+            Error::Db(e) => e.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+                tracing::warn!(error = %e, "database unavailable");
+                ApiError::Unavailable("the database is unavailable; retry shortly".into())
+            }
+            e => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let ApiError::Internal(cause) = self {
+            tracing::error!(error = format!("{cause:#}"), "request failed");
+        }
+        let mut response = HttpResponse::build(self.status_code());
+        if let ApiError::RateLimited(wait) = self {
+            response.insert_header(("Retry-After", wait.as_secs_f64().ceil().max(1.0).to_string()));
+        }
+        if let ApiError::Unauthenticated(_) = self {
+            response.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        response.json(json!({"error": self.body()}))
+    }
+}

@@ -1,0 +1,106 @@
+//! The REST API under `/api/v1` (SPEC §3), plus `/healthz` and `/readyz`.
+//! Handlers parse and authorise; the SQL lives in the domain modules.
+
+mod auth;
+mod error;
+mod limits;
+mod tasks;
+
+pub use error::ApiError;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use sqlx::PgPool;
+
+use self::limits::CreateLimiter;
+
+pub struct AppState {
+    pub pool: PgPool,
+    pub max_payload_bytes: usize,
+    create_limiter: CreateLimiter,
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, max_payload_bytes: usize) -> Self {
+        AppState { pool, max_payload_bytes, create_limiter: CreateLimiter::default() }
+    }
+}
+
+const OPENAPI: &str = include_str!("openapi.json");
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/healthz").route(web::get().to(healthz)))
+        .service(resource("/readyz").route(web::get().to(readyz)))
+        .service(
+            web::scope("/api/v1")
+                .service(resource("/openapi.json").route(web::get().to(openapi)))
+                .service(resource("/tasks").route(web::post().to(tasks::create)).route(web::get().to(tasks::list)))
+                .service(resource("/tasks/batch").route(web::post().to(tasks::create_batch)))
+                .service(
+                    resource("/tasks/{id}")
+                        .route(web::get().to(tasks::get))
+                        .route(web::patch().to(tasks::reschedule))
+                        .route(web::delete().to(tasks::cancel)),
+                )
+                .service(resource("/tasks/{id}/replay").route(web::post().to(tasks::replay)))
+                .service(resource("/biz-types/{name}/tasks/by-key/{key:.*}").route(web::get().to(tasks::get_by_key)))
+                .default_service(web::to(not_found)),
+        );
+}
+
+/// A resource that answers a method it does not serve with a JSON 405.
+fn resource(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(|req: HttpRequest| async move {
+        Err::<HttpResponse, _>(ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), req.path())))
+    }))
+}
+
+pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound(format!("no such endpoint: {} {}", req.method(), req.path())))
+}
+
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").body(OPENAPI)
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+/// Ready when the database answers and every migration this binary knows is applied.
+async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let not_ready = |reason: String| ApiError::Unavailable(format!("not ready: {reason}"));
+    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        .fetch_one(&state.pool)
+        .await
+        .map_err(|e| not_ready(format!("database unreachable ({e})")))?;
+    let expected = crate::db::MIGRATOR.iter().map(|m| m.version).max();
+    if applied < expected {
+        return Err(not_ready(format!("migrations pending (database at {applied:?}, binary at {expected:?})")));
+    }
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
+}
+
+/// Reads a JSON body of at most `limit` bytes: 413 beyond it, 400 if it is not JSON.
+async fn read_json(payload: web::Payload, limit: usize) -> Result<serde_json::Value, ApiError> {
+    let bytes = match payload.to_bytes_limited(limit).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
+        Err(e) => return Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
+    };
+    if bytes.is_empty() {
+        return Err(ApiError::BadRequest("request body is empty; send a JSON object".into()));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))
+}
+
+/// Deserialises a request object, naming the offending field in the 422.
+fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            ApiError::Invalid(e.inner().to_string())
+        } else {
+            ApiError::Invalid(format!("{path}: {}", e.inner()))
+        }
+    })
+}

@@ -1,0 +1,231 @@
+//! Task endpoints.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::auth::Caller;
+use super::{ApiError, AppState, from_json, read_json};
+use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
+use crate::{audit, error::Error};
+
+/// Most tasks in one batch create.
+pub const MAX_BATCH: usize = 1000;
+/// Room in a request body for the fields around the payload.
+const ENVELOPE_BYTES: usize = 4096;
+/// Most bytes in one batch body.
+const MAX_BATCH_BODY: usize = 32 * 1024 * 1024;
+
+fn task_json(task: &tasks::Task, attempts: Option<&[tasks::Attempt]>) -> Value {
+    let mut v = serde_json::to_value(task).expect("a task serializes");
+    if let Some(attempts) = attempts {
+        v["attempts"] = serde_json::to_value(attempts).expect("attempts serialize");
+    }
+    v
+}
+
+fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+    raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
+}
+
+/// Validates one create request. An item's biz type must be the caller's.
+fn validate_item(caller: &Caller, state: &AppState, value: Value, now: DateTime<Utc>) -> Result<NewTask, ApiError> {
+    let request: CreateTask = from_json(value.clone())?;
+    if request.biz_type != caller.0.biz_type {
+        // Spelled out here rather than with Caller::require, which would cost a query per
+        // item; the single-create handler checks existence for the 404.
+        return Err(ApiError::Forbidden(format!(
+            "this token belongs to biz type `{}`, not `{}`",
+            caller.0.biz_type, request.biz_type
+        )));
+    }
+    Ok(request.validate(&value, now, state.max_payload_bytes)?)
+}
+
+fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
+    state.create_limiter.check(caller.0.biz_type_id, caller.0.create_rate_limit).map_err(ApiError::RateLimited)
+}
+
+pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+    let value = read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
+    if let Some(name) = value.get("biz_type").and_then(Value::as_str) {
+        caller.require(&state, name).await?;
+    }
+    let item = validate_item(&caller, &state, value, Utc::now())?;
+    check_rate(&caller, &state)?;
+    let outcome = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, vec![item])
+        .await?
+        .pop()
+        .expect("one outcome per item");
+    match outcome {
+        CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task_json(&task, None))),
+        CreateOutcome::Existing(task) => Ok(HttpResponse::Ok().json(task_json(&task, None))),
+        CreateOutcome::Failed(e) => Err(e.into()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    tasks: Vec<Value>,
+}
+
+/// Creates up to 1000 tasks. Each item succeeds or fails on its own; the answer lists an
+/// outcome per item, in order.
+pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+    let value = read_json(body, MAX_BATCH_BODY).await?;
+    let request: BatchRequest = from_json(value)?;
+    if request.tasks.is_empty() || request.tasks.len() > MAX_BATCH {
+        return Err(ApiError::Invalid(format!("tasks: must hold 1 to {MAX_BATCH} items, not {}", request.tasks.len())));
+    }
+    check_rate(&caller, &state)?;
+    let now = Utc::now();
+    let checked: Vec<Result<NewTask, ApiError>> =
+        request.tasks.into_iter().map(|item| validate_item(&caller, &state, item, now)).collect();
+    let valid: Vec<NewTask> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
+    let mut outcomes = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, valid).await?.into_iter();
+    let results: Vec<Value> = checked
+        .into_iter()
+        .enumerate()
+        .map(|(i, checked)| {
+            let outcome = match checked {
+                Ok(_) => outcomes.next().expect("one outcome per valid item"),
+                Err(e) => return item_error(i, &e),
+            };
+            match outcome {
+                CreateOutcome::Created(task) => json!({"status": 201, "task": task_json(&task, None)}),
+                CreateOutcome::Existing(task) => json!({"status": 200, "task": task_json(&task, None)}),
+                CreateOutcome::Failed(e) => item_error(i, &ApiError::from(e)),
+            }
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"results": results})))
+}
+
+fn item_error(index: usize, e: &ApiError) -> Value {
+    use actix_web::ResponseError;
+    let mut body = e.body();
+    body["message"] = Value::String(format!("tasks[{index}]: {}", e));
+    json!({"status": e.status_code().as_u16(), "error": body})
+}
+
+pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let (task, attempts) =
+        tasks::get(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no task with id {id}")))?;
+    if task.biz_type_id != caller.0.biz_type_id {
+        return Err(ApiError::Forbidden("this task belongs to another biz type".into()));
+    }
+    Ok(HttpResponse::Ok().json(task_json(&task, Some(&attempts))))
+}
+
+pub async fn get_by_key(
+    caller: Caller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, key) = path.into_inner();
+    caller.require(&state, &name).await?;
+    let task = tasks::get_by_key(&state.pool, caller.0.biz_type_id, &key)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no task with key `{key}` in biz type `{name}`")))?;
+    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    biz_type: Option<String>,
+    status: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    raw.map(|s| {
+        DateTime::parse_from_rfc3339(s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|_| ApiError::Invalid(format!("{field}: must be an RFC 3339 time such as 2026-11-21T09:30:00Z")))
+    })
+    .transpose()
+}
+
+pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::Invalid(format!("query: {e}")))?
+        .into_inner();
+    if let Some(name) = &query.biz_type {
+        caller.require(&state, name).await?;
+    }
+    if let Some(status) = &query.status {
+        tasks::validate_status(status)?;
+    }
+    let limit = match query.limit.as_deref() {
+        None => 100,
+        Some(raw) => match raw.parse::<i64>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => return Err(ApiError::Invalid("limit: must be a whole number from 1 to 1000".into())),
+        },
+    };
+    let filter = ListFilter {
+        status: query.status,
+        from: parse_time("from", query.from.as_deref())?,
+        to: parse_time("to", query.to.as_deref())?,
+        cursor: query.cursor,
+        limit,
+    };
+    let page = tasks::list(&state.pool, caller.0.biz_type_id, &filter).await?;
+    let items: Vec<Value> = page.items.iter().map(|t| task_json(t, None)).collect();
+    Ok(HttpResponse::Ok().json(json!({"items": items, "next_cursor": page.next_cursor})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchRequest {
+    run_at: Option<String>,
+    delay_ms: Option<i64>,
+    payload: Option<Value>,
+}
+
+pub async fn reschedule(
+    caller: Caller,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let request: PatchRequest = from_json(read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?)?;
+    if request.run_at.is_none() && request.delay_ms.is_none() && request.payload.is_none() {
+        return Err(ApiError::Invalid("give run_at, delay_ms or payload to change".into()));
+    }
+    let when = match (&request.run_at, request.delay_ms) {
+        (None, None) => None,
+        (run_at, delay) => Some(When::parse(run_at.as_deref(), delay, Utc::now())?),
+    };
+    if let Some(payload) = &request.payload {
+        let size = serde_json::to_vec(payload).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > state.max_payload_bytes {
+            return Err(Error::TooLarge(format!("payload is {size} bytes; the limit is {}", state.max_payload_bytes)).into());
+        }
+    }
+    let task = tasks::reschedule(&state.pool, caller.0.biz_type_id, id, when, request.payload.as_ref()).await?;
+    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+}
+
+pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let task = tasks::cancel(&state.pool, caller.0.biz_type_id, id).await?;
+    audit::record(&state.pool, &caller.actor(), "task.cancel", "task", &id.to_string(), None, None).await?;
+    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+}
+
+pub async fn replay(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let task = tasks::replay(&state.pool, caller.0.biz_type_id, id).await?;
+    audit::record(&state.pool, &caller.actor(), "task.replay", "task", &id.to_string(), None, None).await?;
+    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+}

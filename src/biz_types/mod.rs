@@ -1,0 +1,250 @@
+//! Biz types: one callback target each, with its own limits, retries, signing secret and
+//! API tokens (SPEC §5).
+
+mod tokens;
+
+pub use tokens::{TokenAuth, authenticate, create_token, new_secret};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::Error;
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct BizType {
+    #[serde(skip)]
+    pub id: i32,
+    pub name: String,
+    pub description: String,
+    pub callback_url: String,
+    pub mode: String,
+    pub timeout_ms: i32,
+    pub max_attempts: i32,
+    pub backoff_initial_ms: i32,
+    pub backoff_max_ms: i32,
+    pub rate_limit: Option<f64>,
+    pub max_in_flight: i32,
+    pub create_rate_limit: Option<f64>,
+    pub paused: bool,
+    #[serde(skip)]
+    pub signing_secret: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A change to a biz type's settings: `None` leaves a setting as it is (on create, the
+/// schema's default applies). A rate of 0 means unlimited.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub description: Option<String>,
+    pub callback_url: Option<String>,
+    pub mode: Option<String>,
+    pub timeout_ms: Option<i32>,
+    pub max_attempts: Option<i32>,
+    pub backoff_initial_ms: Option<i32>,
+    pub backoff_max_ms: Option<i32>,
+    pub rate_limit: Option<f64>,
+    pub max_in_flight: Option<i32>,
+    pub create_rate_limit: Option<f64>,
+    pub paused: Option<bool>,
+}
+
+pub fn validate_name(name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !first_ok || !rest_ok || name.len() > 64 {
+        return Err(Error::invalid(
+            "name",
+            "must be 1-64 characters of lowercase letters, digits, '-' and '_', starting with a letter or digit",
+        ));
+    }
+    Ok(())
+}
+
+impl Settings {
+    /// Checks each given setting on its own; cross-field rules (backoff_max_ms ≥
+    /// backoff_initial_ms) are checked against the merged result by `check_merged`.
+    fn validate(&self) -> Result<(), Error> {
+        if let Some(url) = &self.callback_url {
+            validate_callback_url(url)?;
+        }
+        if let Some(mode) = &self.mode
+            && mode != "callback"
+            && mode != "pull"
+        {
+            return Err(Error::invalid("mode", "must be `callback` or `pull`"));
+        }
+        if let Some(d) = &self.description
+            && d.len() > 1000
+        {
+            return Err(Error::invalid("description", "must be at most 1000 bytes"));
+        }
+        range("timeout_ms", self.timeout_ms, 1, 600_000)?;
+        range("max_attempts", self.max_attempts, 1, 1000)?;
+        range("backoff_initial_ms", self.backoff_initial_ms, 0, 86_400_000)?;
+        range("backoff_max_ms", self.backoff_max_ms, 0, 7 * 86_400_000)?;
+        range("max_in_flight", self.max_in_flight, 1, 100_000)?;
+        rate("rate_limit", self.rate_limit)?;
+        rate("create_rate_limit", self.create_rate_limit)?;
+        Ok(())
+    }
+}
+
+fn range(field: &str, value: Option<i32>, min: i32, max: i32) -> Result<(), Error> {
+    match value {
+        Some(v) if v < min || v > max => Err(Error::invalid(field, format!("must be between {min} and {max}"))),
+        _ => Ok(()),
+    }
+}
+
+fn rate(field: &str, value: Option<f64>) -> Result<(), Error> {
+    match value {
+        Some(v) if !v.is_finite() || !(0.0..=1_000_000.0).contains(&v) => {
+            Err(Error::invalid(field, "must be between 0 (unlimited) and 1000000 per second"))
+        }
+        _ => Ok(()),
+    }
+}
+
+pub fn validate_callback_url(raw: &str) -> Result<(), Error> {
+    let url = url::Url::parse(raw).map_err(|e| Error::invalid("callback_url", format!("not a valid URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(Error::invalid("callback_url", "must be an http:// or https:// URL with a host"));
+    }
+    Ok(())
+}
+
+impl BizType {
+    /// This biz type with the given settings applied and checked as a whole.
+    fn with(&self, s: &Settings) -> Result<BizType, Error> {
+        // A rate of 0 means unlimited, stored as NULL.
+        let rate = |new: Option<f64>, old: Option<f64>| match new {
+            Some(r) if r == 0.0 => None,
+            Some(r) => Some(r),
+            None => old,
+        };
+        let b = BizType {
+            description: s.description.clone().unwrap_or_else(|| self.description.clone()),
+            callback_url: s.callback_url.clone().unwrap_or_else(|| self.callback_url.clone()),
+            mode: s.mode.clone().unwrap_or_else(|| self.mode.clone()),
+            timeout_ms: s.timeout_ms.unwrap_or(self.timeout_ms),
+            max_attempts: s.max_attempts.unwrap_or(self.max_attempts),
+            backoff_initial_ms: s.backoff_initial_ms.unwrap_or(self.backoff_initial_ms),
+            backoff_max_ms: s.backoff_max_ms.unwrap_or(self.backoff_max_ms),
+            rate_limit: rate(s.rate_limit, self.rate_limit),
+            max_in_flight: s.max_in_flight.unwrap_or(self.max_in_flight),
+            create_rate_limit: rate(s.create_rate_limit, self.create_rate_limit),
+            paused: s.paused.unwrap_or(self.paused),
+            ..self.clone()
+        };
+        if b.backoff_max_ms < b.backoff_initial_ms {
+            return Err(Error::invalid("backoff_max_ms", "must be at least backoff_initial_ms"));
+        }
+        if b.mode == "callback" && b.callback_url.is_empty() {
+            return Err(Error::invalid("callback_url", "is required for a biz type in callback mode"));
+        }
+        Ok(b)
+    }
+}
+
+pub async fn create(pool: &PgPool, name: &str, settings: &Settings) -> Result<BizType, Error> {
+    validate_name(name)?;
+    settings.validate()?;
+    let mut tx = pool.begin().await?;
+    // Insert a row of schema defaults (as `pull`, which needs no URL yet), then apply the
+    // settings through the same path as an update, so that both validate alike.
+    let inserted = sqlx::query_as::<_, BizType>(
+        "INSERT INTO biz_types (name, mode, signing_secret) VALUES ($1, 'pull', $2)
+         ON CONFLICT (name) DO NOTHING RETURNING *",
+    )
+    .bind(name)
+    .bind(new_secret())
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(|| Error::Conflict(format!("biz type `{name}` already exists")))?;
+    let settings = Settings { mode: Some(settings.mode.clone().unwrap_or_else(|| "callback".into())), ..settings.clone() };
+    let biz_type = store(&mut tx, &inserted.with(&settings)?).await?;
+    tx.commit().await?;
+    Ok(biz_type)
+}
+
+/// Applies the settings; returns the biz type before and after (for the audit log).
+pub async fn update(pool: &PgPool, name: &str, settings: &Settings) -> Result<(BizType, BizType), Error> {
+    settings.validate()?;
+    let mut tx = pool.begin().await?;
+    let before = sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no biz type named `{name}`")))?;
+    let after = store(&mut tx, &before.with(settings)?).await?;
+    tx.commit().await?;
+    Ok((before, after))
+}
+
+async fn store(tx: &mut sqlx::PgConnection, b: &BizType) -> Result<BizType, Error> {
+    Ok(sqlx::query_as::<_, BizType>(
+        "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
+                max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
+                max_in_flight = $10, create_rate_limit = $11, paused = $12, updated_at = now()
+          WHERE id = $1
+          RETURNING *",
+    )
+    .bind(b.id)
+    .bind(&b.description)
+    .bind(&b.callback_url)
+    .bind(&b.mode)
+    .bind(b.timeout_ms)
+    .bind(b.max_attempts)
+    .bind(b.backoff_initial_ms)
+    .bind(b.backoff_max_ms)
+    .bind(b.rate_limit)
+    .bind(b.max_in_flight)
+    .bind(b.create_rate_limit)
+    .bind(b.paused)
+    .fetch_one(&mut *tx)
+    .await?)
+}
+
+pub async fn list(pool: &PgPool) -> Result<Vec<BizType>, Error> {
+    Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types ORDER BY name").fetch_all(pool).await?)
+}
+
+pub async fn by_name(pool: &PgPool, name: &str) -> Result<Option<BizType>, Error> {
+    Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?)
+}
+
+/// The id of the named biz type, or `NotFound`.
+pub async fn id_of(pool: &PgPool, name: &str) -> Result<i32, Error> {
+    sqlx::query_scalar::<_, i32>("SELECT id FROM biz_types WHERE name = $1")
+        .bind(name)
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no biz type named `{name}`")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_spec_pattern() {
+        for ok in ["a", "order-close", "coupon_expiry", "9lives", &"x".repeat(64)] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "_a", "Order", "a b", "é", &"x".repeat(65)] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn callback_urls_must_be_http() {
+        assert!(validate_callback_url("https://example.test/hook").is_ok());
+        assert!(validate_callback_url("http://127.0.0.1:9000/").is_ok());
+        assert!(validate_callback_url("ftp://example.test/").is_err());
+        assert!(validate_callback_url("file:///etc/passwd").is_err());
+        assert!(validate_callback_url("not a url").is_err());
+    }
+}

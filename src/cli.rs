@@ -1,0 +1,110 @@
+//! The admin subcommands: biz types, tokens, users. Their output is meant for scripts: the
+//! value a script wants (secret, token) is the last line.
+
+use std::io::Read;
+
+use anyhow::Context;
+use sqlx::PgPool;
+
+use crate::biz_types::{self, BizType, Settings};
+use crate::config::{BizTypeCommand, BizTypeFlags, TokenCommand, UserCommand};
+use crate::{audit, users};
+
+fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
+    Settings {
+        description: flags.description,
+        callback_url: flags.callback_url,
+        mode: flags.mode,
+        timeout_ms: flags.timeout_ms,
+        max_attempts: flags.max_attempts,
+        backoff_initial_ms: flags.backoff_initial_ms,
+        backoff_max_ms: flags.backoff_max_ms,
+        rate_limit: flags.rate_limit,
+        max_in_flight: flags.max_in_flight,
+        create_rate_limit: flags.create_rate_limit,
+        paused,
+    }
+}
+
+fn describe(b: &BizType) -> String {
+    let rate = |r: Option<f64>| r.map_or("unlimited".to_string(), |r| format!("{r}/s"));
+    format!(
+        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}",
+        name = b.name,
+        mode = b.mode,
+        state = if b.paused { "paused" } else { "active" },
+        url = if b.callback_url.is_empty() { "-" } else { &b.callback_url },
+        timeout = b.timeout_ms,
+        attempts = b.max_attempts,
+        bi = b.backoff_initial_ms,
+        bm = b.backoff_max_ms,
+        rate = rate(b.rate_limit),
+        inflight = b.max_in_flight,
+        crate_ = rate(b.create_rate_limit),
+    )
+}
+
+pub async fn biz_type(pool: &PgPool, command: BizTypeCommand) -> anyhow::Result<()> {
+    match command {
+        BizTypeCommand::Create { name, settings: flags } => {
+            let created = biz_types::create(pool, &name, &settings(flags, None)).await?;
+            audit::record(pool, "cli", "biz_type.create", "biz_type", &name, None, Some(serde_json::to_value(&created)?))
+                .await?;
+            println!("created biz type {}", describe(&created));
+            println!("signing secret (verify the Chime-Signature header with it):");
+            println!("{}", created.signing_secret);
+        }
+        BizTypeCommand::Update { name, settings: flags, pause, resume } => {
+            let paused = if pause { Some(true) } else if resume { Some(false) } else { None };
+            let (before, after) = biz_types::update(pool, &name, &settings(flags, paused)).await?;
+            audit::record(
+                pool,
+                "cli",
+                "biz_type.update",
+                "biz_type",
+                &name,
+                Some(serde_json::to_value(&before)?),
+                Some(serde_json::to_value(&after)?),
+            )
+            .await?;
+            println!("updated biz type {}", describe(&after));
+        }
+        BizTypeCommand::List => {
+            for b in biz_types::list(pool).await? {
+                println!("{}", describe(&b));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn token(pool: &PgPool, command: TokenCommand) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::Create { biz_type } => {
+            let token = biz_types::create_token(pool, &biz_type).await?;
+            audit::record(pool, "cli", "token.create", "biz_type", &biz_type, None, Some(token[..12].into())).await?;
+            println!("API token for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
+            println!("{token}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn user(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
+    match command {
+        UserCommand::Create { name, role, password } => {
+            let password = match password {
+                Some(p) => p,
+                None => {
+                    let mut input = String::new();
+                    std::io::stdin().read_to_string(&mut input).context("reading the password from stdin")?;
+                    input.trim_end_matches(['\r', '\n']).to_string()
+                }
+            };
+            users::create(pool, &name, &role, &password).await?;
+            audit::record(pool, "cli", "user.create", "user", &name, None, Some(serde_json::json!({"role": role}))).await?;
+            println!("created {role} user {name}");
+        }
+    }
+    Ok(())
+}

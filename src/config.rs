@@ -1,0 +1,266 @@
+//! Command line and settings. Every setting is a flag with an environment variable and a
+//! default, so `--help` documents all of them. An optional TOML file (`CHIME_CONFIG`)
+//! supplies values for settings that neither a flag nor the environment gives: flags win
+//! over the environment, the environment over the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "chime",
+    version,
+    about = "A timer service on PostgreSQL: register timers over REST, get HTTP callbacks when they are due.",
+    long_about = "A timer service on PostgreSQL: register timers over REST, get HTTP callbacks when they are due.\n\n\
+        Without DATABASE_URL, chime starts an embedded PostgreSQL from the binaries installed on this \
+        machine, with its data under CHIME_DATA_DIR. Settings come from flags, the environment, and an \
+        optional TOML file named by CHIME_CONFIG whose keys are the long flag names with underscores \
+        (listen = \"0.0.0.0:8080\", data_dir = \"/var/lib/chime\"); flags win over the environment, the \
+        environment over the file."
+)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// `serve`'s settings, for `chime` without a subcommand.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Where the database is. Shared by every subcommand, so that admin commands reach the
+/// same database as `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// PostgreSQL URL of an existing database. When unset, chime uses its embedded PostgreSQL.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Directory for the embedded PostgreSQL's data and chime's local state.
+    #[arg(long, env = "CHIME_DATA_DIR", default_value = "./chime-data", global = true)]
+    pub data_dir: PathBuf,
+
+    /// Directory holding initdb, pg_ctl and postgres for the embedded database
+    /// [default: found on PATH, by `pg_config --bindir`, or under /usr/lib/postgresql/*/bin].
+    #[arg(long, env = "CHIME_PG_BIN_DIR", global = true)]
+    pub pg_bin_dir: Option<PathBuf>,
+
+    /// Connections in the pool to PostgreSQL.
+    #[arg(long, env = "CHIME_DB_POOL_SIZE", default_value_t = 16, global = true,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub db_pool_size: u32,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a chime node: the REST API (and, in later versions, the engine). The default.
+    Serve(ServeArgs),
+    /// Apply the database migrations and exit.
+    Migrate,
+    /// Manage biz types (business types: one callback target with its own limits and tokens).
+    #[command(subcommand)]
+    BizType(BizTypeCommand),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Manage console users.
+    #[command(subcommand)]
+    User(UserCommand),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the API listens on.
+    #[arg(long, env = "CHIME_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Password of the first `admin` console account, used only when no user exists yet.
+    /// When unset, a random one is printed once at first start.
+    #[arg(long, env = "CHIME_ADMIN_PASSWORD", hide_env_values = true)]
+    pub admin_password: Option<String>,
+
+    /// Largest accepted task payload, in bytes (a larger create is refused with 413).
+    #[arg(long, env = "CHIME_MAX_PAYLOAD_BYTES", default_value_t = 65536,
+          value_parser = clap::value_parser!(u32).range(16..=16 * 1024 * 1024))]
+    pub max_payload_bytes: u32,
+
+    /// Days ahead kept in hot partitions; tasks due later wait in cold storage.
+    #[arg(long, env = "CHIME_HOT_DAYS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub hot_days: u32,
+
+    /// HTTP worker threads for the API [default: the number of CPUs].
+    #[arg(long, env = "CHIME_HTTP_WORKERS")]
+    pub http_workers: Option<usize>,
+}
+
+/// The defaults without reading the environment (tests build settings from this).
+impl Default for ServeArgs {
+    fn default() -> Self {
+        ServeArgs {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            admin_password: None,
+            max_payload_bytes: 65536,
+            hot_days: 2,
+            http_workers: None,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BizTypeCommand {
+    /// Create a biz type; prints its signing secret as the last line.
+    Create {
+        /// Name: lowercase letters, digits, '-' and '_', at most 64 characters.
+        name: String,
+        #[command(flatten)]
+        settings: BizTypeFlags,
+    },
+    /// Change settings of a biz type (only the flags given).
+    Update {
+        name: String,
+        #[command(flatten)]
+        settings: BizTypeFlags,
+        /// Stop delivering this biz type's tasks (they stay pending).
+        #[arg(long, conflicts_with = "resume")]
+        pause: bool,
+        /// Deliver this biz type's tasks again, backlog first.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// List biz types and their settings.
+    List,
+}
+
+/// Biz type settings as flags; each is optional so that `update` changes only what is given.
+/// Defaults for `create` are shown in brackets.
+#[derive(Debug, Clone, Default, Args)]
+pub struct BizTypeFlags {
+    /// URL that receives the callbacks (http or https).
+    #[arg(long)]
+    pub callback_url: Option<String>,
+    /// Free text shown in the console.
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Callback timeout in milliseconds [default: 10000].
+    #[arg(long)]
+    pub timeout_ms: Option<i32>,
+    /// Delivery attempts before a task is failed [default: 10].
+    #[arg(long)]
+    pub max_attempts: Option<i32>,
+    /// First retry delay in milliseconds, doubled per attempt [default: 1000].
+    #[arg(long)]
+    pub backoff_initial_ms: Option<i32>,
+    /// Longest retry delay in milliseconds [default: 3600000].
+    #[arg(long)]
+    pub backoff_max_ms: Option<i32>,
+    /// Callbacks per second across the whole cluster; 0 = unlimited [default: unlimited].
+    #[arg(long)]
+    pub rate_limit: Option<f64>,
+    /// Callbacks in flight at once, per node [default: 100].
+    #[arg(long)]
+    pub max_in_flight: Option<i32>,
+    /// API create calls per second; 0 = unlimited [default: unlimited].
+    #[arg(long)]
+    pub create_rate_limit: Option<f64>,
+    /// How tasks are delivered: `callback` (chime calls the URL) or `pull` (consumers reserve them) [default: callback].
+    #[arg(long, value_parser = ["callback", "pull"])]
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create an API token for one biz type; prints the token (only this once) as the last line.
+    Create {
+        #[arg(long)]
+        biz_type: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create a console user. The password comes from --password or, when absent, from stdin.
+    Create {
+        name: String,
+        #[arg(long, value_parser = ["admin", "support"])]
+        role: String,
+        #[arg(long, hide_env_values = true, env = "CHIME_USER_PASSWORD")]
+        password: Option<String>,
+    },
+}
+
+/// Loads the TOML file named by `CHIME_CONFIG` (if any) into the environment for each
+/// setting the environment does not already have, so that clap sees one source of values.
+/// Must run before any thread is started.
+pub fn load_config_file() -> anyhow::Result<()> {
+    let Some(path) = std::env::var_os("CHIME_CONFIG") else { return Ok(()) };
+    let path = Path::new(&path);
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read CHIME_CONFIG file {}: {e}", path.display()))?;
+    for (var, value) in config_file_env(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))? {
+        if std::env::var_os(&var).is_none() {
+            // SAFETY: called at the top of main, before the runtime or any thread exists.
+            unsafe { std::env::set_var(var, value) };
+        }
+    }
+    Ok(())
+}
+
+/// The settings a config file may hold, with the environment variable each one maps to.
+const FILE_KEYS: &[(&str, &str)] = &[
+    ("database_url", "DATABASE_URL"),
+    ("data_dir", "CHIME_DATA_DIR"),
+    ("pg_bin_dir", "CHIME_PG_BIN_DIR"),
+    ("db_pool_size", "CHIME_DB_POOL_SIZE"),
+    ("listen", "CHIME_LISTEN"),
+    ("admin_password", "CHIME_ADMIN_PASSWORD"),
+    ("max_payload_bytes", "CHIME_MAX_PAYLOAD_BYTES"),
+    ("hot_days", "CHIME_HOT_DAYS"),
+    ("http_workers", "CHIME_HTTP_WORKERS"),
+];
+
+fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {
+    let table: toml::Table = text.parse().map_err(|e| format!("not valid TOML: {e}"))?;
+    let mut out = Vec::new();
+    for (key, value) in table {
+        let Some(&(_, var)) = FILE_KEYS.iter().find(|(k, _)| *k == key) else {
+            let known: Vec<_> = FILE_KEYS.iter().map(|(k, _)| *k).collect();
+            return Err(format!("unknown setting `{key}` (known: {})", known.join(", ")));
+        };
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => return Err(format!("setting `{key}` must be a string or a number, not {}", other.type_str())),
+        };
+        out.push((var, value));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_maps_keys_to_environment_variables() {
+        let env = config_file_env("listen = \"0.0.0.0:9000\"\nhot_days = 3\n").unwrap();
+        assert_eq!(env, vec![("CHIME_HOT_DAYS", "3".to_string()), ("CHIME_LISTEN", "0.0.0.0:9000".to_string())]);
+    }
+
+    #[test]
+    fn config_file_rejects_unknown_keys_by_name() {
+        let err = config_file_env("lisen = \"x\"").unwrap_err();
+        assert!(err.contains("unknown setting `lisen`"), "{err}");
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

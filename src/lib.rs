@@ -1,0 +1,27 @@
+//! chime: a timer service on PostgreSQL. A guided tour:
+
+/// Admin subcommands (biz types, tokens, users) for scripts.
+pub mod cli;
+/// Flags, environment variables and the optional TOML file.
+pub mod config;
+/// Reaching the database (external or embedded) and migrating it.
+pub mod db;
+/// Starting and stopping the embedded PostgreSQL.
+pub mod embedded_pg;
+/// The domain error every operation returns.
+pub mod error;
+
+/// The REST API.
+pub mod api;
+/// The audit log.
+pub mod audit;
+/// Biz types, their API tokens and signing secrets.
+pub mod biz_types;
+/// Daily partitions and the hot horizon.
+pub mod partitions;
+/// Building a node's HTTP server.
+pub mod startup;
+/// Tasks: create, read, list, reschedule, cancel, replay.
+pub mod tasks;
+/// Console users.
+pub mod users;

@@ -1,0 +1,72 @@
+use anyhow::Context;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use chime::config::{Cli, Command, ServeArgs};
+use chime::db::{self, Database};
+use chime::startup::Application;
+use chime::{cli, config};
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    config::load_config_file()?;
+    let args = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("CHIME_LOG").unwrap_or_else(|_| EnvFilter::new("info,chime::http=warn,sqlx=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let command = args.command.unwrap_or(Command::Serve(args.serve));
+    let attach = !matches!(command, Command::Serve(_));
+    let database = Database::open(&args.db, attach).await?;
+    let result = async {
+        db::migrate(&database.pool).await?;
+        match command {
+            Command::Serve(settings) => serve(&database, &settings).await,
+            Command::Migrate => {
+                println!("migrations applied");
+                Ok(())
+            }
+            Command::BizType(c) => cli::biz_type(&database.pool, c).await,
+            Command::Token(c) => cli::token(&database.pool, c).await,
+            Command::User(c) => cli::user(&database.pool, c).await,
+        }
+    }
+    .await;
+    database.close().await;
+    result
+}
+
+async fn serve(database: &Database, settings: &ServeArgs) -> anyhow::Result<()> {
+    let app = Application::build(settings, database.pool.clone()).await?;
+    tracing::info!(
+        "chime listening on http://{}:{} (API under /api/v1, OpenAPI at /api/v1/openapi.json)",
+        settings.listen.ip(),
+        app.port()
+    );
+    let handle = app.handle();
+    let server = tokio::spawn(app.run_until_stopped());
+    let signal = shutdown_signal().await?;
+    tracing::info!("{signal} received; shutting down");
+    handle.stop(true).await;
+    server.await.context("server task")??;
+    Ok(())
+}
+
+async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = tokio::signal::ctrl_c() => "Ctrl-C",
+        _ = term.recv() => "SIGTERM",
+    })
+}

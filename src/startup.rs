@@ -1,0 +1,60 @@
+//! Building and running a node: what `chime serve` does, and what the tests start on a
+//! random port.
+
+use std::net::TcpListener;
+
+use actix_web::{App, HttpServer, dev::Server, middleware, web};
+use sqlx::PgPool;
+
+use crate::api::{self, AppState};
+use crate::config::ServeArgs;
+use crate::{partitions, users};
+
+pub struct Application {
+    port: u16,
+    server: Server,
+}
+
+impl Application {
+    /// Prepares the database (partitions, first admin) and binds the listener; port 0
+    /// picks a free port (tests).
+    pub async fn build(settings: &ServeArgs, pool: PgPool) -> anyhow::Result<Application> {
+        partitions::ensure(&pool, settings.hot_days).await?;
+        if let Some(password) = users::ensure_first_admin(&pool, settings.admin_password.as_deref()).await? {
+            // Printed, not only logged: the operator needs it once, at first start.
+            println!("created console user `admin` with password: {password}");
+            println!("(shown only this once; set CHIME_ADMIN_PASSWORD before the first start to choose it)");
+        }
+        let listener = TcpListener::bind(settings.listen)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
+        let port = listener.local_addr()?.port();
+        let state = web::Data::new(AppState::new(pool, settings.max_payload_bytes as usize));
+        let mut server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
+                .configure(api::routes)
+                .default_service(web::to(api::not_found))
+        })
+        .listen(listener)?
+        // Signals are handled by `serve`, which stops the server and then the database.
+        .disable_signals();
+        if let Some(workers) = settings.http_workers {
+            server = server.workers(workers);
+        }
+        Ok(Application { port, server: server.run() })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Runs until the server stops (see `handle`).
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+}

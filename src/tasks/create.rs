@@ -1,0 +1,202 @@
+//! Creating tasks, one or a thousand at a time, in one statement.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{Task, When, validate_key};
+use crate::error::Error;
+
+/// A create request as the client sends it (one item of a batch, or a single create).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTask {
+    pub biz_type: String,
+    pub key: Option<String>,
+    pub run_at: Option<String>,
+    pub delay_ms: Option<i64>,
+    pub payload: Option<serde_json::Value>,
+}
+
+/// A validated create request.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub key: Option<String>,
+    pub when: When,
+    pub payload: serde_json::Value,
+    /// SHA-256 of the request as sent, to tell an idempotent repeat from a conflict.
+    pub request_hash: Vec<u8>,
+}
+
+impl CreateTask {
+    /// Validates the request; `request` is the item's JSON as sent, for the idempotency hash.
+    pub fn validate(self, request: &serde_json::Value, now: DateTime<Utc>, max_payload_bytes: usize) -> Result<NewTask, Error> {
+        if let Some(key) = &self.key {
+            validate_key(key)?;
+        }
+        let when = When::parse(self.run_at.as_deref(), self.delay_ms, now)?;
+        let payload = self.payload.unwrap_or(serde_json::Value::Null);
+        let size = serde_json::to_vec(&payload).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > max_payload_bytes {
+            return Err(Error::TooLarge(format!("payload is {size} bytes; the limit is {max_payload_bytes}")));
+        }
+        // serde_json's maps are sorted, so this serialization ignores key order and spacing.
+        let request_hash = Sha256::digest(serde_json::to_vec(request).unwrap_or_default()).to_vec();
+        Ok(NewTask { key: self.key, when, payload, request_hash })
+    }
+}
+
+#[derive(Debug)]
+pub enum CreateOutcome {
+    /// A new task (201).
+    Created(Task),
+    /// The same request was made before under this key (200).
+    Existing(Task),
+    Failed(Error),
+}
+
+/// Inserts the tasks of one biz type in one statement (plus one more only when a key was
+/// already taken), returning one outcome per input, in order.
+pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items: Vec<NewTask>) -> Result<Vec<CreateOutcome>, Error> {
+    // A key repeated inside the batch is answered from its first occurrence.
+    let mut first_with_key: HashMap<&str, usize> = HashMap::new();
+    let mut repeat_of: Vec<Option<usize>> = vec![None; items.len()];
+    for (i, item) in items.iter().enumerate() {
+        if let Some(key) = &item.key {
+            match first_with_key.get(key.as_str()) {
+                Some(&first) => repeat_of[i] = Some(first),
+                None => {
+                    first_with_key.insert(key, i);
+                }
+            }
+        }
+    }
+
+    let mut ids = Vec::new();
+    let (mut keys, mut run_ats, mut delays, mut payloads, mut hashes) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut id_of_item: Vec<Uuid> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let id = Uuid::now_v7();
+        id_of_item.push(id);
+        if repeat_of[i].is_some() {
+            continue;
+        }
+        let (run_at, delay) = item.when.binds();
+        ids.push(id);
+        keys.push(item.key.clone());
+        run_ats.push(run_at);
+        delays.push(delay);
+        payloads.push(item.payload.clone());
+        hashes.push(item.request_hash.clone());
+    }
+
+    // Keys are claimed in `task_keys` first; an item whose key was already taken is not
+    // inserted (ON CONFLICT DO NOTHING) and is answered below. Each task goes to the hot
+    // partitions or to cold storage by the horizon read in this same statement.
+    let created: Vec<Task> = sqlx::query_as(
+        "WITH input AS (
+             SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
+                    i.payload, i.request_hash
+               FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::jsonb[], $7::bytea[])
+                    AS i(id, key, run_at, delay_ms, payload, request_hash)
+         ), taken AS (
+             INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
+             SELECT $1, key, id, request_hash FROM input WHERE key IS NOT NULL
+             ON CONFLICT DO NOTHING
+             RETURNING task_id
+         ), fresh AS (
+             SELECT * FROM input WHERE key IS NULL OR id IN (SELECT task_id FROM taken)
+         ), hot AS (
+             INSERT INTO tasks (id, biz_type_id, key, run_at, payload)
+             SELECT id, $1, key, run_at, payload FROM fresh
+              WHERE run_at < (SELECT until FROM hot_horizon)
+             RETURNING *
+         ), cold AS (
+             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload)
+             SELECT id, $1, key, run_at, payload FROM fresh
+              WHERE run_at >= (SELECT until FROM hot_horizon)
+             RETURNING *
+         )
+         SELECT t.*, $8::text AS biz_type FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t",
+    )
+    .bind(biz_type_id)
+    .bind(&ids)
+    .bind(&keys)
+    .bind(&run_ats)
+    .bind(&delays)
+    .bind(&payloads)
+    .bind(&hashes)
+    .bind(biz_type)
+    .fetch_all(pool)
+    .await?;
+
+    let mut created: HashMap<Uuid, Task> = created.into_iter().map(|t| (t.id, t)).collect();
+    let taken_keys: Vec<String> = items
+        .iter()
+        .zip(&id_of_item)
+        .enumerate()
+        .filter(|(i, (item, id))| repeat_of[*i].is_none() && item.key.is_some() && !created.contains_key(*id))
+        .filter_map(|(_, (item, _))| item.key.clone())
+        .collect();
+    let existing = existing_by_key(pool, biz_type_id, &taken_keys).await?;
+
+    let mut outcomes: Vec<CreateOutcome> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let outcome = if let Some(first) = repeat_of[i] {
+            match &outcomes[first] {
+                CreateOutcome::Created(t) | CreateOutcome::Existing(t) if items[first].request_hash == item.request_hash => {
+                    CreateOutcome::Existing(t.clone())
+                }
+                _ => CreateOutcome::Failed(key_conflict(item)),
+            }
+        } else if let Some(task) = created.remove(&id_of_item[i]) {
+            CreateOutcome::Created(task)
+        } else {
+            match item.key.as_deref().and_then(|k| existing.get(k)) {
+                Some((hash, task)) if *hash == item.request_hash => CreateOutcome::Existing(task.clone()),
+                _ => CreateOutcome::Failed(key_conflict(item)),
+            }
+        };
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+fn key_conflict(item: &NewTask) -> Error {
+    Error::Conflict(format!(
+        "key `{}` is already used by a task created with a different request",
+        item.key.as_deref().unwrap_or_default()
+    ))
+}
+
+/// The tasks holding these keys, with the hash of the request that created each.
+async fn existing_by_key(pool: &PgPool, biz_type_id: i32, keys: &[String]) -> Result<HashMap<String, (Vec<u8>, Task)>, Error> {
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        request_hash: Vec<u8>,
+        #[sqlx(flatten)]
+        task: Task,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT k.request_hash, t.*, b.name AS biz_type
+           FROM task_keys k
+           JOIN all_tasks t ON t.id = k.task_id
+           JOIN biz_types b ON b.id = t.biz_type_id
+          WHERE k.biz_type_id = $1 AND k.key = ANY($2)",
+    )
+    .bind(biz_type_id)
+    .bind(keys)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| Some((r.task.key.clone()?, (r.request_hash, r.task))))
+        .collect())
+}

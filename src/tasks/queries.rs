@@ -1,0 +1,237 @@
+//! Reading and changing single tasks, and listing them.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, QueryBuilder};
+use uuid::Uuid;
+
+use super::{Attempt, Task, When};
+use crate::error::Error;
+
+const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id";
+
+/// One task with its attempts, or `None`.
+pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, Error> {
+    let Some(task) = sqlx::query_as::<_, Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1")))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let attempts = sqlx::query_as::<_, Attempt>(
+        "SELECT number, started_at, duration_ms, status_code, error, response_excerpt
+           FROM attempts WHERE task_id = $1 ORDER BY started_at, number",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some((task, attempts)))
+}
+
+pub async fn get_by_key(pool: &PgPool, biz_type_id: i32, key: &str) -> Result<Option<Task>, Error> {
+    Ok(sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+        "{SELECT_TASK} JOIN task_keys k ON k.task_id = t.id WHERE k.biz_type_id = $1 AND k.key = $2"
+    )))
+    .bind(biz_type_id)
+    .bind(key)
+    .fetch_optional(pool)
+    .await?)
+}
+
+#[derive(Debug, Default)]
+pub struct ListFilter {
+    pub status: Option<String>,
+    /// run_at ≥ from
+    pub from: Option<DateTime<Utc>>,
+    /// run_at < to
+    pub to: Option<DateTime<Utc>>,
+    pub cursor: Option<String>,
+    pub limit: i64,
+}
+
+pub struct Page {
+    pub items: Vec<Task>,
+    pub next_cursor: Option<String>,
+}
+
+/// Tasks of one biz type in (run_at, id) order, a page at a time. The cursor is the last
+/// row's (run_at, id), so pages stay stable while tasks are added (keyset pagination).
+pub async fn list(pool: &PgPool, biz_type_id: i32, filter: &ListFilter) -> Result<Page, Error> {
+    let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
+    // Built per call rather than with `$n IS NULL OR …` so that each filter combination
+    // gets a plan that uses tasks_list_idx.
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(SELECT_TASK);
+    q.push(" WHERE t.biz_type_id = ").push_bind(biz_type_id);
+    if let Some(status) = &filter.status {
+        q.push(" AND t.status = ").push_bind(status);
+    }
+    if let Some(from) = filter.from {
+        q.push(" AND t.run_at >= ").push_bind(from);
+    }
+    if let Some(to) = filter.to {
+        q.push(" AND t.run_at < ").push_bind(to);
+    }
+    if let Some((run_at, id)) = after {
+        q.push(" AND (t.run_at, t.id) > (").push_bind(run_at).push(", ").push_bind(id).push(")");
+    }
+    q.push(" ORDER BY t.run_at, t.id LIMIT ").push_bind(filter.limit + 1);
+    let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
+    let next_cursor = if items.len() as i64 > filter.limit {
+        items.truncate(filter.limit as usize);
+        items.last().map(|t| encode_cursor(t.run_at, t.id))
+    } else {
+        None
+    };
+    Ok(Page { items, next_cursor })
+}
+
+fn encode_cursor(run_at: DateTime<Utc>, id: Uuid) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}|{id}", run_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)))
+}
+
+fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), Error> {
+    let bad = || Error::invalid("cursor", "is not a cursor returned by this API");
+    let text = String::from_utf8(URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?).map_err(|_| bad())?;
+    let (run_at, id) = text.split_once('|').ok_or_else(bad)?;
+    Ok((
+        DateTime::parse_from_rfc3339(run_at).map_err(|_| bad())?.with_timezone(&Utc),
+        id.parse().map_err(|_| bad())?,
+    ))
+}
+
+/// Locks the task wherever it lives and checks that the caller's biz type owns it.
+/// Returns its status and whether it is in cold storage.
+async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(String, bool), Error> {
+    for (table, cold) in [("tasks", false), ("tasks_cold", true)] {
+        let row: Option<(i32, String)> =
+            sqlx::query_as(AssertSqlSafe(format!("SELECT biz_type_id, status FROM {table} WHERE id = $1 FOR UPDATE")))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((biz_type_id, status)) = row {
+            if biz_type_id != owner {
+                return Err(Error::Forbidden("this task belongs to another biz type".into()));
+            }
+            return Ok((status, cold));
+        }
+    }
+    Err(Error::NotFound(format!("no task with id {id}")))
+}
+
+/// Rewrites a locked task as pending with a new `run_at` (none: keep it) and optionally a
+/// new payload,
+/// moving it to whichever of the hot partitions or cold storage its new time belongs in.
+/// `fresh_start` also clears the attempt count and last error (a replay).
+async fn requeue(
+    tx: &mut PgConnection,
+    cold: bool,
+    id: Uuid,
+    when: Option<When>,
+    payload: Option<&serde_json::Value>,
+    fresh_start: bool,
+) -> Result<Task, Error> {
+    let source = if cold { "tasks_cold" } else { "tasks" };
+    let (run_at, delay_ms) = when.map(When::binds).unwrap_or_default();
+    let task = sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+        "WITH old AS (
+             DELETE FROM {source} WHERE id = $1 RETURNING *
+         ), new AS (
+             SELECT id, biz_type_id, key,
+                    coalesce($2::timestamptz, now() + $3::bigint * interval '1 millisecond', run_at) AS run_at,
+                    coalesce($4::jsonb, payload) AS payload,
+                    CASE WHEN $5 THEN 0 ELSE attempt_count END AS attempt_count,
+                    timer_id,
+                    CASE WHEN $5 THEN NULL ELSE last_error END AS last_error,
+                    created_at
+               FROM old
+         ), hot AS (
+             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at)
+             SELECT * FROM new WHERE run_at < (SELECT until FROM hot_horizon)
+             RETURNING *
+         ), cold AS (
+             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at)
+             SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
+             RETURNING *
+         )
+         SELECT t.*, b.name AS biz_type
+           FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t JOIN biz_types b ON b.id = t.biz_type_id"
+    )))
+    .bind(id)
+    .bind(run_at)
+    .bind(delay_ms)
+    .bind(payload)
+    .bind(fresh_start)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(task)
+}
+
+/// Changes the run time and/or payload of a pending task.
+pub async fn reschedule(
+    pool: &PgPool,
+    owner: i32,
+    id: Uuid,
+    when: Option<When>,
+    payload: Option<&serde_json::Value>,
+) -> Result<Task, Error> {
+    let mut tx = pool.begin().await?;
+    let (status, cold) = lock(&mut tx, owner, id).await?;
+    if status != "pending" {
+        return Err(Error::Conflict(format!("only a pending task can be changed; this one is {status}")));
+    }
+    let task = requeue(&mut tx, cold, id, when, payload, false).await?;
+    tx.commit().await?;
+    Ok(task)
+}
+
+/// Puts a finished task (failed, succeeded or cancelled) back to pending, due now. Its
+/// attempts stay in the history.
+pub async fn replay(pool: &PgPool, owner: i32, id: Uuid) -> Result<Task, Error> {
+    let mut tx = pool.begin().await?;
+    let (status, cold) = lock(&mut tx, owner, id).await?;
+    if !matches!(status.as_str(), "failed" | "succeeded" | "cancelled") {
+        return Err(Error::Conflict(format!("only a finished task can be replayed; this one is {status}")));
+    }
+    let task = requeue(&mut tx, cold, id, Some(When::After { delay_ms: 0 }), None, true).await?;
+    tx.commit().await?;
+    Ok(task)
+}
+
+/// Cancels a pending task. A running or finished task cannot be cancelled.
+pub async fn cancel(pool: &PgPool, owner: i32, id: Uuid) -> Result<Task, Error> {
+    let mut tx = pool.begin().await?;
+    let (status, cold) = lock(&mut tx, owner, id).await?;
+    if status != "pending" {
+        return Err(Error::Conflict(format!("only a pending task can be cancelled; this one is {status}")));
+    }
+    let table = if cold { "tasks_cold" } else { "tasks" };
+    let task = sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+        "WITH t AS (
+             UPDATE {table} SET status = 'cancelled', finished_at = now(), updated_at = now()
+              WHERE id = $1 RETURNING *
+         )
+         SELECT t.*, b.name AS biz_type FROM t JOIN biz_types b ON b.id = t.biz_type_id"
+    )))
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_reject_garbage() {
+        let at: DateTime<Utc> = "2026-11-21T12:00:00.123456Z".parse().unwrap();
+        let id = Uuid::now_v7();
+        assert_eq!(decode_cursor(&encode_cursor(at, id)).unwrap(), (at, id));
+        for bad in ["", "!!", "bm90LWEtY3Vyc29y", &URL_SAFE_NO_PAD.encode("2026-01-01T00:00:00Z|nope")] {
+            assert!(decode_cursor(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Console users. Passwords are stored as argon2 hashes only.
+
+use argon2::password_hash::{PasswordHasher, SaltString};
+use argon2::Argon2;
+use rand::{Rng, RngCore};
+use sqlx::PgPool;
+
+use crate::error::Error;
+
+pub const ROLES: [&str; 2] = ["admin", "support"];
+
+fn hash_password(password: &str) -> String {
+    let mut salt = [0u8; 16];
+    rand::rng().fill_bytes(&mut salt);
+    let salt = SaltString::encode_b64(&salt).expect("16 bytes is a valid salt");
+    Argon2::default().hash_password(password.as_bytes(), &salt).expect("argon2 with default parameters").to_string()
+}
+
+fn validate(username: &str, role: &str, password: &str) -> Result<(), Error> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "_.@-".contains(c);
+    if username.is_empty() || username.len() > 64 || !username.chars().all(ok_char) || !username.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
+        return Err(Error::invalid("name", "must be 1-64 letters, digits, '_', '.', '@' or '-', starting with a letter or digit"));
+    }
+    if !ROLES.contains(&role) {
+        return Err(Error::invalid("role", "must be admin or support"));
+    }
+    if password.chars().count() < 8 {
+        return Err(Error::invalid("password", "must be at least 8 characters"));
+    }
+    Ok(())
+}
+
+pub async fn create(pool: &PgPool, username: &str, role: &str, password: &str) -> Result<(), Error> {
+    validate(username, role, password)?;
+    let inserted = sqlx::query("INSERT INTO users (username, password_hash, role) VALUES ($1, $2, $3) ON CONFLICT (username) DO NOTHING")
+        .bind(username)
+        .bind(hash_password(password))
+        .bind(role)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    if inserted == 0 {
+        return Err(Error::Conflict(format!("user `{username}` already exists")));
+    }
+    Ok(())
+}
+
+/// Creates the `admin` account when there is no user at all. Returns the password when it
+/// was generated here (it must be shown to the operator once).
+pub async fn ensure_first_admin(pool: &PgPool, configured: Option<&str>) -> Result<Option<String>, Error> {
+    let generated = configured.is_none().then(|| {
+        let mut rng = rand::rng();
+        (0..20).map(|_| rng.sample(rand::distr::Alphanumeric) as char).collect::<String>()
+    });
+    let password = configured.or(generated.as_deref()).unwrap_or_default();
+    validate("admin", "admin", password).map_err(|_| Error::invalid("CHIME_ADMIN_PASSWORD", "must be at least 8 characters"))?;
+    let created = sqlx::query(
+        "INSERT INTO users (username, password_hash, role)
+         SELECT 'admin', $1, 'admin' WHERE NOT EXISTS (SELECT 1 FROM users)
+         ON CONFLICT (username) DO NOTHING",
+    )
+    .bind(hash_password(password))
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(if created == 1 { generated } else { None })
+}

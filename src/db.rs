@@ -30,6 +30,13 @@ impl Database {
             None => match EmbeddedPg::start(&args.data_dir, args.pg_bin_dir.as_deref()).await {
                 Ok(pg) => (pg.url("chime"), Some(pg)),
                 Err(EmbeddedPgError::Busy { .. }) if attach => (embedded_pg::socket_url(&args.data_dir, "chime"), None),
+                Err(e @ EmbeddedPgError::Busy { .. }) => {
+                    return Err(anyhow::anyhow!(
+                        "{e}. To run a second node on this machine, give it the same database: \
+                         DATABASE_URL='{}' and another CHIME_LISTEN",
+                        embedded_pg::socket_url(&args.data_dir, "chime")
+                    ));
+                }
                 Err(e) => return Err(e.into()),
             },
         };

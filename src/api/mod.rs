@@ -84,8 +84,8 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
 async fn read_json(payload: web::Payload, limit: usize) -> Result<serde_json::Value, ApiError> {
     let bytes = match payload.to_bytes_limited(limit).await {
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(_)) => return Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
-        Err(e) => return Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
+        Err(_) => return Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
+        Ok(Err(e)) => return Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
     };
     if bytes.is_empty() {
         return Err(ApiError::BadRequest("request body is empty; send a JSON object".into()));
@@ -95,6 +95,9 @@ async fn read_json(payload: web::Payload, limit: usize) -> Result<serde_json::Va
 
 /// Deserialises a request object, naming the offending field in the 422.
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::Invalid("the request must be a JSON object".into()));
+    }
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         if path == "." {

@@ -1,0 +1,103 @@
+use serde_json::json;
+
+use crate::helpers::{TestApp, spawn_app};
+
+/// Every task endpoint, as (method, path, body) for a task of biz type `orders`.
+fn endpoints(id: &str) -> Vec<(&'static str, String, Option<serde_json::Value>)> {
+    vec![
+        ("POST", "/api/v1/tasks".into(), Some(json!({"biz_type": "orders"}))),
+        ("POST", "/api/v1/tasks/batch".into(), Some(json!({"tasks": [{"biz_type": "orders"}]}))),
+        ("GET", "/api/v1/tasks".into(), None),
+        ("GET", format!("/api/v1/tasks/{id}"), None),
+        ("GET", "/api/v1/biz-types/orders/tasks/by-key/k".into(), None),
+        ("PATCH", format!("/api/v1/tasks/{id}"), Some(json!({"delay_ms": 1000}))),
+        ("DELETE", format!("/api/v1/tasks/{id}"), None),
+        ("POST", format!("/api/v1/tasks/{id}/replay"), Some(json!({}))),
+    ]
+}
+
+async fn call(app: &TestApp, token: Option<&str>, method: &str, path: &str, body: &Option<serde_json::Value>) -> crate::helpers::Reply {
+    app.request(method, path, token, body.as_ref().map(|b| b.to_string().into_bytes())).await
+}
+
+/// No token, a malformed header, an unknown token and a revoked token all get 401 on every
+/// endpoint.
+#[tokio::test]
+async fn every_endpoint_requires_a_valid_token() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "k"})).await;
+    let id = task["id"].as_str().unwrap();
+    let revoked = chime::biz_types::create_token(&app.pool, "orders").await.unwrap();
+    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1")
+        .bind(&revoked[..12])
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    for (method, path, body) in endpoints(id) {
+        for bad in [None, Some("chime_not-a-real-token"), Some(revoked.as_str())] {
+            let reply = call(&app, bad, method, &path, &body).await;
+            assert_eq!((reply.status, reply.code()), (401, "unauthenticated"), "{method} {path} with {bad:?}");
+            assert_eq!(reply.headers["www-authenticate"], "Bearer");
+        }
+        let reply = app
+            .client
+            .request(method.parse().unwrap(), format!("{}{path}", app.address))
+            .header("Authorization", format!("Basic {token}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 401, "{method} {path} with a Basic header");
+    }
+    // The valid token still works, and the task was never touched.
+    let reply = app.get(&format!("/api/v1/tasks/{id}"), &token).await;
+    assert_eq!(reply.body["status"], "pending");
+}
+
+/// A token of another biz type gets 403 on everything of `orders`, and changes nothing.
+#[tokio::test]
+async fn a_token_acts_only_on_its_own_biz_type() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let intruder = app.biz_type("coupons").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "k"})).await;
+    let id = task["id"].as_str().unwrap();
+
+    for (method, path, body) in endpoints(id) {
+        let reply = call(&app, Some(&intruder), method, &path, &body).await;
+        if method == "GET" && path == "/api/v1/tasks" {
+            // Listing without a biz type lists the caller's own tasks: none.
+            assert_eq!(reply.status, 200);
+            assert_eq!(reply.body["items"], json!([]));
+            continue;
+        }
+        if path.ends_with("/batch") {
+            assert_eq!(reply.status, 200);
+            assert_eq!(reply.body["results"][0]["status"], 403, "{}", reply.body);
+            continue;
+        }
+        assert_eq!((reply.status, reply.code()), (403, "permission_denied"), "{method} {path}: {}", reply.body);
+    }
+    let list = app.get("/api/v1/tasks?biz_type=orders", &intruder).await;
+    assert_eq!(list.status, 403);
+
+    let reply = app.get(&format!("/api/v1/tasks/{id}"), &token).await;
+    assert_eq!(reply.body["status"], "pending");
+    assert_eq!(reply.body["run_at"], task["run_at"]);
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 1, "the intruder created nothing");
+}
+
+/// Tokens are stored only as hashes.
+#[tokio::test]
+async fn tokens_are_stored_hashed() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let stored: Vec<(Vec<u8>, String)> =
+        sqlx::query_as("SELECT token_hash, prefix FROM api_tokens").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].0.len(), 32);
+    assert!(!String::from_utf8_lossy(&stored[0].0).contains(&token[12..]));
+    assert_eq!(stored[0].1, token[..12]);
+}

@@ -1,0 +1,163 @@
+//! The admin subcommands, run as the real binary against a test database.
+
+use serde_json::json;
+
+use crate::helpers::spawn_app;
+
+pub struct Output {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn last_line(&self) -> &str {
+        self.stdout.lines().last().unwrap_or("")
+    }
+}
+
+/// Runs `chime <args>` with the given environment (and nothing else of ours).
+pub async fn chime(env: &[(&str, &str)], args: &[&str], stdin: Option<&str>) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"));
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("CHIME_CONFIG")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("running chime");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).await.unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    Output {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// biz-type create prints the signing secret last; token create prints a token that the
+/// API accepts; update and list show the settings.
+#[tokio::test]
+async fn biz_type_and_token_commands_work_end_to_end() {
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+
+    let out = chime(&env, &["biz-type", "create", "orders", "--callback-url", "https://example.test/hook", "--max-attempts", "5", "--rate-limit", "50"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let secret: String = sqlx::query_scalar("SELECT signing_secret FROM biz_types WHERE name = 'orders'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(out.last_line(), secret);
+
+    let out = chime(&env, &["token", "create", "--biz-type", "orders"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let token = out.last_line().to_string();
+    app.create_task(&token, json!({"biz_type": "orders"})).await;
+
+    let out = chime(&env, &["biz-type", "update", "orders", "--pause", "--timeout-ms", "2500", "--rate-limit", "0"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let (paused, timeout, rate): (bool, i32, Option<f64>) =
+        sqlx::query_as("SELECT paused, timeout_ms, rate_limit FROM biz_types WHERE name = 'orders'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!((paused, timeout, rate), (true, 2500, None));
+    let max_attempts: i32 = sqlx::query_scalar("SELECT max_attempts FROM biz_types").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(max_attempts, 5, "settings not given are kept");
+
+    let out = chime(&env, &["biz-type", "list"], None).await;
+    assert!(out.ok);
+    assert!(out.stdout.contains("orders") && out.stdout.contains("paused") && out.stdout.contains("2500ms"), "{}", out.stdout);
+
+    let audit: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_log WHERE actor = 'cli' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(audit, ["biz_type.create", "token.create", "biz_type.update"]);
+}
+
+/// Bad arguments fail with a message that names the problem, and change nothing.
+#[tokio::test]
+async fn biz_type_commands_reject_bad_settings() {
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+    let cases: [(&[&str], &str); 7] = [
+        (&["biz-type", "create", "Bad Name", "--callback-url", "http://x.test/"], "name"),
+        (&["biz-type", "create", "a", "--callback-url", "ftp://x.test/"], "callback_url"),
+        (&["biz-type", "create", "a"], "callback_url"),
+        (&["biz-type", "create", "a", "--callback-url", "http://x.test/", "--timeout-ms", "0"], "timeout_ms"),
+        (&["biz-type", "create", "a", "--callback-url", "http://x.test/", "--backoff-initial-ms", "5000", "--backoff-max-ms", "10"], "backoff_max_ms"),
+        (&["biz-type", "update", "nosuch", "--pause"], "nosuch"),
+        (&["token", "create", "--biz-type", "nosuch"], "nosuch"),
+    ];
+    for (args, mentions) in cases {
+        let out = chime(&env, args, None).await;
+        assert!(!out.ok, "{args:?} succeeded");
+        assert!(out.stderr.contains(mentions), "{args:?}: {}", out.stderr);
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM biz_types").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 0);
+
+    assert!(chime(&env, &["biz-type", "create", "a", "--callback-url", "http://x.test/"], None).await.ok);
+    let again = chime(&env, &["biz-type", "create", "a", "--callback-url", "http://x.test/"], None).await;
+    assert!(!again.ok && again.stderr.contains("already exists"), "{}", again.stderr);
+}
+
+/// user create takes the password from --password or stdin and stores an argon2 hash.
+#[tokio::test]
+async fn user_create_stores_an_argon2_hash() {
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+    let out = chime(&env, &["user", "create", "alice", "--role", "support", "--password", "correct horse"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = chime(&env, &["user", "create", "bob", "--role", "admin"], Some("battery staple\n")).await;
+    assert!(out.ok, "{}", out.stderr);
+    let short = chime(&env, &["user", "create", "carol", "--role", "admin", "--password", "short"], None).await;
+    assert!(!short.ok && short.stderr.contains("password"));
+    let bad_role = chime(&env, &["user", "create", "dave", "--role", "root", "--password", "long enough"], None).await;
+    assert!(!bad_role.ok);
+
+    let users: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT username, role, password_hash FROM users ORDER BY username").fetch_all(&app.pool).await.unwrap();
+    let names: Vec<_> = users.iter().map(|u| (u.0.as_str(), u.1.as_str())).collect();
+    assert_eq!(names, [("admin", "admin"), ("alice", "support"), ("bob", "admin")]);
+    for (_, _, hash) in &users {
+        assert!(hash.starts_with("$argon2"), "{hash}");
+    }
+}
+
+/// --help documents every setting with its environment variable and default.
+#[tokio::test]
+async fn help_documents_settings() {
+    let out = chime(&[], &["--help"], None).await;
+    assert!(out.ok);
+    for needle in ["DATABASE_URL", "CHIME_DATA_DIR", "./chime-data", "CHIME_LISTEN", "127.0.0.1:8080", "CHIME_ADMIN_PASSWORD", "CHIME_CONFIG", "serve", "biz-type", "token", "user", "migrate"] {
+        assert!(out.stdout.contains(needle), "--help lacks {needle}:\n{}", out.stdout);
+    }
+    let out = chime(&[], &["serve", "--help"], None).await;
+    for needle in ["CHIME_LISTEN", "CHIME_MAX_PAYLOAD_BYTES", "65536", "CHIME_HOT_DAYS"] {
+        assert!(out.stdout.contains(needle), "serve --help lacks {needle}");
+    }
+}
+
+/// A config file supplies settings; the environment wins over it; unknown keys are refused.
+#[tokio::test]
+async fn config_file_is_read_and_validated() {
+    let app = spawn_app().await;
+    let dir = std::env::temp_dir().join(format!("chime-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, format!("database_url = \"{}\"\n", app.db_url)).unwrap();
+    let out = chime(&[("CHIME_CONFIG", good.to_str().unwrap())], &["biz-type", "create", "fromfile", "--callback-url", "http://x.test/"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(chime::biz_types::by_name(&app.pool, "fromfile").await.unwrap().is_some());
+
+    let wrong = dir.join("wrong.toml");
+    std::fs::write(&wrong, "database_url = \"postgres://nobody@127.0.0.1:1/none\"\n").unwrap();
+    let out = chime(&[("CHIME_CONFIG", wrong.to_str().unwrap()), ("DATABASE_URL", &app.db_url)], &["biz-type", "list"], None).await;
+    assert!(out.ok && out.stdout.contains("fromfile"), "the environment wins: {}", out.stderr);
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "listen_addr = \"x\"\n").unwrap();
+    let out = chime(&[("CHIME_CONFIG", bad.to_str().unwrap())], &["biz-type", "list"], None).await;
+    assert!(!out.ok && out.stderr.contains("listen_addr"), "{}", out.stderr);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,151 @@
+//! `chime serve` on its embedded PostgreSQL, as a real process: data survives a restart,
+//! admin commands reach it while it runs and without it, and a killed run leaves nothing
+//! that stops the next start.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use crate::cli::chime;
+
+struct Node {
+    child: tokio::process::Child,
+    address: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn start(data_dir: &Path) -> Node {
+    let port = free_port();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
+        .env_remove("DATABASE_URL")
+        .env_remove("CHIME_CONFIG")
+        .env("CHIME_DATA_DIR", data_dir)
+        .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
+        .env("CHIME_ADMIN_PASSWORD", "first-admin-password")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let address = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    for _ in 0..600 {
+        if let Ok(r) = client.get(format!("{address}/readyz")).send().await
+            && r.status() == 200
+        {
+            return Node { child, address };
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chime serve did not become ready within 60 s");
+}
+
+fn postmaster_pid(data_dir: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(data_dir.join("pgdata/postmaster.pid")).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+}
+
+/// Whether the process is gone within a few seconds (an exited postmaster may linger
+/// briefly until init reaps it).
+async fn gone(pid: i32) -> bool {
+    for _ in 0..50 {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn embedded_database_survives_restarts_and_kills() {
+    let data_dir: PathBuf = std::env::temp_dir().join(format!("chime-embedded-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let client = reqwest::Client::new();
+    let env = [("CHIME_DATA_DIR", data_dir.to_str().unwrap())];
+
+    // First start creates the cluster; admin commands attach to the running node.
+    let mut node = start(&data_dir).await;
+    let out = chime(&env, &["biz-type", "create", "demo", "--callback-url", "http://127.0.0.1:9/hook"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = chime(&env, &["token", "create", "--biz-type", "demo"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let token = out.last_line().to_string();
+    let created: Value = client
+        .post(format!("{}/api/v1/tasks", node.address))
+        .bearer_auth(&token)
+        .json(&json!({"biz_type": "demo", "key": "survivor", "delay_ms": 3_600_000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    // SIGTERM: chime stops, and stops its database.
+    let postmaster = postmaster_pid(&data_dir).expect("the database is running");
+    kill(Pid::from_raw(node.child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), node.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(gone(postmaster).await, "the database stopped with chime");
+
+    // Without a running node, an admin command starts and stops the database itself.
+    let out = chime(&env, &["biz-type", "list"], None).await;
+    assert!(out.ok && out.stdout.contains("demo"), "{}", out.stderr);
+    assert!(postmaster_pid(&data_dir).is_none_or(|pid| !alive(pid)));
+
+    // Restart: the data is still there.
+    let mut node = start(&data_dir).await;
+    let by_key = |address: String| {
+        let client = client.clone();
+        let token = token.clone();
+        async move {
+            client
+                .get(format!("{address}/api/v1/biz-types/demo/tasks/by-key/survivor"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(by_key(node.address.clone()).await["id"], created["id"]);
+
+    // kill -9 leaves the postmaster running; the next start deals with it.
+    let postmaster = postmaster_pid(&data_dir).unwrap();
+    node.child.kill().await.unwrap();
+    assert!(alive(postmaster), "the orphaned database is still up");
+    let mut node = start(&data_dir).await;
+    assert_eq!(by_key(node.address.clone()).await["id"], created["id"]);
+    assert!(gone(postmaster).await, "the stale postmaster was stopped");
+
+    kill(Pid::from_raw(node.child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    node.child.wait().await.unwrap();
+    std::fs::remove_dir_all(&data_dir).unwrap();
+}
+
+/// A second `serve` on a data directory in use refuses to start, saying why.
+#[tokio::test]
+async fn a_second_serve_on_the_same_data_dir_is_refused() {
+    let data_dir: PathBuf = std::env::temp_dir().join(format!("chime-embedded-busy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let mut node = start(&data_dir).await;
+    let out = chime(&[("CHIME_DATA_DIR", data_dir.to_str().unwrap()), ("CHIME_LISTEN", "127.0.0.1:0")], &["serve"], None).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("DATABASE_URL"), "{}", out.stderr);
+    kill(Pid::from_raw(node.child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    node.child.wait().await.unwrap();
+    std::fs::remove_dir_all(&data_dir).unwrap();
+}

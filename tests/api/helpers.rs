@@ -1,0 +1,195 @@
+//! The test harness: one throwaway PostgreSQL cluster per test binary (unless
+//! DATABASE_URL names a server), a fresh database per test cloned from a migrated template,
+//! and chime's real HTTP server on a random port.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use chime::config::ServeArgs;
+use chime::embedded_pg::{self, EmbeddedPg};
+use chime::startup::Application;
+use serde_json::Value;
+use sqlx::{Connection, Executor, PgConnection, PgPool};
+use tokio::sync::OnceCell;
+
+/// Where the test server is, and the template database every test database is cloned from.
+struct Server {
+    /// URL of a maintenance database, for CREATE DATABASE.
+    admin_url: String,
+    /// Kept for the life of the process; its watchdog removes it when we exit.
+    _cluster: Option<EmbeddedPg>,
+}
+
+static SERVER: OnceCell<Server> = OnceCell::const_new();
+const TEMPLATE: &str = "chime_test_template";
+
+async fn server() -> &'static Server {
+    SERVER
+        .get_or_init(|| async {
+            let (admin_url, cluster) = match std::env::var("DATABASE_URL") {
+                Ok(url) => (url, None),
+                Err(_) => {
+                    let pg = embedded_pg::start_throwaway().await.expect("starting a throwaway PostgreSQL");
+                    (pg.url("postgres"), Some(pg))
+                }
+            };
+            // The template is migrated once; each test then gets a copy in milliseconds.
+            let mut conn = PgConnection::connect(&admin_url).await.expect("connecting to PostgreSQL");
+            let suffix = std::process::id();
+            let template = format!("{TEMPLATE}_{suffix}");
+            conn.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {template}"))).await.unwrap();
+            conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {template}"))).await.unwrap();
+            let mut template_conn = PgConnection::connect(&with_database(&admin_url, &template)).await.unwrap();
+            chime::db::MIGRATOR.run(&mut template_conn).await.expect("migrating the template database");
+            template_conn.close().await.unwrap();
+            Server { admin_url, _cluster: cluster }
+        })
+        .await
+}
+
+/// The URL with its database replaced.
+fn with_database(url: &str, database: &str) -> String {
+    let mut parsed = url::Url::parse(url).expect("a database URL");
+    parsed.set_path(&format!("/{database}"));
+    parsed.to_string()
+}
+
+/// A fresh, migrated database; returns its URL.
+pub async fn fresh_database() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let server = server().await;
+    let name = format!("chime_test_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+    let mut conn = PgConnection::connect(&server.admin_url).await.unwrap();
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} TEMPLATE {TEMPLATE}_{}",
+        std::process::id()
+    )))
+    .await
+    .unwrap();
+    with_database(&server.admin_url, &name)
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub pool: PgPool,
+    pub db_url: String,
+    pub client: reqwest::Client,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(ServeArgs::default()).await
+}
+
+pub async fn spawn_app_with(mut settings: ServeArgs) -> TestApp {
+    let db_url = fresh_database().await;
+    let pool = chime::db::connect(&db_url, 8).await.unwrap();
+    settings.listen = "127.0.0.1:0".parse().unwrap();
+    settings.http_workers = Some(1);
+    settings.admin_password.get_or_insert_with(|| "test-admin-password".into());
+    let app = Application::build(&settings, pool.clone()).await.expect("building the app");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until_stopped());
+    TestApp { address, pool, db_url, client: reqwest::Client::new() }
+}
+
+/// A response's status and JSON body.
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    /// The error code of an error reply.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error reply: {}", self.body))
+    }
+    pub fn message(&self) -> &str {
+        self.body["error"]["message"].as_str().unwrap_or_else(|| panic!("not an error reply: {}", self.body))
+    }
+}
+
+impl TestApp {
+    /// Creates a biz type with a test callback URL and returns an API token for it.
+    pub async fn biz_type(&self, name: &str) -> String {
+        chime::biz_types::create(
+            &self.pool,
+            name,
+            &chime::biz_types::Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() },
+        )
+        .await
+        .unwrap();
+        chime::biz_types::create_token(&self.pool, name).await.unwrap()
+    }
+
+    pub async fn request(&self, method: &str, path: &str, token: Option<&str>, body: Option<Vec<u8>>) -> Reply {
+        let mut req = self.client.request(method.parse().unwrap(), format!("{}{path}", self.address));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            req = req.header("Content-Type", "application/json").body(body);
+        }
+        let resp = req.send().await.expect("request sent");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("{method} {path}: not JSON: {bytes:?}"))
+        };
+        Reply { status, headers, body }
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> Reply {
+        self.request("GET", path, Some(token), None).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: Value) -> Reply {
+        self.request("POST", path, Some(token), Some(body.to_string().into_bytes())).await
+    }
+
+    pub async fn patch(&self, path: &str, token: &str, body: Value) -> Reply {
+        self.request("PATCH", path, Some(token), Some(body.to_string().into_bytes())).await
+    }
+
+    pub async fn delete(&self, path: &str, token: &str) -> Reply {
+        self.request("DELETE", path, Some(token), None).await
+    }
+
+    /// Creates a task and returns it, asserting 201.
+    pub async fn create_task(&self, token: &str, body: Value) -> Value {
+        let reply = self.post("/api/v1/tasks", token, body).await;
+        assert_eq!(reply.status, 201, "{}", reply.body);
+        reply.body
+    }
+
+    /// Which table or partition holds the task.
+    pub async fn table_of(&self, id: &str) -> String {
+        sqlx::query_scalar(
+            "SELECT tableoid::regclass::text FROM tasks WHERE id = $1::uuid
+             UNION ALL SELECT tableoid::regclass::text FROM tasks_cold WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Sets a task's status directly, as the engine would.
+    pub async fn force_status(&self, id: &str, status: &str) {
+        let (lease, finished) = match status {
+            "running" => ("now() + interval '1 minute'", "NULL"),
+            "pending" => ("NULL", "NULL"),
+            _ => ("NULL", "now()"),
+        };
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE tasks SET status = $2, lease_until = {lease}, finished_at = {finished} WHERE id = $1::uuid"
+        )))
+        .bind(id)
+        .bind(status)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}

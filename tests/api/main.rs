@@ -1,0 +1,9 @@
+//! Integration tests: the real HTTP server, a real PostgreSQL, the real binary.
+
+mod auth;
+mod bad_input;
+mod cli;
+mod embedded;
+mod health;
+mod helpers;
+mod tasks;

@@ -1,0 +1,375 @@
+use chrono::{DateTime, Duration, DurationRound, Utc};
+use serde_json::{Value, json};
+
+use crate::helpers::spawn_app;
+
+fn time(v: &Value) -> DateTime<Utc> {
+    v.as_str().unwrap().parse().unwrap()
+}
+
+/// A time as PostgreSQL keeps it: to the microsecond.
+fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
+    t.duration_trunc(Duration::microseconds(1)).unwrap()
+}
+
+/// A create answers 201 with the task in the SPEC's shape, and GET returns it with attempts.
+#[tokio::test]
+async fn create_then_get_returns_the_task_with_attempts() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+
+    let before = Utc::now();
+    let task = app
+        .create_task(&token, json!({"biz_type": "orders", "key": "order-1", "delay_ms": 60000, "payload": {"order": 1}}))
+        .await;
+
+    for field in ["id", "biz_type", "key", "run_at", "payload", "status", "attempt_count", "timer_id", "last_error", "created_at", "updated_at", "finished_at"] {
+        assert!(task.get(field).is_some(), "missing {field} in {task}");
+    }
+    assert_eq!(task["biz_type"], "orders");
+    assert_eq!(task["status"], "pending");
+    assert_eq!(task["payload"], json!({"order": 1}));
+    let run_at = time(&task["run_at"]);
+    assert!(run_at >= before + Duration::seconds(59) && run_at <= Utc::now() + Duration::seconds(61), "{run_at}");
+
+    let got = app.get(&format!("/api/v1/tasks/{}", task["id"].as_str().unwrap()), &token).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body["id"], task["id"]);
+    assert_eq!(got.body["attempts"], json!([]));
+}
+
+/// Without run_at or delay_ms a task is due now; run_at is kept as given.
+#[tokio::test]
+async fn run_at_defaults_to_now_and_is_kept_as_given() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let now_task = app.create_task(&token, json!({"biz_type": "orders"})).await;
+    assert!((time(&now_task["run_at"]) - Utc::now()).num_seconds().abs() <= 5);
+    assert_eq!(now_task["payload"], Value::Null);
+
+    let at = (Utc::now() + Duration::hours(3)).with_timezone(&chrono::FixedOffset::east_opt(8 * 3600).unwrap());
+    let task = app.create_task(&token, json!({"biz_type": "orders", "run_at": at.to_rfc3339()})).await;
+    assert_eq!(time(&task["run_at"]), micros(at.with_timezone(&Utc)));
+}
+
+/// Same key and same request → 200 with the same task (key order and spacing do not
+/// matter, and a repeated delay_ms is a repeat); same key, different request → 409.
+#[tokio::test]
+async fn create_is_idempotent_on_key() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let first = app.create_task(&token, json!({"biz_type": "orders", "key": "k1", "delay_ms": 5000, "payload": {"a": 1, "b": 2}})).await;
+
+    let again = app
+        .request(
+            "POST",
+            "/api/v1/tasks",
+            Some(&token),
+            Some(br#"{ "payload": {"b": 2, "a": 1}, "delay_ms": 5000, "key": "k1", "biz_type": "orders" }"#.to_vec()),
+        )
+        .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body, first, "the existing task, unchanged");
+
+    let different = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "key": "k1", "delay_ms": 6000})).await;
+    assert_eq!(different.status, 409);
+    assert_eq!(different.code(), "conflict");
+    assert!(different.message().contains("k1"));
+
+    // The key is per biz type: another biz type may use it.
+    let other = app.biz_type("coupons").await;
+    app.create_task(&other, json!({"biz_type": "coupons", "key": "k1"})).await;
+
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 2);
+}
+
+/// Racing creates with one key make exactly one task.
+#[tokio::test]
+async fn concurrent_creates_with_one_key_make_one_task() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let body = json!({"biz_type": "orders", "key": "race", "payload": {"x": 1}});
+    let replies = futures_util::future::join_all((0..16).map(|_| app.post("/api/v1/tasks", &token, body.clone()))).await;
+    let created = replies.iter().filter(|r| r.status == 201).count();
+    let repeated = replies.iter().filter(|r| r.status == 200).count();
+    assert_eq!((created, repeated), (1, 15), "{:?}", replies.iter().map(|r| r.status).collect::<Vec<_>>());
+    let ids: std::collections::HashSet<_> = replies.iter().map(|r| r.body["id"].clone()).collect();
+    assert_eq!(ids.len(), 1);
+}
+
+/// A batch answers one result per item in order: created, repeated, or an error of its own.
+#[tokio::test]
+async fn batch_create_gives_per_item_results_in_order() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    app.biz_type("coupons").await;
+    app.create_task(&token, json!({"biz_type": "orders", "key": "old"})).await;
+
+    let reply = app
+        .post(
+            "/api/v1/tasks/batch",
+            &token,
+            json!({"tasks": [
+                {"biz_type": "orders", "key": "a", "payload": 1},
+                {"biz_type": "orders", "key": "old"},
+                {"biz_type": "orders", "key": "old", "payload": "changed"},
+                {"biz_type": "orders", "delay_ms": -1},
+                {"biz_type": "coupons"},
+                {"biz_type": "orders", "key": "a", "payload": 1},
+                {"biz_type": "orders", "key": "a", "payload": 2},
+                {"biz_type": "orders", "run_at": "2030-02-30T00:00:00Z"},
+                {"biz_type": "orders"},
+                "not an object",
+            ]}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let results = reply.body["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [201, 200, 409, 422, 403, 200, 409, 422, 201, 422]);
+    assert_eq!(results[5]["task"]["id"], results[0]["task"]["id"], "a repeat inside the batch answers with the first");
+    assert!(results[3]["error"]["message"].as_str().unwrap().contains("delay_ms"));
+    assert!(results[7]["error"]["message"].as_str().unwrap().contains("tasks[7]: run_at"));
+
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 3, "old, a, and the unkeyed one");
+}
+
+/// A full batch of 1000 is accepted; 1001 or none is refused.
+#[tokio::test]
+async fn batch_holds_up_to_1000_tasks() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let items: Vec<Value> = (0..1000).map(|i| json!({"biz_type": "orders", "key": format!("k{i}"), "delay_ms": i})).collect();
+    let reply = app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.body["results"].as_array().unwrap().iter().all(|r| r["status"] == 201));
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 1000);
+
+    let too_many: Vec<Value> = (0..1001).map(|_| json!({"biz_type": "orders"})).collect();
+    let reply = app.post("/api/v1/tasks/batch", &token, json!({"tasks": too_many})).await;
+    assert_eq!((reply.status, reply.code()), (422, "invalid_argument"));
+    assert!(reply.message().contains("tasks"));
+    let reply = app.post("/api/v1/tasks/batch", &token, json!({"tasks": []})).await;
+    assert_eq!(reply.status, 422);
+}
+
+/// A task due within the hot horizon lands in that day's partition; one due next year in
+/// cold storage. Both are found by id and listed.
+#[tokio::test]
+async fn tasks_land_in_hot_partitions_or_cold_storage() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let soon = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
+    let next_year = app
+        .create_task(&token, json!({"biz_type": "orders", "run_at": (Utc::now() + Duration::days(365)).to_rfc3339()}))
+        .await;
+
+    let day = time(&soon["run_at"]).format("%Y%m%d");
+    assert_eq!(app.table_of(soon["id"].as_str().unwrap()).await, format!("tasks_p{day}"));
+    assert_eq!(app.table_of(next_year["id"].as_str().unwrap()).await, "tasks_cold");
+
+    let got = app.get(&format!("/api/v1/tasks/{}", next_year["id"].as_str().unwrap()), &token).await;
+    assert_eq!(got.status, 200);
+    let list = app.get("/api/v1/tasks", &token).await;
+    let ids: Vec<&Value> = list.body["items"].as_array().unwrap().iter().map(|t| &t["id"]).collect();
+    assert_eq!(ids, [&soon["id"], &next_year["id"]], "ordered by run_at across hot and cold");
+}
+
+#[tokio::test]
+async fn get_by_key_finds_the_task() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "order/7 ü"})).await;
+
+    let reply = app.get("/api/v1/biz-types/orders/tasks/by-key/order%2F7%20%C3%BC", &token).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.body["id"], task["id"]);
+
+    let missing = app.get("/api/v1/biz-types/orders/tasks/by-key/nope", &token).await;
+    assert_eq!((missing.status, missing.code()), (404, "not_found"));
+    let unknown_type = app.get("/api/v1/biz-types/nosuch/tasks/by-key/x", &token).await;
+    assert_eq!(unknown_type.status, 404);
+}
+
+/// Keyset pagination visits every task once, in run_at order, and filters hold.
+#[tokio::test]
+async fn list_paginates_and_filters() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let other = app.biz_type("coupons").await;
+    app.create_task(&other, json!({"biz_type": "coupons"})).await;
+    let base = Utc::now() + Duration::minutes(10);
+    let items: Vec<Value> = (0..25)
+        .map(|i| json!({"biz_type": "orders", "run_at": (base + Duration::seconds(i % 5)).to_rfc3339(), "payload": i}))
+        .collect();
+    app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/tasks?biz_type=orders&limit=10&cursor={c}"),
+            None => "/api/v1/tasks?limit=10".to_string(),
+        };
+        let page = app.get(&path, &token).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        pages += 1;
+        seen.extend(page.body["items"].as_array().unwrap().iter().cloned());
+        match page.body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen.len(), 25);
+    let keys: Vec<(DateTime<Utc>, String)> =
+        seen.iter().map(|t| (time(&t["run_at"]), t["id"].as_str().unwrap().to_string())).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(keys, sorted, "strictly ordered, no repeats");
+    assert!(seen.iter().all(|t| t["biz_type"] == "orders"));
+
+    // Time range: [base+1s, base+3s) holds payloads with i % 5 in {1, 2}.
+    let from = (base + Duration::seconds(1)).to_rfc3339().replace('+', "%2B");
+    let to = (base + Duration::seconds(3)).to_rfc3339().replace('+', "%2B");
+    let ranged = app.get(&format!("/api/v1/tasks?from={from}&to={to}&limit=1000"), &token).await;
+    assert_eq!(ranged.status, 200, "{}", ranged.body);
+    assert_eq!(ranged.body["items"].as_array().unwrap().len(), 10);
+
+    let first = seen[0]["id"].as_str().unwrap();
+    app.delete(&format!("/api/v1/tasks/{first}"), &token).await;
+    let cancelled = app.get("/api/v1/tasks?status=cancelled", &token).await;
+    let items = cancelled.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["id"], first);
+}
+
+/// PATCH moves a pending task in time (between hot and cold storage too) and replaces its
+/// payload; a task that is running or finished cannot be changed.
+#[tokio::test]
+async fn reschedule_changes_pending_tasks_only() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "r", "delay_ms": 1000, "payload": {"v": 1}})).await;
+    let id = task["id"].as_str().unwrap();
+    let path = format!("/api/v1/tasks/{id}");
+
+    let far = Utc::now() + Duration::days(200);
+    let reply = app.patch(&path, &token, json!({"run_at": far.to_rfc3339()})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(time(&reply.body["run_at"]), micros(far));
+    assert_eq!(reply.body["payload"], json!({"v": 1}), "payload kept");
+    assert_eq!(app.table_of(id).await, "tasks_cold");
+
+    let reply = app.patch(&path, &token, json!({"delay_ms": 120000, "payload": {"v": 2}})).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body["payload"], json!({"v": 2}));
+    assert!(time(&reply.body["run_at"]) < Utc::now() + Duration::minutes(3));
+    assert!(app.table_of(id).await.starts_with("tasks_p"));
+    assert_eq!(reply.body["id"], task["id"]);
+    assert_eq!(reply.body["created_at"], task["created_at"]);
+
+    let reply = app.patch(&path, &token, json!({"payload": [1, 2]})).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body["payload"], json!([1, 2]));
+    let by_key = app.get("/api/v1/biz-types/orders/tasks/by-key/r", &token).await;
+    assert_eq!(by_key.body["payload"], json!([1, 2]), "the key still finds the moved task");
+
+    let reply = app.patch(&path, &token, json!({})).await;
+    assert_eq!(reply.status, 422);
+
+    for status in ["running", "succeeded", "failed"] {
+        app.force_status(id, status).await;
+        let reply = app.patch(&path, &token, json!({"delay_ms": 5})).await;
+        assert_eq!((reply.status, reply.code()), (409, "conflict"), "{status}");
+        assert!(reply.message().contains(status));
+    }
+
+    let missing = app.patch(&format!("/api/v1/tasks/{}", uuid::Uuid::now_v7()), &token, json!({"delay_ms": 5})).await;
+    assert_eq!(missing.status, 404);
+}
+
+/// DELETE cancels a pending task (hot or cold); a second cancel, or cancelling a running
+/// task, is a conflict.
+#[tokio::test]
+async fn cancel_applies_to_pending_tasks() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    for run_at in [Utc::now() + Duration::minutes(5), Utc::now() + Duration::days(300)] {
+        let task = app.create_task(&token, json!({"biz_type": "orders", "run_at": run_at.to_rfc3339()})).await;
+        let path = format!("/api/v1/tasks/{}", task["id"].as_str().unwrap());
+        let reply = app.delete(&path, &token).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.body["status"], "cancelled");
+        assert!(reply.body["finished_at"].is_string());
+        assert_eq!(app.delete(&path, &token).await.status, 409);
+    }
+
+    let running = app.create_task(&token, json!({"biz_type": "orders"})).await;
+    let id = running["id"].as_str().unwrap();
+    app.force_status(id, "running").await;
+    let reply = app.delete(&format!("/api/v1/tasks/{id}"), &token).await;
+    assert_eq!(reply.status, 409);
+
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'task.cancel'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 2);
+}
+
+/// Replay puts a finished task back to pending, due now, with a fresh attempt count; a
+/// pending or running task cannot be replayed.
+#[tokio::test]
+async fn replay_requeues_finished_tasks() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "rp", "delay_ms": 600000})).await;
+    let id = task["id"].as_str().unwrap();
+    let path = format!("/api/v1/tasks/{id}/replay");
+
+    assert_eq!(app.post(&path, &token, json!({})).await.status, 409, "pending");
+    app.force_status(id, "running").await;
+    assert_eq!(app.post(&path, &token, json!({})).await.status, 409, "running");
+
+    sqlx::query("UPDATE tasks SET attempt_count = 10, last_error = 'HTTP 500' WHERE id = $1::uuid")
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    for status in ["failed", "succeeded", "cancelled"] {
+        app.force_status(id, status).await;
+        let reply = app.post(&path, &token, json!({})).await;
+        assert_eq!(reply.status, 200, "{status}: {}", reply.body);
+        assert_eq!(reply.body["status"], "pending");
+        assert_eq!(reply.body["attempt_count"], 0);
+        assert_eq!(reply.body["finished_at"], Value::Null);
+        assert!((time(&reply.body["run_at"]) - Utc::now()).num_seconds().abs() <= 5, "due now");
+    }
+    let by_key = app.get("/api/v1/biz-types/orders/tasks/by-key/rp", &token).await;
+    assert_eq!(by_key.body["id"], task["id"]);
+}
+
+/// The create rate limit of a biz type answers 429 with Retry-After once spent.
+#[tokio::test]
+async fn create_rate_limit_answers_429_with_retry_after() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    sqlx::query("UPDATE biz_types SET create_rate_limit = 0.1").execute(&app.pool).await.unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let reply = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders"})).await;
+        if reply.status == 429 {
+            assert_eq!(reply.code(), "rate_limited");
+            let retry: u64 = reply.headers["retry-after"].to_str().unwrap().parse().unwrap();
+            assert!(retry >= 1);
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [201, 429, 429, 429], "one call per 10 s, burst of one");
+}

@@ -51,8 +51,13 @@ fn postmaster_pid(data_dir: &Path) -> Option<i32> {
     text.lines().next()?.trim().parse().ok()
 }
 
+/// Whether the process runs. An exited process that nobody reaped (a zombie: pid 1 on some
+/// machines does not reap orphans) counts as gone.
 fn alive(pid: i32) -> bool {
-    kill(Pid::from_raw(pid), None).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }
 
 /// Whether the process is gone within a few seconds (an exited postmaster may linger

@@ -2,14 +2,14 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::auth::Caller;
 use super::{ApiError, AppState, from_json, read_json};
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
-use crate::{audit, error::Error};
+use crate::audit;
 
 /// Most tasks in one batch create.
 pub const MAX_BATCH: usize = 1000;
@@ -18,12 +18,22 @@ const ENVELOPE_BYTES: usize = 4096;
 /// Most bytes in one batch body.
 const MAX_BATCH_BODY: usize = 32 * 1024 * 1024;
 
-fn task_json(task: &tasks::Task, attempts: Option<&[tasks::Attempt]>) -> Value {
-    let mut v = serde_json::to_value(task).expect("a task serializes");
-    if let Some(attempts) = attempts {
-        v["attempts"] = serde_json::to_value(attempts).expect("attempts serialize");
-    }
-    v
+/// GET of one task adds its attempts.
+#[derive(Serialize)]
+struct TaskWithAttempts<'a> {
+    #[serde(flatten)]
+    task: &'a tasks::Task,
+    attempts: &'a [tasks::Attempt],
+}
+
+/// One entry of a batch answer: a task (201 or 200) or an error.
+#[derive(Serialize)]
+struct ItemResult<'a> {
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<&'a tasks::Task>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<Value>,
 }
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -32,7 +42,9 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
 
 /// Validates one create request. An item's biz type must be the caller's.
 fn validate_item(caller: &Caller, state: &AppState, value: Value, now: DateTime<Utc>) -> Result<NewTask, ApiError> {
-    let request: CreateTask = from_json(value.clone())?;
+    // The idempotency hash is of the request as sent; take it before the value is consumed.
+    let request_hash = tasks::request_hash(&value);
+    let request: CreateTask = from_json(value)?;
     if request.biz_type != caller.0.biz_type {
         // Spelled out here rather than with Caller::require, which would cost a query per
         // item; the single-create handler checks existence for the 404.
@@ -41,7 +53,7 @@ fn validate_item(caller: &Caller, state: &AppState, value: Value, now: DateTime<
             caller.0.biz_type, request.biz_type
         )));
     }
-    Ok(request.validate(&value, now, state.max_payload_bytes)?)
+    Ok(request.validate(request_hash, now, state.max_payload_bytes)?)
 }
 
 fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
@@ -60,8 +72,8 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
         .pop()
         .expect("one outcome per item");
     match outcome {
-        CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task_json(&task, None))),
-        CreateOutcome::Existing(task) => Ok(HttpResponse::Ok().json(task_json(&task, None))),
+        CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task)),
+        CreateOutcome::Existing(task) => Ok(HttpResponse::Ok().json(task)),
         CreateOutcome::Failed(e) => Err(e.into()),
     }
 }
@@ -82,33 +94,41 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
     }
     check_rate(&caller, &state)?;
     let now = Utc::now();
-    let checked: Vec<Result<NewTask, ApiError>> =
-        request.tasks.into_iter().map(|item| validate_item(&caller, &state, item, now)).collect();
-    let valid: Vec<NewTask> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-    let mut outcomes = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, valid).await?.into_iter();
-    let results: Vec<Value> = checked
+    // Invalid items are answered on their own; the valid ones go to the database together.
+    let mut valid: Vec<NewTask> = Vec::with_capacity(request.tasks.len());
+    let invalid: Vec<Option<ApiError>> = request
+        .tasks
         .into_iter()
+        .map(|item| validate_item(&caller, &state, item, now).map(|task| valid.push(task)).err())
+        .collect();
+    let mut outcomes = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, valid).await?.into_iter();
+    let outcomes: Vec<Result<(u16, tasks::Task), ApiError>> = invalid
+        .into_iter()
+        .map(|invalid| match invalid {
+            Some(e) => Err(e),
+            None => match outcomes.next().expect("one outcome per valid item") {
+                CreateOutcome::Created(task) => Ok((201, task)),
+                CreateOutcome::Existing(task) => Ok((200, task)),
+                CreateOutcome::Failed(e) => Err(e.into()),
+            },
+        })
+        .collect();
+    let results: Vec<ItemResult> = outcomes
+        .iter()
         .enumerate()
-        .map(|(i, checked)| {
-            let outcome = match checked {
-                Ok(_) => outcomes.next().expect("one outcome per valid item"),
-                Err(e) => return item_error(i, &e),
-            };
-            match outcome {
-                CreateOutcome::Created(task) => json!({"status": 201, "task": task_json(&task, None)}),
-                CreateOutcome::Existing(task) => json!({"status": 200, "task": task_json(&task, None)}),
-                CreateOutcome::Failed(e) => item_error(i, &ApiError::from(e)),
-            }
+        .map(|(i, outcome)| match outcome {
+            Ok((status, task)) => ItemResult { status: *status, task: Some(task), error: None },
+            Err(e) => item_error(i, e),
         })
         .collect();
     Ok(HttpResponse::Ok().json(json!({"results": results})))
 }
 
-fn item_error(index: usize, e: &ApiError) -> Value {
+fn item_error(index: usize, e: &ApiError) -> ItemResult<'static> {
     use actix_web::ResponseError;
     let mut body = e.body();
-    body["message"] = Value::String(format!("tasks[{index}]: {}", e));
-    json!({"status": e.status_code().as_u16(), "error": body})
+    body["message"] = Value::String(format!("tasks[{index}]: {e}"));
+    ItemResult { status: e.status_code().as_u16(), task: None, error: Some(body) }
 }
 
 pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
@@ -118,7 +138,7 @@ pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
     if task.biz_type_id != caller.0.biz_type_id {
         return Err(ApiError::Forbidden("this task belongs to another biz type".into()));
     }
-    Ok(HttpResponse::Ok().json(task_json(&task, Some(&attempts))))
+    Ok(HttpResponse::Ok().json(TaskWithAttempts { task: &task, attempts: &attempts }))
 }
 
 pub async fn get_by_key(
@@ -131,7 +151,7 @@ pub async fn get_by_key(
     let task = tasks::get_by_key(&state.pool, caller.0.biz_type_id, &key)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no task with key `{key}` in biz type `{name}`")))?;
-    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+    Ok(HttpResponse::Ok().json(task))
 }
 
 #[derive(Deserialize)]
@@ -179,8 +199,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
         limit,
     };
     let page = tasks::list(&state.pool, caller.0.biz_type_id, &filter).await?;
-    let items: Vec<Value> = page.items.iter().map(|t| task_json(t, None)).collect();
-    Ok(HttpResponse::Ok().json(json!({"items": items, "next_cursor": page.next_cursor})))
+    Ok(HttpResponse::Ok().json(json!({"items": page.items, "next_cursor": page.next_cursor})))
 }
 
 #[derive(Deserialize)]
@@ -207,25 +226,22 @@ pub async fn reschedule(
         (run_at, delay) => Some(When::parse(run_at.as_deref(), delay, Utc::now())?),
     };
     if let Some(payload) = &request.payload {
-        let size = serde_json::to_vec(payload).map(|v| v.len()).unwrap_or(usize::MAX);
-        if size > state.max_payload_bytes {
-            return Err(Error::TooLarge(format!("payload is {size} bytes; the limit is {}", state.max_payload_bytes)).into());
-        }
+        tasks::check_payload_size(payload, state.max_payload_bytes)?;
     }
     let task = tasks::reschedule(&state.pool, caller.0.biz_type_id, id, when, request.payload.as_ref()).await?;
-    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+    Ok(HttpResponse::Ok().json(task))
 }
 
 pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let task = tasks::cancel(&state.pool, caller.0.biz_type_id, id).await?;
     audit::record(&state.pool, &caller.actor(), "task.cancel", "task", &id.to_string(), None, None).await?;
-    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+    Ok(HttpResponse::Ok().json(task))
 }
 
 pub async fn replay(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let task = tasks::replay(&state.pool, caller.0.biz_type_id, id).await?;
     audit::record(&state.pool, &caller.actor(), "task.replay", "task", &id.to_string(), None, None).await?;
-    Ok(HttpResponse::Ok().json(task_json(&task, None)))
+    Ok(HttpResponse::Ok().json(task))
 }

@@ -28,26 +28,45 @@ pub struct NewTask {
     pub key: Option<String>,
     pub when: When,
     pub payload: serde_json::Value,
+    /// The payload serialized, as sent to the database.
+    pub payload_json: String,
     /// SHA-256 of the request as sent, to tell an idempotent repeat from a conflict.
     pub request_hash: Vec<u8>,
 }
 
 impl CreateTask {
-    /// Validates the request; `request` is the item's JSON as sent, for the idempotency hash.
-    pub fn validate(self, request: &serde_json::Value, now: DateTime<Utc>, max_payload_bytes: usize) -> Result<NewTask, Error> {
+    /// Validates the request; `request_hash` is the `request_hash` of the item as sent.
+    pub fn validate(self, request_hash: Vec<u8>, now: DateTime<Utc>, max_payload_bytes: usize) -> Result<NewTask, Error> {
         if let Some(key) = &self.key {
             validate_key(key)?;
         }
         let when = When::parse(self.run_at.as_deref(), self.delay_ms, now)?;
         let payload = self.payload.unwrap_or(serde_json::Value::Null);
-        let size = serde_json::to_vec(&payload).map(|v| v.len()).unwrap_or(usize::MAX);
-        if size > max_payload_bytes {
-            return Err(Error::TooLarge(format!("payload is {size} bytes; the limit is {max_payload_bytes}")));
+        let payload_json = payload.to_string();
+        if payload_json.len() > max_payload_bytes {
+            return Err(too_large(payload_json.len(), max_payload_bytes));
         }
-        // serde_json's maps are sorted, so this serialization ignores key order and spacing.
-        let request_hash = Sha256::digest(serde_json::to_vec(request).unwrap_or_default()).to_vec();
-        Ok(NewTask { key: self.key, when, payload, request_hash })
+        Ok(NewTask { key: self.key, when, payload, payload_json, request_hash })
     }
+}
+
+/// SHA-256 of a create request. serde_json's maps are sorted, so the hash ignores key order
+/// and spacing: the same request sent again, however it is formatted, is a repeat.
+pub fn request_hash(request: &serde_json::Value) -> Vec<u8> {
+    Sha256::digest(serde_json::to_vec(request).unwrap_or_default()).to_vec()
+}
+
+/// Refuses a payload over the size limit (413).
+pub fn check_payload_size(payload: &serde_json::Value, max_payload_bytes: usize) -> Result<(), Error> {
+    let size = payload.to_string().len();
+    if size > max_payload_bytes {
+        return Err(too_large(size, max_payload_bytes));
+    }
+    Ok(())
+}
+
+fn too_large(size: usize, max_payload_bytes: usize) -> Error {
+    Error::TooLarge(format!("payload is {size} bytes; the limit is {max_payload_bytes}"))
 }
 
 #[derive(Debug)]
@@ -61,7 +80,7 @@ pub enum CreateOutcome {
 
 /// Inserts the tasks of one biz type in one statement (plus one more only when a key was
 /// already taken), returning one outcome per input, in order.
-pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items: Vec<NewTask>) -> Result<Vec<CreateOutcome>, Error> {
+pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, mut items: Vec<NewTask>) -> Result<Vec<CreateOutcome>, Error> {
     // A key repeated inside the batch is answered from its first occurrence.
     let mut first_with_key: HashMap<&str, usize> = HashMap::new();
     let mut repeat_of: Vec<Option<usize>> = vec![None; items.len()];
@@ -90,7 +109,7 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
         keys.push(item.key.clone());
         run_ats.push(run_at);
         delays.push(delay);
-        payloads.push(item.payload.clone());
+        payloads.push(item.payload_json.as_str());
         hashes.push(item.request_hash.clone());
     }
 
@@ -100,8 +119,8 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
     let created: Vec<Task> = sqlx::query_as(
         "WITH input AS (
              SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
-                    i.payload, i.request_hash
-               FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::jsonb[], $7::bytea[])
+                    i.payload::jsonb AS payload, i.request_hash
+               FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[], $7::bytea[])
                     AS i(id, key, run_at, delay_ms, payload, request_hash)
          ), taken AS (
              INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
@@ -121,7 +140,10 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
               WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          )
-         SELECT t.*, $8::text AS biz_type FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t",
+         -- The payloads are not sent back: the caller has them.
+         SELECT t.id, t.biz_type_id, $8::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
+                t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at
+           FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t",
     )
     .bind(biz_type_id)
     .bind(&ids)
@@ -145,17 +167,19 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
     let existing = existing_by_key(pool, biz_type_id, &taken_keys).await?;
 
     let mut outcomes: Vec<CreateOutcome> = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
+    for i in 0..items.len() {
         let outcome = if let Some(first) = repeat_of[i] {
             match &outcomes[first] {
-                CreateOutcome::Created(t) | CreateOutcome::Existing(t) if items[first].request_hash == item.request_hash => {
+                CreateOutcome::Created(t) | CreateOutcome::Existing(t) if items[first].request_hash == items[i].request_hash => {
                     CreateOutcome::Existing(t.clone())
                 }
-                _ => CreateOutcome::Failed(key_conflict(item)),
+                _ => CreateOutcome::Failed(key_conflict(&items[i])),
             }
-        } else if let Some(task) = created.remove(&id_of_item[i]) {
+        } else if let Some(mut task) = created.remove(&id_of_item[i]) {
+            task.payload = std::mem::take(&mut items[i].payload);
             CreateOutcome::Created(task)
         } else {
+            let item = &items[i];
             match item.key.as_deref().and_then(|k| existing.get(k)) {
                 Some((hash, task)) if *hash == item.request_hash => CreateOutcome::Existing(task.clone()),
                 _ => CreateOutcome::Failed(key_conflict(item)),

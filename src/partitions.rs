@@ -1,9 +1,10 @@
 //! Partitions of `tasks` and `attempts`, one per UTC day, and the hot horizon.
 //!
-//! Here only the start-up duty: make sure the partitions for yesterday through `hot_days`
-//! ahead exist, move the horizon to the end of them, and bring into the hot partitions the
-//! cold tasks that now fall before it. The leader's partition manager (retention, batched
-//! cold-to-hot moves) builds on the same pieces.
+//! For now every node does the simple duty at start and every few minutes: make sure the
+//! partitions for yesterday through `hot_days` ahead exist, move the horizon to the end of
+//! them, and bring into the hot partitions the cold tasks that now fall before it. It is
+//! safe on many nodes at once (an advisory lock serialises it). The leader's partition
+//! manager (retention, batched cold-to-hot moves) will take it over.
 
 use chrono::{Days, NaiveDate};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -13,6 +14,18 @@ const PARTITION_LOCK: i64 = 0x6368_696d_6570; // "chimep"
 
 pub fn partition_name(table: &str, day: NaiveDate) -> String {
     format!("{table}_p{}", day.format("%Y%m%d"))
+}
+
+/// Runs `ensure` every few minutes, for a node that runs across midnight.
+pub async fn keep_ahead(pool: PgPool, hot_days: u32) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(300));
+    every.tick().await;
+    loop {
+        every.tick().await;
+        if let Err(e) = ensure(&pool, hot_days).await {
+            tracing::warn!(error = %e, "could not prepare partitions; will retry in 5 minutes");
+        }
+    }
 }
 
 pub async fn ensure(pool: &PgPool, hot_days: u32) -> Result<(), sqlx::Error> {
@@ -48,6 +61,6 @@ pub async fn ensure(pool: &PgPool, hot_days: u32) -> Result<(), sqlx::Error> {
     .await?
     .rows_affected();
     tx.commit().await?;
-    tracing::info!(from = %first, until = %end, moved_from_cold = moved, "partitions ready");
+    tracing::debug!(from = %first, until = %end, moved_from_cold = moved, "partitions ready");
     Ok(())
 }

@@ -20,6 +20,7 @@ impl Application {
     /// picks a free port (tests).
     pub async fn build(settings: &ServeArgs, pool: PgPool) -> anyhow::Result<Application> {
         partitions::ensure(&pool, settings.hot_days).await?;
+        tokio::spawn(partitions::keep_ahead(pool.clone(), settings.hot_days));
         if let Some(password) = users::ensure_first_admin(&pool, settings.admin_password.as_deref()).await? {
             // Printed, not only logged: the operator needs it once, at first start.
             println!("created console user `admin` with password: {password}");

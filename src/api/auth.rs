@@ -1,7 +1,10 @@
 //! Bearer tokens: each one acts for exactly one biz type.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 
@@ -27,8 +30,14 @@ impl FromRequest for Caller {
                     _ => return Err(ApiError::Unauthenticated("the Authorization header must be `Bearer <token>`".into())),
                 },
             };
+            if let Some(auth) = state.tokens.get(&token) {
+                return Ok(Caller(auth));
+            }
             match biz_types::authenticate(&state.pool, &token).await? {
-                Some(auth) => Ok(Caller(auth)),
+                Some(auth) => {
+                    state.tokens.put(token, auth.clone());
+                    Ok(Caller(auth))
+                }
                 None => Err(ApiError::Unauthenticated("the token is not valid or has been revoked".into())),
             }
         })
@@ -42,17 +51,46 @@ impl Caller {
         if biz_type == self.0.biz_type {
             return Ok(());
         }
-        match biz_types::by_name(&state.pool, biz_type).await? {
-            None => Err(ApiError::NotFound(format!("no biz type named `{biz_type}`"))),
-            Some(_) => Err(ApiError::Forbidden(format!(
-                "this token belongs to biz type `{}`, not `{biz_type}`",
-                self.0.biz_type
-            ))),
+        if biz_types::exists(&state.pool, biz_type).await? {
+            Err(self.forbidden(biz_type))
+        } else {
+            Err(ApiError::NotFound(format!("no biz type named `{}`", biz_type.escape_debug())))
         }
+    }
+
+    pub fn forbidden(&self, biz_type: &str) -> ApiError {
+        ApiError::Forbidden(format!("this token belongs to biz type `{}`, not `{}`", self.0.biz_type, biz_type.escape_debug()))
     }
 
     /// The actor recorded in the audit log.
     pub fn actor(&self) -> String {
         format!("api:{}", self.0.biz_type)
+    }
+}
+
+/// Valid tokens seen lately, so that a busy client costs one token look-up every few
+/// seconds rather than one per request. A revoked token, or a changed create rate limit,
+/// takes effect within `TTL`.
+#[derive(Default)]
+pub struct TokenCache {
+    entries: Mutex<HashMap<String, (TokenAuth, Instant)>>,
+}
+
+impl TokenCache {
+    const TTL: Duration = Duration::from_secs(5);
+    /// Beyond this many tokens the cache starts afresh rather than grow without bound.
+    const MAX_ENTRIES: usize = 10_000;
+
+    fn get(&self, token: &str) -> Option<TokenAuth> {
+        let entries = self.entries.lock().expect("token cache lock");
+        entries.get(token).filter(|(_, at)| at.elapsed() < Self::TTL).map(|(auth, _)| auth.clone())
+    }
+
+    fn put(&self, token: String, auth: TokenAuth) {
+        let mut entries = self.entries.lock().expect("token cache lock");
+        if entries.len() >= Self::MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(token, (auth, Instant::now()));
     }
 }

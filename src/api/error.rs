@@ -21,9 +21,9 @@ pub enum ApiError {
     /// 404
     #[error("{0}")]
     NotFound(String),
-    /// 405
-    #[error("{0}")]
-    MethodNotAllowed(String),
+    /// 405, with the Allow header.
+    #[error("{message}")]
+    MethodNotAllowed { message: String, allow: &'static str },
     /// 409: wrong state, or a key already used with another request.
     #[error("{0}")]
     Conflict(String),
@@ -51,7 +51,7 @@ impl ApiError {
             ApiError::Unauthenticated(_) => "unauthenticated",
             ApiError::Forbidden(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
-            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Conflict(_) => "conflict",
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::Invalid(_) => "invalid_argument",
@@ -100,7 +100,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -117,6 +117,9 @@ impl ResponseError for ApiError {
         let mut response = HttpResponse::build(self.status_code());
         if let ApiError::RateLimited(wait) = self {
             response.insert_header(("Retry-After", wait.as_secs_f64().ceil().max(1.0).to_string()));
+        }
+        if let ApiError::MethodNotAllowed { allow, .. } = self {
+            response.insert_header(("Allow", *allow));
         }
         if let ApiError::Unauthenticated(_) = self {
             response.insert_header(("WWW-Authenticate", "Bearer"));

@@ -11,46 +11,56 @@ pub use error::ApiError;
 use actix_web::{HttpRequest, HttpResponse, web};
 use sqlx::PgPool;
 
+use self::auth::TokenCache;
 use self::limits::CreateLimiter;
 
 pub struct AppState {
     pub pool: PgPool,
     pub max_payload_bytes: usize,
     create_limiter: CreateLimiter,
+    tokens: TokenCache,
 }
 
 impl AppState {
     pub fn new(pool: PgPool, max_payload_bytes: usize) -> Self {
-        AppState { pool, max_payload_bytes, create_limiter: CreateLimiter::default() }
+        AppState { pool, max_payload_bytes, create_limiter: CreateLimiter::default(), tokens: TokenCache::default() }
     }
 }
 
 const OPENAPI: &str = include_str!("openapi.json");
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource("/healthz").route(web::get().to(healthz)))
-        .service(resource("/readyz").route(web::get().to(readyz)))
+    // Probes often use HEAD; it answers like GET without the body.
+    cfg.service(resource("/healthz", "GET, HEAD").route(web::get().to(healthz)).route(web::head().to(healthz)))
+        .service(resource("/readyz", "GET, HEAD").route(web::get().to(readyz)).route(web::head().to(readyz)))
         .service(
             web::scope("/api/v1")
-                .service(resource("/openapi.json").route(web::get().to(openapi)))
-                .service(resource("/tasks").route(web::post().to(tasks::create)).route(web::get().to(tasks::list)))
-                .service(resource("/tasks/batch").route(web::post().to(tasks::create_batch)))
+                .service(resource("/openapi.json", "GET").route(web::get().to(openapi)))
                 .service(
-                    resource("/tasks/{id}")
+                    resource("/tasks", "GET, POST").route(web::post().to(tasks::create)).route(web::get().to(tasks::list)),
+                )
+                .service(resource("/tasks/batch", "POST").route(web::post().to(tasks::create_batch)))
+                .service(
+                    resource("/tasks/{id}", "GET, PATCH, DELETE")
                         .route(web::get().to(tasks::get))
                         .route(web::patch().to(tasks::reschedule))
                         .route(web::delete().to(tasks::cancel)),
                 )
-                .service(resource("/tasks/{id}/replay").route(web::post().to(tasks::replay)))
-                .service(resource("/biz-types/{name}/tasks/by-key/{key:.*}").route(web::get().to(tasks::get_by_key)))
+                .service(resource("/tasks/{id}/replay", "POST").route(web::post().to(tasks::replay)))
+                .service(
+                    resource("/biz-types/{name}/tasks/by-key/{key:.*}", "GET").route(web::get().to(tasks::get_by_key)),
+                )
                 .default_service(web::to(not_found)),
         );
 }
 
-/// A resource that answers a method it does not serve with a JSON 405.
-fn resource(path: &str) -> actix_web::Resource {
-    web::resource(path).default_service(web::to(|req: HttpRequest| async move {
-        Err::<HttpResponse, _>(ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), req.path())))
+/// A resource that answers a method it does not serve with a JSON 405 naming the `allow`ed ones.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move |req: HttpRequest| async move {
+        Err::<HttpResponse, _>(ApiError::MethodNotAllowed {
+            message: format!("{} is not allowed on {}; use {allow}", req.method(), req.path()),
+            allow,
+        })
     }))
 }
 

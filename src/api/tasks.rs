@@ -1,5 +1,7 @@
 //! Task endpoints.
 
+use std::collections::HashMap;
+
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -9,7 +11,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::{ApiError, AppState, from_json, read_json};
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
-use crate::audit;
+use crate::{audit, biz_types};
 
 /// Most tasks in one batch create.
 pub const MAX_BATCH: usize = 1000;
@@ -40,20 +42,37 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
 }
 
-/// Validates one create request. An item's biz type must be the caller's.
-fn validate_item(caller: &Caller, state: &AppState, value: Value, now: DateTime<Utc>) -> Result<NewTask, ApiError> {
+/// Validates one create request. An item's biz type must be the caller's; `foreign` says of
+/// each other biz type named in the request whether it exists (404 if not, else 403).
+fn validate_item(
+    caller: &Caller,
+    state: &AppState,
+    value: Value,
+    now: DateTime<Utc>,
+    foreign: &HashMap<String, bool>,
+) -> Result<NewTask, ApiError> {
     // The idempotency hash is of the request as sent; take it before the value is consumed.
     let request_hash = tasks::request_hash(&value);
     let request: CreateTask = from_json(value)?;
     if request.biz_type != caller.0.biz_type {
-        // Spelled out here rather than with Caller::require, which would cost a query per
-        // item; the single-create handler checks existence for the 404.
-        return Err(ApiError::Forbidden(format!(
-            "this token belongs to biz type `{}`, not `{}`",
-            caller.0.biz_type, request.biz_type
-        )));
+        return Err(match foreign.get(&request.biz_type) {
+            Some(false) => ApiError::NotFound(format!("no biz type named `{}`", request.biz_type)),
+            _ => caller.forbidden(&request.biz_type),
+        });
     }
     Ok(request.validate(request_hash, now, state.max_payload_bytes)?)
+}
+
+/// Whether each biz type named in these requests, other than the caller's, exists. Costs a
+/// query only when a request names another biz type.
+async fn foreign_biz_types(caller: &Caller, state: &AppState, items: &[Value]) -> Result<HashMap<String, bool>, ApiError> {
+    let mut foreign = HashMap::new();
+    for name in items.iter().filter_map(|item| item.get("biz_type")?.as_str()) {
+        if name != caller.0.biz_type && !foreign.contains_key(name) {
+            foreign.insert(name.to_string(), biz_types::exists(&state.pool, name).await?);
+        }
+    }
+    Ok(foreign)
 }
 
 fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
@@ -62,10 +81,8 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
 
 pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let value = read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
-    if let Some(name) = value.get("biz_type").and_then(Value::as_str) {
-        caller.require(&state, name).await?;
-    }
-    let item = validate_item(&caller, &state, value, Utc::now())?;
+    let foreign = foreign_biz_types(&caller, &state, std::slice::from_ref(&value)).await?;
+    let item = validate_item(&caller, &state, value, Utc::now(), &foreign)?;
     check_rate(&caller, &state)?;
     let outcome = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, vec![item])
         .await?
@@ -93,13 +110,14 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
         return Err(ApiError::Invalid(format!("tasks: must hold 1 to {MAX_BATCH} items, not {}", request.tasks.len())));
     }
     check_rate(&caller, &state)?;
+    let foreign = foreign_biz_types(&caller, &state, &request.tasks).await?;
     let now = Utc::now();
     // Invalid items are answered on their own; the valid ones go to the database together.
     let mut valid: Vec<NewTask> = Vec::with_capacity(request.tasks.len());
     let invalid: Vec<Option<ApiError>> = request
         .tasks
         .into_iter()
-        .map(|item| validate_item(&caller, &state, item, now).map(|task| valid.push(task)).err())
+        .map(|item| validate_item(&caller, &state, item, now, &foreign).map(|task| valid.push(task)).err())
         .collect();
     let mut outcomes = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, valid).await?.into_iter();
     let outcomes: Vec<Result<(u16, tasks::Task), ApiError>> = invalid
@@ -148,6 +166,9 @@ pub async fn get_by_key(
 ) -> Result<HttpResponse, ApiError> {
     let (name, key) = path.into_inner();
     caller.require(&state, &name).await?;
+    if tasks::validate_key(&key).is_err() {
+        return Err(ApiError::NotFound(format!("no task with key `{}` in biz type `{name}`", key.escape_debug())));
+    }
     let task = tasks::get_by_key(&state.pool, caller.0.biz_type_id, &key)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no task with key `{key}` in biz type `{name}`")))?;
@@ -207,7 +228,13 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
 struct PatchRequest {
     run_at: Option<String>,
     delay_ms: Option<i64>,
+    /// `Some(Value::Null)` when the client sets the payload to null, `None` when absent.
+    #[serde(default, deserialize_with = "present")]
     payload: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 pub async fn reschedule(
@@ -226,7 +253,7 @@ pub async fn reschedule(
         (run_at, delay) => Some(When::parse(run_at.as_deref(), delay, Utc::now())?),
     };
     if let Some(payload) = &request.payload {
-        tasks::check_payload_size(payload, state.max_payload_bytes)?;
+        tasks::check_payload(payload, state.max_payload_bytes)?;
     }
     let task = tasks::reschedule(&state.pool, caller.0.biz_type_id, id, when, request.payload.as_ref()).await?;
     Ok(HttpResponse::Ok().json(task))

@@ -216,6 +216,14 @@ pub async fn by_name(pool: &PgPool, name: &str) -> Result<Option<BizType>, Error
     Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?)
 }
 
+/// Whether a biz type of this name exists (a name that cannot be valid never does).
+pub async fn exists(pool: &PgPool, name: &str) -> Result<bool, Error> {
+    if validate_name(name).is_err() {
+        return Ok(false);
+    }
+    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types WHERE name = $1)").bind(name).fetch_one(pool).await?)
+}
+
 /// The id of the named biz type, or `NotFound`.
 pub async fn id_of(pool: &PgPool, name: &str) -> Result<i32, Error> {
     sqlx::query_scalar::<_, i32>("SELECT id FROM biz_types WHERE name = $1")

@@ -43,9 +43,7 @@ impl CreateTask {
         let when = When::parse(self.run_at.as_deref(), self.delay_ms, now)?;
         let payload = self.payload.unwrap_or(serde_json::Value::Null);
         let payload_json = payload.to_string();
-        if payload_json.len() > max_payload_bytes {
-            return Err(too_large(payload_json.len(), max_payload_bytes));
-        }
+        check_serialized_payload(&payload, &payload_json, max_payload_bytes)?;
         Ok(NewTask { key: self.key, when, payload, payload_json, request_hash })
     }
 }
@@ -56,13 +54,29 @@ pub fn request_hash(request: &serde_json::Value) -> Vec<u8> {
     Sha256::digest(serde_json::to_vec(request).unwrap_or_default()).to_vec()
 }
 
-/// Refuses a payload over the size limit (413).
-pub fn check_payload_size(payload: &serde_json::Value, max_payload_bytes: usize) -> Result<(), Error> {
-    let size = payload.to_string().len();
-    if size > max_payload_bytes {
-        return Err(too_large(size, max_payload_bytes));
+/// Refuses a payload over the size limit (413) or one PostgreSQL cannot store (422).
+pub fn check_payload(payload: &serde_json::Value, max_payload_bytes: usize) -> Result<(), Error> {
+    check_serialized_payload(payload, &payload.to_string(), max_payload_bytes)
+}
+
+fn check_serialized_payload(payload: &serde_json::Value, serialized: &str, max_payload_bytes: usize) -> Result<(), Error> {
+    if serialized.len() > max_payload_bytes {
+        return Err(too_large(serialized.len(), max_payload_bytes));
+    }
+    if has_nul(payload) {
+        return Err(Error::invalid("payload", "must not contain the character U+0000, which PostgreSQL cannot store"));
     }
     Ok(())
+}
+
+fn has_nul(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
 }
 
 fn too_large(size: usize, max_payload_bytes: usize) -> Error {

@@ -10,7 +10,7 @@
 mod create;
 mod queries;
 
-pub use create::{CreateOutcome, CreateTask, NewTask, check_payload_size, create_batch, request_hash};
+pub use create::{CreateOutcome, CreateTask, NewTask, check_payload, create_batch, request_hash};
 pub use queries::{ListFilter, Page, cancel, get, get_by_key, list, replay, reschedule};
 
 use chrono::{DateTime, TimeDelta, Utc};

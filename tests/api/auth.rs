@@ -101,3 +101,15 @@ async fn tokens_are_stored_hashed() {
     assert!(!String::from_utf8_lossy(&stored[0].0).contains(&token[12..]));
     assert_eq!(stored[0].1, token[..12]);
 }
+
+/// Revoking a token shuts it out within seconds, also after it was used (and cached).
+#[tokio::test]
+async fn a_revoked_token_stops_working_within_seconds() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    assert_eq!(app.get("/api/v1/tasks", &token).await.status, 200);
+    sqlx::query("UPDATE api_tokens SET revoked_at = now()").execute(&app.pool).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let reply = app.get("/api/v1/tasks", &token).await;
+    assert_eq!(reply.status, 401);
+}

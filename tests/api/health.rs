@@ -7,6 +7,10 @@ async fn health_and_readiness_answer() {
     assert_eq!(health.status, 200);
     let ready = app.request("GET", "/readyz", None, None).await;
     assert_eq!(ready.status, 200, "{}", ready.body);
+    for path in ["/healthz", "/readyz"] {
+        let head = app.client.head(format!("{}{path}", app.address)).send().await.unwrap();
+        assert_eq!(head.status(), 200, "HEAD {path}");
+    }
 }
 
 /// /readyz says not ready while a migration this binary knows is missing.
@@ -51,4 +55,8 @@ async fn unknown_routes_and_methods_are_json_errors() {
     assert_eq!(reply.status, 404);
     let reply = app.request("PUT", "/api/v1/tasks", None, None).await;
     assert_eq!((reply.status, reply.code()), (405, "method_not_allowed"));
+    assert_eq!(reply.headers["allow"], "GET, POST");
+    let reply = app.request("GET", "/api/v1/tasks/batch", None, None).await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.headers["allow"], "POST");
 }

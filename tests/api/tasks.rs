@@ -116,6 +116,8 @@ async fn batch_create_gives_per_item_results_in_order() {
                 {"biz_type": "orders", "key": "old", "payload": "changed"},
                 {"biz_type": "orders", "delay_ms": -1},
                 {"biz_type": "coupons"},
+                {"biz_type": "nosuch"},
+                {"biz_type": "orders", "payload": {"bad": "\u{0}"}},
                 {"biz_type": "orders", "key": "a", "payload": 1},
                 {"biz_type": "orders", "key": "a", "payload": 2},
                 {"biz_type": "orders", "run_at": "2030-02-30T00:00:00Z"},
@@ -127,10 +129,10 @@ async fn batch_create_gives_per_item_results_in_order() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     let results = reply.body["results"].as_array().unwrap();
     let statuses: Vec<u64> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
-    assert_eq!(statuses, [201, 200, 409, 422, 403, 200, 409, 422, 201, 422]);
-    assert_eq!(results[5]["task"]["id"], results[0]["task"]["id"], "a repeat inside the batch answers with the first");
+    assert_eq!(statuses, [201, 200, 409, 422, 403, 404, 422, 200, 409, 422, 201, 422]);
+    assert_eq!(results[7]["task"]["id"], results[0]["task"]["id"], "a repeat inside the batch answers with the first");
     assert!(results[3]["error"]["message"].as_str().unwrap().contains("delay_ms"));
-    assert!(results[7]["error"]["message"].as_str().unwrap().contains("tasks[7]: run_at"));
+    assert!(results[9]["error"]["message"].as_str().unwrap().contains("tasks[9]: run_at"));
 
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks").fetch_one(&app.pool).await.unwrap();
     assert_eq!(count, 3, "old, a, and the unkeyed one");
@@ -279,6 +281,11 @@ async fn reschedule_changes_pending_tasks_only() {
     assert_eq!(reply.body["payload"], json!([1, 2]));
     let by_key = app.get("/api/v1/biz-types/orders/tasks/by-key/r", &token).await;
     assert_eq!(by_key.body["payload"], json!([1, 2]), "the key still finds the moved task");
+    assert_eq!(by_key.body["id"], task["id"]);
+
+    let reply = app.patch(&path, &token, json!({"payload": null})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.body["payload"], Value::Null);
 
     let reply = app.patch(&path, &token, json!({})).await;
     assert_eq!(reply.status, 422);
@@ -372,4 +379,26 @@ async fn create_rate_limit_answers_429_with_retry_after() {
         statuses.push(reply.status);
     }
     assert_eq!(statuses, [201, 429, 429, 429], "one call per 10 s, burst of one");
+}
+
+/// The payload is opaque: numbers beyond what a double holds exactly come back as sent,
+/// and extreme ones do not break reading the task back.
+#[tokio::test]
+async fn payload_numbers_round_trip_exactly() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let body = r#"{"biz_type": "orders", "key": "n", "payload": {"big": 123456789012345678901234567890, "id": 18446744073709551615, "tenth": 0.1, "max": 1.7976931348623157e308}}"#;
+    let created = app.request("POST", "/api/v1/tasks", Some(&token), Some(body.as_bytes().to_vec())).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let got = app.get(&format!("/api/v1/tasks/{}", created.body["id"].as_str().unwrap()), &token).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    let payload = &got.body["payload"];
+    assert_eq!(payload["big"].to_string(), "123456789012345678901234567890");
+    assert_eq!(payload["id"].to_string(), "18446744073709551615");
+    assert_eq!(payload["tenth"].to_string(), "0.1");
+    assert_eq!(payload["max"].as_f64(), Some(f64::MAX));
+    let list = app.get("/api/v1/tasks", &token).await;
+    assert_eq!(list.status, 200);
+    let again = app.request("POST", "/api/v1/tasks", Some(&token), Some(body.as_bytes().to_vec())).await;
+    assert_eq!(again.status, 200, "an idempotent repeat reads the stored task back: {}", again.body);
 }

@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// HTTP worker threads for the API [default: the number of CPUs].
     #[arg(long, env = "CHIME_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
+
+    /// Deliver due tasks from this node. `false` makes an API-only node.
+    #[arg(long, env = "CHIME_ENGINE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub engine: bool,
 }
 
 /// The defaults without reading the environment (tests build settings from this).
@@ -106,6 +110,7 @@ impl Default for ServeArgs {
             max_payload_bytes: 65536,
             hot_days: 2,
             http_workers: None,
+            engine: true,
         }
     }
 }
@@ -220,6 +225,7 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("max_payload_bytes", "CHIME_MAX_PAYLOAD_BYTES"),
     ("hot_days", "CHIME_HOT_DAYS"),
     ("http_workers", "CHIME_HTTP_WORKERS"),
+    ("engine", "CHIME_ENGINE"),
 ];
 
 fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {

@@ -17,6 +17,8 @@ pub mod api;
 pub mod audit;
 /// Biz types, their API tokens and signing secrets.
 pub mod biz_types;
+/// The delivery engine: claim due tasks, call back, retry, record.
+pub mod engine;
 /// Daily partitions and the hot horizon.
 pub mod partitions;
 /// Building a node's HTTP server.

@@ -53,13 +53,14 @@ async fn serve(database: &Database, settings: &ServeArgs) -> anyhow::Result<()> 
         settings.listen.ip(),
         app.port()
     );
-    let handle = app.handle();
-    let server = tokio::spawn(app.run_until_stopped());
-    let signal = shutdown_signal().await?;
-    tracing::info!("{signal} received; shutting down");
-    handle.stop(true).await;
-    server.await.context("server task")??;
-    Ok(())
+    app.run_until(async {
+        match shutdown_signal().await {
+            Ok(signal) => tracing::info!("{signal} received; shutting down"),
+            Err(e) => tracing::error!(error = %e, "cannot listen for signals; shutting down"),
+        }
+    })
+    .await
+    .context("running the server")
 }
 
 async fn shutdown_signal() -> anyhow::Result<&'static str> {

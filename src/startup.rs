@@ -8,11 +8,13 @@ use sqlx::PgPool;
 
 use crate::api::{self, AppState};
 use crate::config::ServeArgs;
-use crate::{partitions, users};
+use crate::{engine, partitions, users};
 
 pub struct Application {
     port: u16,
     server: Server,
+    pool: PgPool,
+    run_engine: bool,
 }
 
 impl Application {
@@ -29,7 +31,7 @@ impl Application {
         let listener = TcpListener::bind(settings.listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
-        let state = web::Data::new(AppState::new(pool, settings.max_payload_bytes as usize));
+        let state = web::Data::new(AppState::new(pool.clone(), settings.max_payload_bytes as usize));
         let mut server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
@@ -43,19 +45,28 @@ impl Application {
         if let Some(workers) = settings.http_workers {
             server = server.workers(workers);
         }
-        Ok(Application { port, server: server.run() })
+        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine })
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Runs until the server stops (see `handle`).
-    pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
-    }
-
-    pub fn handle(&self) -> actix_web::dev::ServerHandle {
-        self.server.handle()
+    /// Serves the API and runs the engine until `stop` completes; then stops taking
+    /// requests, lets the engine finish the callbacks in flight, and returns.
+    pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
+        let (engine_stop, engine_stopped) = tokio::sync::watch::channel(false);
+        let engine = self
+            .run_engine
+            .then(|| tokio::spawn(engine::run(self.pool.clone(), uuid::Uuid::now_v7(), engine_stopped)));
+        let handle = self.server.handle();
+        let server = tokio::spawn(self.server);
+        stop.await;
+        handle.stop(true).await;
+        let _ = engine_stop.send(true);
+        if let Some(engine) = engine {
+            let _ = engine.await;
+        }
+        server.await.map_err(std::io::Error::other)?
     }
 }

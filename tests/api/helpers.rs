@@ -75,7 +75,13 @@ pub struct TestApp {
     pub client: reqwest::Client,
 }
 
+/// The API alone: tasks stay as the test leaves them.
 pub async fn spawn_app() -> TestApp {
+    spawn_app_with(ServeArgs { engine: false, ..ServeArgs::default() }).await
+}
+
+/// The API and the delivery engine.
+pub async fn spawn_node() -> TestApp {
     spawn_app_with(ServeArgs::default()).await
 }
 
@@ -87,7 +93,7 @@ pub async fn spawn_app_with(mut settings: ServeArgs) -> TestApp {
     settings.admin_password.get_or_insert_with(|| "test-admin-password".into());
     let app = Application::build(&settings, pool.clone()).await.expect("building the app");
     let address = format!("http://127.0.0.1:{}", app.port());
-    tokio::spawn(app.run_until_stopped());
+    tokio::spawn(app.run_until(std::future::pending()));
     TestApp { address, pool, db_url, client: reqwest::Client::new() }
 }
 

@@ -3,7 +3,9 @@
 mod auth;
 mod bad_input;
 mod cli;
+mod delivery;
 mod embedded;
 mod health;
 mod helpers;
+mod receiver;
 mod tasks;

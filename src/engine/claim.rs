@@ -1,0 +1,160 @@
+//! Claiming due tasks and recording what became of them. These are the engine's hot-path
+//! statements: one round trip per claimed batch, one per recorded batch.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// A task this node holds a lease on.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub key: Option<String>,
+    pub run_at: DateTime<Utc>,
+    /// The payload as stored, passed through to the callback body without parsing.
+    pub payload: String,
+    /// This delivery's number (1 for the first try since creation or replay).
+    pub attempt_count: i32,
+    pub timer_id: Option<Uuid>,
+}
+
+/// Leases up to `limit` due tasks of one biz type to this node.
+///
+/// The CTE picks the rows and locks them; `SKIP LOCKED` makes concurrent claimers on other
+/// nodes pass over rows already being taken rather than wait for them, so no two nodes
+/// hold the same task. Keeping the pick in a CTE fences the planner: it must apply the
+/// LIMIT before the UPDATE joins back (a nested loop over the subquery could otherwise
+/// update more rows than asked for). The pick walks `tasks_claim_idx`, which holds pending
+/// tasks only, in `run_at` order, and partitions wholly in the future are pruned at run
+/// time, so its cost does not grow with future or finished tasks.
+pub async fn claim(pool: &PgPool, biz_type_id: i32, limit: i64, lease_ms: i64, node_id: Uuid) -> Result<Vec<Claimed>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH due AS (
+             SELECT id, run_at FROM tasks
+              WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now()
+              ORDER BY run_at
+              LIMIT $2
+              FOR UPDATE SKIP LOCKED
+         )
+         UPDATE tasks t
+            SET status = 'running', lease_until = now() + $3 * interval '1 millisecond', leased_by = $4,
+                attempt_count = t.attempt_count + 1, updated_at = now()
+           FROM due
+          WHERE t.id = due.id AND t.run_at = due.run_at
+         RETURNING t.id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id",
+    )
+    .bind(biz_type_id)
+    .bind(limit)
+    .bind(lease_ms)
+    .bind(node_id)
+    .fetch_all(pool)
+    .await
+}
+
+/// When the next pending task of these biz types is due (None: nothing pending).
+pub async fn next_due(pool: &PgPool, biz_type_ids: &[i32]) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    // One index probe per biz type: min(run_at) of each is the first entry of its part of
+    // tasks_claim_idx.
+    sqlx::query_scalar(
+        "SELECT min(next) FROM unnest($1::int[]) AS b(id)
+           CROSS JOIN LATERAL (
+               SELECT run_at AS next FROM tasks
+                WHERE biz_type_id = b.id AND status = 'pending'
+                ORDER BY run_at LIMIT 1
+           ) n",
+    )
+    .bind(biz_type_ids)
+    .fetch_one(pool)
+    .await
+}
+
+/// What one delivery attempt came to.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub task_id: Uuid,
+    pub run_at: DateTime<Utc>,
+    pub attempt: i32,
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: i32,
+    pub status_code: Option<i16>,
+    pub error: Option<String>,
+    pub response_excerpt: Option<String>,
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    Delivered,
+    RetryAt(DateTime<Utc>),
+    GiveUp,
+}
+
+/// Records a batch of outcomes: one statement for the tasks, one for the attempts.
+///
+/// Only tasks still leased to this node are changed: if a lease ran out and another node
+/// took the task, its state is that node's to record (the attempt is still kept). A retry
+/// moves the task to its new `run_at`, kept inside the hot horizon so that it never needs
+/// a partition that does not exist.
+pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
+    let mut ids = Vec::with_capacity(outcomes.len());
+    let mut run_ats = Vec::with_capacity(outcomes.len());
+    let mut statuses = Vec::with_capacity(outcomes.len());
+    let mut retry_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(outcomes.len());
+    let mut errors = Vec::with_capacity(outcomes.len());
+    let (mut numbers, mut started, mut durations, mut codes, mut excerpts) = (vec![], vec![], vec![], vec![], vec![]);
+    for o in outcomes {
+        ids.push(o.task_id);
+        run_ats.push(o.run_at);
+        let (status, retry_at) = match o.verdict {
+            Verdict::Delivered => ("succeeded", None),
+            Verdict::RetryAt(at) => ("pending", Some(at)),
+            Verdict::GiveUp => ("failed", None),
+        };
+        statuses.push(status);
+        retry_ats.push(retry_at);
+        errors.push(o.error.as_deref());
+        numbers.push(o.attempt);
+        started.push(o.started_at);
+        durations.push(o.duration_ms);
+        codes.push(o.status_code);
+        excerpts.push(o.response_excerpt.as_deref());
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "UPDATE tasks t
+            SET status = o.status,
+                run_at = CASE WHEN o.status = 'pending'
+                              THEN least(o.retry_at, (SELECT until FROM hot_horizon) - interval '1 second')
+                              ELSE t.run_at END,
+                lease_until = NULL, leased_by = NULL,
+                last_error = o.error,
+                finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+                updated_at = now()
+           FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[])
+                AS o(id, run_at, status, retry_at, error)
+          WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6",
+    )
+    .bind(&ids)
+    .bind(&run_ats)
+    .bind(&statuses)
+    .bind(&retry_ats)
+    .bind(&errors)
+    .bind(node_id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO attempts (task_id, number, started_at, duration_ms, status_code, error, response_excerpt, node_id)
+         SELECT a.*, $8 FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::int[], $5::smallint[], $6::text[], $7::text[]) AS a",
+    )
+    .bind(&ids)
+    .bind(&numbers)
+    .bind(&started)
+    .bind(&durations)
+    .bind(&codes)
+    .bind(&errors)
+    .bind(&excerpts)
+    .bind(node_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}

@@ -1,0 +1,169 @@
+//! The delivery engine: every node claims due tasks, calls their biz type's callback, and
+//! records what happened (SPEC §4, §6).
+//!
+//! Shape. One claim loop per node. Each turn it reads the biz types that deliver by
+//! callback and are not paused (re-read every few seconds, so changed settings take
+//! effect without a restart), and for each claims as many due tasks as it has free
+//! in-flight slots. A claimed task's callback starts at once, so a lease never waits
+//! behind other work: the lease is the biz type's timeout plus a margin. Outcomes go to a
+//! recorder that writes them in batches, one statement for the tasks and one for the
+//! attempts.
+//!
+//! Sleeping. When a turn claims nothing, the loop sleeps until the next pending task is
+//! due (asked of the database), or until a callback finishes and frees a slot, or at most
+//! `IDLE_POLL`, whichever comes first.
+//!
+//! Failure. A node that dies holding leases leaves tasks `running`; when their leases
+//! expire they must be claimed again (lease recovery; see the leader issue). A result for
+//! a task whose lease this node lost is not written over the new holder's.
+//!
+//! Not here yet (issue 3 continues): rate limits with governor, LISTEN/NOTIFY wake-ups,
+//! node registration and heartbeats, graceful hand-back of leases, metrics, https.
+
+mod claim;
+mod deliver;
+
+pub use deliver::signature;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, mpsc, watch};
+use uuid::Uuid;
+
+use self::claim::Outcome;
+
+/// Longest sleep without looking at the database, in case a wake-up was missed.
+const IDLE_POLL: Duration = Duration::from_millis(1000);
+/// How often biz type settings are re-read.
+const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
+/// Most tasks claimed in one statement.
+const CLAIM_BATCH: i64 = 200;
+/// Added to a biz type's timeout to make its lease: time to record the outcome.
+const LEASE_MARGIN_MS: i64 = 30_000;
+
+/// The settings of a biz type the engine needs, as last read.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct BizTypeConfig {
+    pub id: i32,
+    pub name: String,
+    pub callback_url: String,
+    pub timeout_ms: i32,
+    pub max_attempts: i32,
+    pub backoff_initial_ms: i32,
+    pub backoff_max_ms: i32,
+    pub max_in_flight: i32,
+    pub signing_secret: String,
+}
+
+async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
+                max_in_flight, signing_secret
+           FROM biz_types WHERE mode = 'callback' AND NOT paused ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Runs the engine until `shutdown` turns true, then waits for callbacks in flight and
+/// records their outcomes.
+pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool>) {
+    let client = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+        .expect("an HTTP client with default TLS-less settings");
+    let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
+    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx));
+    let slot_freed = Arc::new(Notify::new());
+    let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
+    let mut biz_types: Vec<BizTypeConfig> = Vec::new();
+    let mut refreshed_at: Option<tokio::time::Instant> = None;
+    tracing::info!(%node_id, "delivery engine started");
+
+    while !*shutdown.borrow() {
+        if refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
+            match active_biz_types(&pool).await {
+                Ok(list) => {
+                    biz_types = list;
+                    refreshed_at = Some(tokio::time::Instant::now());
+                }
+                Err(e) => tracing::warn!(error = %e, "could not read biz types; retrying"),
+            }
+        }
+        let mut more_due = false;
+        for biz in &biz_types {
+            let counter = in_flight.entry(biz.id).or_default().clone();
+            let free = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
+            if free <= 0 {
+                continue;
+            }
+            let lease_ms = i64::from(biz.timeout_ms) + LEASE_MARGIN_MS;
+            let claimed = match claim::claim(&pool, biz.id, free, lease_ms, node_id).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(biz_type = %biz.name, error = %e, "claim failed; retrying");
+                    continue;
+                }
+            };
+            more_due |= claimed.len() as i64 == free;
+            for task in claimed {
+                counter.fetch_add(1, Ordering::Relaxed);
+                let (client, biz, outcomes_tx, counter, slot_freed) =
+                    (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), slot_freed.clone());
+                tokio::spawn(async move {
+                    let outcome = deliver::deliver(&client, &biz, &task).await;
+                    let _ = outcomes_tx.send(outcome);
+                    counter.fetch_sub(1, Ordering::Relaxed);
+                    slot_freed.notify_one();
+                });
+            }
+        }
+        if more_due {
+            continue;
+        }
+        let ids: Vec<i32> = biz_types.iter().map(|b| b.id).collect();
+        let sleep = match claim::next_due(&pool, &ids).await {
+            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().min(IDLE_POLL),
+            Ok(None) => IDLE_POLL,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not ask for the next due task");
+                IDLE_POLL
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = slot_freed.notified() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+
+    tracing::info!("delivery engine stopping: waiting for callbacks in flight");
+    drop(outcomes_tx);
+    // The recorder ends when every delivery task has sent its outcome and dropped its sender.
+    let _ = recorder.await;
+    tracing::info!("delivery engine stopped");
+}
+
+/// Writes outcomes in batches: whatever has arrived by the time the previous batch is
+/// written goes into the next.
+async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedReceiver<Outcome>) {
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, 1000).await > 0 {
+        loop {
+            match claim::record(&pool, node_id, &batch).await {
+                Ok(()) => break,
+                Err(e) => {
+                    // The tasks stay running under our lease; keep trying rather than
+                    // lose the outcome (if we die, the lease expires and they are retried).
+                    tracing::warn!(error = %e, outcomes = batch.len(), "could not record outcomes; retrying in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        batch.clear();
+    }
+}

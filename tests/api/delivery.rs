@@ -1,0 +1,177 @@
+//! The delivery engine against a real receiver.
+
+use std::time::Duration;
+
+use chime::biz_types::{self, Settings};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, spawn_node};
+use crate::receiver::{Answer, Receiver};
+
+/// Creates a delivering biz type pointed at the receiver; returns its token.
+async fn biz_type(app: &TestApp, name: &str, receiver: &Receiver, settings: Settings) -> String {
+    let settings = Settings { callback_url: Some(receiver.url.clone()), ..settings };
+    biz_types::create(&app.pool, name, &settings).await.unwrap();
+    biz_types::create_token(&app.pool, name).await.unwrap()
+}
+
+/// Polls the task until it reaches `status` (at most 20 s); returns it with its attempts.
+async fn wait_for_status(app: &TestApp, token: &str, id: &str, status: &str) -> Value {
+    for _ in 0..400 {
+        let task = app.get(&format!("/api/v1/tasks/{id}"), token).await.body;
+        if task["status"] == status {
+            return task;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("task {id} did not become {status}: {}", app.get(&format!("/api/v1/tasks/{id}"), token).await.body);
+}
+
+fn fast_retries() -> Settings {
+    Settings { backoff_initial_ms: Some(200), backoff_max_ms: Some(1000), ..Default::default() }
+}
+
+/// A due task is POSTed once with the SPEC's body and headers, the signature verifies
+/// with the biz type's secret, and the attempt is recorded.
+#[tokio::test]
+async fn due_task_is_delivered_signed_and_recorded() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let token = biz_type(&app, "orders", &receiver, Settings::default()).await;
+    let body = r#"{"biz_type": "orders", "key": "o-1", "payload": {"order": 1, "big": 12345678901234567890123}}"#;
+    let task = app.request("POST", "/api/v1/tasks", Some(&token), Some(body.as_bytes().to_vec())).await.body;
+    let id = task["id"].as_str().unwrap();
+
+    let done = wait_for_status(&app, &token, id, "succeeded").await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 1, "delivered exactly once");
+    let request = &received[0];
+    let body = request.json();
+    assert_eq!(body["task_id"], task["id"]);
+    assert_eq!(body["biz_type"], "orders");
+    assert_eq!(body["key"], "o-1");
+    assert_eq!(body["run_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap(), task["run_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap());
+    assert!(body["fired_at"].is_string());
+    assert_eq!(body["attempt"], 1);
+    assert_eq!(body["timer_id"], Value::Null);
+    assert_eq!(body["payload"]["big"].to_string(), "12345678901234567890123", "payload passed through exactly");
+    assert_eq!(request.header("content-type"), Some("application/json"));
+    assert_eq!(request.header("chime-task-id"), Some(id));
+    assert_eq!(request.header("chime-attempt"), Some("1"));
+
+    let secret: String = sqlx::query_scalar("SELECT signing_secret FROM biz_types").fetch_one(&app.pool).await.unwrap();
+    let signature = request.header("chime-signature").unwrap();
+    let t: i64 = signature.strip_prefix("t=").unwrap().split(',').next().unwrap().parse().unwrap();
+    assert_eq!(signature, chime::engine::signature(&secret, t, &request.body), "HMAC of \"<t>.<body>\"");
+    assert!((t - chrono::Utc::now().timestamp()).abs() < 60);
+
+    assert_eq!(done["attempt_count"], 1);
+    assert!(done["finished_at"].is_string());
+    let attempts = done["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0]["status_code"], 200);
+    assert_eq!(attempts[0]["response_excerpt"], "answer 200");
+}
+
+/// 5xx answers are retried with exponential backoff until a 2xx; each attempt is kept.
+#[tokio::test]
+async fn failures_are_retried_with_backoff_until_delivered() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![Answer::status(500), Answer::status(503)], Answer::status(204)).await;
+    let token = biz_type(&app, "orders", &receiver, fast_retries()).await;
+    let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
+
+    let done = wait_for_status(&app, &token, &id, "succeeded").await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 3);
+    // Backoff 200 ms then 400 ms, each jittered into its upper half.
+    let gaps: Vec<Duration> = received.windows(2).map(|w| w[1].at - w[0].at).collect();
+    assert!(gaps[0] >= Duration::from_millis(100), "{gaps:?}");
+    assert!(gaps[1] >= Duration::from_millis(200), "{gaps:?}");
+    let attempts: Vec<(Value, Value)> =
+        done["attempts"].as_array().unwrap().iter().map(|a| (a["number"].clone(), a["status_code"].clone())).collect();
+    assert_eq!(attempts, [(json!(1), json!(500)), (json!(2), json!(503)), (json!(3), json!(204))]);
+    let headers: Vec<&str> = received.iter().map(|r| r.header("chime-attempt").unwrap()).collect();
+    assert_eq!(headers, ["1", "2", "3"]);
+}
+
+/// A Retry-After on a 429 is honoured over the (much shorter) backoff.
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![Answer { retry_after: Some(2), ..Answer::status(429) }], Answer::status(200)).await;
+    let token = biz_type(&app, "orders", &receiver, Settings { backoff_initial_ms: Some(10), ..Default::default() }).await;
+    let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
+    wait_for_status(&app, &token, &id, "succeeded").await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 2);
+    assert!(received[1].at - received[0].at >= Duration::from_millis(1900), "{:?}", received[1].at - received[0].at);
+}
+
+/// A 4xx other than 408/429 fails the task at once.
+#[tokio::test]
+async fn a_permanent_4xx_fails_at_once() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(404)).await;
+    let token = biz_type(&app, "orders", &receiver, fast_retries()).await;
+    let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
+    let done = wait_for_status(&app, &token, &id, "failed").await;
+    assert_eq!(done["last_error"], "HTTP 404");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received().len(), 1, "not retried");
+}
+
+/// A receiver slower than the timeout counts as a failure; after max_attempts the task
+/// is failed; a replay then delivers it once the receiver is fixed.
+#[tokio::test]
+async fn timeouts_exhaust_attempts_and_replay_delivers() {
+    let app = spawn_node().await;
+    let slow = Answer { delay: Duration::from_secs(3), ..Answer::status(200) };
+    let receiver = Receiver::start(vec![], slow).await;
+    let token = biz_type(&app, "orders", &receiver, Settings { timeout_ms: Some(200), max_attempts: Some(2), backoff_initial_ms: Some(50), ..Default::default() }).await;
+    let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
+
+    let failed = wait_for_status(&app, &token, &id, "failed").await;
+    assert_eq!(failed["attempt_count"], 2);
+    assert!(failed["last_error"].as_str().unwrap().contains("timed out"), "{}", failed["last_error"]);
+    let attempts = failed["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert!(attempts.iter().all(|a| a["status_code"].is_null() && a["duration_ms"].as_i64().unwrap() < 2000));
+
+    receiver.answer_with(Answer::status(200));
+    let replayed = app.post(&format!("/api/v1/tasks/{id}/replay"), &token, json!({})).await;
+    assert_eq!(replayed.status, 200);
+    let done = wait_for_status(&app, &token, &id, "succeeded").await;
+    assert_eq!(done["attempt_count"], 1, "a replay starts counting afresh");
+    assert_eq!(done["attempts"].as_array().unwrap().len(), 3, "history kept");
+}
+
+/// A paused biz type's tasks wait; on resume they are delivered.
+#[tokio::test]
+async fn paused_biz_types_wait_until_resumed() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let token = biz_type(&app, "orders", &receiver, Settings { paused: Some(true), ..Default::default() }).await;
+    let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(receiver.received().is_empty());
+    assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["status"], "pending");
+
+    biz_types::update(&app.pool, "orders", &Settings { paused: Some(false), ..Default::default() }).await.unwrap();
+    wait_for_status(&app, &token, &id, "succeeded").await;
+    assert_eq!(receiver.received().len(), 1);
+}
+
+/// A task due in the future fires at its time, not before.
+#[tokio::test]
+async fn a_future_task_fires_at_its_time() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let token = biz_type(&app, "orders", &receiver, Settings::default()).await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 1500})).await;
+    let run_at: chrono::DateTime<chrono::Utc> = task["run_at"].as_str().unwrap().parse().unwrap();
+    let received = receiver.wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(received.len(), 1);
+    let fired_at: chrono::DateTime<chrono::Utc> = received[0].json()["fired_at"].as_str().unwrap().parse().unwrap();
+    assert!(fired_at >= run_at, "fired {fired_at} before {run_at}");
+}

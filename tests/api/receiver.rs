@@ -1,0 +1,110 @@
+//! A real HTTP receiver for callbacks: records every request and answers from a script.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<u64>,
+    pub delay: Duration,
+}
+
+impl Answer {
+    pub fn status(status: u16) -> Self {
+        Answer { status, retry_after: None, delay: Duration::ZERO }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub at: Instant,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    received: Vec<Received>,
+    script: VecDeque<Answer>,
+    otherwise: Option<Answer>,
+}
+
+#[derive(Clone)]
+pub struct Receiver {
+    pub url: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl Receiver {
+    /// Answers with `script` in order, then with `otherwise` for every later request.
+    pub async fn start(script: Vec<Answer>, otherwise: Answer) -> Receiver {
+        let state = Arc::new(Mutex::new(State { script: script.into(), otherwise: Some(otherwise), ..Default::default() }));
+        let shared = state.clone();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://127.0.0.1:{}/hook", listener.local_addr().unwrap().port());
+        let server = HttpServer::new(move || {
+            App::new().app_data(web::Data::new(shared.clone())).default_service(web::to(handle))
+        })
+        .listen(listener)
+        .unwrap()
+        .workers(1)
+        .disable_signals()
+        .run();
+        tokio::spawn(server);
+        Receiver { url, state }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+
+    /// From now on answer every request with `answer`.
+    pub fn answer_with(&self, answer: Answer) {
+        let mut state = self.state.lock().unwrap();
+        state.script.clear();
+        state.otherwise = Some(answer);
+    }
+
+    /// Waits until `n` requests have arrived (at most `within`).
+    pub async fn wait_for(&self, n: usize, within: Duration) -> Vec<Received> {
+        let start = Instant::now();
+        loop {
+            let received = self.received();
+            if received.len() >= n || start.elapsed() > within {
+                return received;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<State>>>) -> HttpResponse {
+    let answer = {
+        let mut s = state.lock().unwrap();
+        s.received.push(Received {
+            at: Instant::now(),
+            headers: req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string())).collect(),
+            body: body.to_vec(),
+        });
+        s.script.pop_front().or_else(|| s.otherwise.clone()).unwrap()
+    };
+    tokio::time::sleep(answer.delay).await;
+    let mut response = HttpResponse::build(actix_web::http::StatusCode::from_u16(answer.status).unwrap());
+    if let Some(secs) = answer.retry_after {
+        response.insert_header(("Retry-After", secs.to_string()));
+    }
+    response.body(format!("answer {}", answer.status))
+}

@@ -19,6 +19,8 @@ pub mod audit;
 pub mod biz_types;
 /// The delivery engine: claim due tasks, call back, retry, record.
 pub mod engine;
+/// Node registration and heartbeats.
+pub mod nodes;
 /// Daily partitions and the hot horizon.
 pub mod partitions;
 /// Building a node's HTTP server.

@@ -8,13 +8,14 @@ use sqlx::PgPool;
 
 use crate::api::{self, AppState};
 use crate::config::ServeArgs;
-use crate::{engine, partitions, users};
+use crate::{engine, nodes, partitions, users};
 
 pub struct Application {
     port: u16,
     server: Server,
     pool: PgPool,
     run_engine: bool,
+    listen: String,
 }
 
 impl Application {
@@ -45,7 +46,8 @@ impl Application {
         if let Some(workers) = settings.http_workers {
             server = server.workers(workers);
         }
-        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine })
+        let listen = format!("{}:{port}", settings.listen.ip());
+        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine, listen })
     }
 
     pub fn port(&self) -> u16 {
@@ -55,18 +57,20 @@ impl Application {
     /// Serves the API and runs the engine until `stop` completes; then stops taking
     /// requests, lets the engine finish the callbacks in flight, and returns.
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
-        let (engine_stop, engine_stopped) = tokio::sync::watch::channel(false);
-        let engine = self
-            .run_engine
-            .then(|| tokio::spawn(engine::run(self.pool.clone(), uuid::Uuid::now_v7(), engine_stopped)));
+        let (stopping, stop_signal) = tokio::sync::watch::channel(false);
+        let node = nodes::Node { id: uuid::Uuid::now_v7(), listen: self.listen.clone() };
+        let node_id = node.id;
+        let heartbeat = tokio::spawn(nodes::heartbeat(self.pool.clone(), node, stop_signal.clone()));
+        let engine = self.run_engine.then(|| tokio::spawn(engine::run(self.pool.clone(), node_id, stop_signal)));
         let handle = self.server.handle();
         let server = tokio::spawn(self.server);
         stop.await;
         handle.stop(true).await;
-        let _ = engine_stop.send(true);
+        let _ = stopping.send(true);
         if let Some(engine) = engine {
             let _ = engine.await;
         }
+        let _ = heartbeat.await;
         server.await.map_err(std::io::Error::other)?
     }
 }

@@ -158,3 +158,31 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     .await?;
     tx.commit().await
 }
+
+/// Puts back to pending the tasks whose lease ran out (their node died or lost the
+/// database before recording a result), recording the lost attempt. Safe on every node at
+/// once: rows being recovered elsewhere are skipped.
+pub async fn recover_expired_leases(pool: &PgPool) -> Result<u64, sqlx::Error> {
+    let recovered = sqlx::query(
+        "WITH expired AS (
+             SELECT id, run_at, attempt_count, leased_by FROM tasks
+              WHERE status = 'running' AND lease_until < now()
+              LIMIT 1000
+              FOR UPDATE SKIP LOCKED
+         ), requeued AS (
+             UPDATE tasks t
+                SET status = 'pending', lease_until = NULL, leased_by = NULL, updated_at = now(),
+                    last_error = 'lease expired: the node delivering it stopped before recording a result'
+               FROM expired e
+              WHERE t.id = e.id AND t.run_at = e.run_at
+         )
+         INSERT INTO attempts (task_id, number, started_at, duration_ms, error, node_id)
+         SELECT id, attempt_count, now(), 0,
+                'lease expired: the node delivering it stopped before recording a result', leased_by
+           FROM expired",
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(recovered)
+}

@@ -10,15 +10,18 @@
 //! attempts.
 //!
 //! Sleeping. When a turn claims nothing, the loop sleeps until the next pending task is
-//! due (asked of the database), or until a callback finishes and frees a slot, or at most
-//! `IDLE_POLL`, whichever comes first.
+//! due (asked of the database), until a callback finishes or an outcome is recorded (a
+//! slot is free, a retry may be due), until a `chime_wake` notification arrives (any node
+//! created or replayed a task due within `IDLE_POLL`), or at most `IDLE_POLL`, whichever
+//! comes first. The poll is the fallback for a lost notification.
 //!
 //! Failure. A node that dies holding leases leaves tasks `running`; when their leases
-//! expire they must be claimed again (lease recovery; see the leader issue). A result for
-//! a task whose lease this node lost is not written over the new holder's.
+//! expire, any node's engine puts them back to pending (every `RECOVERY_EVERY`) and they
+//! are delivered again: at least once, never lost. A result for a task whose lease this
+//! node lost is not written over the new holder's.
 //!
-//! Not here yet (issue 3 continues): rate limits with governor, LISTEN/NOTIFY wake-ups,
-//! node registration and heartbeats, graceful hand-back of leases, metrics, https.
+//! Not here yet (issue 3 continues): rate limits with governor, graceful hand-back of
+//! leases, metrics, https.
 
 mod claim;
 mod deliver;
@@ -42,8 +45,12 @@ const IDLE_POLL: Duration = Duration::from_millis(1000);
 const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
-/// Added to a biz type's timeout to make its lease: time to record the outcome.
-const LEASE_MARGIN_MS: i64 = 30_000;
+/// Added to a biz type's timeout to make its lease: time to record the outcome. Longer
+/// costs a dead node's tasks that much delay; shorter risks a second delivery when the
+/// recording is slow.
+const LEASE_MARGIN_MS: i64 = 5_000;
+/// How often expired leases are looked for.
+const RECOVERY_EVERY: Duration = Duration::from_secs(2);
 
 /// The settings of a biz type the engine needs, as last read.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -77,11 +84,15 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         .build()
         .expect("an HTTP client with default TLS-less settings");
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
-    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx));
-    let slot_freed = Arc::new(Notify::new());
+    
+    // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
+    let wake = Arc::new(Notify::new());
+    let listener = tokio::spawn(listen_for_wakes(pool.clone(), wake.clone()));
+    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone()));
     let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
     let mut biz_types: Vec<BizTypeConfig> = Vec::new();
     let mut refreshed_at: Option<tokio::time::Instant> = None;
+    let mut recovered_at = tokio::time::Instant::now();
     tracing::info!(%node_id, "delivery engine started");
 
     while !*shutdown.borrow() {
@@ -92,6 +103,14 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                     refreshed_at = Some(tokio::time::Instant::now());
                 }
                 Err(e) => tracing::warn!(error = %e, "could not read biz types; retrying"),
+            }
+        }
+        if recovered_at.elapsed() >= RECOVERY_EVERY {
+            recovered_at = tokio::time::Instant::now();
+            match claim::recover_expired_leases(&pool).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(tasks = n, "recovered tasks whose lease expired; delivering them again"),
+                Err(e) => tracing::warn!(error = %e, "could not recover expired leases"),
             }
         }
         let mut more_due = false;
@@ -112,13 +131,13 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
             more_due |= claimed.len() as i64 == free;
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
-                let (client, biz, outcomes_tx, counter, slot_freed) =
-                    (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), slot_freed.clone());
+                let (client, biz, outcomes_tx, counter, wake) =
+                    (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), wake.clone());
                 tokio::spawn(async move {
                     let outcome = deliver::deliver(&client, &biz, &task).await;
                     let _ = outcomes_tx.send(outcome);
                     counter.fetch_sub(1, Ordering::Relaxed);
-                    slot_freed.notify_one();
+                    wake.notify_one();
                 });
             }
         }
@@ -136,12 +155,13 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         };
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
-            _ = slot_freed.notified() => {}
+            _ = wake.notified() => {}
             _ = shutdown.changed() => {}
         }
     }
 
     tracing::info!("delivery engine stopping: waiting for callbacks in flight");
+    listener.abort();
     drop(outcomes_tx);
     // The recorder ends when every delivery task has sent its outcome and dropped its sender.
     let _ = recorder.await;
@@ -150,7 +170,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
 
 /// Writes outcomes in batches: whatever has arrived by the time the previous batch is
 /// written goes into the next.
-async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedReceiver<Outcome>) {
+async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedReceiver<Outcome>, wake: Arc<Notify>) {
     let mut batch = Vec::new();
     while rx.recv_many(&mut batch, 1000).await > 0 {
         loop {
@@ -165,5 +185,37 @@ async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedRec
             }
         }
         batch.clear();
+        wake.notify_one();
+    }
+}
+
+/// Turns `chime_wake` notifications into wake-ups of the claim loop. `PgListener`
+/// reconnects by itself; notifications sent while it was away are lost, which the
+/// loop's `IDLE_POLL` covers.
+async fn listen_for_wakes(pool: PgPool, wake: Arc<Notify>) {
+    loop {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN for new tasks; polling meanwhile");
+                tokio::time::sleep(IDLE_POLL).await;
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen("chime_wake").await {
+            tracing::warn!(error = %e, "cannot LISTEN for new tasks; polling meanwhile");
+            tokio::time::sleep(IDLE_POLL).await;
+            continue;
+        }
+        loop {
+            match listener.recv().await {
+                Ok(_) => wake.notify_one(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "lost the LISTEN connection; reconnecting");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    break;
+                }
+            }
+        }
     }
 }

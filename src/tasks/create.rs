@@ -153,11 +153,18 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, mut i
              SELECT id, $1, key, run_at, payload FROM fresh
               WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
+         ), wake AS (
+             -- Engines sleep until the next due task, at most the engine's IDLE_POLL (1 s); one due
+             -- sooner must wake them (delivered on commit, on every node).
+             SELECT pg_notify('chime_wake', '') FROM fresh
+              WHERE run_at <= now() + interval '1 second' LIMIT 1
          )
-         -- The payloads are not sent back: the caller has them.
+         -- The payloads are not sent back: the caller has them. The join only makes the
+         -- `wake` CTE run (an unreferenced CTE is not evaluated).
          SELECT t.id, t.biz_type_id, $8::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
                 t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at
-           FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t",
+           FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t
+           LEFT JOIN (SELECT count(*) FROM wake) w ON true",
     )
     .bind(biz_type_id)
     .bind(&ids)

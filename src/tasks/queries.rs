@@ -154,9 +154,13 @@ async fn requeue(
              INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at)
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
+         ), wake AS (
+             -- As on create: wake the engines if the task is now due within a second.
+             SELECT pg_notify('chime_wake', '') FROM new WHERE run_at <= now() + interval '1 second'
          )
          SELECT t.*, b.name AS biz_type
-           FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t JOIN biz_types b ON b.id = t.biz_type_id"
+           FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t JOIN biz_types b ON b.id = t.biz_type_id
+           LEFT JOIN (SELECT count(*) FROM wake) w ON true"
     )))
     .bind(id)
     .bind(run_at)

@@ -16,7 +16,7 @@ struct Node {
     address: String,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
@@ -34,12 +34,18 @@ async fn start(data_dir: &Path) -> Node {
         .spawn()
         .unwrap();
     let address = format!("http://127.0.0.1:{port}");
+    wait_ready(&address).await;
+    Node { child, address }
+}
+
+/// Waits until the node at `address` answers /readyz with 200 (at most 60 s).
+pub async fn wait_ready(address: &str) {
     let client = reqwest::Client::new();
     for _ in 0..600 {
         if let Ok(r) = client.get(format!("{address}/readyz")).send().await
             && r.status() == 200
         {
-            return Node { child, address };
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -85,8 +85,16 @@ pub async fn spawn_node() -> TestApp {
     spawn_app_with(ServeArgs::default()).await
 }
 
-pub async fn spawn_app_with(mut settings: ServeArgs) -> TestApp {
-    let db_url = fresh_database().await;
+pub async fn spawn_app_with(settings: ServeArgs) -> TestApp {
+    spawn_on(fresh_database().await, settings).await
+}
+
+/// Another node on the same database as `app`.
+pub async fn spawn_second_node(app: &TestApp) -> TestApp {
+    spawn_on(app.db_url.clone(), ServeArgs::default()).await
+}
+
+async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
     let pool = chime::db::connect(&db_url, 8).await.unwrap();
     settings.listen = "127.0.0.1:0".parse().unwrap();
     settings.http_workers = Some(1);

@@ -7,5 +7,6 @@ mod delivery;
 mod embedded;
 mod health;
 mod helpers;
+mod nodes;
 mod receiver;
 mod tasks;

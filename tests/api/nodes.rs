@@ -1,0 +1,110 @@
+//! Several nodes on one database: registration, sharing work, and a node killed with
+//! callbacks in flight.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chime::biz_types::{self, Settings};
+use serde_json::{Value, json};
+
+use crate::embedded::{free_port, wait_ready};
+use crate::helpers::{spawn_app, spawn_node, spawn_second_node};
+use crate::receiver::{Answer, Receiver};
+
+/// A running node registers itself with a heartbeat.
+#[tokio::test]
+async fn nodes_register_themselves() {
+    let app = spawn_node().await;
+    let _second = spawn_second_node(&app).await;
+    let mut count = 0;
+    for _ in 0..100 {
+        count = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '1 minute'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        if count == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count, 2);
+}
+
+/// Two nodes deliver one backlog between them, and no task twice.
+#[tokio::test]
+async fn two_nodes_share_work_without_duplicates() {
+    let a = spawn_node().await;
+    let b = spawn_second_node(&a).await;
+    let receiver = Receiver::start(vec![], Answer { delay: Duration::from_millis(300), ..Answer::status(200) }).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(100), ..Default::default() };
+    biz_types::create(&a.pool, "orders", &settings).await.unwrap();
+    let token = biz_types::create_token(&a.pool, "orders").await.unwrap();
+    let items: Vec<Value> = (0..500).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
+    assert_eq!(b.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await.status, 200);
+
+    let received = receiver.wait_for(500, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let received = receiver.received().len().max(received.len());
+    assert_eq!(received, 500, "each task delivered exactly once");
+    let ids: HashSet<String> =
+        receiver.received().iter().map(|r| r.header("chime-task-id").unwrap().to_string()).collect();
+    assert_eq!(ids.len(), 500);
+    let per_node: Vec<(uuid::Uuid, i64)> =
+        sqlx::query_as("SELECT node_id, count(*) FROM attempts GROUP BY node_id").fetch_all(&a.pool).await.unwrap();
+    assert_eq!(per_node.len(), 2, "both nodes delivered: {per_node:?}");
+}
+
+/// `kill -9` of a node with callbacks in flight: another node delivers those tasks again
+/// after their lease expires. Nothing is lost; the lost attempts are in the history.
+#[tokio::test]
+async fn a_killed_node_s_tasks_are_delivered_by_another() {
+    let app = spawn_app().await; // the API only: no engine of its own
+    let receiver = Receiver::start(vec![], Answer { delay: Duration::from_secs(2), ..Answer::status(200) }).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), timeout_ms: Some(3000), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+
+    // The node to be killed is a real process, the only engine while it lives.
+    let port = free_port();
+    let mut doomed = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
+        .env("DATABASE_URL", &app.db_url)
+        .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
+        .env_remove("CHIME_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    let items: Vec<Value> = (0..20).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
+    app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+    let in_flight = receiver.wait_for(20, Duration::from_secs(10)).await;
+    assert_eq!(in_flight.len(), 20, "the doomed node has every callback in flight");
+    doomed.kill().await.unwrap();
+
+    let survivor = spawn_second_node(&app).await;
+    // Every task ends succeeded, delivered by the survivor once the leases expired.
+    let mut statuses = HashMap::new();
+    for _ in 0..300 {
+        statuses = sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status")
+            .fetch_all(&survivor.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        if statuses.get("succeeded") == Some(&20) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(statuses.get("succeeded"), Some(&20), "{statuses:?}");
+    let received = receiver.received();
+    assert_eq!(received.len(), 40, "each task twice: cut off by the kill, then delivered");
+    let ids: HashSet<String> = received.iter().map(|r| r.header("chime-task-id").unwrap().to_string()).collect();
+    assert_eq!(ids.len(), 20);
+    let lost: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE error LIKE 'lease expired%'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(lost, 20, "the attempts cut off by the kill are recorded");
+}

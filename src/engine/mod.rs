@@ -114,6 +114,10 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
             }
         }
         let mut more_due = false;
+        // Biz types with free slots that claimed all that was due: the next due time of
+        // these decides the sleep. A biz type with no free slot is woken by a finishing
+        // callback instead; asking for its (overdue) next task would only spin.
+        let mut caught_up = Vec::new();
         for biz in &biz_types {
             let counter = in_flight.entry(biz.id).or_default().clone();
             let free = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
@@ -128,7 +132,11 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                     continue;
                 }
             };
-            more_due |= claimed.len() as i64 == free;
+            if claimed.len() as i64 == free {
+                more_due = true;
+            } else {
+                caught_up.push(biz.id);
+            }
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
                 let (client, biz, outcomes_tx, counter, wake) =
@@ -144,8 +152,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         if more_due {
             continue;
         }
-        let ids: Vec<i32> = biz_types.iter().map(|b| b.id).collect();
-        let sleep = match claim::next_due(&pool, &ids).await {
+        let sleep = match claim::next_due(&pool, &caught_up).await {
             Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().min(IDLE_POLL),
             Ok(None) => IDLE_POLL,
             Err(e) => {

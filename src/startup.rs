@@ -58,7 +58,7 @@ impl Application {
     /// requests, lets the engine finish the callbacks in flight, and returns.
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
         let (stopping, stop_signal) = tokio::sync::watch::channel(false);
-        let node = nodes::Node { id: uuid::Uuid::now_v7(), listen: self.listen.clone() };
+        let node = nodes::Node { id: uuid::Uuid::now_v7(), listen: self.listen.clone(), delivers: self.run_engine };
         let node_id = node.id;
         let heartbeat = tokio::spawn(nodes::heartbeat(self.pool.clone(), node, stop_signal.clone()));
         let engine = self.run_engine.then(|| tokio::spawn(engine::run(self.pool.clone(), node_id, stop_signal)));

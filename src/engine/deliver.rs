@@ -161,6 +161,7 @@ mod tests {
             backoff_initial_ms: initial,
             backoff_max_ms: max,
             max_in_flight: 1,
+            rate_limit: None,
             signing_secret: "s".into(),
         }
     }

@@ -20,11 +20,16 @@
 //! are delivered again: at least once, never lost. A result for a task whose lease this
 //! node lost is not written over the new holder's.
 //!
-//! Not here yet (issue 3 continues): rate limits with governor, graceful hand-back of
-//! leases, metrics, https.
+//! Rate limits. A biz type's rate is for the whole cluster; each node takes its share,
+//! the rate divided by the live delivering nodes (re-counted with the settings). A node
+//! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
+//! stays pending in the database, where any node can take it, rather than queueing here.
+//!
+//! Not here yet (issue 3 continues): graceful hand-back of leases, metrics, https.
 
 mod claim;
 mod deliver;
+mod rate;
 
 pub use deliver::signature;
 
@@ -38,6 +43,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use uuid::Uuid;
 
 use self::claim::Outcome;
+use crate::nodes;
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_millis(1000);
@@ -63,13 +69,15 @@ pub struct BizTypeConfig {
     pub backoff_initial_ms: i32,
     pub backoff_max_ms: i32,
     pub max_in_flight: i32,
+    /// Callbacks per second across the cluster; None = unlimited.
+    pub rate_limit: Option<f64>,
     pub signing_secret: String,
 }
 
 async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
-                max_in_flight, signing_secret
+                max_in_flight, rate_limit, signing_secret
            FROM biz_types WHERE mode = 'callback' AND NOT paused ORDER BY id",
     )
     .fetch_all(pool)
@@ -90,6 +98,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
     let listener = tokio::spawn(listen_for_wakes(pool.clone(), wake.clone()));
     let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone()));
     let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
+    let mut limiters = rate::Limiters::default();
+    let mut delivering_nodes = 1;
     let mut biz_types: Vec<BizTypeConfig> = Vec::new();
     let mut refreshed_at: Option<tokio::time::Instant> = None;
     let mut recovered_at = tokio::time::Instant::now();
@@ -103,6 +113,10 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                     refreshed_at = Some(tokio::time::Instant::now());
                 }
                 Err(e) => tracing::warn!(error = %e, "could not read biz types; retrying"),
+            }
+            match nodes::delivering(&pool).await {
+                Ok(n) => delivering_nodes = n,
+                Err(e) => tracing::warn!(error = %e, "could not count the live nodes"),
             }
         }
         if recovered_at.elapsed() >= RECOVERY_EVERY {
@@ -118,10 +132,17 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         // these decides the sleep. A biz type with no free slot is woken by a finishing
         // callback instead; asking for its (overdue) next task would only spin.
         let mut caught_up = Vec::new();
+        let mut rate_wait = IDLE_POLL;
         for biz in &biz_types {
             let counter = in_flight.entry(biz.id).or_default().clone();
-            let free = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
-            if free <= 0 {
+            let slots = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
+            if slots <= 0 {
+                continue;
+            }
+            let share = biz.rate_limit.map(|r| r / delivering_nodes as f64);
+            let (free, wait) = limiters.take(biz.id, share, slots);
+            if free == 0 {
+                rate_wait = rate_wait.min(wait.unwrap_or(IDLE_POLL));
                 continue;
             }
             let lease_ms = i64::from(biz.timeout_ms) + LEASE_MARGIN_MS;
@@ -132,10 +153,13 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                     continue;
                 }
             };
-            if claimed.len() as i64 == free {
-                more_due = true;
-            } else {
+            if (claimed.len() as i64) < free {
                 caught_up.push(biz.id);
+            } else if free == slots {
+                more_due = true;
+            } else if let Some(wait) = wait {
+                // Stopped by the rate limit with more due: come back when it allows.
+                rate_wait = rate_wait.min(wait);
             }
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -153,8 +177,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
             continue;
         }
         let sleep = match claim::next_due(&pool, &caught_up).await {
-            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().min(IDLE_POLL),
-            Ok(None) => IDLE_POLL,
+            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().min(rate_wait),
+            Ok(None) => rate_wait,
             Err(e) => {
                 tracing::warn!(error = %e, "could not ask for the next due task");
                 IDLE_POLL

@@ -175,3 +175,44 @@ async fn a_future_task_fires_at_its_time() {
     let fired_at: chrono::DateTime<chrono::Utc> = received[0].json()["fired_at"].as_str().unwrap().parse().unwrap();
     assert!(fired_at >= run_at, "fired {fired_at} before {run_at}");
 }
+
+/// The rate limit holds at the receiver: no second sees more than the rate (plus the
+/// limiter's burst of a tenth of a second), and the backlog takes as long as it must.
+#[tokio::test]
+async fn rate_limit_is_respected_at_the_receiver() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let token = biz_type(&app, "orders", &receiver, Settings { rate_limit: Some(20.0), ..Default::default() }).await;
+    let items: Vec<Value> = (0..60).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
+    app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+
+    let received = receiver.wait_for(60, Duration::from_secs(20)).await;
+    assert_eq!(received.len(), 60);
+    let first = received[0].at;
+    let span = received[59].at - first;
+    assert!(span >= Duration::from_millis(2800), "60 callbacks at 20/s (burst 2) took only {span:?}");
+    for (i, r) in received.iter().enumerate() {
+        let window = received[i..].iter().take_while(|later| later.at - r.at < Duration::from_secs(1)).count();
+        assert!(window <= 20 + 2 + 1, "{window} callbacks within one second");
+    }
+}
+
+/// A biz type whose receiver hangs, with a large backlog, does not delay another's tasks.
+#[tokio::test]
+async fn a_stuck_biz_type_does_not_delay_another() {
+    let app = spawn_node().await;
+    let stuck = Receiver::start(vec![], Answer { delay: Duration::from_secs(30), ..Answer::status(200) }).await;
+    let healthy = Receiver::start(vec![], Answer::status(200)).await;
+    let stuck_token = biz_type(&app, "stuck", &stuck, Settings { timeout_ms: Some(30_000), max_in_flight: Some(20), ..Default::default() }).await;
+    let token = biz_type(&app, "healthy", &healthy, Settings::default()).await;
+    for _ in 0..5 {
+        let items: Vec<Value> = (0..1000).map(|i| json!({"biz_type": "stuck", "payload": i})).collect();
+        app.post("/api/v1/tasks/batch", &stuck_token, json!({"tasks": items})).await;
+    }
+    stuck.wait_for(20, Duration::from_secs(10)).await;
+
+    let task = app.create_task(&token, json!({"biz_type": "healthy"})).await;
+    let done = wait_for_status(&app, &token, task["id"].as_str().unwrap(), "succeeded").await;
+    assert_eq!(done["attempts"][0]["status_code"], 200);
+    assert_eq!(stuck.received().len(), 20, "the stuck biz type holds only its in-flight cap");
+}

@@ -8,6 +8,8 @@ pub mod config;
 pub mod db;
 /// Starting and stopping the embedded PostgreSQL.
 pub mod embedded_pg;
+/// The quick start's demo biz type and built-in receiver.
+pub mod demo;
 /// The domain error every operation returns.
 pub mod error;
 

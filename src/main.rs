@@ -31,7 +31,7 @@ async fn run() -> anyhow::Result<()> {
     let result = async {
         db::migrate(&database.pool).await?;
         match command {
-            Command::Serve(settings) => serve(&database, &settings).await,
+            Command::Serve(settings) => serve(&database, &settings, args.db.database_url.is_none()).await,
             Command::Migrate => {
                 println!("migrations applied");
                 Ok(())
@@ -46,13 +46,25 @@ async fn run() -> anyhow::Result<()> {
     result
 }
 
-async fn serve(database: &Database, settings: &ServeArgs) -> anyhow::Result<()> {
+async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> anyhow::Result<()> {
     let app = Application::build(settings, database.pool.clone()).await?;
     tracing::info!(
         "chime listening on http://{}:{} (API under /api/v1, OpenAPI at /api/v1/openapi.json)",
         settings.listen.ip(),
         app.port()
     );
+    if embedded {
+        let ip = if settings.listen.ip().is_unspecified() { "127.0.0.1".to_string() } else { settings.listen.ip().to_string() };
+        let url = format!("http://{ip}:{}{}", app.port(), chime::demo::PATH);
+        if let Some(token) = chime::demo::ensure(&database.pool, &url).await? {
+            println!("created biz type `demo`, delivering to the built-in receiver at {url}; its API token:");
+            println!("{token}");
+            println!(
+                "try: curl -s http://{ip}:{}/api/v1/tasks -H \"Authorization: Bearer {token}\" -d '{{\"biz_type\": \"demo\", \"delay_ms\": 2000, \"payload\": {{\"hello\": \"world\"}}}}'",
+                app.port()
+            );
+        }
+    }
     app.run_until(async {
         match shutdown_signal().await {
             Ok(signal) => tracing::info!("{signal} received; shutting down"),

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use crate::api::{self, AppState};
 use crate::config::ServeArgs;
-use crate::{engine, nodes, partitions, users};
+use crate::{demo, engine, nodes, partitions, users};
 
 pub struct Application {
     port: u16,
@@ -38,6 +38,7 @@ impl Application {
                 .app_data(state.clone())
                 .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
                 .configure(api::routes)
+                .route(demo::PATH, web::post().to(demo::receive))
                 .default_service(web::to(api::not_found))
         })
         .listen(listener)?

@@ -28,7 +28,7 @@ async fn start(data_dir: &Path) -> Node {
         .env("CHIME_DATA_DIR", data_dir)
         .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
         .env("CHIME_ADMIN_PASSWORD", "first-admin-password")
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
@@ -50,6 +50,18 @@ pub async fn wait_ready(address: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("chime serve did not become ready within 60 s");
+}
+
+/// The API token a first start prints for the demo biz type.
+async fn printed_token(node: &mut Node) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(node.child.stdout.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line.starts_with("chime_") {
+            return line;
+        }
+    }
+    panic!("no demo token printed");
 }
 
 fn postmaster_pid(data_dir: &Path) -> Option<i32> {
@@ -85,17 +97,50 @@ async fn embedded_database_survives_restarts_and_kills() {
     let client = reqwest::Client::new();
     let env = [("CHIME_DATA_DIR", data_dir.to_str().unwrap())];
 
-    // First start creates the cluster; admin commands attach to the running node.
+    // First start creates the cluster and the quick start's `demo` biz type, whose token is
+    // printed; a demo task is delivered to the built-in receiver.
     let mut node = start(&data_dir).await;
-    let out = chime(&env, &["biz-type", "create", "demo", "--callback-url", "http://127.0.0.1:9/hook"], None).await;
+    let demo_token = printed_token(&mut node).await;
+    let demo: Value = client
+        .post(format!("{}/api/v1/tasks", node.address))
+        .bearer_auth(&demo_token)
+        .json(&json!({"biz_type": "demo", "payload": {"hello": "world"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        let task: Value = client
+            .get(format!("{}/api/v1/tasks/{}", node.address, demo["id"].as_str().unwrap()))
+            .bearer_auth(&demo_token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        status = task["status"].clone();
+        if status == "succeeded" {
+            assert_eq!(task["attempts"][0]["status_code"], 204, "the demo receiver verified the signature");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "succeeded");
+
+    // Admin commands attach to the running node.
+    let out = chime(&env, &["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/hook"], None).await;
     assert!(out.ok, "{}", out.stderr);
-    let out = chime(&env, &["token", "create", "--biz-type", "demo"], None).await;
+    let out = chime(&env, &["token", "create", "--biz-type", "orders"], None).await;
     assert!(out.ok, "{}", out.stderr);
     let token = out.last_line().to_string();
     let created: Value = client
         .post(format!("{}/api/v1/tasks", node.address))
         .bearer_auth(&token)
-        .json(&json!({"biz_type": "demo", "key": "survivor", "delay_ms": 3_600_000}))
+        .json(&json!({"biz_type": "orders", "key": "survivor", "delay_ms": 3_600_000}))
         .send()
         .await
         .unwrap()
@@ -112,7 +157,7 @@ async fn embedded_database_survives_restarts_and_kills() {
 
     // Without a running node, an admin command starts and stops the database itself.
     let out = chime(&env, &["biz-type", "list"], None).await;
-    assert!(out.ok && out.stdout.contains("demo"), "{}", out.stderr);
+    assert!(out.ok && out.stdout.contains("orders"), "{}", out.stderr);
     assert!(postmaster_pid(&data_dir).is_none_or(|pid| !alive(pid)));
 
     // Restart: the data is still there.
@@ -122,7 +167,7 @@ async fn embedded_database_survives_restarts_and_kills() {
         let token = token.clone();
         async move {
             client
-                .get(format!("{address}/api/v1/biz-types/demo/tasks/by-key/survivor"))
+                .get(format!("{address}/api/v1/biz-types/orders/tasks/by-key/survivor"))
                 .bearer_auth(token)
                 .send()
                 .await

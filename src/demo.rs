@@ -1,0 +1,48 @@
+//! The quick start: on the first start of an embedded chime, a `demo` biz type whose
+//! callbacks go to a small receiver built into chime itself, so that the first `curl`
+//! shows a delivery in the log without writing a receiver.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use sqlx::PgPool;
+
+use crate::api::AppState;
+use crate::biz_types::{self, Settings};
+
+pub const PATH: &str = "/demo/callback";
+
+/// Creates the `demo` biz type and a token for it when there is no biz type at all.
+/// Returns the token when it was created here.
+pub async fn ensure(pool: &PgPool, callback_url: &str) -> Result<Option<String>, crate::error::Error> {
+    let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types)").fetch_one(pool).await?;
+    if any {
+        return Ok(None);
+    }
+    let settings = Settings {
+        callback_url: Some(callback_url.to_string()),
+        description: Some("Quick start: callbacks go to chime's built-in demo receiver, which logs them.".into()),
+        max_attempts: Some(3),
+        ..Default::default()
+    };
+    match biz_types::create(pool, "demo", &settings).await {
+        Ok(_) => Ok(Some(biz_types::create_token(pool, "demo").await?)),
+        // Another node made it first.
+        Err(crate::error::Error::Conflict(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The built-in receiver: checks the signature against the demo biz type's secret and logs
+/// the callback.
+pub async fn receive(req: HttpRequest, body: web::Bytes, state: web::Data<AppState>) -> HttpResponse {
+    let Ok(Some(demo)) = biz_types::by_name(&state.pool, "demo").await else {
+        return HttpResponse::NotFound().finish();
+    };
+    let signature = req.headers().get("Chime-Signature").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let t = signature.strip_prefix("t=").and_then(|s| s.split(',').next()).and_then(|t| t.parse().ok());
+    if t.is_none_or(|t| crate::engine::signature(&demo.signing_secret, t, &body) != signature) {
+        tracing::warn!("demo receiver: a callback with a wrong signature was refused");
+        return HttpResponse::Unauthorized().finish();
+    }
+    tracing::info!(target: "chime::demo", "demo receiver got a callback (signature verified): {}", String::from_utf8_lossy(&body));
+    HttpResponse::NoContent().finish()
+}

@@ -21,6 +21,8 @@ pub mod audit;
 pub mod biz_types;
 /// The delivery engine: claim due tasks, call back, retry, record.
 pub mod engine;
+/// Prometheus metrics at /metrics.
+pub mod metrics;
 /// Node registration and heartbeats.
 pub mod nodes;
 /// Daily partitions and the hot horizon.

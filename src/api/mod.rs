@@ -33,6 +33,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     // Probes often use HEAD; it answers like GET without the body.
     cfg.service(resource("/healthz", "GET, HEAD").route(web::get().to(healthz)).route(web::head().to(healthz)))
         .service(resource("/readyz", "GET, HEAD").route(web::get().to(readyz)).route(web::head().to(readyz)))
+        .service(resource("/metrics", "GET").route(web::get().to(metrics)))
         .service(
             web::scope("/api/v1")
                 .service(resource("/openapi.json", "GET").route(web::get().to(openapi)))
@@ -70,6 +71,10 @@ pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
 
 async fn openapi() -> HttpResponse {
     HttpResponse::Ok().content_type("application/json").body(OPENAPI)
+}
+
+async fn metrics() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(crate::metrics::render())
 }
 
 async fn healthz() -> HttpResponse {

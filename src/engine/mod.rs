@@ -25,7 +25,7 @@
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
 //! stays pending in the database, where any node can take it, rather than queueing here.
 //!
-//! Not here yet (issue 3 continues): graceful hand-back of leases, metrics, https.
+//! Not here yet (issue 3 continues): https callbacks.
 
 mod claim;
 mod deliver;
@@ -43,7 +43,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use uuid::Uuid;
 
 use self::claim::Outcome;
-use crate::nodes;
+use crate::{metrics, nodes};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_millis(1000);
@@ -161,12 +161,22 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                 // Stopped by the rate limit with more due: come back when it allows.
                 rate_wait = rate_wait.min(wait);
             }
+            if !claimed.is_empty() {
+                metrics::claimed(&biz.name, claimed.len());
+            }
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
                 let (client, biz, outcomes_tx, counter, wake) =
                     (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), wake.clone());
                 tokio::spawn(async move {
                     let outcome = deliver::deliver(&client, &biz, &task).await;
+                    let lateness = (outcome.started_at - task.run_at).as_seconds_f64();
+                    let finish = match outcome.verdict {
+                        claim::Verdict::Delivered => metrics::Finish::Delivered,
+                        claim::Verdict::RetryAt(_) => metrics::Finish::Retried,
+                        claim::Verdict::GiveUp => metrics::Finish::Failed,
+                    };
+                    metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
                     let _ = outcomes_tx.send(outcome);
                     counter.fetch_sub(1, Ordering::Relaxed);
                     wake.notify_one();

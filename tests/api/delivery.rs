@@ -216,3 +216,32 @@ async fn a_stuck_biz_type_does_not_delay_another() {
     assert_eq!(done["attempts"][0]["status_code"], 200);
     assert_eq!(stuck.received().len(), 20, "the stuck biz type holds only its in-flight cap");
 }
+
+/// /metrics counts claims, deliveries, retries and failures per biz type, with latency and
+/// lateness histograms, in Prometheus' text format.
+#[tokio::test]
+async fn metrics_count_deliveries_per_biz_type() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![Answer::status(500)], Answer::status(200)).await;
+    let token = biz_type(&app, "metrics-check", &receiver, fast_retries()).await;
+    let items: Vec<Value> = (0..3).map(|i| json!({"biz_type": "metrics-check", "payload": i})).collect();
+    app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+    receiver.wait_for(4, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    let b = r#"{biz_type="metrics-check"}"#;
+    assert_eq!(value(&format!("chime_tasks_claimed_total{b}")), 4.0);
+    assert_eq!(value(&format!("chime_tasks_delivered_total{b}")), 3.0);
+    assert_eq!(value(&format!("chime_tasks_retried_total{b}")), 1.0);
+    assert_eq!(value(&format!("chime_tasks_failed_total{b}")), 0.0);
+    assert_eq!(value(&format!("chime_in_flight{b}")), 0.0);
+    assert_eq!(value(&format!("chime_delivery_seconds_count{b}")), 4.0);
+    assert_eq!(value(r#"chime_lateness_seconds_bucket{biz_type="metrics-check",le="+Inf"}"#), 4.0);
+    assert!(text.contains("# TYPE chime_claim_batch_size histogram"));
+}

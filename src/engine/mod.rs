@@ -24,8 +24,6 @@
 //! the rate divided by the live delivering nodes (re-counted with the settings). A node
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
 //! stays pending in the database, where any node can take it, rather than queueing here.
-//!
-//! Not here yet (issue 3 continues): https callbacks.
 
 mod claim;
 mod deliver;
@@ -74,6 +72,12 @@ pub struct BizTypeConfig {
     pub signing_secret: String,
 }
 
+/// https callbacks go through rustls with the ring provider, which must be installed in
+/// the process before any HTTP client is built. Safe to call more than once.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
@@ -87,10 +91,11 @@ async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Err
 /// Runs the engine until `shutdown` turns true, then waits for callbacks in flight and
 /// records their outcomes.
 pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool>) {
+    install_tls_provider();
     let client = reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(90))
         .build()
-        .expect("an HTTP client with default TLS-less settings");
+        .expect("an HTTP client with the ring TLS provider");
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
     
     // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.

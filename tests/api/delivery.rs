@@ -245,3 +245,39 @@ async fn metrics_count_deliveries_per_biz_type() {
     assert_eq!(value(r#"chime_lateness_seconds_bucket{biz_type="metrics-check",le="+Inf"}"#), 4.0);
     assert!(text.contains("# TYPE chime_claim_batch_size histogram"));
 }
+
+/// https callbacks go through TLS with the platform's roots: a receiver with a self-signed
+/// certificate is refused at the handshake, named in the attempt's error.
+#[tokio::test]
+async fn https_callbacks_verify_the_certificate() {
+    let app = spawn_node().await;
+    let dir = std::env::temp_dir().join(format!("chime-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
+        .arg("-keyout").arg(&key).arg("-out").arg(&cert)
+        .output()
+        .expect("openssl is installed");
+    assert!(made.status.success());
+    let port = crate::embedded::free_port();
+    let mut server = tokio::process::Command::new("openssl")
+        .args(["s_server", "-quiet", "-www", "-accept", &port.to_string()])
+        .arg("-cert").arg(&cert).arg("-key").arg(&key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let settings = Settings { callback_url: Some(format!("https://127.0.0.1:{port}/hook")), max_attempts: Some(1), ..Default::default() };
+    biz_types::create(&app.pool, "secure", &settings).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "secure").await.unwrap();
+    let id = app.create_task(&token, json!({"biz_type": "secure"})).await["id"].as_str().unwrap().to_string();
+    let failed = wait_for_status(&app, &token, &id, "failed").await;
+    let error = failed["last_error"].as_str().unwrap().to_lowercase();
+    assert!(error.contains("certificate") || error.contains("issuer"), "{error}");
+    server.kill().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -40,7 +40,7 @@ async fn start(data_dir: &Path) -> Node {
 
 /// Waits until the node at `address` answers /readyz with 200 (at most 60 s).
 pub async fn wait_ready(address: &str) {
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     for _ in 0..600 {
         if let Ok(r) = client.get(format!("{address}/readyz")).send().await
             && r.status() == 200
@@ -94,7 +94,7 @@ async fn gone(pid: i32) -> bool {
 async fn embedded_database_survives_restarts_and_kills() {
     let data_dir: PathBuf = std::env::temp_dir().join(format!("chime-embedded-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data_dir);
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     let env = [("CHIME_DATA_DIR", data_dir.to_str().unwrap())];
 
     // First start creates the cluster and the quick start's `demo` biz type, whose token is

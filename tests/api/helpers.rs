@@ -68,6 +68,12 @@ pub async fn fresh_database() -> String {
     with_database(&server.admin_url, &name)
 }
 
+/// An HTTP client for tests (the TLS provider must be installed before any is built).
+pub fn client() -> reqwest::Client {
+    chime::engine::install_tls_provider();
+    reqwest::Client::new()
+}
+
 pub struct TestApp {
     pub address: String,
     pub pool: PgPool,
@@ -102,7 +108,7 @@ async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
     let app = Application::build(&settings, pool.clone()).await.expect("building the app");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until(std::future::pending()));
-    TestApp { address, pool, db_url, client: reqwest::Client::new() }
+    TestApp { address, pool, db_url, client: client() }
 }
 
 /// A response's status and JSON body.

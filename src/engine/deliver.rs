@@ -77,12 +77,7 @@ pub async fn deliver(client: &reqwest::Client, biz: &BizTypeConfig, task: &Claim
     let (status_code, error, excerpt, retry_after) = match result {
         Ok(mut response) => {
             let status = response.status();
-            let retry_after = response
-                .headers()
-                .get("Retry-After")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
+            let retry_after = response.headers().get("Retry-After").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
             let mut excerpt = Vec::new();
             // Read only the first bytes: a huge answer must not cost memory.
             let read = tokio::time::timeout(Duration::from_millis(biz.timeout_ms as u64), async {
@@ -139,6 +134,16 @@ fn retry(biz: &BizTypeConfig, attempt: i32, retry_after: Option<Duration>) -> Ve
     Verdict::RetryAt(Utc::now() + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX))
 }
 
+/// `Retry-After` as seconds or as an HTTP date (RFC 9110 §10.2.3).
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
+}
+
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = e;
     while let Some(next) = cause.source() {
@@ -175,6 +180,16 @@ mod tests {
                 assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d} not in [{}, {full}]", full / 2);
             }
         }
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_or_a_date() {
+        assert_eq!(parse_retry_after(" 120 "), Some(Duration::from_secs(120)));
+        let in_a_minute = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(60));
+        let parsed = parse_retry_after(&in_a_minute).unwrap();
+        assert!(parsed > Duration::from_secs(55) && parsed <= Duration::from_secs(60), "{parsed:?}");
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a past date: now");
+        assert_eq!(parse_retry_after("soon"), None);
     }
 
     #[test]

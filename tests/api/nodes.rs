@@ -54,7 +54,7 @@ async fn two_nodes_share_work_without_duplicates() {
     assert_eq!(per_node.len(), 2, "both nodes delivered: {per_node:?}");
 }
 
-/// `kill -9` of a node with callbacks in flight: another node delivers those tasks again
+/// `kill -9` of a node process with callbacks in flight: another node process delivers them
 /// after their lease expires. Nothing is lost; the lost attempts are in the history.
 #[tokio::test]
 async fn a_killed_node_s_tasks_are_delivered_by_another() {
@@ -65,29 +65,19 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
 
     // The node to be killed is a real process, the only engine while it lives.
-    let port = free_port();
-    let mut doomed = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
-        .env("DATABASE_URL", &app.db_url)
-        .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
-        .env_remove("CHIME_CONFIG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    let mut doomed = start_process(&app.db_url).await;
     let items: Vec<Value> = (0..20).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
     app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
     let in_flight = receiver.wait_for(20, Duration::from_secs(10)).await;
     assert_eq!(in_flight.len(), 20, "the doomed node has every callback in flight");
-    doomed.kill().await.unwrap();
+    doomed.kill().await.unwrap(); // SIGKILL
 
-    let survivor = spawn_second_node(&app).await;
+    let _survivor = start_process(&app.db_url).await;
     // Every task ends succeeded, delivered by the survivor once the leases expired.
     let mut statuses = HashMap::new();
     for _ in 0..300 {
         statuses = sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status")
-            .fetch_all(&survivor.pool)
+            .fetch_all(&app.pool)
             .await
             .unwrap()
             .into_iter()
@@ -107,4 +97,20 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
         .await
         .unwrap();
     assert_eq!(lost, 20, "the attempts cut off by the kill are recorded");
+}
+
+/// A `chime serve` process on the given database, ready.
+async fn start_process(db_url: &str) -> tokio::process::Child {
+    let port = free_port();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
+        .env("DATABASE_URL", db_url)
+        .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
+        .env_remove("CHIME_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    child
 }

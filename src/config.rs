@@ -96,6 +96,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CHIME_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
 
+    /// On SIGTERM/Ctrl-C, how long to let callbacks in flight finish, in seconds. Tasks
+    /// still in flight after it are delivered again by another node once their lease ends.
+    #[arg(long, env = "CHIME_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
+
     /// Deliver due tasks from this node. `false` makes an API-only node.
     #[arg(long, env = "CHIME_ENGINE", default_value_t = true, action = clap::ArgAction::Set)]
     pub engine: bool,
@@ -110,6 +115,7 @@ impl Default for ServeArgs {
             max_payload_bytes: 65536,
             hot_days: 2,
             http_workers: None,
+            shutdown_grace_secs: 30,
             engine: true,
         }
     }
@@ -226,6 +232,7 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("hot_days", "CHIME_HOT_DAYS"),
     ("http_workers", "CHIME_HTTP_WORKERS"),
     ("engine", "CHIME_ENGINE"),
+    ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),
 ];
 
 fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {

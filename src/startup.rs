@@ -15,6 +15,7 @@ pub struct Application {
     server: Server,
     pool: PgPool,
     run_engine: bool,
+    grace: std::time::Duration,
     listen: String,
 }
 
@@ -48,7 +49,8 @@ impl Application {
             server = server.workers(workers);
         }
         let listen = format!("{}:{port}", settings.listen.ip());
-        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine, listen })
+        let grace = std::time::Duration::from_secs(settings.shutdown_grace_secs);
+        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine, grace, listen })
     }
 
     pub fn port(&self) -> u16 {
@@ -68,8 +70,13 @@ impl Application {
         stop.await;
         handle.stop(true).await;
         let _ = stopping.send(true);
-        if let Some(engine) = engine {
-            let _ = engine.await;
+        if let Some(engine) = engine
+            && tokio::time::timeout(self.grace, engine).await.is_err()
+        {
+            tracing::warn!(
+                "callbacks still in flight after the {} s grace period; their tasks will be delivered again once their lease expires",
+                self.grace.as_secs()
+            );
         }
         let _ = heartbeat.await;
         server.await.map_err(std::io::Error::other)?

@@ -114,3 +114,28 @@ async fn start_process(db_url: &str) -> tokio::process::Child {
     wait_ready(&format!("http://127.0.0.1:{port}")).await;
     child
 }
+
+/// SIGTERM: the node stops claiming, lets the callbacks in flight finish and records them,
+/// deregisters, and exits cleanly. Nothing is delivered twice.
+#[tokio::test]
+async fn sigterm_finishes_callbacks_in_flight() {
+    let app = spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer { delay: Duration::from_millis(1500), ..Answer::status(200) }).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let mut node = start_process(&app.db_url).await;
+    let items: Vec<Value> = (0..10).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
+    app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+    assert_eq!(receiver.wait_for(10, Duration::from_secs(10)).await.len(), 10);
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(node.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), node.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+
+    let succeeded: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'succeeded'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(succeeded, 10, "the callbacks in flight were finished and recorded");
+    assert_eq!(receiver.received().len(), 10, "none delivered twice");
+    let nodes: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE delivers").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(nodes, 0, "the node deregistered (the API-only test node remains)");
+}

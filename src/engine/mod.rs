@@ -97,7 +97,6 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         .build()
         .expect("an HTTP client with the ring TLS provider");
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
-    
     // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
     let wake = Arc::new(Notify::new());
     let listener = tokio::spawn(listen_for_wakes(pool.clone(), wake.clone()));
@@ -105,7 +104,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
     let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
     let mut limiters = rate::Limiters::default();
     let mut delivering_nodes = 1;
-    let mut biz_types: Vec<BizTypeConfig> = Vec::new();
+    // Shared with the callbacks in flight, so that starting one copies no settings.
+    let mut biz_types: Vec<Arc<BizTypeConfig>> = Vec::new();
     let mut refreshed_at: Option<tokio::time::Instant> = None;
     let mut recovered_at = tokio::time::Instant::now();
     tracing::info!(%node_id, "delivery engine started");
@@ -114,7 +114,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         if refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             match active_biz_types(&pool).await {
                 Ok(list) => {
-                    biz_types = list;
+                    biz_types = list.into_iter().map(Arc::new).collect();
                     refreshed_at = Some(tokio::time::Instant::now());
                 }
                 Err(e) => tracing::warn!(error = %e, "could not read biz types; retrying"),

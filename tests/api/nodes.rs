@@ -39,7 +39,9 @@ async fn two_nodes_share_work_without_duplicates() {
     let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(100), ..Default::default() };
     biz_types::create(&a.pool, "orders", &settings).await.unwrap();
     let token = biz_types::create_token(&a.pool, "orders").await.unwrap();
-    let items: Vec<Value> = (0..500).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
+    // Due after both engines have re-read the biz types (every 2 s), so both compete.
+    let due = (chrono::Utc::now() + chrono::Duration::seconds(3)).to_rfc3339();
+    let items: Vec<Value> = (0..500).map(|i| json!({"biz_type": "orders", "run_at": due, "payload": i})).collect();
     assert_eq!(b.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await.status, 200);
 
     let received = receiver.wait_for(500, Duration::from_secs(30)).await;

@@ -48,6 +48,12 @@ pub async fn create(pool: &PgPool, username: &str, role: &str, password: &str) -
 /// Creates the `admin` account when there is no user at all. Returns the password when it
 /// was generated here (it must be shown to the operator once).
 pub async fn ensure_first_admin(pool: &PgPool, configured: Option<&str>) -> Result<Option<String>, Error> {
+    // Checked first so that a normal start does not pay for an argon2 hash; the INSERT
+    // below still guards against two first starts racing.
+    let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM users)").fetch_one(pool).await?;
+    if any {
+        return Ok(None);
+    }
     let generated = configured.is_none().then(|| {
         let mut rng = rand::rng();
         (0..20).map(|_| rng.sample(rand::distr::Alphanumeric) as char).collect::<String>()

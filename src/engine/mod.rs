@@ -174,8 +174,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                 let (client, biz, outcomes_tx, counter, wake) =
                     (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), wake.clone());
                 tokio::spawn(async move {
-                    let outcome = deliver::deliver(&client, &biz, &task).await;
-                    let lateness = (outcome.started_at - task.run_at).as_seconds_f64();
+                    let outcome = deliver::deliver(&client, &biz, task).await;
+                    let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
                     let finish = match outcome.verdict {
                         claim::Verdict::Delivered => metrics::Finish::Delivered,
                         claim::Verdict::RetryAt(_) => metrics::Finish::Retried,

@@ -52,6 +52,15 @@ pub async fn wait_ready(address: &str) {
     panic!("chime serve did not become ready within 60 s");
 }
 
+/// GET (no body) or POST (a body) to the API with a token; the JSON answer.
+async fn call(client: &reqwest::Client, token: &str, url: &str, body: Option<Value>) -> Value {
+    let request = match body {
+        Some(body) => client.post(url).json(&body),
+        None => client.get(url),
+    };
+    request.bearer_auth(token).send().await.unwrap().json().await.unwrap()
+}
+
 /// The API token a first start prints for the demo biz type.
 async fn printed_token(node: &mut Node) -> String {
     use tokio::io::AsyncBufReadExt;
@@ -101,27 +110,10 @@ async fn embedded_database_survives_restarts_and_kills() {
     // printed; a demo task is delivered to the built-in receiver.
     let mut node = start(&data_dir).await;
     let demo_token = printed_token(&mut node).await;
-    let demo: Value = client
-        .post(format!("{}/api/v1/tasks", node.address))
-        .bearer_auth(&demo_token)
-        .json(&json!({"biz_type": "demo", "payload": {"hello": "world"}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let demo = call(&client, &demo_token, &format!("{}/api/v1/tasks", node.address), Some(json!({"biz_type": "demo", "payload": {"hello": "world"}}))).await;
     let mut status = Value::Null;
     for _ in 0..100 {
-        let task: Value = client
-            .get(format!("{}/api/v1/tasks/{}", node.address, demo["id"].as_str().unwrap()))
-            .bearer_auth(&demo_token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let task = call(&client, &demo_token, &format!("{}/api/v1/tasks/{}", node.address, demo["id"].as_str().unwrap()), None).await;
         status = task["status"].clone();
         if status == "succeeded" {
             assert_eq!(task["attempts"][0]["status_code"], 204, "the demo receiver verified the signature");
@@ -137,16 +129,7 @@ async fn embedded_database_survives_restarts_and_kills() {
     let out = chime(&env, &["token", "create", "--biz-type", "orders"], None).await;
     assert!(out.ok, "{}", out.stderr);
     let token = out.last_line().to_string();
-    let created: Value = client
-        .post(format!("{}/api/v1/tasks", node.address))
-        .bearer_auth(&token)
-        .json(&json!({"biz_type": "orders", "key": "survivor", "delay_ms": 3_600_000}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = call(&client, &token, &format!("{}/api/v1/tasks", node.address), Some(json!({"biz_type": "orders", "key": "survivor", "delay_ms": 3_600_000}))).await;
 
     // SIGTERM: chime stops, and stops its database.
     let postmaster = postmaster_pid(&data_dir).expect("the database is running");
@@ -162,29 +145,15 @@ async fn embedded_database_survives_restarts_and_kills() {
 
     // Restart: the data is still there.
     let mut node = start(&data_dir).await;
-    let by_key = |address: String| {
-        let client = client.clone();
-        let token = token.clone();
-        async move {
-            client
-                .get(format!("{address}/api/v1/biz-types/orders/tasks/by-key/survivor"))
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(by_key(node.address.clone()).await["id"], created["id"]);
+    let by_key = |address: &str| format!("{address}/api/v1/biz-types/orders/tasks/by-key/survivor");
+    assert_eq!(call(&client, &token, &by_key(&node.address), None).await["id"], created["id"]);
 
     // kill -9 leaves the postmaster running; the next start deals with it.
     let postmaster = postmaster_pid(&data_dir).unwrap();
     node.child.kill().await.unwrap();
     assert!(alive(postmaster), "the orphaned database is still up");
     let mut node = start(&data_dir).await;
-    assert_eq!(by_key(node.address.clone()).await["id"], created["id"]);
+    assert_eq!(call(&client, &token, &by_key(&node.address), None).await["id"], created["id"]);
     assert!(gone(postmaster).await, "the stale postmaster was stopped");
 
     kill(Pid::from_raw(node.child.id().unwrap() as i32), Signal::SIGTERM).unwrap();

@@ -92,6 +92,35 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=60))]
     pub hot_days: u32,
 
+    /// Width of one partition of `tasks` and `attempts`, in hours: a divisor of 24 (1, 2, 3,
+    /// 4, 6, 8, 12) or a multiple of it (24 = daily, 168 = weekly). A change applies to
+    /// partitions created from then on.
+    #[arg(long, env = "CHIME_PARTITION_HOURS", default_value_t = 24,
+          value_parser = clap::value_parser!(u32).range(1..=24 * 31))]
+    pub partition_hours: u32,
+
+    /// Days finished tasks and delivery attempts are kept; older partitions are dropped
+    /// (never one that still holds an unfinished task).
+    #[arg(long, env = "CHIME_RETENTION_DAYS", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..=3650))]
+    pub retention_days: u32,
+
+    /// How far ahead the leader writes timer occurrences as tasks, in seconds.
+    #[arg(long, env = "CHIME_TIMER_WINDOW_SECS", default_value_t = 600,
+          value_parser = clap::value_parser!(u32).range(10..=86400))]
+    pub timer_window_secs: u32,
+
+    /// Seconds after which a leader that stopped answering loses leadership to another
+    /// node (its database session is ended); also how long a node waits between tries.
+    #[arg(long, env = "CHIME_LEADER_LEASE_SECS", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(2..=300))]
+    pub leader_lease_secs: u32,
+
+    /// Cold tasks moved into the hot partitions per transaction.
+    #[arg(long, env = "CHIME_MIGRATE_BATCH", default_value_t = 5000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub migrate_batch: u32,
+
     /// HTTP worker threads for the API [default: the number of CPUs].
     #[arg(long, env = "CHIME_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
@@ -114,6 +143,11 @@ impl Default for ServeArgs {
             admin_password: None,
             max_payload_bytes: 65536,
             hot_days: 2,
+            partition_hours: 24,
+            retention_days: 30,
+            timer_window_secs: 600,
+            leader_lease_secs: 5,
+            migrate_batch: 5000,
             http_workers: None,
             shutdown_grace_secs: 30,
             engine: true,
@@ -230,6 +264,11 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("admin_password", "CHIME_ADMIN_PASSWORD"),
     ("max_payload_bytes", "CHIME_MAX_PAYLOAD_BYTES"),
     ("hot_days", "CHIME_HOT_DAYS"),
+    ("partition_hours", "CHIME_PARTITION_HOURS"),
+    ("retention_days", "CHIME_RETENTION_DAYS"),
+    ("timer_window_secs", "CHIME_TIMER_WINDOW_SECS"),
+    ("leader_lease_secs", "CHIME_LEADER_LEASE_SECS"),
+    ("migrate_batch", "CHIME_MIGRATE_BATCH"),
     ("http_workers", "CHIME_HTTP_WORKERS"),
     ("engine", "CHIME_ENGINE"),
     ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),

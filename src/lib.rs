@@ -21,15 +21,19 @@ pub mod audit;
 pub mod biz_types;
 /// The delivery engine: claim due tasks, call back, retry, record.
 pub mod engine;
+/// The leader: election by advisory lock, and the cluster's housekeeping.
+pub mod leader;
 /// Prometheus metrics at /metrics.
 pub mod metrics;
 /// Node registration and heartbeats.
 pub mod nodes;
-/// Daily partitions and the hot horizon.
+/// Partitions, the hot horizon, moving cold tasks in, retention.
 pub mod partitions;
 /// Building a node's HTTP server.
 pub mod startup;
 /// Tasks: create, read, list, reschedule, cancel, replay.
 pub mod tasks;
+/// Timers: cron schedules whose occurrences become tasks.
+pub mod timers;
 /// Console users.
 pub mod users;

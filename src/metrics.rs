@@ -51,6 +51,11 @@ struct PerBizType {
 struct Registry {
     by_biz_type: BTreeMap<String, PerBizType>,
     claim_batches: Histogram,
+    /// Whether each node in this process leads (one node per process, except in tests).
+    leading: BTreeMap<String, bool>,
+    cold_moved: u64,
+    occurrences: u64,
+    partitions_dropped: u64,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -85,6 +90,18 @@ pub fn finished(biz_type: &str, latency_s: f64, lateness_s: f64, result: Finish)
         Finish::Retried => b.retried += 1,
         Finish::Failed => b.failed += 1,
     }
+}
+
+pub fn leading(node_id: uuid::Uuid, leads: bool) {
+    registry().lock().expect("metrics lock").leading.insert(node_id.to_string(), leads);
+}
+
+/// What the leader did: cold tasks moved, timer occurrences written, partitions dropped.
+pub fn housekeeping(cold_moved: u64, occurrences: u64, partitions_dropped: u64) {
+    let mut r = registry().lock().expect("metrics lock");
+    r.cold_moved += cold_moved;
+    r.occurrences += occurrences;
+    r.partitions_dropped += partitions_dropped;
 }
 
 fn label(value: &str) -> String {
@@ -134,5 +151,17 @@ pub fn render() -> String {
     }
     let _ = writeln!(out, "# HELP chime_claim_batch_size Tasks per claim.\n# TYPE chime_claim_batch_size histogram");
     histogram(&mut out, "chime_claim_batch_size", "", &BATCH_BUCKETS, &r.claim_batches);
+    let _ = writeln!(out, "# HELP chime_leader 1 if this node is the cluster's leader.\n# TYPE chime_leader gauge");
+    for (node, leads) in &r.leading {
+        let _ = writeln!(out, "chime_leader{{node=\"{node}\"}} {}", u8::from(*leads));
+    }
+    let leader_counters = [
+        ("chime_cold_tasks_moved_total", "Tasks moved from cold storage into the hot partitions by this node.", r.cold_moved),
+        ("chime_timer_occurrences_total", "Timer occurrences written as tasks by this node.", r.occurrences),
+        ("chime_partitions_dropped_total", "Partitions dropped past retention by this node.", r.partitions_dropped),
+    ];
+    for (name, help, v) in leader_counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+    }
     out
 }

@@ -1,66 +1,310 @@
-//! Partitions of `tasks` and `attempts`, one per UTC day, and the hot horizon.
+//! Partitions of `tasks` and `attempts`, the hot horizon, cold-to-hot moves and retention
+//! (SPEC §2, §7).
 //!
-//! For now every node does the simple duty at start and every few minutes: make sure the
-//! partitions for yesterday through `hot_days` ahead exist, move the horizon to the end of
-//! them, and bring into the hot partitions the cold tasks that now fall before it. It is
-//! safe on many nodes at once (an advisory lock serialises it). The leader's partition
-//! manager (retention, batched cold-to-hot moves) will take it over.
+//! Partitions are fixed-width time ranges aligned on the Unix epoch (daily by default:
+//! midnight UTC). Which partitions exist is read from the catalog, not derived from a
+//! naming rule, so the width can change between runs: new partitions simply fill the gaps.
+//!
+//! * `ensure` (every node at start, then the leader every minute) creates the partitions
+//!   from a day ago (a task may be created up to a day in the past) to `hot_days` ahead,
+//!   and moves the hot horizon to their end. Tasks due beyond the horizon go to
+//!   `tasks_cold`.
+//! * `move_cold` (the leader) moves cold tasks that now fall before the horizon into the
+//!   hot partitions, one batch per statement: the DELETE from cold and the INSERT into hot
+//!   commit together or not at all, so a leader dying mid-move loses and doubles nothing.
+//! * `retire` (the leader) drops partitions past retention, by detaching them first (a
+//!   short lock), then removing their tasks' idempotency keys in batches, then dropping the
+//!   detached table. A partition that still holds an unfinished task is kept.
 
-use chrono::{Days, NaiveDate};
+use chrono::{DateTime, Duration, DurationRound, Utc};
 use sqlx::{AssertSqlSafe, PgPool};
 
 /// Serialises partition DDL between nodes starting together.
 const PARTITION_LOCK: i64 = 0x6368_696d_6570; // "chimep"
+/// How far back partitions are made: a task may be created up to a day in the past.
+const BEHIND: Duration = Duration::days(1);
+/// Detached partitions waiting for their keys to be removed and to be dropped.
+const RETIRED_PREFIX: &str = "retired_";
+/// Idempotency keys removed per statement when a partition is retired.
+const KEY_BATCH: i64 = 10_000;
 
-pub fn partition_name(table: &str, day: NaiveDate) -> String {
-    format!("{table}_p{}", day.format("%Y%m%d"))
+/// Where partitions go and how long they are kept, from the node's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub width: Duration,
+    pub hot_days: u32,
+    pub retention_days: u32,
 }
 
-/// Runs `ensure` every few minutes, for a node that runs across midnight.
-pub async fn keep_ahead(pool: PgPool, hot_days: u32) {
-    let mut every = tokio::time::interval(std::time::Duration::from_secs(300));
-    every.tick().await;
-    loop {
-        every.tick().await;
-        if let Err(e) = ensure(&pool, hot_days).await {
-            tracing::warn!(error = %e, "could not prepare partitions; will retry in 5 minutes");
+impl Layout {
+    pub fn new(partition_hours: u32, hot_days: u32, retention_days: u32) -> Result<Layout, String> {
+        if !(24 % partition_hours == 0 || partition_hours % 24 == 0) {
+            return Err(format!(
+                "CHIME_PARTITION_HOURS must divide 24 (1, 2, 3, 4, 6, 8, 12) or be a multiple of 24, not {partition_hours}"
+            ));
         }
+        Ok(Layout { width: Duration::hours(i64::from(partition_hours)), hot_days, retention_days })
+    }
+
+    fn align_down(&self, t: DateTime<Utc>) -> DateTime<Utc> {
+        t.duration_trunc(self.width).expect("partition width fits the timestamp range")
     }
 }
 
-pub async fn ensure(pool: &PgPool, hot_days: u32) -> Result<(), sqlx::Error> {
+impl Default for Layout {
+    fn default() -> Self {
+        Layout { width: Duration::days(1), hot_days: 2, retention_days: 30 }
+    }
+}
+
+/// One partition, as the catalog describes it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Partition {
+    pub name: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+}
+
+/// The partitions of `table` (`tasks` or `attempts`), oldest first.
+pub async fn list<'c>(db: impl sqlx::PgExecutor<'c>, table: &str) -> Result<Vec<Partition>, sqlx::Error> {
+    // The bounds are printed by pg_get_expr and parsed back in the same session, so the
+    // session's TimeZone and DateStyle cannot confuse them.
+    sqlx::query_as(
+        r#"SELECT c.relname::text AS name,
+                  (regexp_match(b.expr, 'FROM \(''([^'']+)''\)'))[1]::timestamptz AS "from",
+                  (regexp_match(b.expr, 'TO \(''([^'']+)''\)'))[1]::timestamptz AS "to"
+             FROM pg_inherits i
+             JOIN pg_class c ON c.oid = i.inhrelid
+             CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
+            WHERE i.inhparent = $1::regclass
+            ORDER BY 2"#,
+    )
+    .bind(table)
+    .fetch_all(db)
+    .await
+}
+
+/// The ranges to create so that `[start, end)` is covered, given the existing partitions
+/// (oldest first): whole slots of `width`, cut short where an existing partition begins.
+fn missing_ranges(layout: &Layout, existing: &[Partition], start: DateTime<Utc>, end: DateTime<Utc>) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+    let mut out = Vec::new();
+    let mut t = layout.align_down(start);
+    while t < end {
+        if let Some(p) = existing.iter().find(|p| p.from <= t && t < p.to) {
+            t = p.to;
+            continue;
+        }
+        let mut next = layout.align_down(t) + layout.width;
+        if let Some(p) = existing.iter().find(|p| t < p.from && p.from < next) {
+            next = p.from;
+        }
+        out.push((t, next));
+        t = next;
+    }
+    out
+}
+
+pub fn partition_name(table: &str, from: DateTime<Utc>) -> String {
+    if from.time() == chrono::NaiveTime::MIN {
+        format!("{table}_p{}", from.format("%Y%m%d"))
+    } else {
+        format!("{table}_p{}", from.format("%Y%m%d_%H%M"))
+    }
+}
+
+/// Creates the partitions from a day ago to `hot_days` ahead and moves the hot horizon to
+/// their end. Safe on many nodes at once. Returns the horizon.
+pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(PARTITION_LOCK).execute(&mut *tx).await?;
-    let today: NaiveDate = sqlx::query_scalar("SELECT (now() AT TIME ZONE 'UTC')::date").fetch_one(&mut *tx).await?;
-    let first = today - Days::new(1);
-    let end = today + Days::new(u64::from(hot_days) + 1);
-    let mut day = first;
-    while day < end {
-        let next = day + Days::new(1);
-        for table in ["tasks", "attempts"] {
-            // DDL takes no bind parameters; the values are dates we formatted ourselves.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+    let end = layout.align_down(now + Duration::days(i64::from(layout.hot_days))) + layout.width;
+    let mut created = 0;
+    for table in ["tasks", "attempts"] {
+        let existing = list(&mut *tx, table).await?;
+        for (from, to) in missing_ranges(layout, &existing, now - BEHIND, end) {
+            // DDL takes no bind parameters; the values are timestamps we formatted ourselves.
             sqlx::query(AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {table} FOR VALUES FROM ('{day} 00:00:00+00') TO ('{next} 00:00:00+00')",
-                partition_name(table, day)
+                "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}')",
+                partition_name(table, from),
+                from.to_rfc3339(),
+                to.to_rfc3339()
             )))
             .execute(&mut *tx)
             .await?;
+            created += 1;
         }
-        day = next;
     }
-    let until = format!("{end} 00:00:00+00");
-    sqlx::query("UPDATE hot_horizon SET until = greatest(until, $1::timestamptz)")
-        .bind(&until)
-        .execute(&mut *tx)
+    let horizon: DateTime<Utc> = sqlx::query_scalar("UPDATE hot_horizon SET until = greatest(until, $1) RETURNING until")
+        .bind(end)
+        .fetch_one(&mut *tx)
         .await?;
-    let moved = sqlx::query(
-        "WITH moved AS (DELETE FROM tasks_cold WHERE run_at < (SELECT until FROM hot_horizon) RETURNING *)
+    tx.commit().await?;
+    if created > 0 {
+        tracing::info!(created, %horizon, "created partitions");
+    }
+    Ok(horizon)
+}
+
+/// Moves one batch of cold tasks due before the hot horizon into the hot partitions, in
+/// one statement. Returns how many moved; fewer than `batch` means none is left.
+pub async fn move_cold(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "WITH picked AS (
+             SELECT id FROM tasks_cold
+              WHERE run_at < (SELECT until FROM hot_horizon)
+              ORDER BY run_at
+              LIMIT $1
+              FOR UPDATE SKIP LOCKED
+         ), moved AS (
+             DELETE FROM tasks_cold c USING picked p WHERE c.id = p.id RETURNING c.*
+         )
          INSERT INTO tasks SELECT * FROM moved",
     )
-    .execute(&mut *tx)
+    .bind(batch)
+    .execute(pool)
     .await?
-    .rows_affected();
-    tx.commit().await?;
-    tracing::debug!(from = %first, until = %end, moved_from_cold = moved, "partitions ready");
-    Ok(())
+    .rows_affected())
+}
+
+/// Drops the partitions of `tasks` and `attempts` that ended more than `retention_days`
+/// ago, keeping any partition of `tasks` that holds an unfinished task. Returns the names
+/// of the partitions dropped.
+pub async fn retire(pool: &PgPool, layout: &Layout) -> Result<Vec<String>, sqlx::Error> {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let cutoff = now - Duration::days(i64::from(layout.retention_days));
+    for table in ["tasks", "attempts"] {
+        for p in list(pool, table).await?.into_iter().filter(|p| p.to <= cutoff) {
+            detach(pool, table, &p.name).await?;
+        }
+    }
+    drop_detached(pool).await
+}
+
+/// Detaches one old partition (renamed `retired_…`), unless it holds unfinished tasks.
+async fn detach(pool: &PgPool, table: &str, name: &str) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    // Detaching locks the parent table; waiting long would stall claims and creates
+    // queued behind us. Better to try again at the next round.
+    sqlx::query("SET LOCAL lock_timeout = '1s'").execute(&mut *tx).await?;
+    sqlx::query(AssertSqlSafe(format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"))).execute(&mut *tx).await?;
+    if table == "tasks" {
+        // Under the lock no task can move in or change state; each probe uses a partial index.
+        let unfinished: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT 1 FROM {name} WHERE status = 'pending')
+                 OR EXISTS (SELECT 1 FROM {name} WHERE status = 'running')"
+        )))
+        .fetch_one(&mut *tx)
+        .await?;
+        if unfinished {
+            tracing::info!(partition = name, "partition is past retention but holds unfinished tasks; keeping it");
+            return Ok(());
+        }
+    }
+    sqlx::query(AssertSqlSafe(format!("ALTER TABLE {table} DETACH PARTITION {name}"))).execute(&mut *tx).await?;
+    sqlx::query(AssertSqlSafe(format!("ALTER TABLE {name} RENAME TO {RETIRED_PREFIX}{name}"))).execute(&mut *tx).await?;
+    tx.commit().await
+}
+
+/// Finishes retiring detached partitions: removes the idempotency keys of their tasks, in
+/// batches, then drops them. Picks up where a leader that died left off.
+async fn drop_detached(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    let detached: Vec<String> = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_class WHERE relkind = 'r' AND relname LIKE $1 || '%' AND relnamespace = current_schema()::regnamespace",
+    )
+    .bind(RETIRED_PREFIX)
+    .fetch_all(pool)
+    .await?;
+    let mut dropped = Vec::new();
+    for name in detached {
+        if name.starts_with(&format!("{RETIRED_PREFIX}tasks_")) {
+            // Walk the partition in id order (its primary key) so each batch starts where
+            // the last ended; a key now held by another task is left alone.
+            let mut after = uuid::Uuid::nil();
+            while let Some(last) = sqlx::query_scalar::<_, uuid::Uuid>(AssertSqlSafe(format!(
+                "WITH batch AS (
+                     SELECT id, biz_type_id, key FROM {name} WHERE id > $1 AND key IS NOT NULL ORDER BY id LIMIT $2
+                 ), removed AS (
+                     DELETE FROM task_keys k USING batch b
+                      WHERE k.biz_type_id = b.biz_type_id AND k.key = b.key AND k.task_id = b.id
+                 )
+                 SELECT id FROM batch ORDER BY id DESC LIMIT 1"
+            )))
+            .bind(after)
+            .bind(KEY_BATCH)
+            .fetch_optional(pool)
+            .await?
+            {
+                after = last;
+            }
+        }
+        sqlx::query(AssertSqlSafe(format!("DROP TABLE {name}"))).execute(pool).await?;
+        let original = name.trim_start_matches(RETIRED_PREFIX).to_string();
+        tracing::info!(partition = %original, "dropped partition past retention");
+        dropped.push(original);
+    }
+    Ok(dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn part(from: &str, to: &str) -> Partition {
+        Partition { name: String::new(), from: at(from), to: at(to) }
+    }
+
+    #[test]
+    fn fills_whole_slots_from_the_aligned_start() {
+        let layout = Layout::default();
+        let got = missing_ranges(&layout, &[], at("2026-11-21T13:00:00Z"), at("2026-11-23T00:00:00Z"));
+        assert_eq!(
+            got,
+            vec![
+                (at("2026-11-21T00:00:00Z"), at("2026-11-22T00:00:00Z")),
+                (at("2026-11-22T00:00:00Z"), at("2026-11-23T00:00:00Z")),
+            ]
+        );
+    }
+
+    #[test]
+    fn skips_existing_partitions_and_fills_around_a_changed_width() {
+        // Daily partitions existed; the width is now 6 hours.
+        let layout = Layout { width: Duration::hours(6), ..Layout::default() };
+        let existing = [part("2026-11-21T00:00:00Z", "2026-11-22T00:00:00Z"), part("2026-11-22T12:00:00Z", "2026-11-23T00:00:00Z")];
+        let got = missing_ranges(&layout, &existing, at("2026-11-21T05:00:00Z"), at("2026-11-22T13:00:00Z"));
+        assert_eq!(
+            got,
+            vec![
+                (at("2026-11-22T00:00:00Z"), at("2026-11-22T06:00:00Z")),
+                (at("2026-11-22T06:00:00Z"), at("2026-11-22T12:00:00Z")),
+            ]
+        );
+    }
+
+    #[test]
+    fn cuts_a_slot_short_where_an_existing_partition_begins() {
+        let layout = Layout::default();
+        let existing = [part("2026-11-22T06:00:00Z", "2026-11-23T00:00:00Z")];
+        let got = missing_ranges(&layout, &existing, at("2026-11-22T01:00:00Z"), at("2026-11-23T00:00:00Z"));
+        assert_eq!(got, vec![(at("2026-11-22T00:00:00Z"), at("2026-11-22T06:00:00Z"))]);
+    }
+
+    #[test]
+    fn width_must_divide_a_day_or_be_whole_days() {
+        assert!(Layout::new(6, 2, 30).is_ok());
+        assert!(Layout::new(48, 2, 30).is_ok());
+        assert!(Layout::new(5, 2, 30).unwrap_err().contains("CHIME_PARTITION_HOURS"));
+        assert!(Layout::new(36, 2, 30).is_err());
+    }
+
+    #[test]
+    fn names_show_the_start() {
+        assert_eq!(partition_name("tasks", at("2026-11-22T00:00:00Z")), "tasks_p20261122");
+        assert_eq!(partition_name("attempts", at("2026-11-22T06:00:00Z")), "attempts_p20261122_0600");
+    }
 }

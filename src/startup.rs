@@ -8,13 +8,15 @@ use sqlx::PgPool;
 
 use crate::api::{self, AppState};
 use crate::config::ServeArgs;
-use crate::{demo, engine, nodes, partitions, users};
+use crate::partitions::{self, Layout};
+use crate::{demo, engine, leader, nodes, users};
 
 pub struct Application {
     port: u16,
     server: Server,
     pool: PgPool,
     run_engine: bool,
+    leader: leader::Settings,
     grace: std::time::Duration,
     listen: String,
 }
@@ -23,8 +25,18 @@ impl Application {
     /// Prepares the database (partitions, first admin) and binds the listener; port 0
     /// picks a free port (tests).
     pub async fn build(settings: &ServeArgs, pool: PgPool) -> anyhow::Result<Application> {
-        partitions::ensure(&pool, settings.hot_days).await?;
-        tokio::spawn(partitions::keep_ahead(pool.clone(), settings.hot_days));
+        let layout = Layout::new(settings.partition_hours, settings.hot_days, settings.retention_days).map_err(anyhow::Error::msg)?;
+        if u64::from(settings.timer_window_secs) >= u64::from(settings.hot_days) * 86_400 {
+            anyhow::bail!("CHIME_TIMER_WINDOW_SECS must be shorter than CHIME_HOT_DAYS");
+        }
+        // Creates can start before a leader is elected: the partitions they need exist.
+        partitions::ensure(&pool, &layout).await?;
+        let leader = leader::Settings {
+            layout,
+            lease: std::time::Duration::from_secs(settings.leader_lease_secs.into()),
+            timer_window: std::time::Duration::from_secs(settings.timer_window_secs.into()),
+            migrate_batch: settings.migrate_batch.into(),
+        };
         if let Some(password) = users::ensure_first_admin(&pool, settings.admin_password.as_deref()).await? {
             // Printed, not only logged: the operator needs it once, at first start.
             println!("created console user `admin` with password: {password}");
@@ -50,7 +62,7 @@ impl Application {
         }
         let listen = format!("{}:{port}", settings.listen.ip());
         let grace = std::time::Duration::from_secs(settings.shutdown_grace_secs);
-        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine, grace, listen })
+        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine, leader, grace, listen })
     }
 
     pub fn port(&self) -> u16 {
@@ -64,6 +76,7 @@ impl Application {
         let node = nodes::Node { id: uuid::Uuid::now_v7(), listen: self.listen.clone(), delivers: self.run_engine };
         let node_id = node.id;
         let heartbeat = tokio::spawn(nodes::heartbeat(self.pool.clone(), node, stop_signal.clone()));
+        let leader = tokio::spawn(leader::run(self.pool.clone(), node_id, self.leader, stop_signal.clone()));
         let engine = self.run_engine.then(|| tokio::spawn(engine::run(self.pool.clone(), node_id, stop_signal)));
         let handle = self.server.handle();
         let server = tokio::spawn(self.server);
@@ -79,6 +92,7 @@ impl Application {
             );
         }
         let _ = heartbeat.await;
+        let _ = leader.await;
         server.await.map_err(std::io::Error::other)?
     }
 }

@@ -16,8 +16,8 @@
 //! comes first. The poll is the fallback for a lost notification.
 //!
 //! Failure. A node that dies holding leases leaves tasks `running`; when their leases
-//! expire, any node's engine puts them back to pending (every `RECOVERY_EVERY`) and they
-//! are delivered again: at least once, never lost. A result for a task whose lease this
+//! expire, the leader puts them back to pending (`recover_expired_leases`, every second)
+//! and they are delivered again: at least once, never lost. A result for a task whose lease this
 //! node lost is not written over the new holder's.
 //!
 //! Rate limits. A biz type's rate is for the whole cluster; each node takes its share,
@@ -29,6 +29,7 @@ mod claim;
 mod deliver;
 mod rate;
 
+pub use claim::recover_expired_leases;
 pub use deliver::signature;
 
 use std::collections::HashMap;
@@ -53,8 +54,6 @@ const CLAIM_BATCH: i64 = 200;
 /// costs a dead node's tasks that much delay; shorter risks a second delivery when the
 /// recording is slow.
 const LEASE_MARGIN_MS: i64 = 5_000;
-/// How often expired leases are looked for.
-const RECOVERY_EVERY: Duration = Duration::from_secs(2);
 
 /// The settings of a biz type the engine needs, as last read.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -107,7 +106,6 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
     // Shared with the callbacks in flight, so that starting one copies no settings.
     let mut biz_types: Vec<Arc<BizTypeConfig>> = Vec::new();
     let mut refreshed_at: Option<tokio::time::Instant> = None;
-    let mut recovered_at = tokio::time::Instant::now();
     tracing::info!(%node_id, "delivery engine started");
 
     while !*shutdown.borrow() {
@@ -122,14 +120,6 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
             match nodes::delivering(&pool).await {
                 Ok(n) => delivering_nodes = n,
                 Err(e) => tracing::warn!(error = %e, "could not count the live nodes"),
-            }
-        }
-        if recovered_at.elapsed() >= RECOVERY_EVERY {
-            recovered_at = tokio::time::Instant::now();
-            match claim::recover_expired_leases(&pool).await {
-                Ok(0) => {}
-                Ok(n) => tracing::warn!(tasks = n, "recovered tasks whose lease expired; delivering them again"),
-                Err(e) => tracing::warn!(error = %e, "could not recover expired leases"),
             }
         }
         let mut more_due = false;

@@ -1,0 +1,247 @@
+//! The leader: one node at a time does the cluster's housekeeping (SPEC §7).
+//!
+//! Election. Every node keeps one database session of its own (not from the pool) and
+//! asks for a PostgreSQL advisory lock on it every second; the node that gets it leads.
+//! A leader that dies loses its session and with it the lock at once. A leader that hangs
+//! or is cut off stops pinging its session, and the server ends the session after
+//! `idle_session_timeout` (the leader lease, `CHIME_LEADER_LEASE_SECS`), so another node
+//! takes over within the lease plus a second. The leader itself steps down as soon as a
+//! ping fails or takes more than half the lease.
+//!
+//! The duties do not rely on leadership being exclusive, only made efficient by it: each
+//! is safe if two nodes ran it at once (partition DDL under an advisory lock, cold moves
+//! and lease recovery with `SKIP LOCKED`, timer occurrences under a row lock and a unique
+//! key). So a deposed leader finishing its last step, or a test calling a duty directly,
+//! cannot lose or double a task.
+
+use std::time::Duration;
+
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::partitions::{self, Layout};
+use crate::{engine, metrics, timers};
+
+/// The advisory lock whose holder leads.
+const LEADER_LOCK: i64 = 0x6368_696d_656c; // "chimel"
+/// How often a follower asks for the lock.
+const TRY_EVERY: Duration = Duration::from_secs(1);
+/// The leader's housekeeping tick; timers and lease recovery run every tick.
+const TICK: Duration = Duration::from_secs(1);
+const PARTITIONS_EVERY: Duration = Duration::from_secs(60);
+const RETENTION_EVERY: Duration = Duration::from_secs(600);
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// Longest a tick spends moving cold tasks, so timers and leases are not held up; the
+/// move goes on at the next tick.
+const MOVE_BUDGET: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub layout: Layout,
+    /// How long a silent leader keeps the lock.
+    pub lease: Duration,
+    /// How far ahead timer occurrences are written.
+    pub timer_window: Duration,
+    /// Cold tasks moved per statement.
+    pub migrate_batch: i64,
+}
+
+/// The `application_name` of the session that holds (or asks for) the lock, which is how
+/// any node can tell who leads.
+fn session_name(node_id: Uuid) -> String {
+    format!("chime node {node_id}")
+}
+
+/// The node holding the leader lock, if any.
+pub async fn current(pool: &PgPool) -> Result<Option<Uuid>, sqlx::Error> {
+    // A bigint advisory key shows in pg_locks as classid (high half), objid (low half), objsubid 1.
+    sqlx::query_scalar(
+        "SELECT split_part(a.application_name, ' ', 3)::uuid
+           FROM pg_locks l
+           JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+            AND l.classid = ($1 >> 32)::oid AND l.objid = ($1 & 4294967295)::oid
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND a.application_name LIKE 'chime node %'",
+    )
+    .bind(LEADER_LOCK)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Runs for the node's lifetime: waits for leadership, leads, and waits again if it loses it.
+pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, mut stop: watch::Receiver<bool>) {
+    metrics::leading(node_id, false);
+    let mut session: Option<PgConnection> = None;
+    loop {
+        if session.is_none() {
+            session = match connect(&pool, node_id, settings.lease).await {
+                Ok(conn) => Some(conn),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot open the leader election session; retrying");
+                    None
+                }
+            };
+        }
+        if let Some(conn) = session.as_mut() {
+            match sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)").bind(LEADER_LOCK).fetch_one(&mut *conn).await {
+                Ok(true) => {
+                    let conn = session.take().expect("session is open");
+                    tracing::info!(%node_id, "this node is now the leader");
+                    metrics::leading(node_id, true);
+                    let reason = lead(conn, &pool, &settings, &mut stop).await;
+                    metrics::leading(node_id, false);
+                    tracing::info!(%node_id, reason, "this node no longer leads");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "leader election session failed; reconnecting");
+                    session = None;
+                }
+            }
+        }
+        if *stop.borrow() {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(TRY_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+async fn connect(pool: &PgPool, node_id: Uuid, lease: Duration) -> Result<PgConnection, sqlx::Error> {
+    let options = (*pool.connect_options())
+        .clone()
+        .application_name(&session_name(node_id))
+        // The server ends this session, releasing the lock, when the leader falls silent.
+        .options([("idle_session_timeout", lease.as_millis().to_string())]);
+    PgConnection::connect_with(&options).await
+}
+
+/// Leads until the session fails or the node stops; returns why it stopped.
+async fn lead(mut session: PgConnection, pool: &PgPool, settings: &Settings, stop: &mut watch::Receiver<bool>) -> &'static str {
+    let duties = tokio::spawn(housekeeping(pool.clone(), settings.clone()));
+    let mut ping = tokio::time::interval((settings.lease / 4).max(Duration::from_millis(250)));
+    let reason = loop {
+        tokio::select! {
+            _ = ping.tick() => {
+                match tokio::time::timeout(settings.lease / 2, sqlx::query("SELECT 1").execute(&mut session)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) => break "its database session failed",
+                    Err(_) => break "its database session did not answer within half the leader lease",
+                }
+            }
+            _ = stop.changed() => break "the node is stopping",
+        }
+    };
+    duties.abort();
+    let _ = duties.await;
+    // Closing the session releases the lock now rather than when the server notices.
+    let _ = tokio::time::timeout(Duration::from_secs(1), session.close()).await;
+    reason
+}
+
+fn due(last: Option<Instant>, every: Duration) -> bool {
+    last.is_none_or(|at| at.elapsed() >= every)
+}
+
+/// The leader's duties, each on its own period, until aborted.
+async fn housekeeping(pool: PgPool, s: Settings) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut partitioned, mut retired, mut swept) = (None, None, None);
+    let mut cold_left = true;
+    loop {
+        tick.tick().await;
+        if due(partitioned, PARTITIONS_EVERY) {
+            match partitions::ensure(&pool, &s.layout).await {
+                Ok(_) => {
+                    partitioned = Some(Instant::now());
+                    cold_left = true;
+                }
+                Err(e) => tracing::warn!(error = %e, "could not create partitions; retrying"),
+            }
+        }
+        if cold_left {
+            match move_cold(&pool, s.migrate_batch).await {
+                Ok(left) => cold_left = left,
+                Err(e) => tracing::warn!(error = %e, "could not move cold tasks into the hot partitions; retrying"),
+            }
+        }
+        match timers::materialize_due(&pool, s.timer_window).await {
+            Ok(0) => {}
+            Ok(n) => metrics::housekeeping(0, n, 0),
+            Err(e) => tracing::warn!(error = %e, "could not write timer occurrences; retrying"),
+        }
+        match engine::recover_expired_leases(&pool).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(tasks = n, "recovered tasks whose lease expired; they will be delivered again"),
+            Err(e) => tracing::warn!(error = %e, "could not recover expired leases"),
+        }
+        if due(swept, SWEEP_EVERY) {
+            swept = Some(Instant::now());
+            if let Err(e) = sweep(&pool).await {
+                tracing::warn!(error = %e, "fallback sweep failed");
+            }
+        }
+        if due(retired, RETENTION_EVERY) {
+            match partitions::retire(&pool, &s.layout).await {
+                Ok(dropped) => {
+                    retired = Some(Instant::now());
+                    metrics::housekeeping(0, 0, dropped.len() as u64);
+                }
+                Err(e) => tracing::warn!(error = %e, "could not drop partitions past retention; retrying"),
+            }
+        }
+    }
+}
+
+/// Moves cold tasks now inside the horizon for up to `MOVE_BUDGET`; true if some remain.
+async fn move_cold(pool: &PgPool, batch: i64) -> Result<bool, sqlx::Error> {
+    let started = Instant::now();
+    let mut total = 0;
+    let left = loop {
+        let moved = partitions::move_cold(pool, batch).await?;
+        total += moved;
+        if moved < batch as u64 {
+            break false;
+        }
+        if started.elapsed() >= MOVE_BUDGET {
+            break true;
+        }
+    };
+    if total > 0 {
+        metrics::housekeeping(total, 0, 0);
+        tracing::info!(tasks = total, more = left, "moved cold tasks into the hot partitions");
+    }
+    Ok(left)
+}
+
+/// The fallback for what should never happen: a pending task overdue by more than a
+/// minute in a biz type that is delivered by callback and not paused. Logs it and wakes
+/// every engine (a lost notification would otherwise cost only the engine's poll, so a
+/// task this late means an engine is stuck or no node delivers).
+async fn sweep(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let overdue: Vec<(String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT b.name, o.run_at
+           FROM biz_types b
+           CROSS JOIN LATERAL (
+               SELECT run_at FROM tasks t
+                WHERE t.biz_type_id = b.id AND t.status = 'pending' AND t.run_at < now() - interval '1 minute'
+                ORDER BY run_at LIMIT 1
+           ) o
+          WHERE b.mode = 'callback' AND NOT b.paused AND b.rate_limit IS NULL",
+    )
+    .fetch_all(pool)
+    .await?;
+    if !overdue.is_empty() {
+        for (biz_type, run_at) in &overdue {
+            tracing::warn!(biz_type, oldest_due = %run_at, "pending tasks are more than a minute overdue; waking the engines");
+        }
+        sqlx::query("SELECT pg_notify('chime_wake', '')").execute(pool).await?;
+    }
+    Ok(())
+}

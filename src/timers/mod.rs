@@ -1,0 +1,374 @@
+//! Timers: periodic schedules owned by a biz type; each occurrence becomes a task
+//! (SPEC §3, §7).
+//!
+//! The leader writes occurrences as ordinary tasks for a window ahead
+//! (`CHIME_TIMER_WINDOW_SECS`), keyed `"<timer key>@<fire time>"`. Two things make each
+//! occurrence exist exactly once, across leader changes too: the timer's row is locked
+//! while its occurrences are written together with its new `materialized_until` (one
+//! transaction), and the key is unique per biz type (`task_keys`), so even two leaders
+//! cannot write the same occurrence twice.
+//!
+//! Changing a timer's schedule, payload or state removes its occurrences that have not
+//! fired yet (pending, never attempted) and starts again from now. When the leader finds
+//! a timer behind the clock (no node ran for a while), the occurrences missed meanwhile
+//! are skipped, or with `catch_up` the latest of them fires once, now.
+
+mod schedule;
+
+pub use schedule::Schedule;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::tasks::{MAX_KEY_BYTES, check_payload, validate_key};
+
+/// Room an occurrence key needs after the timer key: `@2026-11-22T09:30:00Z`.
+const OCCURRENCE_SUFFIX_BYTES: usize = 21;
+/// Most occurrences written for one timer in one transaction; the rest follow next tick.
+const MAX_PER_PASS: usize = 10_000;
+/// Fire times shown with a timer.
+pub const SHOWN_FIRE_TIMES: usize = 5;
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Timer {
+    pub id: Uuid,
+    #[serde(skip)]
+    pub biz_type_id: i32,
+    pub biz_type: String,
+    pub key: String,
+    pub cron: String,
+    pub timezone: String,
+    pub payload: Value,
+    pub active: bool,
+    pub catch_up: bool,
+    /// Occurrences up to here have been written as tasks.
+    pub materialized_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Timer {
+    pub fn schedule(&self) -> Result<Schedule, Error> {
+        Schedule::parse(&self.cron, &self.timezone)
+    }
+
+    /// The next fire times after `now` (none if inactive).
+    pub fn next_fire_times(&self, now: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+        match (self.active, self.schedule()) {
+            (true, Ok(s)) => s.next(now, SHOWN_FIRE_TIMES),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// A create request as the client sends it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTimer {
+    pub biz_type: String,
+    pub key: String,
+    pub cron: String,
+    pub timezone: Option<String>,
+    pub payload: Option<Value>,
+    pub active: Option<bool>,
+    pub catch_up: Option<bool>,
+}
+
+/// The changes of a PATCH; absent fields stay as they are.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerChanges {
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub payload: Option<Value>,
+    pub active: Option<bool>,
+    pub catch_up: Option<bool>,
+}
+
+/// `Some(Value::Null)` when the client sends `"payload": null`, `None` when it is absent.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+impl CreateTimer {
+    pub fn validate(&self, max_payload_bytes: usize) -> Result<(), Error> {
+        validate_key(&self.key)?;
+        if self.key.len() > MAX_KEY_BYTES - OCCURRENCE_SUFFIX_BYTES {
+            return Err(Error::invalid(
+                "key",
+                format!("must be at most {} bytes (occurrence keys add `@<fire time>`)", MAX_KEY_BYTES - OCCURRENCE_SUFFIX_BYTES),
+            ));
+        }
+        validate_schedule(&self.cron, self.timezone.as_deref().unwrap_or("UTC"))?;
+        if let Some(payload) = &self.payload {
+            check_payload(payload, max_payload_bytes)?;
+        }
+        Ok(())
+    }
+}
+
+impl TimerChanges {
+    pub fn is_empty(&self) -> bool {
+        self.cron.is_none() && self.timezone.is_none() && self.payload.is_none() && self.active.is_none() && self.catch_up.is_none()
+    }
+}
+
+/// A schedule must parse and fire at least once more.
+fn validate_schedule(cron: &str, timezone: &str) -> Result<Schedule, Error> {
+    let schedule = Schedule::parse(cron, timezone)?;
+    if schedule.next(Utc::now(), 1).is_empty() {
+        return Err(Error::invalid("cron", "never fires again"));
+    }
+    Ok(schedule)
+}
+
+const SELECT: &str = "SELECT t.*, b.name AS biz_type FROM timers t JOIN biz_types b ON b.id = t.biz_type_id";
+
+pub async fn create(pool: &PgPool, biz_type_id: i32, request: CreateTimer) -> Result<Timer, Error> {
+    let timer: Option<Timer> = sqlx::query_as(
+        "WITH t AS (
+             INSERT INTO timers (id, biz_type_id, key, cron, timezone, payload, active, catch_up, materialized_until)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
+             ON CONFLICT (biz_type_id, key) DO NOTHING
+             RETURNING *
+         )
+         SELECT t.*, b.name AS biz_type FROM t JOIN biz_types b ON b.id = t.biz_type_id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(biz_type_id)
+    .bind(&request.key)
+    .bind(&request.cron)
+    .bind(request.timezone.as_deref().unwrap_or("UTC"))
+    .bind(request.payload.unwrap_or(Value::Null))
+    .bind(request.active.unwrap_or(true))
+    .bind(request.catch_up.unwrap_or(false))
+    .fetch_optional(pool)
+    .await?;
+    timer.ok_or_else(|| Error::Conflict(format!("a timer with key `{}` already exists in this biz type", request.key)))
+}
+
+pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Timer>, Error> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE t.id = $1"))).bind(id).fetch_optional(pool).await?)
+}
+
+/// A biz type's timers by key, `limit` from after `after_key`.
+pub async fn list(pool: &PgPool, biz_type_id: i32, after_key: Option<&str>, limit: i64) -> Result<Vec<Timer>, Error> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT} WHERE t.biz_type_id = $1 AND ($2::text IS NULL OR t.key > $2) ORDER BY t.key LIMIT $3"
+    )))
+    .bind(biz_type_id)
+    .bind(after_key)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Locks a timer of biz type `owner` for a change (404 if missing, 403 if another's).
+async fn lock(tx: &mut Transaction<'_, Postgres>, owner: i32, id: Uuid) -> Result<Timer, Error> {
+    let timer: Timer = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE t.id = $1 FOR UPDATE OF t")))
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no timer with id {id}")))?;
+    if timer.biz_type_id != owner {
+        return Err(Error::Forbidden("this timer belongs to another biz type".into()));
+    }
+    Ok(timer)
+}
+
+/// Removes the occurrences of a timer that have not fired: pending and never attempted.
+async fn remove_unfired(tx: &mut Transaction<'_, Postgres>, timer: &Timer) -> Result<u64, Error> {
+    let removed: i64 = sqlx::query_scalar(
+        "WITH hot AS (
+             DELETE FROM tasks WHERE timer_id = $1 AND status = 'pending' AND attempt_count = 0 RETURNING id, key
+         ), cold AS (
+             DELETE FROM tasks_cold WHERE timer_id = $1 AND status = 'pending' AND attempt_count = 0 RETURNING id, key
+         ), gone AS (
+             SELECT * FROM hot UNION ALL SELECT * FROM cold
+         ), keys AS (
+             DELETE FROM task_keys k USING gone g WHERE k.biz_type_id = $2 AND k.key = g.key AND k.task_id = g.id
+         )
+         SELECT count(*) FROM gone",
+    )
+    .bind(timer.id)
+    .bind(timer.biz_type_id)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(removed as u64)
+}
+
+/// Applies `changes` to a timer of biz type `owner`; returns the timer before and after.
+pub async fn update(pool: &PgPool, owner: i32, id: Uuid, changes: TimerChanges, max_payload_bytes: usize) -> Result<(Timer, Timer), Error> {
+    let mut tx = pool.begin().await?;
+    let before = lock(&mut tx, owner, id).await?;
+    let cron = changes.cron.as_deref().unwrap_or(&before.cron);
+    let timezone = changes.timezone.as_deref().unwrap_or(&before.timezone);
+    if changes.cron.is_some() || changes.timezone.is_some() {
+        validate_schedule(cron, timezone)?;
+    }
+    if let Some(payload) = &changes.payload {
+        check_payload(payload, max_payload_bytes)?;
+    }
+    let active = changes.active.unwrap_or(before.active);
+    let payload = changes.payload.clone().unwrap_or_else(|| before.payload.clone());
+    // Anything that changes what or when it fires starts the schedule again from now.
+    let restart = cron != before.cron || timezone != before.timezone || payload != before.payload || active != before.active;
+    if restart {
+        remove_unfired(&mut tx, &before).await?;
+    }
+    let after: Timer = sqlx::query_as(
+        "WITH t AS (
+             UPDATE timers SET cron = $2, timezone = $3, payload = $4, active = $5, catch_up = $6, updated_at = now(),
+                    materialized_until = CASE WHEN $7 THEN now() ELSE materialized_until END
+              WHERE id = $1
+             RETURNING *
+         )
+         SELECT t.*, b.name AS biz_type FROM t JOIN biz_types b ON b.id = t.biz_type_id",
+    )
+    .bind(id)
+    .bind(cron)
+    .bind(timezone)
+    .bind(&payload)
+    .bind(active)
+    .bind(changes.catch_up.unwrap_or(before.catch_up))
+    .bind(restart)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok((before, after))
+}
+
+/// Deletes a timer of biz type `owner` and its occurrences that have not fired.
+pub async fn delete(pool: &PgPool, owner: i32, id: Uuid) -> Result<Timer, Error> {
+    let mut tx = pool.begin().await?;
+    let timer = lock(&mut tx, owner, id).await?;
+    remove_unfired(&mut tx, &timer).await?;
+    sqlx::query("DELETE FROM timers WHERE id = $1").bind(id).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(timer)
+}
+
+/// Writes occurrences for the active timers whose window is at least half used up.
+/// Returns how many occurrences were written.
+pub async fn materialize_due(pool: &PgPool, window: std::time::Duration) -> Result<u64, Error> {
+    let window_ms = window.as_millis() as i64;
+    let due: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM timers
+          WHERE active AND (materialized_until < now() + $1 * interval '1 millisecond' OR materialized_until IS NULL)
+          ORDER BY materialized_until NULLS FIRST LIMIT 100",
+    )
+    .bind(window_ms / 2)
+    .fetch_all(pool)
+    .await?;
+    let mut written = 0;
+    for id in due {
+        written += materialize(pool, id, window).await?;
+    }
+    Ok(written)
+}
+
+/// Writes a timer's occurrences up to `window` ahead of the database clock, in one
+/// transaction with its new `materialized_until`. Returns how many were written.
+pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -> Result<u64, Error> {
+    let mut tx = pool.begin().await?;
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        #[sqlx(flatten)]
+        timer: Timer,
+        now: DateTime<Utc>,
+    }
+    let Some(Row { timer, now }) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT}, LATERAL (SELECT now()) n WHERE t.id = $1 AND t.active FOR UPDATE OF t")))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+    else {
+        return Ok(0);
+    };
+    let schedule = match timer.schedule() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(timer = %id, error = %e, "timer's schedule no longer parses; skipping it");
+            return Ok(0);
+        }
+    };
+    let until = now + chrono::Duration::from_std(window).expect("window fits");
+    let from = timer.materialized_until.unwrap_or(now);
+    // (fire time, run_at): an occurrence runs at its fire time, a catch-up one now.
+    let mut occurrences: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
+    if from < now {
+        let last_missed = schedule.last_between(from, now);
+        match (last_missed, timer.catch_up) {
+            (Some(missed), true) => {
+                tracing::info!(timer = %id, key = %timer.key, %missed, "timer missed occurrences while no node ran; firing one catch-up occurrence");
+                occurrences.push((missed, now));
+            }
+            (Some(missed), false) => {
+                tracing::info!(timer = %id, key = %timer.key, since = %from, last = %missed, "timer missed occurrences while no node ran; skipping them (catch_up is off)");
+            }
+            (None, _) => {}
+        }
+    }
+    occurrences.extend(schedule.between(from.max(now), until, MAX_PER_PASS).into_iter().map(|t| (t, t)));
+    // When cut short, the next pass resumes after the last occurrence written.
+    let materialized_until = if occurrences.len() >= MAX_PER_PASS { occurrences.last().map_or(until, |o| o.0) } else { until };
+
+    let ids: Vec<Uuid> = occurrences.iter().map(|_| Uuid::now_v7()).collect();
+    let keys: Vec<String> = occurrences.iter().map(|(fire, _)| occurrence_key(&timer.key, *fire)).collect();
+    let run_ats: Vec<DateTime<Utc>> = occurrences.iter().map(|o| o.1).collect();
+    let hash = Sha256::digest(format!("timer {id}")).to_vec();
+    let written: i64 = sqlx::query_scalar(
+        "WITH input AS (
+             SELECT * FROM unnest($3::uuid[], $4::text[], $5::timestamptz[]) AS i(id, key, run_at)
+         ), taken AS (
+             INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
+             SELECT $1, key, id, $6 FROM input
+             ON CONFLICT DO NOTHING
+             RETURNING task_id
+         ), fresh AS (
+             SELECT * FROM input WHERE id IN (SELECT task_id FROM taken)
+         ), hot AS (
+             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id)
+             SELECT id, $1, key, run_at, $7, $2 FROM fresh WHERE run_at < (SELECT until FROM hot_horizon)
+             RETURNING 1
+         ), cold AS (
+             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id)
+             SELECT id, $1, key, run_at, $7, $2 FROM fresh WHERE run_at >= (SELECT until FROM hot_horizon)
+             RETURNING 1
+         ), wake AS (
+             SELECT pg_notify('chime_wake', '') FROM fresh WHERE run_at <= now() + interval '1 second' LIMIT 1
+         )
+         SELECT (SELECT count(*) FROM hot) + (SELECT count(*) FROM cold) + 0 * (SELECT count(*) FROM wake)",
+    )
+    .bind(timer.biz_type_id)
+    .bind(id)
+    .bind(&ids)
+    .bind(&keys)
+    .bind(&run_ats)
+    .bind(&hash)
+    .bind(&timer.payload)
+    .fetch_one(&mut *tx)
+    .await?;
+    if (written as usize) < occurrences.len() {
+        tracing::warn!(timer = %id, key = %timer.key, skipped = occurrences.len() - written as usize,
+            "some occurrence keys were already taken (by a task created with the same key); those occurrences are skipped");
+    }
+    sqlx::query("UPDATE timers SET materialized_until = $2 WHERE id = $1")
+        .bind(id)
+        .bind(materialized_until)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(written as u64)
+}
+
+/// The key of a timer's occurrence: `<timer key>@<fire time in UTC>`.
+pub fn occurrence_key(timer_key: &str, fire: DateTime<Utc>) -> String {
+    format!("{timer_key}@{}", fire.format("%Y-%m-%dT%H:%M:%SZ"))
+}

@@ -1,0 +1,227 @@
+//! When a timer fires: a cron expression with a seconds field, read as wall-clock time in
+//! an IANA time zone.
+//!
+//! The cron crate walks wall-clock times (we hand it local times dressed as UTC); each is
+//! then placed in the zone. Daylight saving:
+//! * A wall-clock time skipped by a spring-forward change fires at the same time shifted
+//!   by the gap (02:30 on a day that jumps from 02:00 to 03:00 fires at 03:30), once.
+//! * A wall-clock time that occurs twice in a fall-back change fires at its first
+//!   occurrence only, unless the schedule matches every hour: then at both, so an hourly
+//!   or every-15-minutes timer keeps firing through the repeated hour.
+//!
+//! This is what cron daemons do for the repeated hour (Vixie cron's rule for jobs that are
+//! not hourly) and what Quartz does for the skipped one.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
+use chrono_tz::Tz;
+use cron::TimeUnitSpec;
+
+use crate::error::Error;
+
+/// No DST change moves a wall clock by more than this; candidates are looked for this far
+/// on either side of a range.
+const SLACK: Duration = Duration::hours(3);
+
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: cron::Schedule,
+    tz: Tz,
+    every_hour: bool,
+}
+
+impl Schedule {
+    pub fn parse(expression: &str, timezone: &str) -> Result<Schedule, Error> {
+        let fields = expression.split_whitespace().count();
+        if !(6..=7).contains(&fields) {
+            return Err(Error::invalid(
+                "cron",
+                format!(
+                    "needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), \
+                     such as `0 30 9 * * Mon-Fri`; this one has {fields}"
+                ),
+            ));
+        }
+        let cron = cron::Schedule::from_str(expression)
+            .map_err(|e| Error::invalid("cron", format!("is not a valid cron expression: {e}")))?;
+        let tz: Tz = timezone
+            .parse()
+            .map_err(|_| Error::invalid("timezone", format!("`{timezone}` is not an IANA time zone name such as Europe/Berlin or UTC")))?;
+        let every_hour = cron.hours().count() == 24;
+        Ok(Schedule { cron, tz, every_hour })
+    }
+
+    /// Fire times after `after` and at or before `until`, in order, at most `limit`.
+    pub fn between(&self, after: DateTime<Utc>, until: DateTime<Utc>, limit: usize) -> Vec<DateTime<Utc>> {
+        let mut out: Vec<DateTime<Utc>> = Vec::new();
+        let start = self.tz.from_utc_datetime(&after.naive_utc()).naive_local() - SLACK;
+        let mut bound = self.tz.from_utc_datetime(&until.naive_utc()).naive_local() + SLACK;
+        for candidate in self.cron.after(&Utc.from_utc_datetime(&start)) {
+            let wall = candidate.naive_utc();
+            if wall > bound {
+                break;
+            }
+            for t in self.instants(wall) {
+                if t > after && t <= until {
+                    out.push(t);
+                }
+            }
+            if out.len() >= limit {
+                // Enough found; only wall-clock times within SLACK of the latest can
+                // still land before it.
+                let latest = *out.iter().max().expect("not empty");
+                bound = bound.min(self.tz.from_utc_datetime(&latest.naive_utc()).naive_local() + SLACK);
+            }
+        }
+        out.sort();
+        out.dedup();
+        out.truncate(limit);
+        out
+    }
+
+    /// The next `n` fire times after `after`.
+    pub fn next(&self, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        // 400 years covers every calendar pattern, leap days included.
+        self.between(after, after + Duration::days(366 * 400), n)
+    }
+
+    /// The last fire time after `after` and at or before `until`, looking back from
+    /// `until` in widening steps so that a long gap costs little.
+    pub fn last_between(&self, after: DateTime<Utc>, until: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let mut span = Duration::minutes(1);
+        loop {
+            let from = (until - span).max(after);
+            if let Some(last) = self.between(from, until, usize::MAX).pop() {
+                return Some(last);
+            }
+            if from == after {
+                return None;
+            }
+            span = span * 8;
+        }
+    }
+
+    /// Where a wall-clock time falls in the zone: none, one or two instants.
+    fn instants(&self, wall: NaiveDateTime) -> Vec<DateTime<Utc>> {
+        match self.tz.from_local_datetime(&wall) {
+            LocalResult::Single(t) => vec![t.with_timezone(&Utc)],
+            LocalResult::Ambiguous(first, second) if self.every_hour => {
+                vec![first.with_timezone(&Utc), second.with_timezone(&Utc)]
+            }
+            LocalResult::Ambiguous(first, _) => vec![first.with_timezone(&Utc)],
+            LocalResult::None => {
+                // Skipped by a spring-forward change: read it with the offset in force
+                // before the change, which lands as far past the change as the time was
+                // past its start.
+                let before = self.tz.offset_from_utc_datetime(&(wall - Duration::days(1))).fix();
+                vec![Utc.from_utc_datetime(&(wall - Duration::seconds(i64::from(before.local_minus_utc()))))]
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn fires(cron: &str, tz: &str, after: &str, until: &str) -> Vec<String> {
+        Schedule::parse(cron, tz)
+            .unwrap()
+            .between(at(after), at(until), 1000)
+            .into_iter()
+            .map(|t| t.with_timezone(&tz.parse::<Tz>().unwrap()).to_rfc3339())
+            .collect()
+    }
+
+    #[test]
+    fn a_daily_time_in_the_spring_forward_gap_fires_once_shifted_by_the_gap() {
+        // New York, 2026-03-08: 02:00 EST jumps to 03:00 EDT.
+        let got = fires("0 30 2 * * *", "America/New_York", "2026-03-07T00:00:00-05:00", "2026-03-10T00:00:00-04:00");
+        assert_eq!(got, ["2026-03-07T02:30:00-05:00", "2026-03-08T03:30:00-04:00", "2026-03-09T02:30:00-04:00"]);
+    }
+
+    #[test]
+    fn a_daily_time_in_the_repeated_hour_fires_once_at_its_first_occurrence() {
+        // New York, 2026-11-01: 02:00 EDT falls back to 01:00 EST.
+        let got = fires("0 30 1 * * *", "America/New_York", "2026-10-31T00:00:00-04:00", "2026-11-03T00:00:00-05:00");
+        assert_eq!(got, ["2026-10-31T01:30:00-04:00", "2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"]);
+    }
+
+    #[test]
+    fn an_hourly_timer_fires_every_real_hour_across_both_changes() {
+        // Spring forward: 23 hours that day; fall back: 25.
+        let spring = fires("0 0 * * * *", "America/New_York", "2026-03-08T00:00:00-05:00", "2026-03-09T00:00:00-04:00");
+        assert_eq!(spring.len(), 23, "{spring:?}");
+        assert!(spring.contains(&"2026-03-08T01:00:00-05:00".to_string()));
+        assert!(spring.contains(&"2026-03-08T03:00:00-04:00".to_string()));
+        let fall = fires("0 0 * * * *", "America/New_York", "2026-11-01T00:00:00-04:00", "2026-11-02T00:00:00-05:00");
+        assert_eq!(fall.len(), 25, "{fall:?}");
+        assert!(fall.contains(&"2026-11-01T01:00:00-04:00".to_string()));
+        assert!(fall.contains(&"2026-11-01T01:00:00-05:00".to_string()));
+    }
+
+    #[test]
+    fn every_fifteen_minutes_through_the_gap_has_no_duplicates() {
+        let got = fires("0 */15 * * * *", "America/New_York", "2026-03-08T01:30:00-05:00", "2026-03-08T03:30:00-04:00");
+        assert_eq!(
+            got,
+            [
+                "2026-03-08T01:45:00-05:00",
+                "2026-03-08T03:00:00-04:00",
+                "2026-03-08T03:15:00-04:00",
+                "2026-03-08T03:30:00-04:00",
+            ]
+        );
+    }
+
+    #[test]
+    fn southern_hemisphere_and_london_changes() {
+        // Sydney, 2026-10-04: 02:00 AEST jumps to 03:00 AEDT.
+        let sydney = fires("0 30 2 * * *", "Australia/Sydney", "2026-10-03T12:00:00+10:00", "2026-10-04T12:00:00+11:00");
+        assert_eq!(sydney, ["2026-10-04T03:30:00+11:00"]);
+        // London, 2026-10-25: 02:00 BST falls back to 01:00 GMT.
+        let london = fires("0 30 1 * * *", "Europe/London", "2026-10-25T00:00:00+01:00", "2026-10-25T12:00:00+00:00");
+        assert_eq!(london, ["2026-10-25T01:30:00+01:00"]);
+    }
+
+    #[test]
+    fn zones_without_daylight_saving_and_fractional_offsets() {
+        let got = fires("0 0 9 * * *", "Asia/Kolkata", "2026-11-21T00:00:00Z", "2026-11-23T00:00:00Z");
+        assert_eq!(got, ["2026-11-21T09:00:00+05:30", "2026-11-22T09:00:00+05:30"]);
+    }
+
+    #[test]
+    fn leap_day_and_end_of_month() {
+        let s = Schedule::parse("0 0 12 29 2 *", "UTC").unwrap();
+        assert_eq!(s.next(at("2026-11-21T00:00:00Z"), 2), [at("2028-02-29T12:00:00Z"), at("2032-02-29T12:00:00Z")]);
+        let s = Schedule::parse("0 0 0 31 * *", "Europe/Berlin").unwrap();
+        let got: Vec<String> =
+            s.next(at("2026-01-01T00:00:00Z"), 4).iter().map(|t| t.with_timezone(&chrono_tz::Europe::Berlin).to_rfc3339()).collect();
+        assert_eq!(got, ["2026-01-31T00:00:00+01:00", "2026-03-31T00:00:00+02:00", "2026-05-31T00:00:00+02:00", "2026-07-31T00:00:00+02:00"]);
+    }
+
+    #[test]
+    fn last_between_finds_the_latest_missed_fire_time() {
+        let s = Schedule::parse("0 0 3 * * *", "UTC").unwrap();
+        assert_eq!(s.last_between(at("2026-11-01T00:00:00Z"), at("2026-11-21T12:00:00Z")), Some(at("2026-11-21T03:00:00Z")));
+        assert_eq!(s.last_between(at("2026-11-21T04:00:00Z"), at("2026-11-21T12:00:00Z")), None);
+        let every_second = Schedule::parse("* * * * * *", "UTC").unwrap();
+        assert_eq!(every_second.last_between(at("2026-01-01T00:00:00Z"), at("2026-11-21T12:00:00Z")), Some(at("2026-11-21T12:00:00Z")));
+    }
+
+    #[test]
+    fn refuses_bad_expressions_and_zones_by_field() {
+        let field = |r: Result<Schedule, Error>| match r.unwrap_err() {
+            Error::Invalid { field, message } => format!("{field}: {message}"),
+            other => panic!("{other:?}"),
+        };
+        assert!(field(Schedule::parse("0 9 * * *", "UTC")).starts_with("cron: needs 6 or 7 fields"));
+        assert!(field(Schedule::parse("0 0 25 * * *", "UTC")).starts_with("cron: is not a valid"));
+        assert!(field(Schedule::parse("0 0 9 * * *", "Mars/Olympus")).starts_with("timezone:"));
+    }
+}

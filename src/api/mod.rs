@@ -5,6 +5,7 @@ mod auth;
 mod error;
 mod limits;
 mod tasks;
+mod timers;
 
 pub use error::ApiError;
 
@@ -51,6 +52,17 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .service(
                     resource("/biz-types/{name}/tasks/by-key/{key:.*}", "GET").route(web::get().to(tasks::get_by_key)),
                 )
+                .service(
+                    resource("/timers", "GET, POST").route(web::post().to(timers::create)).route(web::get().to(timers::list)),
+                )
+                .service(
+                    resource("/timers/{id}", "GET, PATCH, DELETE")
+                        .route(web::get().to(timers::get))
+                        .route(web::patch().to(timers::update))
+                        .route(web::delete().to(timers::delete)),
+                )
+                .service(resource("/timers/{id}/activate", "POST").route(web::post().to(timers::activate)))
+                .service(resource("/timers/{id}/deactivate", "POST").route(web::post().to(timers::deactivate)))
                 .default_service(web::to(not_found)),
         );
 }

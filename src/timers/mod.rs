@@ -284,7 +284,10 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
         now: DateTime<Utc>,
     }
     let Some(Row { timer, now }) =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT}, LATERAL (SELECT now()) n WHERE t.id = $1 AND t.active FOR UPDATE OF t")))
+        sqlx::query_as(
+            "SELECT t.*, b.name AS biz_type, now() AS now FROM timers t JOIN biz_types b ON b.id = t.biz_type_id
+              WHERE t.id = $1 AND t.active FOR UPDATE OF t",
+        )
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?

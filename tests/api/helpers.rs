@@ -111,6 +111,24 @@ async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
     TestApp { address, pool, db_url, client: client() }
 }
 
+/// A `chime serve` process on the given database with extra settings, ready; killed
+/// when dropped.
+pub async fn chime_process(db_url: &str, env: &[(&str, &str)]) -> tokio::process::Child {
+    let port = crate::embedded::free_port();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
+        .env("DATABASE_URL", db_url)
+        .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
+        .env_remove("CHIME_CONFIG")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::embedded::wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    child
+}
+
 /// A response's status and JSON body.
 pub struct Reply {
     pub status: u16,

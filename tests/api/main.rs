@@ -7,6 +7,8 @@ mod delivery;
 mod embedded;
 mod health;
 mod helpers;
+mod leader;
 mod nodes;
 mod receiver;
 mod tasks;
+mod timers;

@@ -7,8 +7,7 @@ use std::time::Duration;
 use chime::biz_types::{self, Settings};
 use serde_json::{Value, json};
 
-use crate::embedded::{free_port, wait_ready};
-use crate::helpers::{spawn_app, spawn_node, spawn_second_node};
+use crate::helpers::{chime_process, spawn_app, spawn_node, spawn_second_node};
 use crate::receiver::{Answer, Receiver};
 
 /// A running node registers itself with a heartbeat.
@@ -67,14 +66,14 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
 
     // The node to be killed is a real process, the only engine while it lives.
-    let mut doomed = start_process(&app.db_url).await;
+    let mut doomed = chime_process(&app.db_url, &[]).await;
     let items: Vec<Value> = (0..20).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
     app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
     let in_flight = receiver.wait_for(20, Duration::from_secs(10)).await;
     assert_eq!(in_flight.len(), 20, "the doomed node has every callback in flight");
     doomed.kill().await.unwrap(); // SIGKILL
 
-    let _survivor = start_process(&app.db_url).await;
+    let _survivor = chime_process(&app.db_url, &[]).await;
     // Every task ends succeeded, delivered by the survivor once the leases expired.
     let mut statuses = HashMap::new();
     for _ in 0..300 {
@@ -101,22 +100,6 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
     assert_eq!(lost, 20, "the attempts cut off by the kill are recorded");
 }
 
-/// A `chime serve` process on the given database, ready.
-async fn start_process(db_url: &str) -> tokio::process::Child {
-    let port = free_port();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
-        .env("DATABASE_URL", db_url)
-        .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
-        .env_remove("CHIME_CONFIG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    wait_ready(&format!("http://127.0.0.1:{port}")).await;
-    child
-}
-
 /// SIGTERM: the node stops claiming, lets the callbacks in flight finish and records them,
 /// deregisters, and exits cleanly. Nothing is delivered twice.
 #[tokio::test]
@@ -126,7 +109,7 @@ async fn sigterm_finishes_callbacks_in_flight() {
     let settings = Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
     biz_types::create(&app.pool, "orders", &settings).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
-    let mut node = start_process(&app.db_url).await;
+    let mut node = chime_process(&app.db_url, &[]).await;
     let items: Vec<Value> = (0..10).map(|i| json!({"biz_type": "orders", "payload": i})).collect();
     app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
     assert_eq!(receiver.wait_for(10, Duration::from_secs(10)).await.len(), 10);

@@ -1,0 +1,116 @@
+//! Timer endpoints.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::auth::Caller;
+use super::{ApiError, AppState, from_json, read_json};
+use crate::audit;
+use crate::timers::{self, CreateTimer, Timer, TimerChanges};
+
+/// Room in a request body for the fields around the payload.
+const ENVELOPE_BYTES: usize = 4096;
+
+/// A timer as the API shows it: with its next fire times.
+#[derive(Serialize)]
+struct TimerView<'a> {
+    #[serde(flatten)]
+    timer: &'a Timer,
+    next_fire_times: Vec<DateTime<Utc>>,
+}
+
+fn view(timer: &Timer) -> TimerView<'_> {
+    TimerView { timer, next_fire_times: timer.next_fire_times(Utc::now()) }
+}
+
+fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+    raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a timer id (a UUID)")))
+}
+
+fn snapshot(timer: &Timer) -> serde_json::Value {
+    serde_json::to_value(timer).unwrap_or_default()
+}
+
+pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+    let request: CreateTimer = from_json(read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?)?;
+    caller.require(&state, &request.biz_type).await?;
+    request.validate(state.max_payload_bytes)?;
+    let timer = timers::create(&state.pool, caller.0.biz_type_id, request).await?;
+    audit::record(&state.pool, &caller.actor(), "timer.create", "timer", &timer.id.to_string(), None, Some(snapshot(&timer)))
+        .await?;
+    Ok(HttpResponse::Created().json(view(&timer)))
+}
+
+pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let timer = timers::get(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no timer with id {id}")))?;
+    if timer.biz_type_id != caller.0.biz_type_id {
+        return Err(ApiError::Forbidden("this timer belongs to another biz type".into()));
+    }
+    Ok(HttpResponse::Ok().json(view(&timer)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    biz_type: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+/// The caller's timers by key; the cursor is the last key of the previous page.
+pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::Invalid(format!("query: {e}")))?
+        .into_inner();
+    if let Some(name) = &query.biz_type {
+        caller.require(&state, name).await?;
+    }
+    let limit = match query.limit.as_deref() {
+        None => 100,
+        Some(raw) => match raw.parse::<i64>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => return Err(ApiError::Invalid("limit: must be a whole number from 1 to 1000".into())),
+        },
+    };
+    let items = timers::list(&state.pool, caller.0.biz_type_id, query.cursor.as_deref(), limit).await?;
+    let next_cursor = (items.len() as i64 == limit).then(|| items.last().map(|t| t.key.clone())).flatten();
+    let items: Vec<TimerView> = items.iter().map(view).collect();
+    Ok(HttpResponse::Ok().json(json!({"items": items, "next_cursor": next_cursor})))
+}
+
+async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChanges, action: &str) -> Result<HttpResponse, ApiError> {
+    let (before, after) = timers::update(&state.pool, caller.0.biz_type_id, id, changes, state.max_payload_bytes).await?;
+    audit::record(&state.pool, &caller.actor(), action, "timer", &id.to_string(), Some(snapshot(&before)), Some(snapshot(&after)))
+        .await?;
+    Ok(HttpResponse::Ok().json(view(&after)))
+}
+
+pub async fn update(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let changes: TimerChanges = from_json(read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?)?;
+    if changes.is_empty() {
+        return Err(ApiError::Invalid("give cron, timezone, payload, active or catch_up to change".into()));
+    }
+    change(&caller, &state, id, changes, "timer.update").await
+}
+
+pub async fn activate(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    change(&caller, &state, id, TimerChanges { active: Some(true), ..Default::default() }, "timer.activate").await
+}
+
+pub async fn deactivate(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    change(&caller, &state, id, TimerChanges { active: Some(false), ..Default::default() }, "timer.deactivate").await
+}
+
+pub async fn delete(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let timer = timers::delete(&state.pool, caller.0.biz_type_id, id).await?;
+    audit::record(&state.pool, &caller.actor(), "timer.delete", "timer", &id.to_string(), Some(snapshot(&timer)), None).await?;
+    Ok(HttpResponse::NoContent().finish())
+}

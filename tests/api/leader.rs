@@ -1,0 +1,289 @@
+//! The leader: election and takeover with real processes, timers and the cold-to-hot
+//! migrator carrying on across a kill, partition retention.
+
+use std::time::{Duration, Instant};
+
+use chime::biz_types::{self, Settings};
+use chime::partitions::{self, Layout};
+use chime::{leader, timers};
+use chrono::{DateTime, Days, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::helpers::{chime_process, fresh_database, spawn_app, spawn_second_node};
+
+async fn pool(db_url: &str) -> PgPool {
+    chime::db::connect(db_url, 4).await.unwrap()
+}
+
+async fn biz_type_id(pool: &PgPool, name: &str) -> i32 {
+    let settings = Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() };
+    biz_types::create(pool, name, &settings).await.unwrap().id
+}
+
+/// The node id of a chime process, from its registration.
+async fn node_of(pool: &PgPool, child: &tokio::process::Child) -> Uuid {
+    let pid = child.id().unwrap() as i32;
+    for _ in 0..100 {
+        if let Some(id) = sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap() {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("process {pid} did not register");
+}
+
+/// Waits until `node` leads; returns how long that took.
+async fn wait_leader(pool: &PgPool, node: Uuid, within: Duration) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if leader::current(pool).await.unwrap() == Some(node) {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("node {node} did not become leader within {within:?}; leader: {:?}", leader::current(pool).await);
+}
+
+/// Nodes that only keep house: no engine, a short lease and timer window.
+const QUIET: &[(&str, &str)] =
+    &[("CHIME_ENGINE", "false"), ("CHIME_LEADER_LEASE_SECS", "2"), ("CHIME_TIMER_WINDOW_SECS", "10"), ("CHIME_MIGRATE_BATCH", "200")];
+
+#[tokio::test]
+async fn one_node_leads_and_metrics_say_which() {
+    let a = spawn_app().await;
+    let _b = spawn_second_node(&a).await;
+    let mut leader = None;
+    for _ in 0..100 {
+        leader = leader::current(&a.pool).await.unwrap();
+        if leader.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let leader = leader.expect("a leader within 5 s");
+    let registered: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1)").bind(leader).fetch_one(&a.pool).await.unwrap();
+    assert!(registered, "the leader is one of the nodes");
+    // The nodes of every test in this process share its metrics registry: look at ours.
+    let ours: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM nodes").fetch_all(&a.pool).await.unwrap();
+    assert_eq!(ours.len(), 2);
+    let metrics = a.client.get(format!("{}/metrics", a.address)).send().await.unwrap().text().await.unwrap();
+    let mut lines: Vec<&str> =
+        metrics.lines().filter(|l| l.starts_with("chime_leader{") && ours.iter().any(|id| l.contains(&id.to_string()))).collect();
+    lines.sort_by_key(|l| !l.ends_with(" 1"));
+    let follower = ours.iter().find(|id| **id != leader).unwrap();
+    assert_eq!(lines, [format!("chime_leader{{node=\"{leader}\"}} 1"), format!("chime_leader{{node=\"{follower}\"}} 0")]);
+}
+
+/// `kill -9` of the leader: the other node takes over at once, and the timer's
+/// occurrences go on with no gap and no duplicate.
+#[tokio::test]
+async fn a_killed_leader_is_replaced_and_timers_go_on() {
+    let db_url = fresh_database().await;
+    let pool = pool(&db_url).await;
+    let biz = biz_type_id(&pool, "reports").await;
+    let mut a = chime_process(&db_url, QUIET).await;
+    let a_id = node_of(&pool, &a).await;
+    wait_leader(&pool, a_id, Duration::from_secs(10)).await;
+    let b = chime_process(&db_url, QUIET).await;
+    let b_id = node_of(&pool, &b).await;
+
+    let request = timers::CreateTimer {
+        biz_type: "reports".into(),
+        key: "sec".into(),
+        cron: "* * * * * *".into(),
+        timezone: None,
+        payload: None,
+        active: None,
+        catch_up: None,
+    };
+    let timer = timers::create(&pool, biz, request).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.kill().await.unwrap();
+    let killed_at: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await.unwrap();
+    let takeover = wait_leader(&pool, b_id, Duration::from_secs(10)).await;
+    println!("takeover after kill -9 of the leader: {takeover:?}");
+
+    // The new leader extends the window well past the kill.
+    let mut until = None;
+    for _ in 0..200 {
+        until = sqlx::query_scalar("SELECT materialized_until FROM timers WHERE id = $1").bind(timer.id).fetch_one(&pool).await.unwrap();
+        if until.is_some_and(|u: DateTime<Utc>| u > killed_at + chrono::Duration::seconds(15)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let until = until.unwrap();
+    assert!(until > killed_at + chrono::Duration::seconds(15), "materialized only until {until}");
+    let run_ats: Vec<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT run_at FROM all_tasks WHERE timer_id = $1 ORDER BY run_at").bind(timer.id).fetch_all(&pool).await.unwrap();
+    assert!(run_ats.len() > 20, "{}", run_ats.len());
+    for pair in run_ats.windows(2) {
+        assert_eq!(pair[1] - pair[0], chrono::Duration::seconds(1), "a gap or a duplicate at {}", pair[0]);
+    }
+}
+
+/// `kill -9` of the leader halfway through moving cold tasks into the hot partitions:
+/// the next leader finishes, and every task exists exactly once.
+#[tokio::test]
+async fn a_leader_killed_mid_migration_loses_and_doubles_nothing() {
+    const TASKS: i64 = 100_000;
+    let db_url = fresh_database().await;
+    let pool = pool(&db_url).await;
+    let biz = biz_type_id(&pool, "orders").await;
+    // Cold tasks now inside the horizon, as right after the horizon advanced.
+    sqlx::query(
+        "INSERT INTO tasks_cold (id, biz_type_id, run_at)
+         SELECT gen_random_uuid(), $1, now() + interval '1 day' + i * interval '1 millisecond' FROM generate_series(1, $2) i",
+    )
+    .bind(biz)
+    .bind(TASKS)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let cold = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks_cold").fetch_one(&pool).await.unwrap() };
+
+    let mut a = chime_process(&db_url, QUIET).await;
+    let mut left = TASKS;
+    for _ in 0..2000 {
+        left = cold().await;
+        if left < TASKS * 9 / 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a.kill().await.unwrap();
+    let left_at_kill = cold().await;
+    assert!(0 < left_at_kill && left_at_kill < TASKS, "killed mid-migration: {left} then {left_at_kill} left in cold storage");
+
+    let _b = chime_process(&db_url, QUIET).await;
+    for _ in 0..600 {
+        if cold().await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cold().await, 0, "the new leader moved the rest");
+    let (hot, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT id) FROM tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!((hot, distinct), (TASKS, TASKS));
+}
+
+/// A task due beyond the horizon waits in cold storage and moves into its day's
+/// partition once the horizon reaches it.
+#[tokio::test]
+async fn a_far_task_moves_into_the_hot_partitions_as_the_horizon_reaches_it() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let run_at = Utc::now() + chrono::Duration::days(30);
+    let task = app.create_task(&token, serde_json::json!({"biz_type": "orders", "run_at": run_at.to_rfc3339()})).await;
+    let id = task["id"].as_str().unwrap();
+    assert_eq!(app.table_of(id).await, "tasks_cold");
+
+    let wide = Layout { hot_days: 40, ..Layout::default() };
+    let horizon = partitions::ensure(&app.pool, &wide).await.unwrap();
+    assert!(horizon > run_at);
+    while partitions::move_cold(&app.pool, 1000).await.unwrap() > 0 {}
+    assert_eq!(app.table_of(id).await, partitions::partition_name("tasks", run_at.date_naive().and_hms_opt(0, 0, 0).unwrap().and_utc()));
+    assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["run_at"], task["run_at"]);
+}
+
+/// Partitions of a changed width fill the gaps between the existing ones: the range from a
+/// day ago to the horizon is covered without overlap.
+#[tokio::test]
+async fn partitions_of_another_width_fill_the_gaps() {
+    let pool = pool(&fresh_database().await).await;
+    partitions::ensure(&pool, &Layout::default()).await.unwrap();
+    let six_hours = Layout::new(6, 4, 30).unwrap();
+    let horizon = partitions::ensure(&pool, &six_hours).await.unwrap();
+    let now = Utc::now();
+    for table in ["tasks", "attempts"] {
+        let list = partitions::list(&pool, table).await.unwrap();
+        assert!(list[0].from <= now - chrono::Duration::days(1));
+        assert_eq!(list.last().unwrap().to, horizon);
+        for pair in list.windows(2) {
+            assert_eq!(pair[0].to, pair[1].from, "contiguous: {list:?}");
+        }
+        assert!(list.iter().any(|p| p.to - p.from == chrono::Duration::hours(6)), "new ones are 6 hours wide");
+    }
+}
+
+/// Partitions aged past retention are dropped with their tasks' keys, except one that
+/// still holds an unfinished task; a partition a dead leader left detached is finished.
+#[tokio::test]
+async fn retention_drops_old_finished_partitions_and_keeps_unfinished_ones() {
+    let pool = pool(&fresh_database().await).await;
+    let biz = biz_type_id(&pool, "orders").await;
+    let today = Utc::now().date_naive();
+    // (days ago, statuses of the tasks in it)
+    let aged = [(60, vec!["succeeded", "failed", "cancelled"]), (50, vec!["succeeded", "pending"]), (45, vec!["succeeded"]), (10, vec!["succeeded"])];
+    for (ago, statuses) in &aged {
+        let day = today - Days::new(*ago);
+        let mut tx = pool.begin().await.unwrap();
+        for table in ["tasks", "attempts"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE {table}_p{} PARTITION OF {table} FOR VALUES FROM ('{day} 00:00:00+00') TO ('{} 00:00:00+00')",
+                day.format("%Y%m%d"),
+                day + Days::new(1)
+            )))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        for (i, status) in statuses.iter().enumerate() {
+            let id = Uuid::now_v7();
+            let key = format!("{ago}-{i}");
+            let run_at = day.and_hms_opt(12, 0, 0).unwrap().and_utc();
+            sqlx::query(
+                "INSERT INTO tasks (id, biz_type_id, key, run_at, status, finished_at)
+                 VALUES ($1, $2, $3, $4, $5, CASE WHEN $5 = 'pending' THEN NULL ELSE $4 END)",
+            )
+            .bind(id)
+            .bind(biz)
+            .bind(&key)
+            .bind(run_at)
+            .bind(status)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            sqlx::query("INSERT INTO task_keys (biz_type_id, key, task_id, request_hash) VALUES ($1, $2, $3, '')")
+                .bind(biz)
+                .bind(&key)
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            sqlx::query("INSERT INTO attempts (task_id, number, started_at, duration_ms) VALUES ($1, 1, $2, 5)")
+                .bind(id)
+                .bind(run_at)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    // A leader died after detaching the 45-day-old partition, before dropping it.
+    let day45 = (today - Days::new(45)).format("%Y%m%d");
+    sqlx::query(sqlx::AssertSqlSafe(format!("ALTER TABLE tasks DETACH PARTITION tasks_p{day45}"))).execute(&pool).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("ALTER TABLE tasks_p{day45} RENAME TO retired_tasks_p{day45}"))).execute(&pool).await.unwrap();
+
+    let mut dropped = partitions::retire(&pool, &Layout::default()).await.unwrap();
+    dropped.sort();
+    let name = |table: &str, ago: u64| format!("{table}_p{}", (today - Days::new(ago)).format("%Y%m%d"));
+    let mut expected = vec![name("attempts", 60), name("attempts", 50), name("attempts", 45), name("tasks", 60), name("tasks", 45)];
+    expected.sort();
+    assert_eq!(dropped, expected);
+
+    let tasks: Vec<String> = partitions::list(&pool, "tasks").await.unwrap().into_iter().map(|p| p.name).collect();
+    assert!(tasks.contains(&name("tasks", 50)), "kept: it holds a pending task");
+    assert!(tasks.contains(&name("tasks", 10)), "kept: within retention");
+    let mut keys: Vec<String> = sqlx::query_scalar("SELECT key FROM task_keys").fetch_all(&pool).await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["10-0", "50-0", "50-1"], "the dropped tasks' keys are free again");
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts").fetch_one(&pool).await.unwrap();
+    assert_eq!(attempts, 1, "only the 10-day-old attempt is within retention");
+
+    // Once its task is finished, the kept partition goes too.
+    sqlx::query("UPDATE tasks SET status = 'succeeded', finished_at = now() WHERE status = 'pending'").execute(&pool).await.unwrap();
+    assert_eq!(partitions::retire(&pool, &Layout::default()).await.unwrap(), [name("tasks", 50)]);
+}

@@ -1,0 +1,302 @@
+//! Timers over the API, and their occurrences written as tasks by the leader.
+
+use std::time::Duration;
+
+use chime::timers;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, spawn_app};
+
+const WINDOW: Duration = Duration::from_secs(600);
+
+async fn create_timer(app: &TestApp, token: &str, body: Value) -> Value {
+    let reply = app.post("/api/v1/timers", token, body).await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    reply.body
+}
+
+/// (key, run_at, status) of a timer's occurrences, by run_at.
+async fn occurrences(pool: &PgPool, timer_id: &str) -> Vec<(String, DateTime<Utc>, String)> {
+    sqlx::query_as("SELECT key, run_at, status FROM all_tasks WHERE timer_id = $1::uuid ORDER BY run_at")
+        .bind(timer_id)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// Waits until the leader has written a timer's occurrences.
+async fn wait_materialized(pool: &PgPool, timer_id: &str) -> Vec<(String, DateTime<Utc>, String)> {
+    for _ in 0..100 {
+        let found = occurrences(pool, timer_id).await;
+        if !found.is_empty() {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the leader wrote no occurrence of timer {timer_id} within 10 s");
+}
+
+fn time(v: &Value) -> DateTime<Utc> {
+    v.as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn create_get_list_and_delete_a_timer() {
+    let app = spawn_app().await;
+    let token = app.biz_type("reports").await;
+    let timer = create_timer(
+        &app,
+        &token,
+        json!({"biz_type": "reports", "key": "nightly", "cron": "0 30 2 * * *", "timezone": "America/New_York", "payload": {"kind": "daily"}}),
+    )
+    .await;
+    assert_eq!(timer["active"], true);
+    assert_eq!(timer["catch_up"], false);
+    assert_eq!(timer["timezone"], "America/New_York");
+    let next: Vec<DateTime<Utc>> = timer["next_fire_times"].as_array().unwrap().iter().map(time).collect();
+    assert_eq!(next.len(), 5);
+    for (i, t) in next.iter().enumerate() {
+        let local = t.with_timezone(&chrono_tz::America::New_York).format("%H:%M:%S").to_string();
+        // 03:30 only on a spring-forward day, when 02:30 does not exist.
+        assert!(local == "02:30:00" || local == "03:30:00", "{local}");
+        if i > 0 {
+            let hours = (*t - next[i - 1]).num_hours();
+            assert!((23..=25).contains(&hours), "one a day: {next:?}");
+        }
+    }
+
+    let id = timer["id"].as_str().unwrap();
+    let got = app.get(&format!("/api/v1/timers/{id}"), &token).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body["key"], "nightly");
+    assert_eq!(got.body["payload"], json!({"kind": "daily"}));
+    create_timer(&app, &token, json!({"biz_type": "reports", "key": "hourly", "cron": "0 0 * * * *"})).await;
+    let list = app.get("/api/v1/timers?limit=1", &token).await;
+    assert_eq!(list.body["items"][0]["key"], "hourly");
+    let cursor = list.body["next_cursor"].as_str().unwrap();
+    let rest = app.get(&format!("/api/v1/timers?limit=1&cursor={cursor}"), &token).await;
+    assert_eq!(rest.body["items"][0]["key"], "nightly");
+
+    let again = app.post("/api/v1/timers", &token, json!({"biz_type": "reports", "key": "nightly", "cron": "* * * * * *"})).await;
+    assert_eq!((again.status, again.code()), (409, "conflict"));
+
+    assert_eq!(app.delete(&format!("/api/v1/timers/{id}"), &token).await.status, 204);
+    assert_eq!(app.get(&format!("/api/v1/timers/{id}"), &token).await.status, 404);
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE target_type = 'timer'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(audited, 3, "two creates and a delete");
+}
+
+#[tokio::test]
+async fn bad_timers_are_refused_naming_the_field() {
+    let app = spawn_app().await;
+    let token = app.biz_type("reports").await;
+    let cases = [
+        (json!({"biz_type": "reports", "key": "a", "cron": "0 9 * * *"}), "cron: needs 6 or 7 fields"),
+        (json!({"biz_type": "reports", "key": "a", "cron": "0 0 25 * * *"}), "cron: is not a valid cron expression"),
+        (json!({"biz_type": "reports", "key": "a", "cron": "0 0 0 30 2 *"}), "cron: never fires again"),
+        (json!({"biz_type": "reports", "key": "a", "cron": "0 0 9 * * *", "timezone": "Mars/Olympus"}), "timezone:"),
+        (json!({"biz_type": "reports", "key": "", "cron": "0 0 9 * * *"}), "key:"),
+        (json!({"biz_type": "reports", "key": "k".repeat(240), "cron": "0 0 9 * * *"}), "key: must be at most 235 bytes"),
+        (json!({"biz_type": "reports", "key": "a", "cron": "0 0 9 * * *", "every": 5}), "unknown field `every`"),
+        (json!({"biz_type": "reports", "key": "a"}), "missing field `cron`"),
+    ];
+    for (body, expected) in cases {
+        let reply = app.post("/api/v1/timers", &token, body.clone()).await;
+        assert_eq!(reply.status, 422, "{body} → {}", reply.body);
+        assert!(reply.message().contains(expected), "{body}: `{}` lacks `{expected}`", reply.message());
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM timers").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 0);
+
+    let timer = create_timer(&app, &token, json!({"biz_type": "reports", "key": "a", "cron": "0 0 9 * * *"})).await;
+    let id = timer["id"].as_str().unwrap();
+    let reply = app.patch(&format!("/api/v1/timers/{id}"), &token, json!({"timezone": "Nowhere"})).await;
+    assert_eq!(reply.status, 422);
+    let reply = app.patch(&format!("/api/v1/timers/{id}"), &token, json!({})).await;
+    assert_eq!(reply.status, 422);
+    let reply = app.patch(&format!("/api/v1/timers/{id}"), &token, json!({"key": "b"})).await;
+    assert_eq!(reply.status, 422, "the key cannot change");
+    assert_eq!(app.get("/api/v1/timers/not-a-uuid", &token).await.status, 400);
+    assert_eq!(app.get(&format!("/api/v1/timers/{}", uuid::Uuid::now_v7()), &token).await.status, 404);
+}
+
+#[tokio::test]
+async fn another_biz_type_s_token_cannot_touch_a_timer() {
+    let app = spawn_app().await;
+    let owner = app.biz_type("reports").await;
+    let stranger = app.biz_type("billing").await;
+    let timer = create_timer(&app, &owner, json!({"biz_type": "reports", "key": "a", "cron": "0 0 9 * * *"})).await;
+    let id = timer["id"].as_str().unwrap();
+    assert_eq!(app.get(&format!("/api/v1/timers/{id}"), &stranger).await.status, 403);
+    assert_eq!(app.patch(&format!("/api/v1/timers/{id}"), &stranger, json!({"active": false})).await.status, 403);
+    assert_eq!(app.post(&format!("/api/v1/timers/{id}/deactivate"), &stranger, json!({})).await.status, 403);
+    assert_eq!(app.delete(&format!("/api/v1/timers/{id}"), &stranger).await.status, 403);
+    let reply = app.post("/api/v1/timers", &stranger, json!({"biz_type": "reports", "key": "b", "cron": "0 0 9 * * *"})).await;
+    assert_eq!(reply.status, 403);
+    assert_eq!(app.get("/api/v1/timers?biz_type=reports", &stranger).await.status, 403);
+    assert_eq!(app.get("/api/v1/timers", &stranger).await.body["items"], json!([]));
+    let still: bool = sqlx::query_scalar("SELECT active FROM timers").fetch_one(&app.pool).await.unwrap();
+    assert!(still);
+}
+
+/// The leader writes a window of occurrences ahead, one task per fire time, keyed
+/// `<key>@<fire time>`, carrying the timer's payload and id.
+#[tokio::test]
+async fn the_leader_writes_occurrences_for_the_window_ahead() {
+    let app = spawn_app().await;
+    let token = app.biz_type("reports").await;
+    let timer = create_timer(&app, &token, json!({"biz_type": "reports", "key": "tick", "cron": "0 * * * * *", "payload": [1, 2]})).await;
+    let id = timer["id"].as_str().unwrap();
+    let found = wait_materialized(&app.pool, id).await;
+    // One per minute for the 10-minute window.
+    assert!((10..=11).contains(&found.len()), "{found:?}");
+    for (key, run_at, status) in &found {
+        assert_eq!(run_at.timestamp() % 60, 0);
+        assert_eq!(key, &timers::occurrence_key("tick", *run_at));
+        assert_eq!(status, "pending");
+    }
+    for pair in found.windows(2) {
+        assert_eq!(pair[1].1 - pair[0].1, chrono::Duration::minutes(1), "no gap, no duplicate");
+    }
+    let first = &found[0];
+    let task = app.get(&format!("/api/v1/biz-types/reports/tasks/by-key/{}", first.0), &token).await;
+    assert_eq!(task.body["payload"], json!([1, 2]));
+    assert_eq!(task.body["timer_id"], id);
+    assert_eq!(time(&timer["next_fire_times"][0]), first.1);
+}
+
+/// Many writers at once (as with two leaders during a failover) still write each
+/// occurrence exactly once.
+#[tokio::test]
+async fn concurrent_materialization_writes_each_occurrence_once() {
+    let app = spawn_app().await;
+    let token = app.biz_type("reports").await;
+    let timer = create_timer(&app, &token, json!({"biz_type": "reports", "key": "sec", "cron": "* * * * * *", "active": false})).await;
+    let id: uuid::Uuid = timer["id"].as_str().unwrap().parse().unwrap();
+    // Activated behind the leader's back, then written by eight writers together.
+    sqlx::query("UPDATE timers SET active = true, materialized_until = now() WHERE id = $1").bind(id).execute(&app.pool).await.unwrap();
+    let writers: Vec<_> = (0..8)
+        .map(|_| {
+            let pool = app.pool.clone();
+            tokio::spawn(async move { timers::materialize(&pool, id, WINDOW).await.unwrap() })
+        })
+        .collect();
+    let mut written = 0;
+    for w in writers {
+        written += w.await.unwrap();
+    }
+    let found = occurrences(&app.pool, &id.to_string()).await;
+    let distinct: std::collections::HashSet<_> = found.iter().map(|o| o.1).collect();
+    assert_eq!(distinct.len(), found.len(), "no fire time twice");
+    assert!(found.len() >= 600, "a second apart over the 600 s window: {}", found.len());
+    assert!(written as usize <= found.len(), "written {written}, found {}", found.len());
+    for pair in found.windows(2) {
+        assert_eq!(pair[1].1 - pair[0].1, chrono::Duration::seconds(1));
+    }
+}
+
+/// Editing the schedule or deactivating removes the occurrences not fired yet; what
+/// already fired stays.
+#[tokio::test]
+async fn changing_a_timer_replaces_its_unfired_occurrences() {
+    let app = spawn_app().await;
+    let token = app.biz_type("reports").await;
+    let timer = create_timer(&app, &token, json!({"biz_type": "reports", "key": "t", "cron": "0 * * * * *"})).await;
+    let id = timer["id"].as_str().unwrap();
+    let before = wait_materialized(&app.pool, id).await;
+    // One occurrence has fired (as if delivered).
+    let fired = &before[0].0;
+    sqlx::query("UPDATE tasks SET status = 'succeeded', finished_at = now(), attempt_count = 1 WHERE key = $1")
+        .bind(fired)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let reply = app.patch(&format!("/api/v1/timers/{id}"), &token, json!({"cron": "30 */2 * * * *"})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.body["cron"], "30 */2 * * * *");
+    let mut after = Vec::new();
+    for _ in 0..100 {
+        after = occurrences(&app.pool, id).await;
+        if after.iter().any(|o| o.1.timestamp() % 60 == 30) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let old: Vec<_> = after.iter().filter(|o| o.1.timestamp() % 120 != 30).collect();
+    assert_eq!(old.len(), 1, "only the fired occurrence of the old schedule remains: {old:?}");
+    assert_eq!(&old[0].0, fired);
+    assert!(after.len() >= 5, "the new schedule, every two minutes over ten: {after:?}");
+
+    let reply = app.post(&format!("/api/v1/timers/{id}/deactivate"), &token, json!({})).await;
+    assert_eq!(reply.body["active"], false);
+    assert_eq!(reply.body["next_fire_times"], json!([]));
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE timer_id = $1::uuid AND status = 'pending'")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 0);
+    // A deactivated timer's old keys are free again: activating writes the same fire times anew.
+    let reply = app.post(&format!("/api/v1/timers/{id}/activate"), &token, json!({})).await;
+    assert_eq!(reply.body["active"], true);
+    let again = wait_materialized_pending(&app.pool, id).await;
+    assert!(again >= 4, "{again}");
+}
+
+async fn wait_materialized_pending(pool: &PgPool, id: &str) -> i64 {
+    for _ in 0..100 {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE timer_id = $1::uuid AND status = 'pending'")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if n > 0 {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    0
+}
+
+/// After downtime (the timer's written window ended an hour ago), `catch_up: true` fires
+/// the latest missed occurrence once, now; `false` skips the missed ones.
+#[tokio::test]
+async fn after_downtime_catch_up_fires_one_occurrence_or_none() {
+    let app = spawn_app().await;
+    let token = app.biz_type("reports").await;
+    for catch_up in [true, false] {
+        let key = format!("catch-{catch_up}");
+        let timer = create_timer(
+            &app,
+            &token,
+            json!({"biz_type": "reports", "key": key, "cron": "0 * * * * *", "catch_up": catch_up, "active": false}),
+        )
+        .await;
+        let id: uuid::Uuid = timer["id"].as_str().unwrap().parse().unwrap();
+        // Clear of a minute boundary, so that the leader and this test agree on the last missed minute.
+        while Utc::now().timestamp() % 60 > 55 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // As if the cluster had been down for an hour: nothing was written since.
+        let now: DateTime<Utc> = sqlx::query_scalar("UPDATE timers SET active = true, materialized_until = now() - interval '1 hour' WHERE id = $1 RETURNING now()")
+            .bind(id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        timers::materialize(&app.pool, id, WINDOW).await.unwrap();
+        let found = occurrences(&app.pool, &id.to_string()).await;
+        let caught_up: Vec<_> = found.iter().filter(|(k, _, _)| k.as_str() < timers::occurrence_key(&key, now).as_str()).collect();
+        if catch_up {
+            assert_eq!(caught_up.len(), 1, "one catch-up occurrence: {found:?}");
+            let last_missed = now.timestamp() - now.timestamp() % 60;
+            assert_eq!(caught_up[0].0, timers::occurrence_key(&key, DateTime::from_timestamp(last_missed, 0).unwrap()));
+            assert!(caught_up[0].1 >= now, "it runs now, not in the past");
+        } else {
+            assert!(caught_up.is_empty(), "missed occurrences skipped: {caught_up:?}");
+        }
+        assert!(found.iter().filter(|o| o.1 > now).count() >= 10, "the coming window is written as usual");
+    }
+}

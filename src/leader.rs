@@ -157,12 +157,10 @@ async fn housekeeping(pool: PgPool, s: Settings) {
     loop {
         tick.tick().await;
         if due(partitioned, PARTITIONS_EVERY) {
-            match partitions::ensure(&pool, &s.layout).await {
-                Ok(_) => {
-                    partitioned = Some(Instant::now());
-                    cold_left = true;
-                }
-                Err(e) => tracing::warn!(error = %e, "could not create partitions; retrying"),
+            partitioned = Some(Instant::now());
+            cold_left = true;
+            if let Err(e) = partitions::ensure(&pool, &s.layout).await {
+                tracing::warn!(error = %e, "could not create partitions; will retry in a minute");
             }
         }
         if cold_left {
@@ -188,12 +186,11 @@ async fn housekeeping(pool: PgPool, s: Settings) {
             }
         }
         if due(retired, RETENTION_EVERY) {
+            // Also after a failure: retiring takes short exclusive locks, not to be retried every tick.
+            retired = Some(Instant::now());
             match partitions::retire(&pool, &s.layout).await {
-                Ok(dropped) => {
-                    retired = Some(Instant::now());
-                    metrics::housekeeping(0, 0, dropped.len() as u64);
-                }
-                Err(e) => tracing::warn!(error = %e, "could not drop partitions past retention; retrying"),
+                Ok(dropped) => metrics::housekeeping(0, 0, dropped.len() as u64),
+                Err(e) => tracing::warn!(error = %e, "could not drop partitions past retention; will retry in 10 minutes"),
             }
         }
     }

@@ -117,6 +117,9 @@ pub fn partition_name(table: &str, from: DateTime<Utc>) -> String {
 pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(PARTITION_LOCK).execute(&mut *tx).await?;
+    // Creating a partition locks its parent for a moment; rather than queue behind a long
+    // query (and hold up every claim queued behind us), fail and try again later.
+    sqlx::query("SET LOCAL lock_timeout = '5s'").execute(&mut *tx).await?;
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
     let end = layout.align_down(now + Duration::days(i64::from(layout.hot_days))) + layout.width;
     let mut created = 0;

@@ -10,6 +10,8 @@ pub mod db;
 pub mod embedded_pg;
 /// The quick start's demo biz type and built-in receiver.
 pub mod demo;
+/// The web console: server-rendered pages for admins and support staff.
+pub mod console;
 /// The domain error every operation returns.
 pub mod error;
 

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use crate::api::{self, AppState};
 use crate::config::ServeArgs;
 use crate::partitions::{self, Layout};
-use crate::{demo, engine, leader, nodes, users};
+use crate::{console, demo, engine, leader, nodes, users};
 
 pub struct Application {
     port: u16,
@@ -46,11 +46,14 @@ impl Application {
             .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
         let state = web::Data::new(AppState::new(pool.clone(), settings.max_payload_bytes as usize));
+        let login_limiter = web::Data::new(console::LoginLimiter::default());
         let mut server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
+                .app_data(login_limiter.clone())
                 .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
                 .configure(api::routes)
+                .configure(console::routes)
                 .route(demo::PATH, web::post().to(demo::receive))
                 .default_service(web::to(api::not_found))
         })

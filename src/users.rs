@@ -71,3 +71,35 @@ pub async fn ensure_first_admin(pool: &PgPool, configured: Option<&str>) -> Resu
     .rows_affected();
     Ok(if created == 1 { generated } else { None })
 }
+
+/// A console user who signed in.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct User {
+    pub id: i32,
+    pub username: String,
+    pub role: String,
+}
+
+/// The user with this name and password, if the password is right and the user not
+/// disabled. A wrong name costs an argon2 hash too, so timing does not tell names apart.
+pub async fn verify(pool: &PgPool, username: &str, password: &str) -> Result<Option<User>, Error> {
+    use argon2::password_hash::{PasswordHash, PasswordVerifier};
+    let row: Option<(i32, String, String, String)> =
+        sqlx::query_as("SELECT id, username, role, password_hash FROM users WHERE username = $1 AND NOT disabled")
+            .bind(username)
+            .fetch_optional(pool)
+            .await?;
+    static UNKNOWN_USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let hash = match &row {
+        Some(r) => r.3.clone(),
+        None => UNKNOWN_USER.get_or_init(|| hash_password("no such user")).clone(),
+    };
+    let password = password.to_string();
+    // argon2 takes tens of milliseconds of CPU: off the async workers.
+    let ok = tokio::task::spawn_blocking(move || {
+        PasswordHash::new(&hash).is_ok_and(|h| Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+    })
+    .await
+    .unwrap_or(false);
+    Ok(row.filter(|_| ok).map(|(id, username, role, _)| User { id, username, role }))
+}

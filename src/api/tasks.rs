@@ -219,7 +219,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
         cursor: query.cursor,
         limit,
     };
-    let page = tasks::list(&state.pool, caller.0.biz_type_id, &filter).await?;
+    let page = tasks::list(&state.pool, Some(caller.0.biz_type_id), &filter).await?;
     Ok(HttpResponse::Ok().json(json!({"items": page.items, "next_cursor": page.next_cursor})))
 }
 

@@ -3,7 +3,7 @@
 
 mod tokens;
 
-pub use tokens::{TokenAuth, authenticate, create_token, new_secret};
+pub use tokens::{TokenAuth, TokenInfo, authenticate, create_token, list_tokens, new_secret, revoke_token, rotate_secret};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

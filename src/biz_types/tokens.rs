@@ -58,3 +58,41 @@ pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<TokenAuth
     .await?;
     Ok(row.map(|(biz_type_id, biz_type, create_rate_limit)| TokenAuth { biz_type_id, biz_type, create_rate_limit }))
 }
+
+/// A token as lists show it: never the token itself.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TokenInfo {
+    pub id: Uuid,
+    pub prefix: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+pub async fn list_tokens(pool: &PgPool, biz_type_id: i32) -> Result<Vec<TokenInfo>, Error> {
+    Ok(sqlx::query_as("SELECT id, prefix, created_at, revoked_at FROM api_tokens WHERE biz_type_id = $1 ORDER BY created_at DESC")
+        .bind(biz_type_id)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Revokes a token of the biz type; returns its prefix. Revoking twice is harmless.
+pub async fn revoke_token(pool: &PgPool, biz_type_id: i32, id: Uuid) -> Result<String, Error> {
+    sqlx::query_scalar("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND biz_type_id = $2 RETURNING prefix")
+        .bind(id)
+        .bind(biz_type_id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no token {id} in this biz type")))
+}
+
+/// Gives the biz type a new signing secret and returns it; callbacks are signed with it
+/// from the engines' next settings refresh (within seconds).
+pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Error> {
+    let secret = new_secret();
+    sqlx::query("UPDATE biz_types SET signing_secret = $2, updated_at = now() WHERE id = $1")
+        .bind(biz_type_id)
+        .bind(&secret)
+        .execute(pool)
+        .await?;
+    Ok(secret)
+}

@@ -72,6 +72,7 @@ pub async fn next_due(pool: &PgPool, biz_type_ids: &[i32]) -> Result<Option<Date
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub task_id: Uuid,
+    pub biz_type_id: i32,
     pub run_at: DateTime<Utc>,
     pub attempt: i32,
     pub started_at: DateTime<Utc>,
@@ -102,6 +103,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     let mut retry_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(outcomes.len());
     let mut errors = Vec::with_capacity(outcomes.len());
     let (mut numbers, mut started, mut durations, mut codes, mut excerpts) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut biz_type_ids = Vec::with_capacity(outcomes.len());
     for o in outcomes {
         ids.push(o.task_id);
         run_ats.push(o.run_at);
@@ -118,6 +120,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
         durations.push(o.duration_ms);
         codes.push(o.status_code);
         excerpts.push(o.response_excerpt.as_deref());
+        biz_type_ids.push(o.biz_type_id);
     }
     let mut tx = pool.begin().await?;
     sqlx::query(
@@ -143,8 +146,13 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "INSERT INTO attempts (task_id, number, started_at, duration_ms, status_code, error, response_excerpt, node_id)
-         SELECT a.*, $8 FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::int[], $5::smallint[], $6::text[], $7::text[]) AS a",
+        "INSERT INTO attempts (task_id, number, started_at, duration_ms, status_code, error, response_excerpt, node_id,
+                               biz_type_id, lateness_ms)
+         SELECT a.task_id, a.number, a.started_at, a.duration_ms, a.status_code, a.error, a.response_excerpt, $8,
+                a.biz_type_id, greatest(0, extract(epoch FROM a.started_at - a.run_at) * 1000)::int
+           FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::int[], $5::smallint[], $6::text[], $7::text[],
+                       $9::int[], $10::timestamptz[])
+                AS a(task_id, number, started_at, duration_ms, status_code, error, response_excerpt, biz_type_id, run_at)",
     )
     .bind(&ids)
     .bind(&numbers)
@@ -154,6 +162,8 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     .bind(&errors)
     .bind(&excerpts)
     .bind(node_id)
+    .bind(&biz_type_ids)
+    .bind(&run_ats)
     .execute(&mut *tx)
     .await?;
     tx.commit().await
@@ -165,7 +175,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
 pub async fn recover_expired_leases(pool: &PgPool) -> Result<u64, sqlx::Error> {
     let recovered = sqlx::query(
         "WITH expired AS (
-             SELECT id, run_at, attempt_count, leased_by FROM tasks
+             SELECT id, biz_type_id, run_at, attempt_count, leased_by FROM tasks
               WHERE status = 'running' AND lease_until < now()
               LIMIT 1000
               FOR UPDATE SKIP LOCKED
@@ -176,9 +186,9 @@ pub async fn recover_expired_leases(pool: &PgPool) -> Result<u64, sqlx::Error> {
                FROM expired e
               WHERE t.id = e.id AND t.run_at = e.run_at
          )
-         INSERT INTO attempts (task_id, number, started_at, duration_ms, error, node_id)
+         INSERT INTO attempts (task_id, number, started_at, duration_ms, error, node_id, biz_type_id)
          SELECT id, attempt_count, now(), 0,
-                'lease expired: the node delivering it stopped before recording a result', leased_by
+                'lease expired: the node delivering it stopped before recording a result', leased_by, biz_type_id
            FROM expired",
     )
     .execute(pool)

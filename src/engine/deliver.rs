@@ -116,6 +116,7 @@ pub async fn deliver(client: &reqwest::Client, biz: &BizTypeConfig, task: Claime
     };
     Outcome {
         task_id: task.id,
+        biz_type_id: biz.id,
         run_at: task.run_at,
         attempt: task.attempt_count,
         started_at: fired_at,

@@ -11,7 +11,7 @@ mod create;
 mod queries;
 
 pub use create::{CreateOutcome, CreateTask, NewTask, check_payload, create_batch, request_hash};
-pub use queries::{ListFilter, Page, cancel, get, get_by_key, list, replay, reschedule};
+pub use queries::{FailedFilter, ListFilter, Page, cancel, count_failed, find_by_key, get, get_by_key, list, replay, replay_failed, reschedule};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;

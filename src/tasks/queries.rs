@@ -56,14 +56,26 @@ pub struct Page {
     pub next_cursor: Option<String>,
 }
 
-/// Tasks of one biz type in (run_at, id) order, a page at a time. The cursor is the last
-/// row's (run_at, id), so pages stay stable while tasks are added (keyset pagination).
-pub async fn list(pool: &PgPool, biz_type_id: i32, filter: &ListFilter) -> Result<Page, Error> {
+/// Tasks of one biz type (or of all, for the console) in (run_at, id) order, a page at a
+/// time. The cursor is the last row's (run_at, id), so pages stay stable while tasks are
+/// added (keyset pagination).
+pub async fn list(pool: &PgPool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<Page, Error> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     // Built per call rather than with `$n IS NULL OR …` so that each filter combination
-    // gets a plan that uses tasks_list_idx.
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(SELECT_TASK);
-    q.push(" WHERE t.biz_type_id = ").push_bind(biz_type_id);
+    // gets a plan that walks tasks_list_idx. Across all biz types, each biz type's walk
+    // yields its first page and the pages are merged: the index leads with the biz type.
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("");
+    match biz_type_id {
+        Some(id) => {
+            q.push(SELECT_TASK).push(" WHERE t.biz_type_id = ").push_bind(id);
+        }
+        None => {
+            q.push(
+                "SELECT t.* FROM biz_types b CROSS JOIN LATERAL (
+                     SELECT t.*, b.name AS biz_type FROM all_tasks t WHERE t.biz_type_id = b.id",
+            );
+        }
+    }
     if let Some(status) = &filter.status {
         q.push(" AND t.status = ").push_bind(status);
     }
@@ -77,6 +89,9 @@ pub async fn list(pool: &PgPool, biz_type_id: i32, filter: &ListFilter) -> Resul
         q.push(" AND (t.run_at, t.id) > (").push_bind(run_at).push(", ").push_bind(id).push(")");
     }
     q.push(" ORDER BY t.run_at, t.id LIMIT ").push_bind(filter.limit + 1);
+    if biz_type_id.is_none() {
+        q.push(") t ORDER BY t.run_at, t.id LIMIT ").push_bind(filter.limit + 1);
+    }
     let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
     let next_cursor = if items.len() as i64 > filter.limit {
         items.truncate(filter.limit as usize);
@@ -85,6 +100,63 @@ pub async fn list(pool: &PgPool, biz_type_id: i32, filter: &ListFilter) -> Resul
         None
     };
     Ok(Page { items, next_cursor })
+}
+
+/// Tasks holding this client key, in any biz type (the console's search box).
+pub async fn find_by_key(pool: &PgPool, key: &str) -> Result<Vec<Task>, Error> {
+    Ok(sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+        "{SELECT_TASK} JOIN task_keys k ON k.task_id = t.id AND k.biz_type_id = t.biz_type_id WHERE k.key = $1"
+    )))
+    .bind(key)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The failed tasks matching a filter: of one biz type or all, due in [from, to).
+#[derive(Debug, Clone, Default)]
+pub struct FailedFilter {
+    pub biz_type_id: Option<i32>,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+}
+
+/// How many failed tasks match (failed tasks are never in cold storage).
+pub async fn count_failed(pool: &PgPool, f: &FailedFilter) -> Result<i64, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM tasks
+          WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
+            AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)",
+    )
+    .bind(f.biz_type_id)
+    .bind(f.from)
+    .bind(f.to)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Replays every failed task matching the filter (as `replay` does one), in one
+/// statement; returns how many.
+pub async fn replay_failed(pool: &PgPool, f: &FailedFilter) -> Result<i64, Error> {
+    Ok(sqlx::query_scalar(
+        "WITH old AS (
+             DELETE FROM tasks
+              WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
+                AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)
+             RETURNING *
+         ), new AS (
+             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id, created_at)
+             SELECT id, biz_type_id, key, now(), payload, timer_id, created_at FROM old
+             RETURNING 1
+         ), wake AS (
+             SELECT pg_notify('chime_wake', '') WHERE EXISTS (SELECT 1 FROM old)
+         )
+         SELECT count(*) + 0 * (SELECT count(*) FROM wake) FROM new",
+    )
+    .bind(f.biz_type_id)
+    .bind(f.from)
+    .bind(f.to)
+    .fetch_one(pool)
+    .await?)
 }
 
 fn encode_cursor(run_at: DateTime<Utc>, id: Uuid) -> String {

@@ -1,0 +1,286 @@
+//! Biz type pages: list, create, edit every setting, pause and resume, rotate the signing
+//! secret, create and revoke API tokens. Changing anything is for admins; support staff
+//! see the settings read-only.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::session::CsrfForm;
+use super::{ConsoleError, Ctx, Session, done, render};
+use crate::api::AppState;
+use crate::audit;
+use crate::biz_types::{self, BizType, Settings, TokenInfo};
+use crate::error::Error;
+
+/// The settings form, as typed: kept as text so that a refused form comes back as it was.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Form {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub callback_url: String,
+    #[serde(default)]
+    pub mode: String,
+    #[serde(default)]
+    pub timeout_ms: String,
+    #[serde(default)]
+    pub max_attempts: String,
+    #[serde(default)]
+    pub backoff_initial_ms: String,
+    #[serde(default)]
+    pub backoff_max_ms: String,
+    #[serde(default)]
+    pub rate_limit: String,
+    #[serde(default)]
+    pub max_in_flight: String,
+    #[serde(default)]
+    pub create_rate_limit: String,
+}
+
+impl Form {
+    fn of(b: &BizType) -> Form {
+        let rate = |r: Option<f64>| r.map(|r| r.to_string()).unwrap_or_default();
+        Form {
+            csrf: String::new(),
+            name: b.name.clone(),
+            description: b.description.clone(),
+            callback_url: b.callback_url.clone(),
+            mode: b.mode.clone(),
+            timeout_ms: b.timeout_ms.to_string(),
+            max_attempts: b.max_attempts.to_string(),
+            backoff_initial_ms: b.backoff_initial_ms.to_string(),
+            backoff_max_ms: b.backoff_max_ms.to_string(),
+            rate_limit: rate(b.rate_limit),
+            max_in_flight: b.max_in_flight.to_string(),
+            create_rate_limit: rate(b.create_rate_limit),
+        }
+    }
+
+    fn defaults() -> Form {
+        Form {
+            mode: "callback".into(),
+            timeout_ms: "10000".into(),
+            max_attempts: "10".into(),
+            backoff_initial_ms: "1000".into(),
+            backoff_max_ms: "3600000".into(),
+            max_in_flight: "100".into(),
+            ..Form::default()
+        }
+    }
+
+    /// The settings typed; an empty rate means unlimited, an empty number the default.
+    fn settings(&self) -> Result<Settings, Error> {
+        fn int(field: &str, raw: &str) -> Result<Option<i32>, Error> {
+            let raw = raw.trim();
+            if raw.is_empty() {
+                return Ok(None);
+            }
+            raw.parse().map(Some).map_err(|_| Error::invalid(field, "must be a whole number"))
+        }
+        fn rate(field: &str, raw: &str) -> Result<Option<f64>, Error> {
+            let raw = raw.trim();
+            if raw.is_empty() {
+                return Ok(Some(0.0));
+            }
+            raw.parse().map(Some).map_err(|_| Error::invalid(field, "must be a number of calls per second (empty: unlimited)"))
+        }
+        Ok(Settings {
+            description: Some(self.description.trim().to_string()),
+            callback_url: Some(self.callback_url.trim().to_string()).filter(|u| !u.is_empty() || self.mode != "pull"),
+            mode: Some(self.mode.clone()),
+            timeout_ms: int("timeout_ms", &self.timeout_ms)?,
+            max_attempts: int("max_attempts", &self.max_attempts)?,
+            backoff_initial_ms: int("backoff_initial_ms", &self.backoff_initial_ms)?,
+            backoff_max_ms: int("backoff_max_ms", &self.backoff_max_ms)?,
+            rate_limit: rate("rate_limit", &self.rate_limit)?,
+            max_in_flight: int("max_in_flight", &self.max_in_flight)?,
+            create_rate_limit: rate("create_rate_limit", &self.create_rate_limit)?,
+            paused: None,
+        })
+    }
+}
+
+#[derive(Template)]
+#[template(path = "biz_types.html")]
+struct ListPage {
+    ctx: Ctx,
+    biz_types: Vec<BizType>,
+}
+
+#[derive(Template)]
+#[template(path = "biz_type.html")]
+struct EditPage {
+    ctx: Ctx,
+    /// None: the create form.
+    biz_type: Option<BizType>,
+    form: Form,
+    /// The field a refused form is refused for, and why.
+    error: Option<(String, String)>,
+    tokens: Vec<TokenInfo>,
+    /// Shown once: a new signing secret or API token.
+    revealed: Option<(&'static str, String)>,
+}
+
+impl EditPage {
+    fn error_for(&self, field: &str) -> &str {
+        match &self.error {
+            Some((f, message)) if f == field => message,
+            _ => "",
+        }
+    }
+}
+
+pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
+    let page = ListPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_types: biz_types::list(&state.pool).await? };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+pub async fn new(req: HttpRequest, session: Session) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), error: None, tokens: vec![], revealed: None };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+async fn found(state: &AppState, name: &str) -> Result<BizType, ConsoleError> {
+    biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ConsoleError::NotFound(format!("no biz type named `{name}`")))
+}
+
+async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, b: BizType, revealed: Option<(&'static str, String)>) -> Result<HttpResponse, ConsoleError> {
+    let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
+    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), form: Form::of(&b), biz_type: Some(b), error: None, tokens, revealed };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
+    let b = found(&state, &name).await?;
+    edit_page(&req, &session, &state, b, None).await
+}
+
+/// The form again with the reason it was refused next to the field.
+fn refused(req: &HttpRequest, session: &Session, biz_type: Option<BizType>, form: Form, e: Error, tokens: Vec<TokenInfo>) -> Result<HttpResponse, ConsoleError> {
+    let error = match e {
+        Error::Invalid { field, message } => (field, message),
+        Error::Conflict(message) => ("name".into(), message),
+        other => return Err(other.into()),
+    };
+    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, error: Some(error), tokens, revealed: None };
+    render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page)
+}
+
+pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let form = form.into_inner();
+    let name = form.name.trim().to_string();
+    let created = match form.settings() {
+        Ok(settings) => biz_types::create(&state.pool, &name, &settings).await,
+        Err(e) => Err(e),
+    };
+    let created = match created {
+        Ok(b) => b,
+        Err(e) => return refused(&req, &session, None, form, e, vec![]),
+    };
+    audit::record(&state.pool, &session.actor(), "biz_type.create", "biz_type", &name, None, serde_json::to_value(&created).ok()).await?;
+    let secret = created.signing_secret.clone();
+    edit_page(&req, &session, &state, created, Some(("signing secret", secret))).await
+}
+
+pub async fn update(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<Form>,
+) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let current = found(&state, &name).await?;
+    let mut form = form.into_inner();
+    form.name = current.name.clone();
+    let updated = match form.settings() {
+        Ok(settings) => biz_types::update(&state.pool, &name, &settings).await,
+        Err(e) => Err(e),
+    };
+    match updated {
+        Ok((before, after)) => {
+            audit::record(&state.pool, &session.actor(), "biz_type.update", "biz_type", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
+                .await?;
+            Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them within seconds."))
+        }
+        Err(e) => {
+            let tokens = biz_types::list_tokens(&state.pool, current.id).await?;
+            refused(&req, &session, Some(current), form, e, tokens)
+        }
+    }
+}
+
+async fn set_paused(session: &Session, state: &AppState, name: &str, form: &CsrfForm, paused: bool) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let (before, after) = biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }).await?;
+    let action = if paused { "biz_type.pause" } else { "biz_type.resume" };
+    audit::record(&state.pool, &session.actor(), action, "biz_type", name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+    let message = if paused { "Paused: its tasks stay pending until resumed." } else { "Resumed: pending tasks are delivered again." };
+    Ok(done(&format!("/console/biz-types/{name}"), message))
+}
+
+pub async fn pause(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    set_paused(&session, &state, &name, &form, true).await
+}
+
+pub async fn resume(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    set_paused(&session, &state, &name, &form, false).await
+}
+
+pub async fn rotate_secret(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let b = found(&state, &name).await?;
+    let secret = biz_types::rotate_secret(&state.pool, b.id).await?;
+    audit::record(&state.pool, &session.actor(), "biz_type.rotate_secret", "biz_type", &name, None, None).await?;
+    let b = found(&state, &name).await?;
+    edit_page(&req, &session, &state, b, Some(("signing secret", secret))).await
+}
+
+pub async fn create_token(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let b = found(&state, &name).await?;
+    let token = biz_types::create_token(&state.pool, &name).await?;
+    audit::record(&state.pool, &session.actor(), "token.create", "biz_type", &name, None, Some(token[..12].into())).await?;
+    edit_page(&req, &session, &state, b, Some(("API token", token))).await
+}
+
+pub async fn revoke_token(
+    session: Session,
+    state: web::Data<AppState>,
+    path: web::Path<(String, Uuid)>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let (name, id) = path.into_inner();
+    let b = found(&state, &name).await?;
+    let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
+    audit::record(&state.pool, &session.actor(), "token.revoke", "biz_type", &name, None, Some(prefix.clone().into())).await?;
+    Ok(done(&format!("/console/biz-types/{name}"), &format!("Token {prefix}… revoked; API calls with it are refused within seconds.")))
+}

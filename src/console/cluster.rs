@@ -1,0 +1,85 @@
+//! The cluster page: nodes and their heartbeats, the leader, partitions and cold storage.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{ConsoleError, Ctx, Session, render};
+use crate::api::AppState;
+use crate::partitions;
+
+#[derive(sqlx::FromRow)]
+pub struct NodeRow {
+    pub id: Uuid,
+    pub hostname: String,
+    pub pid: i32,
+    pub version: String,
+    pub listen: String,
+    pub delivers: bool,
+    pub started_at: DateTime<Utc>,
+    pub silent_secs: f64,
+}
+
+pub struct PartitionRow {
+    pub name: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// PostgreSQL's estimate (kept by autovacuum and ANALYZE): exact counts would read
+    /// every row of every partition.
+    pub rows: i64,
+    pub size: String,
+}
+
+#[derive(Template)]
+#[template(path = "cluster.html")]
+struct Page {
+    ctx: Ctx,
+    nodes: Vec<NodeRow>,
+    leader: Option<Uuid>,
+    horizon: DateTime<Utc>,
+    partitions: Vec<PartitionRow>,
+    cold_rows: i64,
+    cold_size: String,
+}
+
+async fn estimate(pool: &sqlx::PgPool, table: &str) -> Result<(i64, String), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT greatest(coalesce(s.n_live_tup, 0), 0)::bigint, pg_size_pretty(pg_total_relation_size(c.oid))
+           FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+          WHERE c.oid = $1::regclass",
+    )
+    .bind(table)
+    .fetch_one(pool)
+    .await
+}
+
+pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
+    let pool = &state.pool;
+    let nodes: Vec<NodeRow> = sqlx::query_as(
+        "SELECT id, hostname, pid, version, listen, delivers, started_at,
+                extract(epoch FROM now() - heartbeat_at)::float8 AS silent_secs
+           FROM nodes ORDER BY started_at",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut rows = Vec::new();
+    for table in ["tasks", "attempts"] {
+        for p in partitions::list(pool, table).await?.into_iter().rev() {
+            let (count, size) = estimate(pool, &p.name).await?;
+            rows.push(PartitionRow { name: p.name, from: p.from, to: p.to, rows: count, size });
+        }
+    }
+    let (cold_rows, cold_size) = estimate(pool, "tasks_cold").await?;
+    let page = Page {
+        ctx: Ctx::new(&session, &req, "cluster"),
+        nodes,
+        leader: crate::leader::current(pool).await?,
+        horizon: sqlx::query_scalar("SELECT until FROM hot_horizon").fetch_one(pool).await?,
+        partitions: rows,
+        cold_rows,
+        cold_size,
+    };
+    render(StatusCode::OK, &page.ctx, &page)
+}

@@ -1,0 +1,252 @@
+//! The web console (SPEC §8): server-rendered pages for administrators (everything) and
+//! support staff (browse, replay, cancel).
+//!
+//! Pages are askama templates under `templates/`; the stylesheet and a few lines of
+//! JavaScript under `static/` are embedded in the binary. Every page works without
+//! JavaScript: actions are plain forms posting back, answered with a redirect (and a flash
+//! message in a short-lived cookie). Each form carries the session's CSRF token; pages are
+//! served with a strict Content-Security-Policy (no inline script or style).
+
+mod assets;
+mod audit_log;
+mod biz_types;
+mod charts;
+mod cluster;
+mod dashboard;
+mod session;
+mod tasks;
+mod timers;
+
+pub use session::{LoginLimiter, Session};
+
+use actix_web::cookie::{Cookie, SameSite};
+use actix_web::http::StatusCode;
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, ResponseError, middleware, web};
+use askama::Template;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+
+use crate::error::Error;
+
+const FLASH_COOKIE: &str = "chime_flash";
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/", web::get().to(|| async { see_other("/console") }))
+        .route("/static/{file:.*}", web::get().to(assets::serve))
+        .service(
+            web::scope("/console")
+                .wrap(security_headers())
+                .app_data(web::FormConfig::default().error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
+                .app_data(web::QueryConfig::default().error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
+                .route("", web::get().to(dashboard::show))
+                .route("/login", web::get().to(session::login_form))
+                .route("/login", web::post().to(session::login))
+                .route("/logout", web::post().to(session::logout))
+                .route("/biz-types", web::get().to(biz_types::list))
+                .route("/biz-types", web::post().to(biz_types::create))
+                .route("/biz-types/new", web::get().to(biz_types::new))
+                .route("/biz-types/{name}", web::get().to(biz_types::show))
+                .route("/biz-types/{name}", web::post().to(biz_types::update))
+                .route("/biz-types/{name}/pause", web::post().to(biz_types::pause))
+                .route("/biz-types/{name}/resume", web::post().to(biz_types::resume))
+                .route("/biz-types/{name}/rotate-secret", web::post().to(biz_types::rotate_secret))
+                .route("/biz-types/{name}/tokens", web::post().to(biz_types::create_token))
+                .route("/biz-types/{name}/tokens/{id}/revoke", web::post().to(biz_types::revoke_token))
+                .route("/tasks", web::get().to(tasks::list))
+                .route("/tasks/replay-failed", web::post().to(tasks::replay_failed))
+                .route("/tasks/{id}", web::get().to(tasks::show))
+                .route("/tasks/{id}/cancel", web::post().to(tasks::cancel))
+                .route("/tasks/{id}/replay", web::post().to(tasks::replay))
+                .route("/tasks/{id}/reschedule", web::post().to(tasks::reschedule))
+                .route("/timers", web::get().to(timers::list))
+                .route("/timers", web::post().to(timers::create))
+                .route("/timers/new", web::get().to(timers::new))
+                .route("/timers/{id}", web::get().to(timers::show))
+                .route("/timers/{id}", web::post().to(timers::update))
+                .route("/timers/{id}/activate", web::post().to(timers::activate))
+                .route("/timers/{id}/deactivate", web::post().to(timers::deactivate))
+                .route("/timers/{id}/delete", web::post().to(timers::delete))
+                .route("/cluster", web::get().to(cluster::show))
+                .route("/audit", web::get().to(audit_log::list))
+                .default_service(web::to(|| async { Err::<HttpResponse, _>(ConsoleError::NotFound("no such page".into())) })),
+        );
+}
+
+/// Headers on every console response: no framing, no sniffing, no inline script or style.
+fn security_headers() -> middleware::DefaultHeaders {
+    middleware::DefaultHeaders::new()
+        .add((
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; \
+             form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ))
+        .add((header::X_FRAME_OPTIONS, "DENY"))
+        .add((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .add((header::REFERRER_POLICY, "same-origin"))
+        .add((header::CACHE_CONTROL, "no-store"))
+}
+
+/// The console's error: a page with the right status, or a redirect to sign in.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("sign in first")]
+    SignIn { next: String },
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    TooMany(String),
+    #[error("something went wrong on our side: {0}")]
+    Internal(String),
+}
+
+impl From<Error> for ConsoleError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid { .. } | Error::TooLarge(_) => ConsoleError::Invalid(e.to_string()),
+            Error::NotFound(m) => ConsoleError::NotFound(m),
+            Error::Forbidden(m) => ConsoleError::Forbidden(m),
+            Error::Conflict(m) => ConsoleError::Conflict(m),
+            Error::Db(e) => e.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ConsoleError {
+    fn from(e: sqlx::Error) -> Self {
+        tracing::error!(error = %e, "console: database error");
+        ConsoleError::Internal("the database did not answer as expected".into())
+    }
+}
+
+impl From<askama::Error> for ConsoleError {
+    fn from(e: askama::Error) -> Self {
+        tracing::error!(error = %e, "console: template error");
+        ConsoleError::Internal("a page could not be rendered".into())
+    }
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage<'a> {
+    status: u16,
+    title: &'a str,
+    message: String,
+    css: String,
+}
+
+impl ResponseError for ConsoleError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ConsoleError::SignIn { .. } => StatusCode::SEE_OTHER,
+            ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ConsoleError::NotFound(_) => StatusCode::NOT_FOUND,
+            ConsoleError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ConsoleError::Conflict(_) => StatusCode::CONFLICT,
+            ConsoleError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ConsoleError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            ConsoleError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let ConsoleError::SignIn { next } = self {
+            let location = format!("/console/login?next={}", url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>());
+            return see_other(&location);
+        }
+        let status = self.status_code();
+        let page = ErrorPage {
+            status: status.as_u16(),
+            title: status.canonical_reason().unwrap_or("Error"),
+            message: self.to_string(),
+            css: assets::url("console.css"),
+        };
+        let body = page.render().unwrap_or_else(|_| self.to_string());
+        HttpResponse::build(status).content_type("text/html; charset=utf-8").body(body)
+    }
+}
+
+/// What every page's frame needs: who is signed in, their CSRF token, where they are, and
+/// a message left by the previous action.
+pub struct Ctx {
+    pub user: String,
+    pub admin: bool,
+    pub csrf: String,
+    pub active: &'static str,
+    pub flash: Option<String>,
+    pub css: String,
+    pub js: String,
+}
+
+impl Ctx {
+    pub fn new(session: &Session, req: &HttpRequest, active: &'static str) -> Ctx {
+        let flash = req
+            .cookie(FLASH_COOKIE)
+            .and_then(|c| URL_SAFE_NO_PAD.decode(c.value()).ok())
+            .and_then(|bytes| String::from_utf8(bytes).ok());
+        Ctx {
+            user: session.user.username.clone(),
+            admin: session.is_admin(),
+            csrf: session.csrf.clone(),
+            active,
+            flash,
+            css: assets::url("console.css"),
+            js: assets::url("console.js"),
+        }
+    }
+}
+
+/// A rendered page (200 unless `status` says otherwise); clears the flash it showed.
+pub fn render(status: StatusCode, ctx: &Ctx, page: &impl Template) -> Result<HttpResponse, ConsoleError> {
+    let mut response = HttpResponse::build(status);
+    response.content_type("text/html; charset=utf-8");
+    if ctx.flash.is_some() {
+        let mut gone = Cookie::build(FLASH_COOKIE, "").path("/console").finish();
+        gone.make_removal();
+        response.cookie(gone);
+    }
+    Ok(response.body(page.render()?))
+}
+
+pub fn see_other(location: &str) -> HttpResponse {
+    HttpResponse::SeeOther().insert_header((header::LOCATION, location)).finish()
+}
+
+/// A redirect after an action, carrying a message for the next page.
+pub fn done(location: &str, message: &str) -> HttpResponse {
+    let cookie = Cookie::build(FLASH_COOKIE, URL_SAFE_NO_PAD.encode(message))
+        .path("/console")
+        .http_only(true)
+        .same_site(SameSite::Lax)
+        .max_age(actix_web::cookie::time::Duration::seconds(60))
+        .finish();
+    let mut response = see_other(location);
+    let _ = response.add_cookie(&cookie);
+    response
+}
+
+/// A `datetime-local` input's value (UTC) as a time.
+pub fn parse_local_time(field: &str, raw: &str) -> Result<Option<DateTime<Utc>>, ConsoleError> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(t) = DateTime::parse_from_rfc3339(raw) {
+        return Ok(Some(t.with_timezone(&Utc)));
+    }
+    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(raw, format) {
+            return Ok(Some(t.and_utc()));
+        }
+    }
+    Err(ConsoleError::Invalid(format!("{field}: `{raw}` is not a time such as 2026-11-22 09:30 (UTC)")))
+}

@@ -1,0 +1,282 @@
+//! Signing in and out, the session cookie, roles and CSRF tokens.
+//!
+//! The session cookie holds 32 random bytes; the database keeps only their SHA-256, with
+//! the user and the session's CSRF token. Signing in always makes a new session (a
+//! session id planted before sign-in is worthless). The sign-in form itself is protected
+//! by a double-submit token: a random value in a cookie and in the form must match.
+//! Sign-in attempts are limited per client address and per user name.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+
+use actix_web::cookie::{Cookie, SameSite};
+use actix_web::dev::Payload;
+use actix_web::http::StatusCode;
+use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
+use askama::Template;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use rand::RngCore;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{ConsoleError, assets, see_other};
+use crate::api::AppState;
+use crate::audit;
+use crate::users::{self, User};
+
+const COOKIE: &str = "chime_session";
+const LOGIN_COOKIE: &str = "chime_login";
+const SESSION_HOURS: i64 = 12;
+
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub user: User,
+    pub csrf: String,
+}
+
+impl Session {
+    pub fn is_admin(&self) -> bool {
+        self.user.role == "admin"
+    }
+
+    pub fn require_admin(&self) -> Result<(), ConsoleError> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(ConsoleError::Forbidden(format!("only an admin can do this; `{}` is {}", self.user.username, self.user.role)))
+        }
+    }
+
+    /// Refuses a form whose CSRF token is missing or not this session's.
+    pub fn check_csrf(&self, sent: &str) -> Result<(), ConsoleError> {
+        if constant_time_eq(sent.as_bytes(), self.csrf.as_bytes()) {
+            Ok(())
+        } else {
+            Err(ConsoleError::Forbidden("this form's security token is missing or stale; reload the page and try again".into()))
+        }
+    }
+
+    /// Who the audit log names.
+    pub fn actor(&self) -> String {
+        format!("user:{}", self.user.username)
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn hash(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+impl FromRequest for Session {
+    type Error = ConsoleError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ConsoleError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let token = req.cookie(COOKIE).map(|c| c.value().to_string());
+        let next = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+        Box::pin(async move {
+            let state = state.ok_or_else(|| ConsoleError::Internal("no application state".into()))?;
+            let sign_in = || ConsoleError::SignIn { next: next.clone() };
+            let token = token.ok_or_else(sign_in)?;
+            let row: Option<(i32, String, String, String)> = sqlx::query_as(
+                "SELECT u.id, u.username, u.role, s.csrf_token
+                   FROM sessions s JOIN users u ON u.id = s.user_id
+                  WHERE s.token_hash = $1 AND s.expires_at > now() AND NOT u.disabled",
+            )
+            .bind(hash(&token))
+            .fetch_optional(&state.pool)
+            .await?;
+            let (id, username, role, csrf) = row.ok_or_else(sign_in)?;
+            Ok(Session { user: User { id, username, role }, csrf })
+        })
+    }
+}
+
+/// Sign-in attempts allowed per client address and per user name: 10 a minute.
+pub struct LoginLimiter {
+    by_key: DefaultKeyedRateLimiter<String>,
+}
+
+impl Default for LoginLimiter {
+    fn default() -> Self {
+        let quota = Quota::per_minute(NonZeroU32::new(10).expect("nonzero"));
+        LoginLimiter { by_key: RateLimiter::keyed(quota) }
+    }
+}
+
+impl LoginLimiter {
+    fn check(&self, address: &str, username: &str) -> Result<(), ConsoleError> {
+        let address_ok = self.by_key.check_key(&format!("ip:{address}")).is_ok();
+        let user_ok = self.by_key.check_key(&format!("user:{username}")).is_ok();
+        if address_ok && user_ok {
+            Ok(())
+        } else {
+            Err(ConsoleError::TooMany("too many sign-in attempts; wait a minute and try again".into()))
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    csrf: String,
+    next: String,
+    username: String,
+    error: Option<String>,
+    css: String,
+}
+
+#[derive(Deserialize)]
+pub struct LoginQuery {
+    next: Option<String>,
+}
+
+/// Only a console path may be the page to return to after signing in.
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with("/console") && !n.contains("//") && !n.contains('\\') => n.to_string(),
+        _ => "/console".into(),
+    }
+}
+
+fn secure(req: &HttpRequest) -> bool {
+    req.connection_info().scheme() == "https"
+}
+
+fn login_page(req: &HttpRequest, status: StatusCode, next: String, username: String, error: Option<String>) -> HttpResponse {
+    let csrf = random_token();
+    let page = LoginPage { csrf: csrf.clone(), next, username, error, css: assets::url("console.css") };
+    let cookie = Cookie::build(LOGIN_COOKIE, csrf)
+        .path("/console/login")
+        .http_only(true)
+        .secure(secure(req))
+        .same_site(SameSite::Strict)
+        .finish();
+    HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .cookie(cookie)
+        .body(page.render().unwrap_or_default())
+}
+
+pub async fn login_form(req: HttpRequest, query: web::Query<LoginQuery>) -> HttpResponse {
+    login_page(&req, StatusCode::OK, safe_next(query.next.as_deref()), String::new(), None)
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    next: String,
+}
+
+pub async fn login(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    limiter: web::Data<LoginLimiter>,
+    form: web::Form<LoginForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    let form = form.into_inner();
+    let next = safe_next(Some(&form.next));
+    let cookie = req.cookie(LOGIN_COOKIE).map(|c| c.value().to_string()).unwrap_or_default();
+    if form.csrf.is_empty() || !constant_time_eq(cookie.as_bytes(), form.csrf.as_bytes()) {
+        let error = "the sign-in form expired; please sign in again".to_string();
+        return Ok(login_page(&req, StatusCode::FORBIDDEN, next, form.username, Some(error)));
+    }
+    let address = req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+    if let Err(e) = limiter.check(&address, &form.username) {
+        tracing::warn!(user = %form.username, %address, "console: sign-in attempts limited");
+        return Ok(login_page(&req, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(e.to_string())));
+    }
+    let Some(user) = users::verify(&state.pool, &form.username, &form.password).await? else {
+        tracing::info!(user = %form.username, %address, "console: sign-in refused");
+        let error = "wrong user name or password".to_string();
+        return Ok(login_page(&req, StatusCode::UNAUTHORIZED, next, form.username, Some(error)));
+    };
+    // A fresh session on every sign-in; expired ones are cleared on the way.
+    let token = random_token();
+    sqlx::query("DELETE FROM sessions WHERE expires_at < now()").execute(&state.pool).await?;
+    sqlx::query(
+        "INSERT INTO sessions (token_hash, user_id, csrf_token, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 hour')",
+    )
+    .bind(hash(&token))
+    .bind(user.id)
+    .bind(random_token())
+    .bind(SESSION_HOURS)
+    .execute(&state.pool)
+    .await?;
+    if let Some(old) = req.cookie(COOKIE) {
+        sqlx::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(old.value())).execute(&state.pool).await?;
+    }
+    audit::record(&state.pool, &format!("user:{}", user.username), "user.sign_in", "user", &user.username, None, None).await?;
+    tracing::info!(user = %user.username, %address, "console: signed in");
+    let session = Cookie::build(COOKIE, token)
+        .path("/")
+        .http_only(true)
+        .secure(secure(&req))
+        .same_site(SameSite::Lax)
+        .max_age(actix_web::cookie::time::Duration::hours(SESSION_HOURS))
+        .finish();
+    let mut used = Cookie::build(LOGIN_COOKIE, "").path("/console/login").finish();
+    used.make_removal();
+    let mut response = see_other(&next);
+    let _ = response.add_cookie(&session);
+    let _ = response.add_cookie(&used);
+    Ok(response)
+}
+
+#[derive(Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    pub csrf: String,
+}
+
+pub async fn logout(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    session.check_csrf(&form.csrf)?;
+    if let Some(cookie) = req.cookie(COOKIE) {
+        sqlx::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(cookie.value())).execute(&state.pool).await?;
+    }
+    let mut gone = Cookie::build(COOKIE, "").path("/").finish();
+    gone.make_removal();
+    let mut response = see_other("/console/login");
+    let _ = response.add_cookie(&gone);
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_console_paths_are_followed_after_sign_in() {
+        assert_eq!(safe_next(Some("/console/tasks?status=failed")), "/console/tasks?status=failed");
+        for bad in ["https://evil.example/", "//evil.example", "/console//evil", "/api/v1/tasks", "/console\\x"] {
+            assert_eq!(safe_next(Some(bad)), "/console", "{bad}");
+        }
+        assert_eq!(safe_next(None), "/console");
+    }
+
+    #[test]
+    fn csrf_comparison_needs_the_exact_token() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"", b"abc"));
+    }
+}

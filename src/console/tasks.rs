@@ -1,0 +1,219 @@
+//! Task pages: search, one task with its attempts, cancel, reschedule, replay, and bulk
+//! replay of the failed tasks matching a filter.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::session::CsrfForm;
+use super::{ConsoleError, Ctx, Session, done, parse_local_time, render, see_other};
+use crate::api::AppState;
+use crate::audit;
+use crate::biz_types::{self, BizType};
+use crate::tasks::{self, Attempt, FailedFilter, ListFilter, STATUSES, Task, When};
+
+const PAGE_SIZE: i64 = 50;
+
+/// The search form; every field optional.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Filter {
+    #[serde(default)]
+    pub biz_type: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub from: String,
+    #[serde(default)]
+    pub to: String,
+    #[serde(default)]
+    pub q: String,
+    #[serde(default)]
+    pub cursor: String,
+}
+
+impl Filter {
+    /// The query string of this filter (without the cursor), for links.
+    fn query(&self) -> String {
+        url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("biz_type", &self.biz_type)
+            .append_pair("status", &self.status)
+            .append_pair("from", &self.from)
+            .append_pair("to", &self.to)
+            .finish()
+    }
+
+    async fn biz_type_id(&self, state: &AppState) -> Result<Option<i32>, ConsoleError> {
+        if self.biz_type.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(biz_types::id_of(&state.pool, &self.biz_type).await?))
+    }
+}
+
+#[derive(Template)]
+#[template(path = "tasks.html")]
+struct ListPage {
+    ctx: Ctx,
+    filter: Filter,
+    biz_types: Vec<BizType>,
+    statuses: &'static [&'static str],
+    tasks: Vec<Task>,
+    next: Option<String>,
+    searched: bool,
+}
+
+pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>, filter: web::Query<Filter>) -> Result<HttpResponse, ConsoleError> {
+    let filter = filter.into_inner();
+    let q = filter.q.trim();
+    let (tasks, next) = if !q.is_empty() {
+        // An id goes straight to its task; anything else is a client key.
+        if let Ok(id) = q.parse::<Uuid>()
+            && tasks::get(&state.pool, id).await?.is_some()
+        {
+            return Ok(see_other(&format!("/console/tasks/{id}")));
+        }
+        (tasks::find_by_key(&state.pool, q).await?, None)
+    } else {
+        if !filter.status.is_empty() {
+            tasks::validate_status(&filter.status)?;
+        }
+        let list = ListFilter {
+            status: Some(filter.status.clone()).filter(|s| !s.is_empty()),
+            from: parse_local_time("from", &filter.from)?,
+            to: parse_local_time("to", &filter.to)?,
+            cursor: Some(filter.cursor.clone()).filter(|c| !c.is_empty()),
+            limit: PAGE_SIZE,
+        };
+        let page = tasks::list(&state.pool, filter.biz_type_id(&state).await?, &list).await?;
+        let next = page.next_cursor.map(|c| format!("/console/tasks?{}&cursor={c}", filter.query()));
+        (page.items, next)
+    };
+    let page = ListPage {
+        ctx: Ctx::new(&session, &req, "tasks"),
+        searched: !q.is_empty(),
+        filter,
+        biz_types: biz_types::list(&state.pool).await?,
+        statuses: &STATUSES,
+        tasks,
+        next,
+    };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+#[derive(Template)]
+#[template(path = "task.html")]
+struct TaskPage {
+    ctx: Ctx,
+    task: Task,
+    payload: String,
+    attempts: Vec<Attempt>,
+}
+
+async fn found(state: &AppState, id: Uuid) -> Result<(Task, Vec<Attempt>), ConsoleError> {
+    tasks::get(&state.pool, id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {id}")))
+}
+
+fn parse_id(raw: &str) -> Result<Uuid, ConsoleError> {
+    raw.parse().map_err(|_| ConsoleError::NotFound(format!("`{raw}` is not a task id")))
+}
+
+pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
+    let (task, attempts) = found(&state, parse_id(&id)?).await?;
+    let payload = serde_json::to_string_pretty(&task.payload).unwrap_or_default();
+    let page = TaskPage { ctx: Ctx::new(&session, &req, "tasks"), task, payload, attempts };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    session.check_csrf(&form.csrf)?;
+    let (task, _) = found(&state, parse_id(&id)?).await?;
+    tasks::cancel(&state.pool, task.biz_type_id, task.id).await?;
+    audit::record(&state.pool, &session.actor(), "task.cancel", "task", &task.id.to_string(), None, None).await?;
+    Ok(done(&format!("/console/tasks/{}", task.id), "Task cancelled."))
+}
+
+pub async fn replay(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    session.check_csrf(&form.csrf)?;
+    let (task, _) = found(&state, parse_id(&id)?).await?;
+    tasks::replay(&state.pool, task.biz_type_id, task.id).await?;
+    audit::record(&state.pool, &session.actor(), "task.replay", "task", &task.id.to_string(), None, None).await?;
+    Ok(done(&format!("/console/tasks/{}", task.id), "Task replayed: it is pending and due now."))
+}
+
+#[derive(Deserialize)]
+pub struct RescheduleForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    run_at: String,
+}
+
+pub async fn reschedule(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<RescheduleForm>) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let (task, _) = found(&state, parse_id(&id)?).await?;
+    let run_at = parse_local_time("run_at", &form.run_at)?.ok_or_else(|| ConsoleError::Invalid("run_at: give the new time".into()))?;
+    let when = When::parse(Some(&run_at.to_rfc3339()), None, chrono::Utc::now())?;
+    let moved = tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None).await?;
+    audit::record(
+        &state.pool,
+        &session.actor(),
+        "task.reschedule",
+        "task",
+        &task.id.to_string(),
+        Some(serde_json::json!({"run_at": task.run_at})),
+        Some(serde_json::json!({"run_at": moved.run_at})),
+    )
+    .await?;
+    Ok(done(&format!("/console/tasks/{}", task.id), "Task rescheduled."))
+}
+
+#[derive(Deserialize)]
+pub struct BulkForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    biz_type: String,
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    to: String,
+    /// Absent: show how many would be replayed and ask; "yes": replay them.
+    #[serde(default)]
+    confirm: String,
+}
+
+#[derive(Template)]
+#[template(path = "bulk_replay.html")]
+struct ConfirmPage {
+    ctx: Ctx,
+    count: i64,
+    biz_type: String,
+    from: String,
+    to: String,
+}
+
+/// Replays the failed tasks matching the list's filter, after a confirmation that says
+/// how many.
+pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+    session.check_csrf(&form.csrf)?;
+    let form = form.into_inner();
+    let filter = Filter { biz_type: form.biz_type.clone(), from: form.from.clone(), to: form.to.clone(), ..Filter::default() };
+    let failed = FailedFilter {
+        biz_type_id: filter.biz_type_id(&state).await?,
+        from: parse_local_time("from", &form.from)?,
+        to: parse_local_time("to", &form.to)?,
+    };
+    if form.confirm != "yes" {
+        let count = tasks::count_failed(&state.pool, &failed).await?;
+        let page = ConfirmPage { ctx: Ctx::new(&session, &req, "tasks"), count, biz_type: form.biz_type, from: form.from, to: form.to };
+        return render(StatusCode::OK, &page.ctx, &page);
+    }
+    let replayed = tasks::replay_failed(&state.pool, &failed).await?;
+    let scope = serde_json::json!({"biz_type": form.biz_type, "from": form.from, "to": form.to, "replayed": replayed});
+    audit::record(&state.pool, &session.actor(), "task.bulk_replay", "task", "failed tasks", None, Some(scope)).await?;
+    let back = format!("/console/tasks?{}", Filter { status: "pending".into(), ..filter }.query());
+    Ok(done(&back, &format!("Replayed {replayed} failed tasks: they are pending and due now.")))
+}

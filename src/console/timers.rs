@@ -1,0 +1,234 @@
+//! Timer pages: list, create, edit, activate and deactivate, with the next fire times in
+//! the timer's own zone. Changing timers is for admins.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use chrono::Utc;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::session::CsrfForm;
+use super::{ConsoleError, Ctx, Session, done, render};
+use crate::api::AppState;
+use crate::audit;
+use crate::biz_types::{self, BizType};
+use crate::error::Error;
+use crate::timers::{self, CreateTimer, Timer, TimerChanges};
+
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Form {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    pub biz_type: String,
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub cron: String,
+    #[serde(default)]
+    pub timezone: String,
+    #[serde(default)]
+    pub payload: String,
+    /// Checkboxes: present when ticked.
+    #[serde(default)]
+    pub catch_up: Option<String>,
+    #[serde(default)]
+    pub active: Option<String>,
+}
+
+impl Form {
+    fn of(t: &Timer) -> Form {
+        Form {
+            csrf: String::new(),
+            biz_type: t.biz_type.clone(),
+            key: t.key.clone(),
+            cron: t.cron.clone(),
+            timezone: t.timezone.clone(),
+            payload: serde_json::to_string_pretty(&t.payload).unwrap_or_default(),
+            catch_up: t.catch_up.then(|| "on".into()),
+            active: t.active.then(|| "on".into()),
+        }
+    }
+
+    fn payload(&self) -> Result<serde_json::Value, Error> {
+        if self.payload.trim().is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_str(&self.payload).map_err(|e| Error::invalid("payload", format!("is not valid JSON: {e}")))
+    }
+}
+
+/// A timer with its next fire times, in its zone.
+pub struct Listed {
+    pub timer: Timer,
+    pub next: Vec<String>,
+}
+
+fn listed(timer: Timer) -> Listed {
+    let tz: chrono_tz::Tz = timer.timezone.parse().unwrap_or(chrono_tz::UTC);
+    let next = timer.next_fire_times(Utc::now()).iter().map(|t| t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string()).collect();
+    Listed { timer, next }
+}
+
+#[derive(Template)]
+#[template(path = "timers.html")]
+struct ListPage {
+    ctx: Ctx,
+    timers: Vec<Listed>,
+}
+
+#[derive(Template)]
+#[template(path = "timer.html")]
+struct EditPage {
+    ctx: Ctx,
+    timer: Option<Listed>,
+    form: Form,
+    error: Option<(String, String)>,
+    biz_types: Vec<BizType>,
+    zones: Vec<&'static str>,
+}
+
+impl EditPage {
+    fn error_for(&self, field: &str) -> &str {
+        match &self.error {
+            Some((f, message)) if f == field => message,
+            _ => "",
+        }
+    }
+}
+
+pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
+    let all: Vec<Timer> = sqlx::query_as(
+        "SELECT t.*, b.name AS biz_type FROM timers t JOIN biz_types b ON b.id = t.biz_type_id ORDER BY b.name, t.key LIMIT 1000",
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let page = ListPage { ctx: Ctx::new(&session, &req, "timers"), timers: all.into_iter().map(listed).collect() };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, timer: Option<Timer>, form: Form, error: Option<(String, String)>) -> Result<HttpResponse, ConsoleError> {
+    let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
+    let page = EditPage {
+        ctx: Ctx::new(session, req, "timers"),
+        timer: timer.map(listed),
+        form,
+        error,
+        biz_types: biz_types::list(&state.pool).await?,
+        zones: chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).collect(),
+    };
+    render(status, &page.ctx, &page)
+}
+
+fn field_error(e: Error) -> Result<(String, String), ConsoleError> {
+    match e {
+        Error::Invalid { field, message } => Ok((field, message)),
+        Error::Conflict(message) => Ok(("key".into(), message)),
+        Error::TooLarge(message) => Ok(("payload".into(), message)),
+        other => Err(other.into()),
+    }
+}
+
+pub async fn new(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    let form = Form { timezone: "UTC".into(), active: Some("on".into()), ..Form::default() };
+    edit_page(&req, &session, &state, None, form, None).await
+}
+
+pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let form = form.into_inner();
+    let attempt = async {
+        let biz_type_id = biz_types::id_of(&state.pool, &form.biz_type).await.map_err(|_| Error::invalid("biz_type", "choose a biz type"))?;
+        let request = CreateTimer {
+            biz_type: form.biz_type.clone(),
+            key: form.key.trim().to_string(),
+            cron: form.cron.trim().to_string(),
+            timezone: Some(form.timezone.trim().to_string()).filter(|z| !z.is_empty()),
+            payload: Some(form.payload()?),
+            active: Some(form.active.is_some()),
+            catch_up: Some(form.catch_up.is_some()),
+        };
+        request.validate(state.max_payload_bytes)?;
+        timers::create(&state.pool, biz_type_id, request).await
+    };
+    match attempt.await {
+        Ok(timer) => {
+            audit::record(&state.pool, &session.actor(), "timer.create", "timer", &timer.id.to_string(), None, serde_json::to_value(&timer).ok()).await?;
+            Ok(done(&format!("/console/timers/{}", timer.id), "Timer created."))
+        }
+        Err(e) => edit_page(&req, &session, &state, None, form, Some(field_error(e)?)).await,
+    }
+}
+
+async fn found(state: &AppState, raw: &str) -> Result<Timer, ConsoleError> {
+    let id: Uuid = raw.parse().map_err(|_| ConsoleError::NotFound(format!("`{raw}` is not a timer id")))?;
+    timers::get(&state.pool, id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no timer with id {id}")))
+}
+
+pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
+    let timer = found(&state, &id).await?;
+    let form = Form::of(&timer);
+    edit_page(&req, &session, &state, Some(timer), form, None).await
+}
+
+async fn change(session: &Session, state: &AppState, timer: &Timer, changes: TimerChanges, action: &str) -> Result<Timer, Error> {
+    let (before, after) = timers::update(&state.pool, timer.biz_type_id, timer.id, changes, state.max_payload_bytes).await?;
+    audit::record(&state.pool, &session.actor(), action, "timer", &timer.id.to_string(), serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
+        .await?;
+    Ok(after)
+}
+
+pub async fn update(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let timer = found(&state, &id).await?;
+    let form = form.into_inner();
+    let changes = form.payload().map(|payload| TimerChanges {
+        cron: Some(form.cron.trim().to_string()),
+        timezone: Some(form.timezone.trim().to_string()),
+        payload: Some(payload),
+        active: Some(form.active.is_some()),
+        catch_up: Some(form.catch_up.is_some()),
+    });
+    let result = match changes {
+        Ok(changes) => change(&session, &state, &timer, changes, "timer.update").await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(_) => Ok(done(&format!("/console/timers/{}", timer.id), "Timer saved; occurrences not fired yet were rewritten.")),
+        Err(e) => {
+            let error = field_error(e)?;
+            edit_page(&req, &session, &state, Some(timer), form, Some(error)).await
+        }
+    }
+}
+
+async fn set_active(session: &Session, state: &AppState, id: &str, form: &CsrfForm, active: bool) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let timer = found(state, id).await?;
+    let action = if active { "timer.activate" } else { "timer.deactivate" };
+    change(session, state, &timer, TimerChanges { active: Some(active), ..TimerChanges::default() }, action).await?;
+    let message = if active { "Timer activated: it fires from now on." } else { "Timer deactivated: occurrences not fired yet were removed." };
+    Ok(done(&format!("/console/timers/{}", timer.id), message))
+}
+
+pub async fn activate(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    set_active(&session, &state, &id, &form, true).await
+}
+
+pub async fn deactivate(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    set_active(&session, &state, &id, &form, false).await
+}
+
+pub async fn delete(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    session.require_admin()?;
+    session.check_csrf(&form.csrf)?;
+    let timer = found(&state, &id).await?;
+    let deleted = timers::delete(&state.pool, timer.biz_type_id, timer.id).await?;
+    audit::record(&state.pool, &session.actor(), "timer.delete", "timer", &timer.id.to_string(), serde_json::to_value(&deleted).ok(), None).await?;
+    Ok(done("/console/timers", &format!("Timer `{}` deleted.", deleted.key)))
+}

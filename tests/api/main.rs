@@ -3,6 +3,7 @@
 mod auth;
 mod bad_input;
 mod cli;
+mod console;
 mod delivery;
 mod embedded;
 mod health;

@@ -1,0 +1,252 @@
+//! The console over plain HTTP: sign-in, sessions, CSRF, roles, security headers. The
+//! browser tests (`tests/console/`) drive the same pages in Chromium.
+
+use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
+use serde_json::json;
+
+use crate::helpers::{TestApp, spawn_app};
+
+const ADMIN_PASSWORD: &str = "test-admin-password";
+
+/// A signed-in console user: the session cookie and the session's CSRF token.
+pub struct Console {
+    address: String,
+    client: reqwest::Client,
+    pub session: String,
+    pub csrf: String,
+}
+
+pub struct Page {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+impl Page {
+    pub fn location(&self) -> &str {
+        self.headers.get(LOCATION).map(|l| l.to_str().unwrap()).unwrap_or_default()
+    }
+}
+
+fn no_redirects() -> reqwest::Client {
+    crate::helpers::client();
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
+}
+
+fn cookie(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|c| c.strip_prefix(&format!("{name}=")).map(|rest| rest.split(';').next().unwrap().to_string()))
+}
+
+fn csrf_in(body: &str) -> String {
+    let start = body.find("name=\"csrf\" value=\"").expect("a form with a csrf field") + 19;
+    body[start..].split('"').next().unwrap().to_string()
+}
+
+/// Posts the sign-in form as a browser would; returns the answer.
+async fn sign_in_attempt(app: &TestApp, user: &str, password: &str) -> Page {
+    let client = no_redirects();
+    let form = client.get(format!("{}/console/login", app.address)).send().await.unwrap();
+    let login_cookie = cookie(form.headers(), "chime_login").unwrap();
+    let csrf = csrf_in(&form.text().await.unwrap());
+    let resp = client
+        .post(format!("{}/console/login", app.address))
+        .header(COOKIE, format!("chime_login={login_cookie}"))
+        .form(&[("username", user), ("password", password), ("csrf", &csrf), ("next", "/console/tasks")])
+        .send()
+        .await
+        .unwrap();
+    Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
+}
+
+pub async fn sign_in(app: &TestApp, user: &str, password: &str) -> Console {
+    let page = sign_in_attempt(app, user, password).await;
+    assert_eq!(page.status, 303, "{}", page.body);
+    assert_eq!(page.location(), "/console/tasks", "back to the page asked for");
+    let session = cookie(&page.headers, "chime_session").expect("a session cookie");
+    let mut console = Console { address: app.address.clone(), client: no_redirects(), session, csrf: String::new() };
+    console.csrf = csrf_in(&console.get("/console").await.body);
+    console
+}
+
+impl Console {
+    pub async fn get(&self, path: &str) -> Page {
+        let resp = self.client.get(format!("{}{path}", self.address)).header(COOKIE, format!("chime_session={}", self.session)).send().await.unwrap();
+        Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
+    }
+
+    /// Posts a form with the session's CSRF token added.
+    pub async fn post(&self, path: &str, form: &[(&str, &str)]) -> Page {
+        let mut fields: Vec<(&str, &str)> = form.to_vec();
+        fields.push(("csrf", &self.csrf));
+        self.post_raw(path, &fields).await
+    }
+
+    /// Posts a form exactly as given (no CSRF token unless it is in `form`).
+    pub async fn post_raw(&self, path: &str, form: &[(&str, &str)]) -> Page {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.address))
+            .header(COOKIE, format!("chime_session={}", self.session))
+            .form(form)
+            .send()
+            .await
+            .unwrap();
+        Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
+    }
+}
+
+async fn support_user(app: &TestApp) -> Console {
+    chime::users::create(&app.pool, "helen", "support", "support-password").await.unwrap();
+    sign_in(app, "helen", "support-password").await
+}
+
+#[tokio::test]
+async fn every_page_needs_a_signed_in_user() {
+    let app = spawn_app().await;
+    let client = no_redirects();
+    for path in ["/console", "/console/biz-types", "/console/biz-types/new", "/console/tasks", "/console/timers", "/console/cluster", "/console/audit"] {
+        let resp = client.get(format!("{}{path}", app.address)).send().await.unwrap();
+        assert_eq!(resp.status(), 303, "{path}");
+        let location = resp.headers()[LOCATION].to_str().unwrap();
+        assert!(location.starts_with("/console/login?next="), "{path} → {location}");
+    }
+    let resp = client.post(format!("{}/console/biz-types", app.address)).form(&[("name", "x")]).send().await.unwrap();
+    assert_eq!(resp.status(), 303);
+    assert!(chime::biz_types::list(&app.pool).await.unwrap().is_empty());
+    // A made-up session cookie is no better.
+    let resp = client.get(format!("{}/console", app.address)).header(COOKIE, "chime_session=forged").send().await.unwrap();
+    assert_eq!(resp.status(), 303);
+}
+
+#[tokio::test]
+async fn sign_in_refuses_wrong_passwords_and_limits_attempts() {
+    let app = spawn_app().await;
+    let wrong = sign_in_attempt(&app, "admin", "not-the-password").await;
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.body.contains("wrong user name or password"));
+    assert!(cookie(&wrong.headers, "chime_session").is_none());
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(sign_in_attempt(&app, "admin", "guess").await.status);
+    }
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    // Even the right password waits out the limit.
+    assert_eq!(sign_in_attempt(&app, "admin", ADMIN_PASSWORD).await.status, 429);
+}
+
+#[tokio::test]
+async fn each_sign_in_makes_a_new_session_and_sign_out_ends_it() {
+    let app = spawn_app().await;
+    let first = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let second = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    assert_ne!(first.session, second.session);
+    assert_ne!(first.csrf, second.csrf);
+    let stored: Vec<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM sessions").fetch_all(&app.pool).await.unwrap();
+    assert!(stored.iter().all(|h| h.len() == 32), "only hashes are stored");
+
+    let out = second.post("/console/logout", &[]).await;
+    assert_eq!((out.status, out.location()), (303, "/console/login"));
+    assert_eq!(second.get("/console").await.status, 303, "the session is gone");
+    assert_eq!(first.get("/console").await.status, 200, "other sessions live on");
+}
+
+#[tokio::test]
+async fn a_form_without_its_csrf_token_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    for form in [vec![], vec![("csrf", "not-the-token")]] {
+        let page = admin.post_raw("/console/biz-types/orders/pause", &form).await;
+        assert_eq!(page.status, 403, "{}", page.body);
+        assert!(page.body.contains("security token"), "{}", page.body);
+    }
+    assert!(!chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap().paused);
+    let page = admin.post("/console/biz-types/orders/pause", &[]).await;
+    assert_eq!(page.status, 303);
+    assert!(chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap().paused);
+}
+
+#[tokio::test]
+async fn support_can_replay_and_cancel_but_not_change_settings() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let support = support_user(&app).await;
+    let failed = app.create_task(&token, json!({"biz_type": "orders"})).await;
+    let failed_id = failed["id"].as_str().unwrap();
+    app.force_status(failed_id, "failed").await;
+    let pending = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 600000})).await;
+    let pending_id = pending["id"].as_str().unwrap();
+
+    for (path, form) in [
+        ("/console/biz-types/orders", vec![("description", "x"), ("mode", "callback"), ("callback_url", "http://x.test/")]),
+        ("/console/biz-types/orders/pause", vec![]),
+        ("/console/biz-types/orders/rotate-secret", vec![]),
+        ("/console/biz-types/orders/tokens", vec![]),
+        ("/console/biz-types", vec![("name", "new-one"), ("mode", "pull")]),
+        ("/console/timers", vec![("biz_type", "orders"), ("key", "k"), ("cron", "0 0 * * * *")]),
+    ] {
+        let page = support.post(path, &form).await;
+        assert_eq!(page.status, 403, "{path}: {}", page.body);
+    }
+    assert_eq!(support.get("/console/biz-types/new").await.status, 403);
+    let b = chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap();
+    assert!(!b.paused && b.description.is_empty());
+    assert_eq!(chime::biz_types::list(&app.pool).await.unwrap().len(), 1);
+
+    let page = support.post(&format!("/console/tasks/{failed_id}/replay"), &[]).await;
+    assert_eq!(page.status, 303, "{}", page.body);
+    assert_eq!(app.get(&format!("/api/v1/tasks/{failed_id}"), &token).await.body["status"], "pending");
+    let page = support.post(&format!("/console/tasks/{pending_id}/cancel"), &[]).await;
+    assert_eq!(page.status, 303);
+    assert_eq!(app.get(&format!("/api/v1/tasks/{pending_id}"), &token).await.body["status"], "cancelled");
+    let audited: Vec<(String, String)> = sqlx::query_as("SELECT actor, action FROM audit_log WHERE action LIKE 'task.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(audited, [("user:helen".to_string(), "task.replay".to_string()), ("user:helen".to_string(), "task.cancel".to_string())]);
+}
+
+#[tokio::test]
+async fn pages_carry_security_headers_and_escape_payloads() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "payload": {"note": "<script>alert(1)</script>"}})).await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let page = admin.get(&format!("/console/tasks/{}", task["id"].as_str().unwrap())).await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("<script>alert"), "the payload is escaped");
+    assert!(page.body.contains("&#60;script&#62;alert(1)&#60;/script&#62;"));
+    let csp = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(csp.contains("frame-ancestors 'none'"));
+    assert_eq!(page.headers["x-frame-options"], "DENY");
+    assert_eq!(page.headers["x-content-type-options"], "nosniff");
+    assert_eq!(page.body.matches("<script").count(), 1, "only the console's own script file");
+    let css = no_redirects().get(format!("{}{}", app.address, "/static/console.css")).send().await.unwrap();
+    assert_eq!(css.status(), 200);
+    assert!(css.headers()["cache-control"].to_str().unwrap().contains("immutable"));
+}
+
+#[tokio::test]
+async fn bulk_replay_says_how_many_then_replays_them() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let other = app.biz_type("billing").await;
+    for _ in 0..3 {
+        let t = app.create_task(&token, json!({"biz_type": "orders"})).await;
+        app.force_status(t["id"].as_str().unwrap(), "failed").await;
+    }
+    let t = app.create_task(&other, json!({"biz_type": "billing"})).await;
+    app.force_status(t["id"].as_str().unwrap(), "failed").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let ask = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", "")]).await;
+    assert_eq!(ask.status, 200);
+    assert!(ask.body.contains("Replay <strong>3</strong> failed tasks"), "{}", ask.body);
+    let failed = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&app.pool).await.unwrap() };
+    assert_eq!(failed().await, 4, "asking changes nothing");
+    let done = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", ""), ("confirm", "yes")]).await;
+    assert_eq!(done.status, 303);
+    assert_eq!(failed().await, 1, "only the other biz type's failed task is left");
+}

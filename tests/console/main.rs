@@ -6,3 +6,4 @@
 // A toolkit: not every test uses every helper.
 #[allow(dead_code)]
 mod browser;
+mod smoke;

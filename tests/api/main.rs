@@ -2,6 +2,10 @@
 
 mod auth;
 mod bad_input;
+// A toolkit: not every test uses every helper.
+#[allow(dead_code)]
+mod browser;
+mod browser_smoke;
 mod cli;
 mod console;
 mod delivery;

@@ -8,6 +8,7 @@ mod browser;
 mod browser_smoke;
 mod cli;
 mod console;
+mod console_browser;
 mod delivery;
 mod embedded;
 mod health;

@@ -1,0 +1,118 @@
+//! The console in a real headless Chromium, end to end: sign in, create a biz type whose
+//! receiver fails, watch its tasks fail, fix the receiver, bulk-replay, see them succeed;
+//! escaping, CSRF and the support role as a browser meets them. Takes the screenshots in
+//! `docs/screenshots/`.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::browser::Browser;
+use crate::helpers::{TestApp, spawn_node};
+use crate::receiver::{Answer, Receiver};
+
+const SHOTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/screenshots");
+
+async fn sign_in(browser: &Browser, app: &TestApp, user: &str, password: &str) {
+    browser.goto(&format!("{}/console", app.address)).await;
+    assert!(browser.current_url().await.contains("/console/login"), "signed out, the console asks to sign in");
+    browser.fill("#login input[name=username]", user).await;
+    browser.fill("#login input[name=password]", password).await;
+    browser.submit("#login").await;
+    assert_eq!(browser.current_url().await, format!("{}/console", app.address));
+}
+
+async fn count(app: &TestApp, status: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = $1").bind(status).fetch_one(&app.pool).await.unwrap()
+}
+
+async fn wait_count(app: &TestApp, status: &str, n: i64) {
+    for _ in 0..300 {
+        if count(app, status).await == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("expected {n} {status} tasks, found {}", count(app, status).await);
+}
+
+#[tokio::test]
+async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(500)).await;
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+
+    // A biz type pointing at the failing receiver; a bad number is refused next to its field.
+    browser.goto("/console/biz-types/new").await;
+    browser.fill("#biz-type input[name=name]", "orders").await;
+    browser.fill("#biz-type input[name=description]", "Closes unpaid orders").await;
+    browser.fill("#biz-type input[name=callback_url]", &receiver.url).await;
+    browser.fill("#biz-type input[name=max_attempts]", "two").await;
+    browser.submit("#biz-type").await;
+    assert_eq!(browser.text(".field-error[data-field=max_attempts]").await, "must be a whole number");
+    browser.fill("#biz-type input[name=max_attempts]", "2").await;
+    browser.fill("#biz-type input[name=backoff_initial_ms]", "100").await;
+    browser.fill("#biz-type input[name=backoff_max_ms]", "200").await;
+    browser.submit("#biz-type").await;
+    assert!(browser.text("#revealed").await.starts_with("whsec_"), "the signing secret is shown once");
+    browser.screenshot(format!("{SHOTS}/biz-type.png")).await;
+    browser.submit("#create-token").await;
+    let token = browser.text("#revealed").await;
+    assert!(token.starts_with("chime_"), "{token}");
+
+    // Tasks scheduled over the API fail against the receiver.
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let payload = if i == 0 { json!({"note": "<script>alert('x')</script>", "order": 1}) } else { json!({"order": i + 1}) };
+        ids.push(app.create_task(&token, json!({"biz_type": "orders", "key": format!("order-{}", i + 1), "payload": payload})).await["id"].as_str().unwrap().to_string());
+    }
+    wait_count(&app, "failed", 5).await;
+    browser.goto("/console/tasks?biz_type=orders&status=failed").await;
+    assert_eq!(browser.texts("#tasks tr.task").await.len(), 5);
+    browser.goto(&format!("/console/tasks/{}", ids[1])).await;
+    assert_eq!(browser.texts("#attempts tbody tr").await.len(), 2, "both attempts are listed");
+    assert!(browser.text("#attempts").await.contains("500"));
+
+    // The receiver is fixed; one confirmed bulk replay delivers them all.
+    receiver.answer_with(Answer::status(200));
+    browser.goto("/console/tasks?biz_type=orders&status=failed").await;
+    browser.submit("#bulk-replay").await;
+    assert!(browser.text("#bulk-count").await.contains("Replay 5 failed tasks"), "{}", browser.text("#bulk-count").await);
+    browser.submit("#confirm-bulk-replay").await;
+    assert!(browser.text(".flash").await.contains("Replayed 5 failed tasks"));
+    wait_count(&app, "succeeded", 5).await;
+    browser.goto("/console/tasks?biz_type=orders&status=succeeded").await;
+    assert_eq!(browser.texts("#tasks tr.task").await.len(), 5);
+
+    // A payload with markup is shown as text, not run.
+    browser.goto(&format!("/console/tasks/{}", ids[0])).await;
+    assert!(browser.text("#payload").await.contains("<script>alert('x')</script>"));
+    assert_eq!(browser.execute("return document.querySelectorAll('script').length").await, json!(1), "only the console's own script");
+    browser.screenshot(format!("{SHOTS}/task.png")).await;
+    browser.goto("/console").await;
+    assert!(browser.text("#dashboard").await.contains("orders"));
+    browser.screenshot(format!("{SHOTS}/dashboard.png")).await;
+
+    // A form stripped of its CSRF token is refused, and nothing changes.
+    browser.goto("/console/biz-types/orders").await;
+    browser.execute("document.querySelector('#pause input[name=csrf]').remove()").await;
+    browser.submit("#pause").await;
+    assert!(browser.source().await.contains("security token"));
+    assert!(!chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap().paused);
+
+    // Support staff can replay but not edit a biz type.
+    chime::users::create(&app.pool, "helen", "support", "support-password").await.unwrap();
+    browser.goto("/console").await;
+    browser.submit("#logout").await;
+    sign_in(&browser, &app, "helen", "support-password").await;
+    browser.goto("/console/biz-types/orders").await;
+    assert!(browser.exists("#biz-type fieldset[disabled]").await, "the settings are read-only");
+    assert!(!browser.exists("#biz-type button[type=submit]").await);
+    assert!(!browser.exists("#pause").await && !browser.exists("#rotate-secret").await && !browser.exists("#create-token").await);
+    browser.goto(&format!("/console/tasks/{}", ids[2])).await;
+    browser.submit("#replay").await;
+    assert!(browser.text(".flash").await.contains("Task replayed"));
+    assert_eq!(browser.text("#status").await, "pending");
+    browser.close().await;
+}

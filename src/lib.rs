@@ -29,6 +29,8 @@ pub mod leader;
 pub mod metrics;
 /// Node registration and heartbeats.
 pub mod nodes;
+/// Pull delivery: consumers reserve due tasks and ack or nack them.
+pub mod pull;
 /// Partitions, the hot horizon, moving cold tasks in, retention.
 pub mod partitions;
 /// Building a node's HTTP server.

@@ -4,13 +4,17 @@
 mod auth;
 mod error;
 mod limits;
+mod pull;
 mod tasks;
 mod timers;
 
 pub use error::ApiError;
 
+use std::sync::Arc;
+
 use actix_web::{HttpRequest, HttpResponse, web};
 use sqlx::PgPool;
+use tokio::sync::Notify;
 
 use self::auth::TokenCache;
 use self::limits::CreateLimiter;
@@ -20,11 +24,25 @@ pub struct AppState {
     pub max_payload_bytes: usize,
     create_limiter: CreateLimiter,
     tokens: TokenCache,
+    /// Woken by every `chime_wake` notification: reserves waiting for a due task.
+    wake: Arc<Notify>,
+    pull_limits: pull::PullLimits,
 }
 
 impl AppState {
+    /// Must be called inside the runtime: it starts listening for wake-ups.
     pub fn new(pool: PgPool, max_payload_bytes: usize) -> Self {
-        AppState { pool, max_payload_bytes, create_limiter: CreateLimiter::default(), tokens: TokenCache::default() }
+        let wake = Arc::new(Notify::new());
+        let waiters = wake.clone();
+        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move || waiters.notify_waiters()));
+        AppState {
+            pool,
+            max_payload_bytes,
+            create_limiter: CreateLimiter::default(),
+            tokens: TokenCache::default(),
+            wake,
+            pull_limits: pull::PullLimits::default(),
+        }
     }
 }
 
@@ -61,6 +79,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         .route(web::patch().to(timers::update))
                         .route(web::delete().to(timers::delete)),
                 )
+                .service(resource("/biz-types/{name}/reserve", "POST").route(web::post().to(pull::reserve)))
+                .service(resource("/tasks/{id}/ack", "POST").route(web::post().to(pull::ack)))
+                .service(resource("/tasks/{id}/nack", "POST").route(web::post().to(pull::nack)))
+                .service(resource("/tasks/{id}/touch", "POST").route(web::post().to(pull::touch)))
                 .service(resource("/timers/{id}/activate", "POST").route(web::post().to(timers::activate)))
                 .service(resource("/timers/{id}/deactivate", "POST").route(web::post().to(timers::deactivate)))
                 .default_service(web::to(not_found)),
@@ -109,15 +131,20 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
 
 /// Reads a JSON body of at most `limit` bytes: 413 beyond it, 400 if it is not JSON.
 async fn read_json(payload: web::Payload, limit: usize) -> Result<serde_json::Value, ApiError> {
+    read_optional_json(payload, limit).await?.ok_or_else(|| ApiError::BadRequest("request body is empty; send a JSON object".into()))
+}
+
+/// The request body as JSON, or None when it is empty (every field optional).
+async fn read_optional_json(payload: web::Payload, limit: usize) -> Result<Option<serde_json::Value>, ApiError> {
     let bytes = match payload.to_bytes_limited(limit).await {
         Ok(Ok(bytes)) => bytes,
         Err(_) => return Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
         Ok(Err(e)) => return Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
     };
     if bytes.is_empty() {
-        return Err(ApiError::BadRequest("request body is empty; send a JSON object".into()));
+        return Ok(None);
     }
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))
 }
 
 /// Deserialises a request object, naming the offending field in the 422.

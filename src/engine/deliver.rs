@@ -41,9 +41,9 @@ pub fn signature(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
 
 /// Delay before retry number `attempt + 1`: exponential from the initial backoff, capped,
 /// with jitter over the upper half so that a burst of failures does not retry in step.
-pub fn backoff(biz: &BizTypeConfig, attempt: i32) -> Duration {
+pub fn backoff(initial_ms: i32, max_ms: i32, attempt: i32) -> Duration {
     let doublings = (attempt - 1).clamp(0, 30) as u32;
-    let full = (biz.backoff_initial_ms as u64).saturating_mul(1 << doublings).min(biz.backoff_max_ms as u64);
+    let full = (initial_ms.max(0) as u64).saturating_mul(1 << doublings).min(max_ms.max(0) as u64);
     let jittered = rand::rng().random_range(full / 2..=full);
     Duration::from_millis(jittered)
 }
@@ -132,7 +132,7 @@ fn retry(biz: &BizTypeConfig, attempt: i32, retry_after: Option<Duration>) -> Ve
     if attempt >= biz.max_attempts {
         return Verdict::GiveUp;
     }
-    let wait = retry_after.filter(|d| *d <= MAX_RETRY_AFTER).unwrap_or_else(|| backoff(biz, attempt));
+    let wait = retry_after.filter(|d| *d <= MAX_RETRY_AFTER).unwrap_or_else(|| backoff(biz.backoff_initial_ms, biz.backoff_max_ms, attempt));
     Verdict::RetryAt(Utc::now() + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX))
 }
 
@@ -178,7 +178,7 @@ mod tests {
         let b = biz(1000, 10_000);
         for (attempt, full) in [(1, 1000u64), (2, 2000), (3, 4000), (4, 8000), (5, 10_000), (40, 10_000)] {
             for _ in 0..50 {
-                let d = backoff(&b, attempt).as_millis() as u64;
+                let d = backoff(b.backoff_initial_ms, b.backoff_max_ms, attempt).as_millis() as u64;
                 assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d} not in [{}, {full}]", full / 2);
             }
         }

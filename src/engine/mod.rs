@@ -26,10 +26,10 @@
 //! stays pending in the database, where any node can take it, rather than queueing here.
 
 mod claim;
-mod deliver;
-mod rate;
+pub(crate) mod deliver;
+pub(crate) mod rate;
 
-pub use claim::recover_expired_leases;
+pub use claim::{next_due, recover_expired_leases};
 pub use deliver::signature;
 
 use std::collections::HashMap;
@@ -98,7 +98,10 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
     // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
     let wake = Arc::new(Notify::new());
-    let listener = tokio::spawn(listen_for_wakes(pool.clone(), wake.clone()));
+    let listener = {
+        let wake = wake.clone();
+        tokio::spawn(listen_for_wakes(pool.clone(), move || wake.notify_one()))
+    };
     let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone()));
     let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
     let mut limiters = rate::Limiters::default();
@@ -228,7 +231,7 @@ async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedRec
 /// Turns `chime_wake` notifications into wake-ups of the claim loop. `PgListener`
 /// reconnects by itself; notifications sent while it was away are lost, which the
 /// loop's `IDLE_POLL` covers.
-async fn listen_for_wakes(pool: PgPool, wake: Arc<Notify>) {
+pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn()) {
     loop {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
             Ok(l) => l,
@@ -245,7 +248,7 @@ async fn listen_for_wakes(pool: PgPool, wake: Arc<Notify>) {
         }
         loop {
             match listener.recv().await {
-                Ok(_) => wake.notify_one(),
+                Ok(_) => on_wake(),
                 Err(e) => {
                     tracing::warn!(error = %e, "lost the LISTEN connection; reconnecting");
                     tokio::time::sleep(Duration::from_millis(100)).await;

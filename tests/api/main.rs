@@ -15,6 +15,7 @@ mod health;
 mod helpers;
 mod leader;
 mod nodes;
+mod pull;
 mod receiver;
 mod tasks;
 mod timers;

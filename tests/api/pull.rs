@@ -1,0 +1,218 @@
+//! Pull delivery: consumers reserve due tasks with a time to run, and ack, nack or touch
+//! them.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use chime::biz_types::{self, Settings};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, spawn_app};
+
+/// A pull biz type with a token.
+async fn pull_biz_type(app: &TestApp, name: &str, settings: Settings) -> String {
+    biz_types::create(&app.pool, name, &Settings { mode: Some("pull".into()), ..settings }).await.unwrap();
+    biz_types::create_token(&app.pool, name).await.unwrap()
+}
+
+async fn reserve(app: &TestApp, token: &str, body: Value) -> Vec<Value> {
+    let reply = app.post("/api/v1/biz-types/jobs/reserve", token, body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply.body["tasks"].as_array().unwrap().clone()
+}
+
+async fn create(app: &TestApp, token: &str, n: usize) -> Vec<String> {
+    let items: Vec<Value> = (0..n).map(|i| json!({"biz_type": "jobs", "payload": i})).collect();
+    let reply = app.post("/api/v1/tasks/batch", token, json!({"tasks": items})).await;
+    reply.body["results"].as_array().unwrap().iter().map(|r| r["task"]["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[tokio::test]
+async fn concurrent_consumers_never_hold_the_same_task() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings { max_in_flight: Some(1000), ..Default::default() }).await;
+    create(&app, &token, 400).await;
+    let consumers: Vec<_> = (0..8)
+        .map(|_| {
+            let (address, token) = (app.address.clone(), token.clone());
+            tokio::spawn(async move {
+                let client = crate::helpers::client();
+                let mut got = Vec::new();
+                loop {
+                    let reply: Value = client
+                        .post(format!("{address}/api/v1/biz-types/jobs/reserve"))
+                        .bearer_auth(&token)
+                        .json(&json!({"max": 10, "ttr_ms": 60000}))
+                        .send()
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                    let tasks = reply["tasks"].as_array().unwrap().clone();
+                    if tasks.is_empty() {
+                        return got;
+                    }
+                    for t in tasks {
+                        let id = t["id"].as_str().unwrap().to_string();
+                        let ack = client.post(format!("{address}/api/v1/tasks/{id}/ack")).bearer_auth(&token).send().await.unwrap();
+                        assert_eq!(ack.status(), 200);
+                        got.push(id);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for c in consumers {
+        for id in c.await.unwrap() {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), 400, "every task reserved");
+    assert!(seen.values().all(|n| *n == 1), "no task reserved twice while its lease held");
+    let succeeded: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'succeeded'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(succeeded, 400);
+    let acked: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE response_excerpt = 'acked'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(acked, 400, "each reservation is an attempt in the history");
+}
+
+#[tokio::test]
+async fn a_consumer_that_dies_leaves_its_tasks_to_others_after_the_time_to_run() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings::default()).await;
+    let ids = create(&app, &token, 3).await;
+    let first = reserve(&app, &token, json!({"max": 10, "ttr_ms": 500})).await;
+    assert_eq!(first.len(), 3);
+    assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty(), "held while the lease lasts");
+    // The first consumer never acks; the leader takes the tasks back after the time to run.
+    let mut again = Vec::new();
+    for _ in 0..50 {
+        again = reserve(&app, &token, json!({"max": 10, "wait_ms": 200})).await;
+        if !again.is_empty() {
+            break;
+        }
+    }
+    let mut got: Vec<String> = again.iter().map(|t| t["id"].as_str().unwrap().to_string()).collect();
+    got.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(got, want);
+    assert!(again.iter().all(|t| t["attempt_count"] == 2));
+    let task = app.get(&format!("/api/v1/tasks/{}", ids[0]), &token).await.body;
+    assert_eq!(task["attempts"][0]["error"], "time to run passed without an ack or nack");
+    // The late consumer's ack of a task now held by another still counts: at least once.
+    let late = app.post(&format!("/api/v1/tasks/{}/ack", ids[0]), &token, json!({})).await;
+    assert_eq!(late.status, 200);
+}
+
+#[tokio::test]
+async fn reserve_waits_for_a_task_to_become_due() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings::default()).await;
+    let started = Instant::now();
+    let waiter = {
+        let (address, token) = (app.address.clone(), token.clone());
+        tokio::spawn(async move {
+            let client = crate::helpers::client();
+            let reply: Value = client
+                .post(format!("{address}/api/v1/biz-types/jobs/reserve"))
+                .bearer_auth(&token)
+                .json(&json!({"wait_ms": 10000}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (reply, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Due in 700 ms: the waiting reserve answers when it is due, long before its 10 s wait.
+    app.create_task(&token, json!({"biz_type": "jobs", "delay_ms": 700, "payload": "soon"})).await;
+    let (reply, answered) = waiter.await.unwrap();
+    assert_eq!(reply["tasks"][0]["payload"], "soon");
+    let waited = answered - started;
+    assert!(waited >= Duration::from_millis(900) && waited < Duration::from_secs(5), "{waited:?}");
+    // Nothing due: an empty answer after the wait.
+    let started = Instant::now();
+    assert!(reserve(&app, &token, json!({"wait_ms": 300})).await.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn nack_retries_after_the_delay_and_fails_after_max_attempts() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings { max_attempts: Some(2), ..Default::default() }).await;
+    let id = create(&app, &token, 1).await.remove(0);
+    reserve(&app, &token, json!({})).await;
+    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"delay_ms": 800, "error": "database busy"})).await;
+    assert_eq!(nacked.status, 200, "{}", nacked.body);
+    assert_eq!(nacked.body["status"], "pending");
+    assert_eq!(nacked.body["last_error"], "nacked: database busy");
+    assert!(reserve(&app, &token, json!({})).await.is_empty(), "not before the delay");
+    let again = reserve(&app, &token, json!({"wait_ms": 3000})).await;
+    assert_eq!(again.len(), 1, "after the delay");
+    let failed = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({})).await;
+    assert_eq!(failed.body["status"], "failed", "the second of two attempts");
+    let task = app.get(&format!("/api/v1/tasks/{id}"), &token).await.body;
+    assert_eq!(task["attempts"].as_array().unwrap().len(), 2);
+
+    // Replay works for pull tasks too.
+    assert_eq!(app.post(&format!("/api/v1/tasks/{id}/replay"), &token, json!({})).await.status, 200);
+    let replayed = reserve(&app, &token, json!({})).await;
+    assert_eq!(replayed[0]["id"], id.as_str());
+    assert_eq!(replayed[0]["attempt_count"], 1);
+}
+
+#[tokio::test]
+async fn touch_extends_the_time_to_run() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings::default()).await;
+    let id = create(&app, &token, 1).await.remove(0);
+    let first = reserve(&app, &token, json!({"ttr_ms": 800})).await;
+    let until: chrono::DateTime<chrono::Utc> = first[0]["reserved_until"].as_str().unwrap().parse().unwrap();
+    let touched = app.post(&format!("/api/v1/tasks/{id}/touch"), &token, json!({"ttr_ms": 60000})).await;
+    assert_eq!(touched.status, 200);
+    let extended: chrono::DateTime<chrono::Utc> = touched.body["reserved_until"].as_str().unwrap().parse().unwrap();
+    assert!(extended > until + chrono::Duration::seconds(30));
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(reserve(&app, &token, json!({})).await.is_empty(), "still held after the first time to run");
+    assert_eq!(app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({})).await.body["status"], "succeeded");
+    let again = app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({})).await;
+    assert_eq!((again.status, again.code()), (409, "conflict"), "acked once only");
+}
+
+#[tokio::test]
+async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings { max_in_flight: Some(2), ..Default::default() }).await;
+    let callback = app.biz_type("hooks").await;
+    create(&app, &token, 3).await;
+    for (body, field) in [
+        (json!({"max": 0}), "max"),
+        (json!({"max": 101}), "max"),
+        (json!({"wait_ms": 30001}), "wait_ms"),
+        (json!({"ttr_ms": 0}), "ttr_ms"),
+        (json!({"count": 1}), "unknown field"),
+    ] {
+        let reply = app.post("/api/v1/biz-types/jobs/reserve", &token, body.clone()).await;
+        assert_eq!(reply.status, 422, "{body}");
+        assert!(reply.message().contains(field), "{}", reply.message());
+    }
+    let reply = app.post("/api/v1/biz-types/hooks/reserve", &callback, json!({})).await;
+    assert_eq!((reply.status, reply.code()), (409, "conflict"), "a callback biz type cannot be reserved from");
+    assert_eq!(app.post("/api/v1/biz-types/hooks/reserve", &token, json!({})).await.status, 403);
+    assert_eq!(app.post("/api/v1/biz-types/nope/reserve", &token, json!({})).await.status, 404);
+
+    // max_in_flight caps the tasks reserved and not yet settled.
+    assert_eq!(reserve(&app, &token, json!({"max": 10})).await.len(), 2);
+    assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty());
+
+    biz_types::update(&app.pool, "jobs", &Settings { paused: Some(true), max_in_flight: Some(100), ..Default::default() }).await.unwrap();
+    assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty(), "paused: nothing handed out");
+    let task = app.create_task(&callback, json!({"biz_type": "hooks"})).await;
+    let foreign = app.post(&format!("/api/v1/tasks/{}/ack", task["id"].as_str().unwrap()), &token, json!({})).await;
+    assert_eq!(foreign.status, 403);
+}

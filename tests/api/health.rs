@@ -23,7 +23,7 @@ async fn readyz_is_not_ready_with_pending_migrations() {
     assert!(ready.message().contains("migrations"), "{}", ready.message());
 }
 
-/// The OpenAPI document is served, is OpenAPI 3, and describes every task route.
+/// The OpenAPI document is served, is OpenAPI 3, and describes every API route.
 #[tokio::test]
 async fn openapi_document_covers_the_api() {
     let app = spawn_app().await;
@@ -40,6 +40,17 @@ async fn openapi_document_covers_the_api() {
         ("/api/v1/tasks/{id}", "delete"),
         ("/api/v1/tasks/{id}/replay", "post"),
         ("/api/v1/biz-types/{name}/tasks/by-key/{key}", "get"),
+        ("/api/v1/timers", "post"),
+        ("/api/v1/timers", "get"),
+        ("/api/v1/timers/{id}", "get"),
+        ("/api/v1/timers/{id}", "patch"),
+        ("/api/v1/timers/{id}", "delete"),
+        ("/api/v1/timers/{id}/activate", "post"),
+        ("/api/v1/timers/{id}/deactivate", "post"),
+        ("/api/v1/biz-types/{name}/reserve", "post"),
+        ("/api/v1/tasks/{id}/ack", "post"),
+        ("/api/v1/tasks/{id}/nack", "post"),
+        ("/api/v1/tasks/{id}/touch", "post"),
     ] {
         assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} missing");
     }

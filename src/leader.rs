@@ -33,9 +33,8 @@ const TICK: Duration = Duration::from_secs(1);
 const PARTITIONS_EVERY: Duration = Duration::from_secs(60);
 const RETENTION_EVERY: Duration = Duration::from_secs(600);
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
-/// Longest a tick spends moving cold tasks, so timers and leases are not held up; the
-/// move goes on at the next tick.
-const MOVE_BUDGET: Duration = Duration::from_millis(500);
+/// How often the migrator looks for cold tasks inside the horizon when it found none.
+const MIGRATE_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -123,7 +122,12 @@ async fn connect(pool: &PgPool, node_id: Uuid, lease: Duration) -> Result<PgConn
 
 /// Leads until the session fails or the node stops; returns why it stopped.
 async fn lead(mut session: PgConnection, pool: &PgPool, settings: &Settings, stop: &mut watch::Receiver<bool>) -> &'static str {
-    let duties = tokio::spawn(housekeeping(pool.clone(), settings.clone()));
+    // The migrator runs beside the other duties, so a large move never delays timers or
+    // lease recovery.
+    let duties = [
+        tokio::spawn(housekeeping(pool.clone(), settings.clone())),
+        tokio::spawn(migrate(pool.clone(), settings.migrate_batch)),
+    ];
     let mut ping = tokio::time::interval((settings.lease / 4).max(Duration::from_millis(250)));
     let reason = loop {
         tokio::select! {
@@ -137,8 +141,10 @@ async fn lead(mut session: PgConnection, pool: &PgPool, settings: &Settings, sto
             _ = stop.changed() => break "the node is stopping",
         }
     };
-    duties.abort();
-    let _ = duties.await;
+    for duty in duties {
+        duty.abort();
+        let _ = duty.await;
+    }
     // Closing the session releases the lock now rather than when the server notices.
     let _ = tokio::time::timeout(Duration::from_secs(1), session.close()).await;
     reason
@@ -153,20 +159,12 @@ async fn housekeeping(pool: PgPool, s: Settings) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut partitioned, mut retired, mut swept) = (None, None, None);
-    let mut cold_left = true;
     loop {
         tick.tick().await;
         if due(partitioned, PARTITIONS_EVERY) {
             partitioned = Some(Instant::now());
-            cold_left = true;
             if let Err(e) = partitions::ensure(&pool, &s.layout).await {
                 tracing::warn!(error = %e, "could not create partitions; will retry in a minute");
-            }
-        }
-        if cold_left {
-            match move_cold(&pool, s.migrate_batch).await {
-                Ok(left) => cold_left = left,
-                Err(e) => tracing::warn!(error = %e, "could not move cold tasks into the hot partitions; retrying"),
             }
         }
         match timers::materialize_due(&pool, s.timer_window).await {
@@ -196,25 +194,33 @@ async fn housekeeping(pool: PgPool, s: Settings) {
     }
 }
 
-/// Moves cold tasks now inside the horizon for up to `MOVE_BUDGET`; true if some remain.
-async fn move_cold(pool: &PgPool, batch: i64) -> Result<bool, sqlx::Error> {
-    let started = Instant::now();
-    let mut total = 0;
-    let left = loop {
-        let moved = partitions::move_cold(pool, batch).await?;
-        total += moved;
-        if moved < batch as u64 {
-            break false;
+/// Moves cold tasks into the hot partitions as the horizon passes them, one batch per
+/// transaction, back to back while any are left.
+async fn migrate(pool: PgPool, batch: i64) {
+    loop {
+        let started = Instant::now();
+        let mut total = 0;
+        let outcome = loop {
+            match partitions::move_cold(&pool, batch).await {
+                Ok(moved) => {
+                    total += moved;
+                    if moved < batch as u64 {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if total > 0 {
+            metrics::housekeeping(total, 0, 0);
+            let secs = started.elapsed().as_secs_f64();
+            tracing::info!(tasks = total, secs, per_sec = (total as f64 / secs) as u64, "moved cold tasks into the hot partitions");
         }
-        if started.elapsed() >= MOVE_BUDGET {
-            break true;
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, "could not move cold tasks into the hot partitions; retrying");
         }
-    };
-    if total > 0 {
-        metrics::housekeeping(total, 0, 0);
-        tracing::info!(tasks = total, more = left, "moved cold tasks into the hot partitions");
+        tokio::time::sleep(MIGRATE_EVERY).await;
     }
-    Ok(left)
 }
 
 /// The fallback for what should never happen: a pending task overdue by more than a

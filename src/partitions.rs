@@ -9,7 +9,7 @@
 //!   from a day ago (a task may be created up to a day in the past) to `hot_days` ahead,
 //!   and moves the hot horizon to their end. Tasks due beyond the horizon go to
 //!   `tasks_cold`.
-//! * `move_cold` (the leader) moves cold tasks that now fall before the horizon into the
+//! * `move_cold` (the leader's migrator) moves cold tasks that now fall before the horizon into the
 //!   hot partitions, one batch per statement: the DELETE from cold and the INSERT into hot
 //!   commit together or not at all, so a leader dying mid-move loses and doubles nothing.
 //! * `retire` (the leader) drops partitions past retention, by detaching them first (a
@@ -127,8 +127,16 @@ pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sql
         let existing = list(&mut *tx, table).await?;
         for (from, to) in missing_ranges(layout, &existing, now - BEHIND, end) {
             // DDL takes no bind parameters; the values are timestamps we formatted ourselves.
+            // Task partitions are queues: rows change state within minutes of arriving, so
+            // they are vacuumed and analysed early (stale statistics can make the claim
+            // walk the list index past finished tasks instead of the pending-only one).
+            let storage = if table == "tasks" {
+                " WITH (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02)"
+            } else {
+                ""
+            };
             sqlx::query(AssertSqlSafe(format!(
-                "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}')",
+                "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}'){storage}",
                 partition_name(table, from),
                 from.to_rfc3339(),
                 to.to_rfc3339()
@@ -153,14 +161,18 @@ pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sql
 /// one statement. Returns how many moved; fewer than `batch` means none is left.
 pub async fn move_cold(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
     Ok(sqlx::query(
-        "WITH picked AS (
-             SELECT id FROM tasks_cold
-              WHERE run_at < (SELECT until FROM hot_horizon)
-              ORDER BY run_at
-              LIMIT $1
-              FOR UPDATE SKIP LOCKED
-         ), moved AS (
-             DELETE FROM tasks_cold c USING picked p WHERE c.id = p.id RETURNING c.*
+        // The ids go to the DELETE as an array so that it always probes the primary key;
+        // joined as a table, large batches tipped the planner into a hash join over a
+        // scan of all of cold storage.
+        "WITH moved AS (
+             DELETE FROM tasks_cold
+              WHERE id = ANY(ARRAY(
+                  SELECT id FROM tasks_cold
+                   WHERE run_at < (SELECT until FROM hot_horizon)
+                   ORDER BY run_at
+                   LIMIT $1
+                   FOR UPDATE SKIP LOCKED))
+             RETURNING *
          )
          INSERT INTO tasks SELECT * FROM moved",
     )

@@ -160,11 +160,12 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, mut i
               WHERE run_at <= now() + interval '1 second' LIMIT 1
          )
          -- The payloads are not sent back: the caller has them. The join only makes the
-         -- `wake` CTE run (an unreferenced CTE is not evaluated).
+         -- `wake` CTE run: an unreferenced CTE is not evaluated, and a LEFT JOIN to it
+         -- would be removed by the planner (it adds no column and at most one row).
          SELECT t.id, t.biz_type_id, $8::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
                 t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at
            FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t
-           LEFT JOIN (SELECT count(*) FROM wake) w ON true",
+           CROSS JOIN (SELECT count(*) FROM wake) w",
     )
     .bind(biz_type_id)
     .bind(&ids)

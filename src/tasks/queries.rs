@@ -232,7 +232,7 @@ async fn requeue(
          )
          SELECT t.*, b.name AS biz_type
            FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t JOIN biz_types b ON b.id = t.biz_type_id
-           LEFT JOIN (SELECT count(*) FROM wake) w ON true"
+           CROSS JOIN (SELECT count(*) FROM wake) w"
     )))
     .bind(id)
     .bind(run_at)

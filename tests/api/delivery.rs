@@ -281,3 +281,26 @@ async fn https_callbacks_verify_the_certificate() {
     server.kill().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Creating, replaying or rescheduling a task due now notifies `chime_wake`, which wakes
+/// sleeping engines and waiting reserves at once instead of at their next poll.
+#[tokio::test]
+async fn a_task_due_now_wakes_the_engines() {
+    let app = crate::helpers::spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let mut listener = sqlx::postgres::PgListener::connect(&app.db_url).await.unwrap();
+    listener.listen("chime_wake").await.unwrap();
+    let task = app.create_task(&token, serde_json::json!({"biz_type": "orders"})).await;
+    assert!(woken(&mut listener).await, "create");
+    let later = app.create_task(&token, serde_json::json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
+    let id = later["id"].as_str().unwrap();
+    assert_eq!(app.patch(&format!("/api/v1/tasks/{id}"), &token, serde_json::json!({"delay_ms": 0})).await.status, 200);
+    assert!(woken(&mut listener).await, "reschedule to now");
+    app.force_status(task["id"].as_str().unwrap(), "failed").await;
+    assert_eq!(app.post(&format!("/api/v1/tasks/{}/replay", task["id"].as_str().unwrap()), &token, serde_json::json!({})).await.status, 200);
+    assert!(woken(&mut listener).await, "replay");
+}
+
+async fn woken(listener: &mut sqlx::postgres::PgListener) -> bool {
+    tokio::time::timeout(std::time::Duration::from_secs(2), listener.try_recv()).await.is_ok_and(|n| n.is_ok_and(|n| n.is_some()))
+}

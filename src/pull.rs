@@ -15,7 +15,6 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::biz_types::BizType;
-use crate::engine::deliver::backoff;
 use crate::error::Error;
 use crate::tasks::Task;
 
@@ -71,82 +70,65 @@ pub enum Verdict {
     Nack { delay_ms: Option<i64>, error: Option<String> },
 }
 
-/// Acks or nacks a reserved task of `biz`; returns the task as it is now. A task that is
-/// not reserved (never was, was acked already, or its time-to-run passed and it went back
-/// to pending) answers Conflict.
+/// Acks or nacks a reserved task of `biz` in one statement; returns the task as it is now.
+/// A task that is not reserved (never was, was acked already, or its time-to-run passed
+/// and it went back to pending) answers Conflict.
 pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, verdict: Verdict) -> Result<Task, Error> {
-    let mut tx = pool.begin().await?;
-    let row: Option<(i32, String, DateTime<Utc>, i32, DateTime<Utc>)> =
-        sqlx::query_as("SELECT biz_type_id, status, run_at, attempt_count, updated_at FROM tasks WHERE id = $1 FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some((owner, status, run_at, attempt, reserved_at)) = row else {
-        let elsewhere: Option<i32> = sqlx::query_scalar("SELECT biz_type_id FROM tasks_cold WHERE id = $1").bind(id).fetch_optional(&mut *tx).await?;
-        return Err(match elsewhere {
-            Some(owner) if owner != biz.id => Error::Forbidden("this task belongs to another biz type".into()),
-            Some(_) => Error::Conflict("this task is not reserved: it is pending".into()),
-            None => Error::NotFound(format!("no task with id {id}")),
-        });
+    let (ack, delay_ms, reason) = match verdict {
+        Verdict::Ack => (true, None, None),
+        Verdict::Nack { delay_ms, error } => (false, delay_ms, Some(format!("nacked{}", error.map(|e| format!(": {e}")).unwrap_or_default()))),
     };
-    if owner != biz.id {
-        return Err(Error::Forbidden("this task belongs to another biz type".into()));
-    }
-    if status != "running" {
-        return Err(Error::Conflict(format!(
-            "this task is not reserved: it is {status} (acked or nacked already, or its time to run passed)"
-        )));
-    }
-    let (new_status, retry_in_ms, error, excerpt) = match verdict {
-        Verdict::Ack => ("succeeded", None, None, Some("acked")),
-        Verdict::Nack { delay_ms, error } => {
-            let error = Some(format!("nacked{}", error.map(|e| format!(": {e}")).unwrap_or_default()));
-            if attempt >= biz.max_attempts {
-                ("failed", None, error, None)
-            } else {
-                let delay = delay_ms.unwrap_or_else(|| backoff(biz.backoff_initial_ms, biz.backoff_max_ms, attempt).as_millis() as i64);
-                ("pending", Some(delay), error, None)
-            }
-        }
-    };
-    let task: Task = sqlx::query_as(
-        "WITH settled AS (
-             UPDATE tasks
-                SET status = $3,
-                    run_at = CASE WHEN $3 = 'pending'
-                                  THEN least(now() + $4 * interval '1 millisecond', (SELECT until FROM hot_horizon) - interval '1 second')
-                                  ELSE run_at END,
-                    lease_until = NULL, leased_by = NULL, last_error = $5, updated_at = now(),
-                    finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END
-              WHERE id = $1 AND run_at = $2
-             RETURNING *
+    // Nack: failed when the attempts are used up, else pending again after the delay
+    // asked for or the biz type's backoff (doubling from the first delay, capped, with
+    // jitter over the upper half, as for callbacks), kept inside the hot horizon.
+    let settled: Option<Task> = sqlx::query_as(
+        "WITH old AS (
+             SELECT id, run_at, status, biz_type_id, attempt_count, updated_at AS reserved_at,
+                    NOT $2 AND attempt_count >= $5 AS exhausted
+               FROM tasks WHERE id = $1 FOR UPDATE
+         ), settled AS (
+             UPDATE tasks t
+                SET status = CASE WHEN $2 THEN 'succeeded' WHEN o.exhausted THEN 'failed' ELSE 'pending' END,
+                    run_at = CASE WHEN $2 OR o.exhausted THEN t.run_at
+                                  ELSE least(now() + coalesce($4::bigint, least($6::float8 * power(2, least(o.attempt_count - 1, 30)), $7::float8)
+                                                                           * (0.5 + random() * 0.5))::bigint * interval '1 millisecond',
+                                             (SELECT until FROM hot_horizon) - interval '1 second') END,
+                    finished_at = CASE WHEN $2 OR o.exhausted THEN now() END,
+                    lease_until = NULL, leased_by = NULL, last_error = $8, updated_at = now()
+               FROM old o
+              WHERE t.id = o.id AND t.run_at = o.run_at AND o.status = 'running' AND o.biz_type_id = $3
+             RETURNING t.*
+         ), attempt AS (
+             INSERT INTO attempts (task_id, number, started_at, duration_ms, error, response_excerpt, biz_type_id, lateness_ms)
+             SELECT o.id, o.attempt_count, o.reserved_at, (extract(epoch FROM now() - o.reserved_at) * 1000)::int, $8,
+                    CASE WHEN $2 THEN 'acked' END, $3, greatest(0, extract(epoch FROM o.reserved_at - o.run_at) * 1000)::int
+               FROM old o WHERE EXISTS (SELECT 1 FROM settled)
          )
-         SELECT settled.*, $6::text AS biz_type FROM settled",
+         SELECT s.*, $9::text AS biz_type FROM settled s",
     )
     .bind(id)
-    .bind(run_at)
-    .bind(new_status)
-    .bind(retry_in_ms.unwrap_or(0))
-    .bind(&error)
-    .bind(&biz.name)
-    .fetch_one(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO attempts (task_id, number, started_at, duration_ms, error, response_excerpt, biz_type_id, lateness_ms)
-         VALUES ($1, $2, $3, (extract(epoch FROM now() - $3) * 1000)::int, $4, $5, $6,
-                 greatest(0, extract(epoch FROM $3 - $7) * 1000)::int)",
-    )
-    .bind(id)
-    .bind(attempt)
-    .bind(reserved_at)
-    .bind(&error)
-    .bind(excerpt)
+    .bind(ack)
     .bind(biz.id)
-    .bind(run_at)
-    .execute(&mut *tx)
+    .bind(delay_ms)
+    .bind(biz.max_attempts)
+    .bind(f64::from(biz.backoff_initial_ms))
+    .bind(f64::from(biz.backoff_max_ms))
+    .bind(&reason)
+    .bind(&biz.name)
+    .fetch_optional(pool)
     .await?;
-    tx.commit().await?;
-    Ok(task)
+    if let Some(task) = settled {
+        return Ok(task);
+    }
+    // Why not: another biz type's, not reserved, or no such task.
+    Err(match crate::tasks::get(pool, id).await? {
+        Some((t, _)) if t.biz_type_id != biz.id => Error::Forbidden("this task belongs to another biz type".into()),
+        Some((t, _)) => Error::Conflict(format!(
+            "this task is not reserved: it is {} (acked or nacked already, or its time to run passed)",
+            t.status
+        )),
+        None => Error::NotFound(format!("no task with id {id}")),
+    })
 }
 
 /// Extends the lease of a reserved task of `biz` to `ttr_ms` from now.

@@ -216,3 +216,18 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
     let foreign = app.post(&format!("/api/v1/tasks/{}/ack", task["id"].as_str().unwrap()), &token, json!({})).await;
     assert_eq!(foreign.status, 403);
 }
+
+#[tokio::test]
+async fn nack_without_a_delay_waits_the_biz_type_s_backoff() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings { backoff_initial_ms: Some(60_000), ..Default::default() }).await;
+    let id = create(&app, &token, 1).await.remove(0);
+    reserve(&app, &token, json!({})).await;
+    let before = chrono::Utc::now();
+    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({})).await.body;
+    assert_eq!(nacked["status"], "pending");
+    let run_at: chrono::DateTime<chrono::Utc> = nacked["run_at"].as_str().unwrap().parse().unwrap();
+    let wait = run_at - before;
+    assert!(wait >= chrono::Duration::seconds(29) && wait <= chrono::Duration::seconds(61), "first backoff, jittered over its upper half: {wait}");
+    assert_eq!(nacked["last_error"], "nacked");
+}

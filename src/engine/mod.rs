@@ -232,9 +232,11 @@ async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedRec
 /// reconnects by itself; notifications sent while it was away are lost, which the
 /// loop's `IDLE_POLL` covers.
 pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn()) {
-    loop {
+    // Until the node shuts down (its pool closes).
+    while !pool.is_closed() {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
             Ok(l) => l,
+            Err(_) if pool.is_closed() => return,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot LISTEN for new tasks; polling meanwhile");
                 tokio::time::sleep(IDLE_POLL).await;
@@ -249,6 +251,7 @@ pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn()) {
         loop {
             match listener.recv().await {
                 Ok(_) => on_wake(),
+                Err(_) if pool.is_closed() => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "lost the LISTEN connection; reconnecting");
                     tokio::time::sleep(Duration::from_millis(100)).await;

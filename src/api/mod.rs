@@ -147,6 +147,17 @@ async fn read_optional_json(payload: web::Payload, limit: usize) -> Result<Optio
     serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))
 }
 
+/// A list's `limit` query parameter: 1 to 1000, 100 when absent.
+fn parse_limit(raw: Option<&str>) -> Result<i64, ApiError> {
+    match raw {
+        None => Ok(100),
+        Some(raw) => match raw.parse::<i64>() {
+            Ok(n) if (1..=1000).contains(&n) => Ok(n),
+            _ => Err(ApiError::Invalid("limit: must be a whole number from 1 to 1000".into())),
+        },
+    }
+}
+
 /// Deserialises a request object, naming the offending field in the 422.
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
     if !value.is_object() {

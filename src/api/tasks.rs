@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_json, read_json};
+use super::{ApiError, AppState, from_json, parse_limit, read_json};
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
 use crate::{audit, biz_types};
 
@@ -205,13 +205,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
     if let Some(status) = &query.status {
         tasks::validate_status(status)?;
     }
-    let limit = match query.limit.as_deref() {
-        None => 100,
-        Some(raw) => match raw.parse::<i64>() {
-            Ok(n) if (1..=1000).contains(&n) => n,
-            _ => return Err(ApiError::Invalid("limit: must be a whole number from 1 to 1000".into())),
-        },
-    };
+    let limit = parse_limit(query.limit.as_deref())?;
     let filter = ListFilter {
         status: query.status,
         from: parse_time("from", query.from.as_deref())?,

@@ -7,7 +7,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_json, read_json};
+use super::{ApiError, AppState, from_json, parse_limit, read_json};
 use crate::audit;
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
 
@@ -69,13 +69,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
     if let Some(name) = &query.biz_type {
         caller.require(&state, name).await?;
     }
-    let limit = match query.limit.as_deref() {
-        None => 100,
-        Some(raw) => match raw.parse::<i64>() {
-            Ok(n) if (1..=1000).contains(&n) => n,
-            _ => return Err(ApiError::Invalid("limit: must be a whole number from 1 to 1000".into())),
-        },
-    };
+    let limit = parse_limit(query.limit.as_deref())?;
     let items = timers::list(&state.pool, caller.0.biz_type_id, query.cursor.as_deref(), limit).await?;
     let next_cursor = (items.len() as i64 == limit).then(|| items.last().map(|t| t.key.clone())).flatten();
     let items: Vec<TimerView> = items.iter().map(view).collect();

@@ -234,6 +234,14 @@ pub fn done(location: &str, message: &str) -> HttpResponse {
     response
 }
 
+/// The message a refused form shows next to `field` (empty when the error is elsewhere).
+pub fn error_for<'a>(error: &'a Option<(String, String)>, field: &str) -> &'a str {
+    match error {
+        Some((f, message)) if f == field => message,
+        _ => "",
+    }
+}
+
 /// A `datetime-local` input's value (UTC) as a time.
 pub fn parse_local_time(field: &str, raw: &str) -> Result<Option<DateTime<Utc>>, ConsoleError> {
     let raw = raw.trim();

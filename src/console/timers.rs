@@ -91,10 +91,7 @@ struct EditPage {
 
 impl EditPage {
     fn error_for(&self, field: &str) -> &str {
-        match &self.error {
-            Some((f, message)) if f == field => message,
-            _ => "",
-        }
+        super::error_for(&self.error, field)
     }
 }
 

@@ -1,0 +1,75 @@
+"""Pull delivery: reserve+ack throughput of N consumers, and how fast a waiting reserve
+answers when a task falls due. Against a running chime whose biz type `jobs` is in pull mode:
+
+    chime biz-type create jobs --mode pull --max-in-flight 10000
+    python3 benches/pull_consumers.py http://127.0.0.1:8080 "$(chime token create --biz-type jobs | tail -1)" 20000 8
+
+Standard library only; consumers are threads, each reserving up to 100 and acking one by one."""
+import http.client, json, sys, threading, time, statistics, urllib.parse
+
+base, token, total, consumers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+u = urllib.parse.urlparse(base)
+H = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+def conn():
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+
+def post(c, path, body=None):
+    c.request("POST", path, body=json.dumps(body or {}), headers=H)
+    r = c.getresponse(); data = r.read()
+    assert r.status == 200 or (r.status == 201), (r.status, data[:200])
+    return json.loads(data) if data else None
+
+# create the tasks, due now
+c = conn()
+for i in range(0, total, 1000):
+    post(c, "/api/v1/tasks/batch", {"tasks": [{"biz_type": "jobs", "payload": {"n": j}} for j in range(i, min(total, i + 1000))]})
+
+done = []
+lock = threading.Lock()
+def consume():
+    c = conn(); n = 0
+    while True:
+        tasks = post(c, "/api/v1/biz-types/jobs/reserve", {"max": 100, "ttr_ms": 60000})["tasks"]
+        if not tasks:
+            break
+        for t in tasks:
+            post(c, f"/api/v1/tasks/{t['id']}/ack")
+            n += 1
+    with lock: done.append(n)
+
+start = time.time()
+threads = [threading.Thread(target=consume) for _ in range(consumers)]
+for t in threads: t.start()
+for t in threads: t.join()
+elapsed = time.time() - start
+print(f"reserve+ack: {sum(done)} tasks by {consumers} consumers in {elapsed:.2f}s = {sum(done)/elapsed:.0f} tasks/s")
+
+# long-poll wake-up: a consumer waits; a task due now is created; time from the create's answer to the reserve's answer
+lat = []
+for i in range(20):
+    got = {}
+    def waiter():
+        c = conn(); r = post(c, "/api/v1/biz-types/jobs/reserve", {"max": 1, "wait_ms": 10000})
+        got["t"] = time.time(); got["tasks"] = r["tasks"]
+        if r["tasks"]: post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack")
+    w = threading.Thread(target=waiter); w.start(); time.sleep(0.3)
+    c2 = conn(); post(c2, "/api/v1/tasks", {"biz_type": "jobs", "payload": i}); created = time.time()
+    w.join(); assert got["tasks"], "no task"
+    lat.append((got["t"] - created) * 1000)
+lat.sort()
+print(f"long-poll: created-to-reserved median {statistics.median(lat):.1f} ms, max {lat[-1]:.1f} ms over {len(lat)}")
+# and a task due in 500 ms: reserved how long after its due time
+late = []
+for i in range(10):
+    got = {}
+    def waiter():
+        c = conn(); r = post(c, "/api/v1/biz-types/jobs/reserve", {"max": 1, "wait_ms": 10000})
+        got["t"] = time.time(); got["tasks"] = r["tasks"]
+        if r["tasks"]: post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack")
+    w = threading.Thread(target=waiter); w.start(); time.sleep(0.2)
+    c2 = conn(); r = post(c2, "/api/v1/tasks", {"biz_type": "jobs", "delay_ms": 500})
+    due = time.mktime(time.strptime(r["run_at"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone + float("0." + r["run_at"][20:26] if len(r["run_at"]) > 20 else 0)
+    w.join(); late.append((got["t"] - due) * 1000)
+late.sort()
+print(f"long-poll: reserved after due time median {statistics.median(late):.1f} ms, max {late[-1]:.1f} ms over {len(late)}")

@@ -5,7 +5,7 @@ answers when a task falls due. Against a running chime whose biz type `jobs` is 
     python3 benches/pull_consumers.py http://127.0.0.1:8080 "$(chime token create --biz-type jobs | tail -1)" 20000 8
 
 Standard library only; consumers are threads, each reserving up to 100 and acking one by one."""
-import http.client, json, sys, threading, time, statistics, urllib.parse
+import datetime, http.client, json, statistics, sys, threading, time, urllib.parse
 
 base, token, total, consumers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 u = urllib.parse.urlparse(base)
@@ -69,7 +69,7 @@ for i in range(10):
         if r["tasks"]: post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack")
     w = threading.Thread(target=waiter); w.start(); time.sleep(0.2)
     c2 = conn(); r = post(c2, "/api/v1/tasks", {"biz_type": "jobs", "delay_ms": 500})
-    due = time.mktime(time.strptime(r["run_at"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone + float("0." + r["run_at"][20:26] if len(r["run_at"]) > 20 else 0)
+    due = datetime.datetime.fromisoformat(r["run_at"]).timestamp()
     w.join(); late.append((got["t"] - due) * 1000)
 late.sort()
 print(f"long-poll: reserved after due time median {statistics.median(late):.1f} ms, max {late[-1]:.1f} ms over {len(late)}")

@@ -49,7 +49,7 @@ async fn run() -> anyhow::Result<()> {
 async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> anyhow::Result<()> {
     let app = Application::build(settings, database.pool.clone()).await?;
     tracing::info!(
-        "chime listening on http://{}:{} (API under /api/v1, OpenAPI at /api/v1/openapi.json)",
+        "chime listening on http://{}:{} (console at /console, API under /api/v1, OpenAPI at /api/v1/openapi.json)",
         settings.listen.ip(),
         app.port()
     );

@@ -55,6 +55,19 @@ pub async fn reserve(pool: &PgPool, biz: &BizType, limit: i64, ttr_ms: i64) -> R
     .await?)
 }
 
+/// How many tasks of the biz type are due, counting no further than `up_to`.
+pub async fn due_count(pool: &PgPool, biz_type_id: i32, up_to: i64) -> Result<i64, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT 1 FROM tasks WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() LIMIT $2
+         ) due",
+    )
+    .bind(biz_type_id)
+    .bind(up_to)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// How many tasks of the biz type are reserved and not yet acked or nacked.
 pub async fn reserved_count(pool: &PgPool, biz_type_id: i32) -> Result<i64, Error> {
     Ok(sqlx::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND status = 'running'")

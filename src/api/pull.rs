@@ -111,7 +111,12 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
         let mut sleep_for = POLL_FALLBACK;
         if !biz.paused {
             let room = i64::from(biz.max_in_flight) - pull::reserved_count(&state.pool, biz.id).await?;
-            let (permitted, rate_wait) = state.pull_limits.take(&state, &biz, max.min(room.max(0))).await;
+            let mut want = max.min(room.max(0));
+            if biz.rate_limit.is_some() && want > 0 {
+                // Permits are not given back: ask only for as many as are due.
+                want = want.min(pull::due_count(&state.pool, biz.id, want).await?);
+            }
+            let (permitted, rate_wait) = state.pull_limits.take(&state, &biz, want).await;
             if permitted > 0 {
                 let tasks = pull::reserve(&state.pool, &biz, permitted, ttr_ms).await?;
                 if !tasks.is_empty() {

@@ -9,13 +9,21 @@ use askama::Template;
 use super::{ConsoleError, Ctx, Session, charts, render};
 use crate::api::AppState;
 
+/// Counts on the dashboard stop here.
+const COUNT_CAP: i64 = 100_000;
+
+/// A count as shown: exact below the cap, "100000+" at it.
+fn shown(n: i64) -> String {
+    if n >= COUNT_CAP { format!("{COUNT_CAP}+") } else { n.to_string() }
+}
+
 pub struct Row {
     pub name: String,
     pub paused: bool,
-    pub pending: i64,
-    pub due_next_hour: i64,
-    pub running: i64,
-    pub failed: i64,
+    pub pending: String,
+    pub due_next_hour: String,
+    pub running: String,
+    pub failed: String,
     pub delivered_last_hour: i64,
     pub failed_last_hour: i64,
     pub lateness_p50_ms: Option<i32>,
@@ -36,15 +44,18 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     let pool = &state.pool;
     // Counts use the partial indexes (pending, failed) and the lease index (running), so
     // their cost follows the queue, not the finished history.
+    // Each count stops at COUNT_CAP (shown as "100000+"), so a huge backlog cannot make
+    // the page slow.
     let counts: Vec<(i32, String, bool, i64, i64, i64, i64)> = sqlx::query_as(
         "SELECT b.id, b.name, b.paused,
-                (SELECT count(*) FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending'),
-                (SELECT count(*) FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending'
-                                                AND t.run_at < now() + interval '1 hour'),
-                (SELECT count(*) FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'running'),
-                (SELECT count(*) FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'failed')
+                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending' LIMIT $1) c),
+                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending'
+                                                              AND t.run_at < now() + interval '1 hour' LIMIT $1) c),
+                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'running' LIMIT $1) c),
+                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'failed' LIMIT $1) c)
            FROM biz_types b ORDER BY b.name",
     )
+    .bind(COUNT_CAP)
     .fetch_all(pool)
     .await?;
     // The last hour of attempts, per biz type and minute (0 = this minute).
@@ -86,10 +97,10 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
             Row {
                 name,
                 paused,
-                pending,
-                due_next_hour,
-                running,
-                failed,
+                pending: shown(pending),
+                due_next_hour: shown(due_next_hour),
+                running: shown(running),
+                failed: shown(failed),
                 delivered_last_hour: per_minute.iter().map(|m| m.0).sum(),
                 failed_last_hour: per_minute.iter().map(|m| m.1).sum(),
                 lateness_p50_ms: p50,
@@ -102,4 +113,13 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     let nodes: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '30 seconds'").fetch_one(pool).await?;
     let page = Page { ctx: Ctx::new(&session, &req, "dashboard"), rows, leader, nodes };
     render(StatusCode::OK, &page.ctx, &page)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_stop_at_the_cap() {
+        assert_eq!(super::shown(99_999), "99999");
+        assert_eq!(super::shown(100_000), "100000+");
+    }
 }

@@ -231,3 +231,17 @@ async fn nack_without_a_delay_waits_the_biz_type_s_backoff() {
     assert!(wait >= chrono::Duration::seconds(29) && wait <= chrono::Duration::seconds(61), "first backoff, jittered over its upper half: {wait}");
     assert_eq!(nacked["last_error"], "nacked");
 }
+
+/// A rate-limited biz type hands out its rate, and a reserve asking for more than is due
+/// spends permits only for what it gets.
+#[tokio::test]
+async fn reserve_keeps_to_the_rate_limit_without_wasting_it() {
+    let app = spawn_app().await;
+    // 100 per second, in bursts of a tenth of a second's worth: 10.
+    let token = pull_biz_type(&app, "jobs", Settings { rate_limit: Some(100.0), ..Default::default() }).await;
+    create(&app, &token, 1).await;
+    assert_eq!(reserve(&app, &token, json!({"max": 100})).await.len(), 1);
+    create(&app, &token, 30).await;
+    let got = reserve(&app, &token, json!({"max": 100})).await.len();
+    assert!((5..=12).contains(&got), "the rest of the burst, not a burst spent on one task: {got}");
+}

@@ -295,7 +295,15 @@ impl Browser {
 
         // The old page's form goes stale once the browser has navigated away: this works
         // when the answer is at the same URL, which comparing URLs would not see.
-        let gone = |e: &CmdError| e.is_stale_element_reference() || e.is_no_such_element();
+        // Chrome sometimes reports the same thing, mid-navigation, as an "unknown error".
+        let gone = |e: &CmdError| {
+            let message = e.to_string();
+            e.is_stale_element_reference()
+                || e.is_no_such_element()
+                || message.contains("does not belong to the document")
+                || message.contains("frame was detached")
+                || message.contains("Cannot find context")
+        };
         let deadline = Instant::now() + PAGE_TIMEOUT;
         let mut validity_checked = false;
         loop {

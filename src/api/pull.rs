@@ -148,10 +148,10 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
 }
 
+/// The caller's biz type, which must be in pull mode: a callback task running in an
+/// engine is not the consumer's to settle.
 async fn own_pull_biz_type(caller: &Caller, state: &AppState) -> Result<BizType, ApiError> {
-    biz_types::by_name(&state.pool, &caller.0.biz_type)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no biz type named `{}`", caller.0.biz_type)))
+    pull_biz_type(caller, state, &caller.0.biz_type).await
 }
 
 pub async fn ack(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {

@@ -213,8 +213,16 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
     biz_types::update(&app.pool, "jobs", &Settings { paused: Some(true), max_in_flight: Some(100), ..Default::default() }).await.unwrap();
     assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty(), "paused: nothing handed out");
     let task = app.create_task(&callback, json!({"biz_type": "hooks"})).await;
-    let foreign = app.post(&format!("/api/v1/tasks/{}/ack", task["id"].as_str().unwrap()), &token, json!({})).await;
+    let task_id = task["id"].as_str().unwrap();
+    let foreign = app.post(&format!("/api/v1/tasks/{task_id}/ack"), &token, json!({})).await;
     assert_eq!(foreign.status, 403);
+    // A callback task an engine is delivering is not its own biz type's consumer's to settle.
+    app.force_status(task_id, "running").await;
+    for action in ["ack", "nack", "touch"] {
+        let reply = app.post(&format!("/api/v1/tasks/{task_id}/{action}"), &callback, json!({})).await;
+        assert_eq!((reply.status, reply.code()), (409, "conflict"), "{action}");
+    }
+    assert_eq!(app.get(&format!("/api/v1/tasks/{task_id}"), &callback).await.body["status"], "running");
 }
 
 #[tokio::test]

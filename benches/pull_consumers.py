@@ -45,31 +45,33 @@ for t in threads: t.join()
 elapsed = time.time() - start
 print(f"reserve+ack: {sum(done)} tasks by {consumers} consumers in {elapsed:.2f}s = {sum(done)/elapsed:.0f} tasks/s")
 
-# long-poll wake-up: a consumer waits; a task due now is created; time from the create's answer to the reserve's answer
-lat = []
-for i in range(20):
+def wait_then_create(create, settle_s):
+    """A consumer waits in a reserve; `create` makes a task and returns its reference time.
+    Returns the ms from that time to the reserve's answer."""
     got = {}
     def waiter():
-        c = conn(); r = post(c, "/api/v1/biz-types/jobs/reserve", {"max": 1, "wait_ms": 10000})
-        got["t"] = time.time(); got["tasks"] = r["tasks"]
-        if r["tasks"]: post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack")
-    w = threading.Thread(target=waiter); w.start(); time.sleep(0.3)
-    c2 = conn(); post(c2, "/api/v1/tasks", {"biz_type": "jobs", "payload": i}); created = time.time()
+        c = conn()
+        r = post(c, "/api/v1/biz-types/jobs/reserve", {"max": 1, "wait_ms": 10000})
+        got["t"], got["tasks"] = time.time(), r["tasks"]
+        if r["tasks"]:
+            post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack")
+    w = threading.Thread(target=waiter); w.start(); time.sleep(settle_s)
+    reference = create(conn())
     w.join(); assert got["tasks"], "no task"
-    lat.append((got["t"] - created) * 1000)
-lat.sort()
-print(f"long-poll: created-to-reserved median {statistics.median(lat):.1f} ms, max {lat[-1]:.1f} ms over {len(lat)}")
-# and a task due in 500 ms: reserved how long after its due time
-late = []
-for i in range(10):
-    got = {}
-    def waiter():
-        c = conn(); r = post(c, "/api/v1/biz-types/jobs/reserve", {"max": 1, "wait_ms": 10000})
-        got["t"] = time.time(); got["tasks"] = r["tasks"]
-        if r["tasks"]: post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack")
-    w = threading.Thread(target=waiter); w.start(); time.sleep(0.2)
-    c2 = conn(); r = post(c2, "/api/v1/tasks", {"biz_type": "jobs", "delay_ms": 500})
-    due = datetime.datetime.fromisoformat(r["run_at"]).timestamp()
-    w.join(); late.append((got["t"] - due) * 1000)
-late.sort()
-print(f"long-poll: reserved after due time median {statistics.median(late):.1f} ms, max {late[-1]:.1f} ms over {len(late)}")
+    return (got["t"] - reference) * 1000
+
+def report(what, ms):
+    ms.sort()
+    print(f"long-poll: {what} median {statistics.median(ms):.1f} ms, max {ms[-1]:.1f} ms over {len(ms)}")
+
+# a task due now: from the create's answer to the reserve's answer
+def due_now(c):
+    post(c, "/api/v1/tasks", {"biz_type": "jobs"})
+    return time.time()
+report("created-to-reserved", [wait_then_create(due_now, 0.3) for _ in range(20)])
+
+# a task due in 500 ms: reserved how long after its due time
+def due_soon(c):
+    r = post(c, "/api/v1/tasks", {"biz_type": "jobs", "delay_ms": 500})
+    return datetime.datetime.fromisoformat(r["run_at"]).timestamp()
+report("reserved after due time", [wait_then_create(due_soon, 0.2) for _ in range(10)])

@@ -147,6 +147,13 @@ async fn read_optional_json(payload: web::Payload, limit: usize) -> Result<Optio
     serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))
 }
 
+/// A query string parsed into `T`; a bad one is a 422 naming what is wrong.
+fn parse_query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiError> {
+    web::Query::<T>::from_query(req.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|e| ApiError::Invalid(format!("query: {e}")))
+}
+
 /// A list's `limit` query parameter: 1 to 1000, 100 when absent.
 fn parse_limit(raw: Option<&str>) -> Result<i64, ApiError> {
     match raw {

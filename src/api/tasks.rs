@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_json, parse_limit, read_json};
+use super::{ApiError, AppState, from_json, parse_limit, parse_query, read_json};
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
 use crate::{audit, biz_types};
 
@@ -196,9 +196,7 @@ fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, A
 }
 
 pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = web::Query::<ListQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::Invalid(format!("query: {e}")))?
-        .into_inner();
+    let query: ListQuery = parse_query(&req)?;
     if let Some(name) = &query.biz_type {
         caller.require(&state, name).await?;
     }

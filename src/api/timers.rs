@@ -7,7 +7,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_json, parse_limit, read_json};
+use super::{ApiError, AppState, from_json, parse_limit, parse_query, read_json};
 use crate::audit;
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
 
@@ -63,14 +63,12 @@ struct ListQuery {
 
 /// The caller's timers by key; the cursor is the last key of the previous page.
 pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = web::Query::<ListQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::Invalid(format!("query: {e}")))?
-        .into_inner();
+    let query: ListQuery = parse_query(&req)?;
     if let Some(name) = &query.biz_type {
         caller.require(&state, name).await?;
     }
     let limit = parse_limit(query.limit.as_deref())?;
-    let items = timers::list(&state.pool, caller.0.biz_type_id, query.cursor.as_deref(), limit).await?;
+    let items = timers::list(&state.pool, Some(caller.0.biz_type_id), query.cursor.as_deref(), limit).await?;
     let next_cursor = (items.len() as i64 == limit).then(|| items.last().map(|t| t.key.clone())).flatten();
     let items: Vec<TimerView> = items.iter().map(view).collect();
     Ok(HttpResponse::Ok().json(json!({"items": items, "next_cursor": next_cursor})))

@@ -172,8 +172,7 @@ fn refused(req: &HttpRequest, session: &Session, biz_type: Option<BizType>, form
 }
 
 pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let form = form.into_inner();
     let name = form.name.trim().to_string();
     let created = match form.settings() {
@@ -196,8 +195,7 @@ pub async fn update(
     name: web::Path<String>,
     form: web::Form<Form>,
 ) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let current = found(&state, &name).await?;
     let mut form = form.into_inner();
     form.name = current.name.clone();
@@ -219,8 +217,7 @@ pub async fn update(
 }
 
 async fn set_paused(session: &Session, state: &AppState, name: &str, form: &CsrfForm, paused: bool) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let (before, after) = biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }).await?;
     let action = if paused { "biz_type.pause" } else { "biz_type.resume" };
     audit::record(&state.pool, &session.actor(), action, "biz_type", name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
@@ -243,8 +240,7 @@ pub async fn rotate_secret(
     name: web::Path<String>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let b = found(&state, &name).await?;
     let secret = biz_types::rotate_secret(&state.pool, b.id).await?;
     audit::record(&state.pool, &session.actor(), "biz_type.rotate_secret", "biz_type", &name, None, None).await?;
@@ -259,8 +255,7 @@ pub async fn create_token(
     name: web::Path<String>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let b = found(&state, &name).await?;
     let token = biz_types::create_token(&state.pool, &name).await?;
     audit::record(&state.pool, &session.actor(), "token.create", "biz_type", &name, None, Some(token[..12].into())).await?;
@@ -273,8 +268,7 @@ pub async fn revoke_token(
     path: web::Path<(String, Uuid)>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let (name, id) = path.into_inner();
     let b = found(&state, &name).await?;
     let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;

@@ -59,6 +59,12 @@ impl Session {
         }
     }
 
+    /// An admin's action: the user must be an admin and the form carry the session's token.
+    pub fn admin_form(&self, csrf: &str) -> Result<(), ConsoleError> {
+        self.require_admin()?;
+        self.check_csrf(csrf)
+    }
+
     /// Who the audit log names.
     pub fn actor(&self) -> String {
         format!("user:{}", self.user.username)

@@ -151,8 +151,7 @@ pub struct RescheduleForm {
 }
 
 pub async fn reschedule(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<RescheduleForm>) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let (task, _) = found(&state, parse_id(&id)?).await?;
     let run_at = parse_local_time("run_at", &form.run_at)?.ok_or_else(|| ConsoleError::Invalid("run_at: give the new time".into()))?;
     let when = When::parse(Some(&run_at.to_rfc3339()), None, chrono::Utc::now())?;

@@ -96,11 +96,7 @@ impl EditPage {
 }
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
-    let all: Vec<Timer> = sqlx::query_as(
-        "SELECT t.*, b.name AS biz_type FROM timers t JOIN biz_types b ON b.id = t.biz_type_id ORDER BY b.name, t.key LIMIT 1000",
-    )
-    .fetch_all(&state.pool)
-    .await?;
+    let all = timers::list(&state.pool, None, None, 1000).await?;
     let page = ListPage { ctx: Ctx::new(&session, &req, "timers"), timers: all.into_iter().map(listed).collect() };
     render(StatusCode::OK, &page.ctx, &page)
 }
@@ -134,8 +130,7 @@ pub async fn new(req: HttpRequest, session: Session, state: web::Data<AppState>)
 }
 
 pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let form = form.into_inner();
     let attempt = async {
         let biz_type_id = biz_types::id_of(&state.pool, &form.biz_type).await.map_err(|_| Error::invalid("biz_type", "choose a biz type"))?;
@@ -179,8 +174,7 @@ async fn change(session: &Session, state: &AppState, timer: &Timer, changes: Tim
 }
 
 pub async fn update(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
     let form = form.into_inner();
     let changes = form.payload().map(|payload| TimerChanges {
@@ -204,8 +198,7 @@ pub async fn update(req: HttpRequest, session: Session, state: web::Data<AppStat
 }
 
 async fn set_active(session: &Session, state: &AppState, id: &str, form: &CsrfForm, active: bool) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let timer = found(state, id).await?;
     let action = if active { "timer.activate" } else { "timer.deactivate" };
     change(session, state, &timer, TimerChanges { active: Some(active), ..TimerChanges::default() }, action).await?;
@@ -222,8 +215,7 @@ pub async fn deactivate(session: Session, state: web::Data<AppState>, id: web::P
 }
 
 pub async fn delete(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
-    session.require_admin()?;
-    session.check_csrf(&form.csrf)?;
+    session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
     let deleted = timers::delete(&state.pool, timer.biz_type_id, timer.id).await?;
     audit::record(&state.pool, &session.actor(), "timer.delete", "timer", &timer.id.to_string(), serde_json::to_value(&deleted).ok(), None).await?;

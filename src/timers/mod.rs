@@ -157,10 +157,12 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Timer>, Error> {
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE t.id = $1"))).bind(id).fetch_optional(pool).await?)
 }
 
-/// A biz type's timers by key, `limit` from after `after_key`.
-pub async fn list(pool: &PgPool, biz_type_id: i32, after_key: Option<&str>, limit: i64) -> Result<Vec<Timer>, Error> {
+/// A biz type's timers (or all, for the console) by biz type and key, `limit` of them;
+/// with a biz type, those after `after_key`.
+pub async fn list(pool: &PgPool, biz_type_id: Option<i32>, after_key: Option<&str>, limit: i64) -> Result<Vec<Timer>, Error> {
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT} WHERE t.biz_type_id = $1 AND ($2::text IS NULL OR t.key > $2) ORDER BY t.key LIMIT $3"
+        "{SELECT} WHERE ($1::int IS NULL OR t.biz_type_id = $1) AND ($2::text IS NULL OR t.key > $2)
+          ORDER BY b.name, t.key LIMIT $3"
     )))
     .bind(biz_type_id)
     .bind(after_key)

@@ -21,6 +21,13 @@ async fn reserve(app: &TestApp, token: &str, body: Value) -> Vec<Value> {
     reply.body["tasks"].as_array().unwrap().clone()
 }
 
+/// A reserve from a task of its own (a consumer beside the test), its answer as JSON.
+async fn reserve_from(client: &reqwest::Client, address: &str, token: &str, body: Value) -> Value {
+    let resp = client.post(format!("{address}/api/v1/biz-types/jobs/reserve")).bearer_auth(token).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
 async fn create(app: &TestApp, token: &str, n: usize) -> Vec<String> {
     let items: Vec<Value> = (0..n).map(|i| json!({"biz_type": "jobs", "payload": i})).collect();
     let reply = app.post("/api/v1/tasks/batch", token, json!({"tasks": items})).await;
@@ -39,16 +46,7 @@ async fn concurrent_consumers_never_hold_the_same_task() {
                 let client = crate::helpers::client();
                 let mut got = Vec::new();
                 loop {
-                    let reply: Value = client
-                        .post(format!("{address}/api/v1/biz-types/jobs/reserve"))
-                        .bearer_auth(&token)
-                        .json(&json!({"max": 10, "ttr_ms": 60000}))
-                        .send()
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
+                    let reply = reserve_from(&client, &address, &token, json!({"max": 10, "ttr_ms": 60000})).await;
                     let tasks = reply["tasks"].as_array().unwrap().clone();
                     if tasks.is_empty() {
                         return got;
@@ -114,17 +112,7 @@ async fn reserve_waits_for_a_task_to_become_due() {
     let waiter = {
         let (address, token) = (app.address.clone(), token.clone());
         tokio::spawn(async move {
-            let client = crate::helpers::client();
-            let reply: Value = client
-                .post(format!("{address}/api/v1/biz-types/jobs/reserve"))
-                .bearer_auth(&token)
-                .json(&json!({"wait_ms": 10000}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let reply = reserve_from(&crate::helpers::client(), &address, &token, json!({"wait_ms": 10000})).await;
             (reply, Instant::now())
         })
     };

@@ -69,6 +69,8 @@ pub enum Command {
     /// Manage console users.
     #[command(subcommand)]
     User(UserCommand),
+    /// Measure chime: create rate, burst delivery, steady lateness, backlog independence.
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -153,6 +155,96 @@ impl Default for ServeArgs {
             engine: true,
         }
     }
+}
+
+/// `chime bench`. The nodes it starts are `chime serve` processes that inherit this
+/// process's environment, so any CHIME_* setting applies to them.
+#[derive(Debug, Clone, Args, serde::Serialize)]
+#[command(after_help = "Without DATABASE_URL, the bench starts a throwaway embedded PostgreSQL with the same \
+    durable settings as `chime serve` and removes it at the end. With DATABASE_URL, use a scratch database: the \
+    bench adds biz types named bench-* and leaves their tasks behind.\n\n\
+    Example, the README's figures: chime bench --runs 3 --svg docs/bench.svg\n\
+    Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1")]
+pub struct BenchArgs {
+    /// Scenarios to run, in this order: create-single, create-batch, burst, steady, backlog
+    /// (backlog fills the table, then repeats burst and steady on it).
+    #[arg(long, value_delimiter = ',', default_value = "create-single,create-batch,burst,steady")]
+    pub scenarios: Vec<BenchScenario>,
+
+    /// Node counts to run burst and steady with (each count on one database).
+    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub nodes: Vec<u32>,
+
+    /// Times to run each scenario; the table shows the median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub runs: u32,
+
+    /// Tasks created one per request in create-single.
+    #[arg(long, default_value_t = 30_000)]
+    pub single_tasks: u32,
+
+    /// Concurrent clients in create-single.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub single_clients: u32,
+
+    /// Tasks created in batches of 1000 in create-batch.
+    #[arg(long, default_value_t = 200_000)]
+    pub batch_tasks: u32,
+
+    /// Concurrent clients in create-batch (and when creating the burst and steady tasks).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub batch_clients: u32,
+
+    /// Tasks falling due at one instant in burst.
+    #[arg(long, default_value_t = 50_000)]
+    pub burst_tasks: u32,
+
+    /// Tasks per second, spread evenly, in steady.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub steady_rate: u32,
+
+    /// Seconds of steady load.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub steady_secs: u32,
+
+    /// Future tasks written before backlog repeats burst and steady.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub backlog_future: u64,
+
+    /// Finished tasks written before backlog repeats burst and steady.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub backlog_finished: u64,
+
+    /// Bytes of each task's payload (a JSON object with a string of about this size).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=65_000))]
+    pub payload_bytes: u32,
+
+    /// The bench biz types' max_in_flight (callbacks in flight at once, whole cluster).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_in_flight: u32,
+
+    /// Send callbacks to this URL instead of the bench's own in-process receiver; figures
+    /// then come from chime's attempt records (fire time) rather than arrival times.
+    #[arg(long)]
+    pub receiver_url: Option<String>,
+
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "chime-bench.json")]
+    pub json: PathBuf,
+
+    /// Also draw burst throughput over time and the steady lateness distribution as SVG.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BenchScenario {
+    CreateSingle,
+    CreateBatch,
+    Burst,
+    Steady,
+    Backlog,
 }
 
 #[derive(Debug, Subcommand)]

@@ -710,6 +710,13 @@ impl Drop for EmbeddedPg {
 /// then stops the cluster and removes the directory. It runs as the database user, as
 /// `pg_ctl` must, so the directory is given to that user too.
 pub async fn start_throwaway() -> Result<EmbeddedPg, EmbeddedPgError> {
+    start_temporary(THROWAWAY_CONF).await
+}
+
+/// A fresh cluster in a new temp directory, removed when this process ends, with
+/// `extra_conf` appended to its `postgresql.conf` (`chime bench` passes none: the same
+/// durable settings as `chime serve`).
+pub async fn start_temporary(extra_conf: &str) -> Result<EmbeddedPg, EmbeddedPgError> {
     let bin_dir = find_bin_dir(None)?;
     let dir = make_temp_dir()?;
     let user = db_user(&dir.join("pgdata"))?;
@@ -723,7 +730,7 @@ pub async fn start_throwaway() -> Result<EmbeddedPg, EmbeddedPgError> {
             ))?;
     }
     spawn_watchdog(&bin_dir, &dir, user.as_ref())?;
-    EmbeddedPg::start_with(&dir, bin_dir, THROWAWAY_CONF).await
+    EmbeddedPg::start_with(&dir, bin_dir, extra_conf).await
 }
 
 fn make_temp_dir() -> Result<PathBuf, EmbeddedPgError> {

@@ -26,6 +26,10 @@ async fn run() -> anyhow::Result<()> {
         .init();
 
     let command = args.command.unwrap_or(Command::Serve(args.serve));
+    if let Command::Bench(bench) = command {
+        // The bench brings its own database (unless DATABASE_URL is given) and nodes.
+        return chime::bench::run(&args.db, bench).await;
+    }
     let attach = !matches!(command, Command::Serve(_));
     let database = Database::open(&args.db, attach).await?;
     let result = async {
@@ -39,6 +43,7 @@ async fn run() -> anyhow::Result<()> {
             Command::BizType(c) => cli::biz_type(&database.pool, c).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
             Command::User(c) => cli::user(&database.pool, c).await,
+            Command::Bench(_) => unreachable!("handled above"),
         }
     }
     .await;

@@ -1,0 +1,534 @@
+//! `chime bench`: measures what a timer service is judged on (issue 6's targets) on this
+//! machine, end to end: tasks go in through the REST API of real `chime serve` processes,
+//! and come out as HTTP callbacks to a receiver in this process.
+//!
+//! Scenarios:
+//! - create-single: tasks created one per request by many clients;
+//! - create-batch: tasks created 1000 per request;
+//! - burst: tasks all due at one instant; rate from the due instant until the last
+//!   success is recorded, and how late the first callback came;
+//! - steady: tasks due at an even rate; how late each callback came;
+//! - backlog: writes millions of future and finished tasks, then repeats burst and steady.
+//!
+//! Times come from one clock: the receiver's arrival times and the database's, on the
+//! same machine. Tasks due in the future are created before they are due, so creating
+//! them is not part of their lateness.
+
+mod receiver;
+mod report;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, TimeDelta, Utc};
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+use self::receiver::{Arrival, Receiver};
+pub use self::report::{Figure, Report, Target};
+use crate::biz_types::{self, Settings};
+use crate::config::{BenchArgs, BenchScenario, DbArgs};
+use crate::{db, embedded_pg};
+
+const BATCH: usize = 1000;
+/// Create-scenario tasks are due this far ahead: they are never delivered during the run.
+const CREATE_DELAY_MS: i64 = 3_600_000;
+
+pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
+    crate::engine::install_tls_provider();
+    let (url, embedded) = match &db_args.database_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let pg = embedded_pg::start_temporary("").await.context("starting a throwaway PostgreSQL for the bench")?;
+            (pg.url("chime"), Some(pg))
+        }
+    };
+    let result = async {
+        let pool = db::connect(&url, 4).await?;
+        db::migrate(&pool).await?;
+        let logs = std::env::temp_dir().join(format!("chime-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        eprintln!("bench: node logs in {}", logs.display());
+        let receiver = match &args.receiver_url {
+            Some(_) => None,
+            None => Some(Receiver::start().context("starting the bench's receiver")?),
+        };
+        let mut bench = Bench {
+            client: reqwest::Client::builder().pool_max_idle_per_host(1024).build()?,
+            pool,
+            url: url.clone(),
+            logs,
+            receiver,
+            nodes: Vec::new(),
+            report: Report::new(&args),
+            args,
+        };
+        let outcome = bench.run_all().await;
+        bench.stop_nodes(0).await;
+        if let Some(receiver) = &bench.receiver {
+            receiver.stop().await;
+        }
+        outcome?;
+        bench.report.print();
+        bench.report.write_json(&bench.args.json)?;
+        eprintln!("bench: results written to {}", bench.args.json.display());
+        if let Some(path) = &bench.args.svg {
+            bench.report.write_svg(path)?;
+            eprintln!("bench: charts drawn in {}", path.display());
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Some(pg) = embedded {
+        pg.stop().await;
+    }
+    result
+}
+
+struct Node {
+    child: Child,
+    base: String,
+}
+
+/// A biz type made for one scenario run, with its API token.
+struct Biz {
+    id: i32,
+    name: String,
+    token: String,
+}
+
+struct Bench {
+    args: BenchArgs,
+    pool: PgPool,
+    url: String,
+    logs: PathBuf,
+    client: reqwest::Client,
+    receiver: Option<Receiver>,
+    nodes: Vec<Node>,
+    report: Report,
+}
+
+impl Bench {
+    async fn run_all(&mut self) -> anyhow::Result<()> {
+        let wants = |s| self.args.scenarios.contains(&s);
+        let (single, batch, burst, steady, backlog) = (
+            wants(BenchScenario::CreateSingle),
+            wants(BenchScenario::CreateBatch),
+            wants(BenchScenario::Burst),
+            wants(BenchScenario::Steady),
+            wants(BenchScenario::Backlog),
+        );
+        let counts = self.args.nodes.clone();
+        for (i, &nodes) in counts.iter().enumerate() {
+            self.ensure_nodes(nodes as usize).await?;
+            for run in 1..=self.args.runs {
+                // Creating goes through the API of every node, so one count is enough.
+                if i == 0 && single {
+                    self.create_single(run).await?;
+                }
+                if i == 0 && batch {
+                    self.create_batch(run).await?;
+                }
+                if burst || backlog && i == 0 {
+                    self.burst(run, "burst").await?;
+                }
+                if steady || backlog && i == 0 {
+                    self.steady(run, "steady").await?;
+                }
+            }
+        }
+        if backlog {
+            self.ensure_nodes(counts[0] as usize).await?;
+            self.fill_backlog().await?;
+            for run in 1..=self.args.runs {
+                self.burst(run, "backlog burst").await?;
+                self.steady(run, "backlog steady").await?;
+            }
+            self.report.compare_backlog(counts[0]);
+        }
+        Ok(())
+    }
+
+    fn callback_url(&self) -> String {
+        match (&self.args.receiver_url, &self.receiver) {
+            (Some(url), _) => url.clone(),
+            (None, Some(r)) => r.url.clone(),
+            (None, None) => unreachable!("a receiver runs when no URL is given"),
+        }
+    }
+
+    async fn new_biz_type(&self, name: &str) -> anyhow::Result<Biz> {
+        let name = format!("bench-{name}");
+        let settings = Settings {
+            callback_url: Some(self.callback_url()),
+            mode: Some("callback".into()),
+            max_in_flight: Some(self.args.max_in_flight as i32),
+            timeout_ms: Some(10_000),
+            ..Settings::default()
+        };
+        let biz = match biz_types::create(&self.pool, &name, &settings).await {
+            Ok(biz) => biz,
+            Err(crate::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the bench an empty database"),
+            Err(e) => return Err(e.into()),
+        };
+        let token = biz_types::create_token(&self.pool, &name).await?;
+        Ok(Biz { id: biz.id, name, token })
+    }
+
+    // ---- nodes ----
+
+    async fn ensure_nodes(&mut self, count: usize) -> anyhow::Result<()> {
+        self.stop_nodes(count).await;
+        while self.nodes.len() < count {
+            let node = self.start_node(self.nodes.len() + 1).await?;
+            self.nodes.push(node);
+        }
+        // Let the engines see each other, so that each takes its share from the start.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(())
+    }
+
+    async fn start_node(&self, number: usize) -> anyhow::Result<Node> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log_path = self.logs.join(format!("node-{number}.log"));
+        let log = std::fs::File::create(&log_path)?;
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .arg("serve")
+            .env("DATABASE_URL", &self.url)
+            .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
+            .env("CHIME_ADMIN_PASSWORD", crate::biz_types::new_secret())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        if std::env::var_os("CHIME_LOG").is_none() {
+            command.env("CHIME_LOG", "warn");
+        }
+        let mut child = command.spawn().context("starting a chime node")?;
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("node {number} exited ({status}); its log: {}", log_path.display());
+            }
+            if let Ok(r) = self.client.get(format!("{base}/readyz")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("node {number} not ready after 30 s; its log: {}", log_path.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Node { child, base })
+    }
+
+    /// Stops nodes (SIGTERM, as an operator would) until `keep` are left.
+    async fn stop_nodes(&mut self, keep: usize) {
+        while self.nodes.len() > keep {
+            let mut node = self.nodes.pop().expect("a node");
+            if let Some(pid) = node.child.id() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+            }
+            if tokio::time::timeout(Duration::from_secs(40), node.child.wait()).await.is_err() {
+                let _ = node.child.kill().await;
+            }
+        }
+    }
+
+    // ---- creating ----
+
+    fn payload(&self, n: usize) -> String {
+        format!(r#"{{"order":{n},"note":"{}"}}"#, "x".repeat(self.args.payload_bytes.saturating_sub(30) as usize))
+    }
+
+    async fn create_single(&mut self, run: u32) -> anyhow::Result<()> {
+        let biz = self.new_biz_type(&format!("create-single-{run}")).await?;
+        let (total, clients) = (self.args.single_tasks as usize, self.args.single_clients as usize);
+        let body = Arc::new(format!(r#"{{"biz_type":"{}","delay_ms":{CREATE_DELAY_MS},"payload":{}}}"#, biz.name, self.payload(0)));
+        let next = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut workers = tokio::task::JoinSet::new();
+        for c in 0..clients {
+            let (client, body, next, token) = (self.client.clone(), body.clone(), next.clone(), biz.token.clone());
+            let url = format!("{}/api/v1/tasks", self.nodes[c % self.nodes.len()].base);
+            workers.spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < total {
+                    let reply = client.post(&url).bearer_auth(&token).body(body.as_str().to_owned()).send().await?;
+                    if reply.status() != reqwest::StatusCode::CREATED {
+                        bail!("create answered {}: {}", reply.status(), reply.text().await.unwrap_or_default());
+                    }
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(done) = workers.join_next().await {
+            done??;
+        }
+        let rate = total as f64 / started.elapsed().as_secs_f64();
+        let nodes = self.nodes.len() as u32;
+        let metric = format!("create, one task per request, {clients} clients");
+        self.report.add("create-single", nodes, &metric, "tasks/s", rate, Some(Target::AtLeast(10_000.0)));
+        self.delete_tasks(&biz).await
+    }
+
+    async fn create_batch(&mut self, run: u32) -> anyhow::Result<()> {
+        let biz = self.new_biz_type(&format!("create-batch-{run}")).await?;
+        let total = self.args.batch_tasks as usize;
+        let run_at = Utc::now() + TimeDelta::milliseconds(CREATE_DELAY_MS);
+        let started = Instant::now();
+        self.create_due(&biz, &vec![run_at; total]).await?;
+        let rate = total as f64 / started.elapsed().as_secs_f64();
+        let metric = format!("create, {BATCH} tasks per request, {} clients", self.args.batch_clients);
+        self.report.add("create-batch", self.nodes.len() as u32, &metric, "tasks/s", rate, Some(Target::AtLeast(100_000.0)));
+        self.delete_tasks(&biz).await
+    }
+
+    /// Creates one task per `run_at` through the batch API, `batch_clients` requests at a
+    /// time spread over the nodes.
+    async fn create_due(&self, biz: &Biz, run_ats: &[DateTime<Utc>]) -> anyhow::Result<()> {
+        let chunks: Arc<Vec<String>> = Arc::new(
+            run_ats
+                .chunks(BATCH)
+                .enumerate()
+                .map(|(c, chunk)| {
+                    let items: Vec<String> = chunk
+                        .iter()
+                        .enumerate()
+                        .map(|(i, at)| {
+                            format!(
+                                r#"{{"biz_type":"{}","run_at":"{}","payload":{}}}"#,
+                                biz.name,
+                                at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                                self.payload(c * BATCH + i)
+                            )
+                        })
+                        .collect();
+                    format!(r#"{{"tasks":[{}]}}"#, items.join(","))
+                })
+                .collect(),
+        );
+        let next = Arc::new(AtomicUsize::new(0));
+        let mut workers = tokio::task::JoinSet::new();
+        for c in 0..self.args.batch_clients as usize {
+            let (client, chunks, next, token) = (self.client.clone(), chunks.clone(), next.clone(), biz.token.clone());
+            let url = format!("{}/api/v1/tasks/batch", self.nodes[c % self.nodes.len()].base);
+            workers.spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = chunks.get(i) else { return anyhow::Ok(()) };
+                    let reply = client.post(&url).bearer_auth(&token).body(body.clone()).send().await?;
+                    let status = reply.status();
+                    let text = reply.text().await?;
+                    // Every item answers 201; anything else is in the body as "status":4xx/5xx.
+                    if !status.is_success() || text.contains(r#""status":4"#) || text.contains(r#""status":5"#) {
+                        bail!("batch create answered {status}: {}", &text[..text.len().min(500)]);
+                    }
+                }
+            });
+        }
+        while let Some(done) = workers.join_next().await {
+            done??;
+        }
+        Ok(())
+    }
+
+    async fn delete_tasks(&self, biz: &Biz) -> anyhow::Result<()> {
+        sqlx::query("DELETE FROM tasks WHERE biz_type_id = $1").bind(biz.id).execute(&self.pool).await?;
+        sqlx::query("VACUUM ANALYZE tasks").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    // ---- delivering ----
+
+    async fn burst(&mut self, run: u32, scenario: &str) -> anyhow::Result<()> {
+        let nodes = self.nodes.len() as u32;
+        let biz = self.new_biz_type(&format!("{}-{nodes}n-{run}", scenario.replace(' ', "-"))).await?;
+        let total = self.args.burst_tasks as usize;
+        // Time to create the tasks (about 25k/s at worst) before they fall due.
+        let lead = TimeDelta::milliseconds(1500 + total as i64 / 25);
+        let due = Utc::now() + lead;
+        self.create_due(&biz, &vec![due; total]).await?;
+        if Utc::now() > due {
+            bail!("creating {total} tasks took longer than the {} ms allowed; use a smaller --burst-tasks", lead.num_milliseconds());
+        }
+        let (arrivals, last_recorded) = self.wait_delivered(&biz, total, Duration::from_secs(60 + total as u64 / 1000)).await?;
+        let first = arrivals.iter().map(|a| a.at).min().expect("at least one arrival");
+        let rate = total as f64 / secs(last_recorded - due);
+        self.report.add(scenario, nodes, &format!("burst of {total}: delivery rate"), "tasks/s", rate, Some(Target::AtLeast(15_000.0)));
+        self.report.add(scenario, nodes, "burst: first callback after due", "ms", ms(first - due), Some(Target::AtMost(10.0)));
+        self.report.add(scenario, nodes, "burst: duplicates", "tasks", (arrivals.len() - distinct(&arrivals)) as f64, None);
+        self.report.burst_series(&format!("{scenario}, {nodes} node{}", plural(nodes)), due, &arrivals);
+        Ok(())
+    }
+
+    async fn steady(&mut self, run: u32, scenario: &str) -> anyhow::Result<()> {
+        let nodes = self.nodes.len() as u32;
+        let biz = self.new_biz_type(&format!("{}-{nodes}n-{run}", scenario.replace(' ', "-"))).await?;
+        let (rate, seconds) = (self.args.steady_rate as i64, self.args.steady_secs as i64);
+        let total = (rate * seconds) as usize;
+        let lead = TimeDelta::milliseconds(1500 + total as i64 / 25);
+        let start = Utc::now() + lead;
+        let run_ats: Vec<DateTime<Utc>> =
+            (0..total as i64).map(|i| start + TimeDelta::microseconds(i * 1_000_000 / rate)).collect();
+        self.create_due(&biz, &run_ats).await?;
+        if Utc::now() > start {
+            bail!("creating {total} tasks took longer than the {} ms allowed", lead.num_milliseconds());
+        }
+        let (arrivals, _) = self.wait_delivered(&biz, total, Duration::from_secs(seconds as u64 + 60)).await?;
+        let lateness = first_lateness_ms(&arrivals);
+        let metric = format!("steady {rate}/s: lateness");
+        self.report.add(scenario, nodes, &format!("{metric} p50"), "ms", percentile(&lateness, 0.50), Some(Target::AtMost(5.0)));
+        self.report.add(scenario, nodes, &format!("{metric} p99"), "ms", percentile(&lateness, 0.99), Some(Target::AtMost(20.0)));
+        self.report.add(scenario, nodes, &format!("{metric} max"), "ms", percentile(&lateness, 1.0), None);
+        self.report.lateness_series(&format!("{scenario}, {nodes} node{}", plural(nodes)), lateness);
+        Ok(())
+    }
+
+    /// Waits until every task of `biz` succeeded; returns the callbacks as they arrived
+    /// (from the receiver, or as fired according to chime's attempts when the receiver is
+    /// elsewhere) and when the last success was recorded.
+    async fn wait_delivered(&self, biz: &Biz, total: usize, limit: Duration) -> anyhow::Result<(Vec<Arrival>, DateTime<Utc>)> {
+        let deadline = Instant::now() + limit;
+        // The receiver's count is free to read; the database is asked once it is complete,
+        // so that polling adds no load while the scenario runs.
+        if let Some(receiver) = &self.receiver {
+            while receiver.log.distinct(&biz.name) < total {
+                if Instant::now() > deadline {
+                    bail!("{}: {} of {total} callbacks arrived within {limit:?}", biz.name, receiver.log.distinct(&biz.name));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let last_recorded = loop {
+            let (done, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+                "SELECT count(*) FILTER (WHERE status = 'succeeded'), max(finished_at) FROM tasks WHERE biz_type_id = $1",
+            )
+            .bind(biz.id)
+            .fetch_one(&self.pool)
+            .await?;
+            if done as usize >= total {
+                break last.expect("finished tasks have finished_at");
+            }
+            if Instant::now() > deadline {
+                bail!("{}: {done} of {total} tasks succeeded within {limit:?}", biz.name);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let arrivals = match &self.receiver {
+            Some(receiver) => receiver.log.arrivals(&biz.name),
+            None => {
+                let rows: Vec<(uuid::Uuid, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+                    "SELECT a.task_id, t.run_at, a.started_at FROM attempts a JOIN tasks t ON t.id = a.task_id
+                      WHERE a.biz_type_id = $1 ORDER BY a.started_at",
+                )
+                .bind(biz.id)
+                .fetch_all(&self.pool)
+                .await?;
+                rows.into_iter().map(|(task_id, run_at, at)| Arrival { task_id, run_at, at }).collect()
+            }
+        };
+        Ok((arrivals, last_recorded))
+    }
+
+    // ---- backlog ----
+
+    /// Writes the backlog straight into the table, as years of use would leave it: future
+    /// tasks spread over the hot partitions, finished ones over the past day.
+    async fn fill_backlog(&mut self) -> anyhow::Result<()> {
+        let biz = self.new_biz_type("backlog").await?;
+        let payload = self.payload(0);
+        let horizon: DateTime<Utc> = sqlx::query_scalar("SELECT until FROM hot_horizon").fetch_one(&self.pool).await?;
+        let now = Utc::now();
+        let parts = [
+            ("future", self.args.backlog_future, now + TimeDelta::hours(1), horizon - TimeDelta::hours(1), false),
+            ("finished", self.args.backlog_finished, now - TimeDelta::hours(20), now - TimeDelta::hours(1), true),
+        ];
+        let started = Instant::now();
+        for (what, count, from, to, finished) in parts {
+            let step_us = (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / count.max(1) as f64;
+            let mut written = 0u64;
+            while written < count {
+                let n = (count - written).min(1_000_000);
+                sqlx::query(
+                    "INSERT INTO tasks (id, biz_type_id, run_at, payload, status, attempt_count, finished_at)
+                     SELECT gen_random_uuid(), $1, r.at, $5::jsonb,
+                            CASE WHEN $6 THEN 'succeeded' ELSE 'pending' END, CASE WHEN $6 THEN 1 ELSE 0 END,
+                            CASE WHEN $6 THEN r.at + interval '1 second' END
+                       FROM generate_series($2::bigint, $2 + $3 - 1) i,
+                            LATERAL (SELECT $4::timestamptz + (i * $7::float8) * interval '1 microsecond' AS at) r",
+                )
+                .bind(biz.id)
+                .bind(written as i64)
+                .bind(n as i64)
+                .bind(from)
+                .bind(&payload)
+                .bind(finished)
+                .bind(step_us)
+                .execute(&self.pool)
+                .await
+                .with_context(|| format!("writing {what} backlog tasks"))?;
+                written += n;
+                eprintln!("bench: backlog: {written} of {count} {what} tasks written ({:.0} s)", started.elapsed().as_secs_f64());
+            }
+        }
+        eprintln!("bench: backlog: VACUUM ANALYZE and CHECKPOINT, as autovacuum and time would have done");
+        sqlx::query("VACUUM ANALYZE tasks").execute(&self.pool).await?;
+        sqlx::query("CHECKPOINT").execute(&self.pool).await?;
+        eprintln!("bench: backlog ready after {:.0} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+fn secs(d: TimeDelta) -> f64 {
+    d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+fn ms(d: TimeDelta) -> f64 {
+    secs(d) * 1000.0
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn distinct(arrivals: &[Arrival]) -> usize {
+    arrivals.iter().map(|a| a.task_id).collect::<std::collections::HashSet<_>>().len()
+}
+
+/// Lateness of each task's first callback, in ms, sorted.
+fn first_lateness_ms(arrivals: &[Arrival]) -> Vec<f64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut lateness: Vec<f64> =
+        arrivals.iter().filter(|a| seen.insert(a.task_id)).map(|a| ms(a.at - a.run_at)).collect();
+    lateness.sort_by(f64::total_cmp);
+    lateness
+}
+
+/// The value at quantile `q` of sorted values (nearest rank).
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&v, 1.0), 100.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+}

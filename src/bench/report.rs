@@ -1,0 +1,289 @@
+//! The bench's results: a table on stdout, JSON for machines, SVG charts for the README.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::percentile;
+use super::receiver::Arrival;
+use crate::config::BenchArgs;
+
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Target {
+    fn met(self, value: f64) -> bool {
+        match self {
+            Target::AtLeast(t) => value >= t,
+            Target::AtMost(t) => value <= t,
+        }
+    }
+}
+
+/// One measured quantity, with every run's value and their median.
+#[derive(Debug, Serialize)]
+pub struct Figure {
+    pub scenario: String,
+    pub nodes: u32,
+    pub metric: String,
+    pub unit: String,
+    pub median: f64,
+    pub runs: Vec<f64>,
+    pub target: Option<Target>,
+    pub met: Option<bool>,
+}
+
+/// Callbacks per 100 ms from the due instant, of one burst.
+#[derive(Debug, Serialize)]
+struct BurstSeries {
+    label: String,
+    per_100ms: Vec<u32>,
+}
+
+/// Lateness of one steady run: sorted values for the chart, quantiles for the JSON.
+#[derive(Debug, Serialize)]
+struct LatenessSeries {
+    label: String,
+    quantiles_ms: Vec<(f64, f64)>,
+    #[serde(skip)]
+    sorted_ms: Vec<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    started_at: DateTime<Utc>,
+    cpus: usize,
+    settings: serde_json::Value,
+    figures: Vec<Figure>,
+    bursts: Vec<BurstSeries>,
+    lateness: Vec<LatenessSeries>,
+}
+
+impl Report {
+    pub fn new(args: &BenchArgs) -> Report {
+        Report {
+            started_at: Utc::now(),
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            settings: serde_json::to_value(args).unwrap_or_default(),
+            figures: Vec::new(),
+            bursts: Vec::new(),
+            lateness: Vec::new(),
+        }
+    }
+
+    /// Adds one run's value of a figure.
+    pub fn add(&mut self, scenario: &str, nodes: u32, metric: &str, unit: &str, value: f64, target: Option<Target>) {
+        eprintln!("bench: {scenario}, {nodes} node(s): {metric}: {} {unit}", fmt(value));
+        let i = match self.figures.iter().position(|f| f.scenario == scenario && f.nodes == nodes && f.metric == metric) {
+            Some(i) => i,
+            None => {
+                self.figures.push(Figure {
+                    scenario: scenario.into(),
+                    nodes,
+                    metric: metric.into(),
+                    unit: unit.into(),
+                    median: f64::NAN,
+                    runs: Vec::new(),
+                    target,
+                    met: None,
+                });
+                self.figures.len() - 1
+            }
+        };
+        let f = &mut self.figures[i];
+        f.runs.push(value);
+        f.median = median(&f.runs);
+        f.met = f.target.map(|t| t.met(f.median));
+    }
+
+    /// Adds the backlog's figures relative to the empty table's, as percentages.
+    pub fn compare_backlog(&mut self, nodes: u32) {
+        let pairs: Vec<(String, f64, f64)> = self
+            .figures
+            .iter()
+            .filter(|f| f.nodes == nodes && (f.scenario == "burst" || f.scenario == "steady") && f.target.is_some())
+            .filter_map(|empty| {
+                let full = self.figures.iter().find(|f| f.scenario == format!("backlog {}", empty.scenario) && f.metric == empty.metric)?;
+                Some((empty.metric.clone(), empty.median, full.median))
+            })
+            .collect();
+        for (metric, empty, full) in pairs {
+            let higher_is_better = metric.contains("rate");
+            let target = if higher_is_better { Target::AtLeast(90.0) } else { Target::AtMost(110.0) };
+            self.add("backlog", nodes, &format!("{metric}, % of the empty table's"), "%", 100.0 * full / empty, Some(target));
+        }
+    }
+
+    pub fn burst_series(&mut self, label: &str, due: DateTime<Utc>, arrivals: &[Arrival]) {
+        let mut per_100ms: Vec<u32> = Vec::new();
+        for a in arrivals {
+            let bucket = ((a.at - due).num_milliseconds().max(0) / 100) as usize;
+            if per_100ms.len() <= bucket {
+                per_100ms.resize(bucket + 1, 0);
+            }
+            per_100ms[bucket] += 1;
+        }
+        self.bursts.retain(|s| s.label != label);
+        self.bursts.push(BurstSeries { label: label.into(), per_100ms });
+    }
+
+    pub fn lateness_series(&mut self, label: &str, sorted_ms: Vec<f64>) {
+        let quantiles_ms = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0].iter().map(|&q| (q, percentile(&sorted_ms, q))).collect();
+        self.lateness.retain(|s| s.label != label);
+        self.lateness.push(LatenessSeries { label: label.into(), quantiles_ms, sorted_ms });
+    }
+
+    pub fn print(&self) {
+        let rows: Vec<[String; 7]> = self
+            .figures
+            .iter()
+            .map(|f| {
+                let target = match f.target {
+                    Some(Target::AtLeast(t)) => format!(">= {}", fmt(t)),
+                    Some(Target::AtMost(t)) => format!("<= {}", fmt(t)),
+                    None => String::new(),
+                };
+                let runs = if f.runs.len() > 1 { f.runs.iter().map(|v| fmt(*v)).collect::<Vec<_>>().join(" / ") } else { String::new() };
+                let met = match f.met {
+                    Some(true) => "ok",
+                    Some(false) => "MISSED",
+                    None => "",
+                };
+                [f.scenario.clone(), f.nodes.to_string(), f.metric.clone(), format!("{} {}", fmt(f.median), f.unit), runs, target, met.into()]
+            })
+            .collect();
+        let header = ["scenario", "nodes", "metric", "median", "runs", "target", ""].map(String::from);
+        let mut widths = [0; 7];
+        for row in std::iter::once(&header).chain(&rows) {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        for row in std::iter::once(&header).chain(&rows) {
+            let line: Vec<String> = row.iter().zip(widths).map(|(cell, w)| format!("{cell:w$}")).collect();
+            println!("{}", line.join("  ").trim_end());
+        }
+    }
+
+    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, serde_json::to_vec_pretty(self)?).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    }
+
+    /// Two charts side by side: callbacks per second through each burst, and the share of
+    /// steady callbacks within each lateness.
+    pub fn write_svg(&self, path: &Path) -> anyhow::Result<()> {
+        const COLORS: [&str; 4] = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"];
+        let (w, h) = (460.0, 300.0);
+        let mut svg = String::new();
+        let _ = write!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{h}" font-family="sans-serif" font-size="11">"#,
+            2.0 * w
+        );
+        svg.push_str(r#"<rect width="100%" height="100%" fill="white"/>"#);
+
+        let burst_lines: Vec<(String, Vec<(f64, f64)>)> = self
+            .bursts
+            .iter()
+            .map(|s| {
+                let points = s.per_100ms.iter().enumerate().map(|(i, &n)| (i as f64 / 10.0, f64::from(n) * 10.0)).collect();
+                (s.label.clone(), points)
+            })
+            .collect();
+        chart(&mut svg, 0.0, (w, h), "burst: callbacks per second", "seconds after due", &burst_lines, &COLORS);
+
+        let lateness_lines: Vec<(String, Vec<(f64, f64)>)> = self
+            .lateness
+            .iter()
+            .map(|s| {
+                let n = s.sorted_ms.len() as f64;
+                // Up to p99.9: the last few points would stretch the axis and hide the rest.
+                let shown = ((n * 0.999).ceil() as usize).min(s.sorted_ms.len());
+                let step = (shown / 400).max(1);
+                let points = s.sorted_ms[..shown].iter().enumerate().step_by(step).map(|(i, &v)| (v, 100.0 * (i + 1) as f64 / n)).collect();
+                (s.label.clone(), points)
+            })
+            .collect();
+        chart(&mut svg, w, (w, h), "steady: % of callbacks within a lateness (to p99.9)", "lateness, ms", &lateness_lines, &COLORS);
+        svg.push_str("</svg>\n");
+        std::fs::write(path, svg).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    }
+}
+
+/// One line chart at horizontal offset `x0`, axes from zero to the largest value.
+fn chart(svg: &mut String, x0: f64, (w, h): (f64, f64), title: &str, x_label: &str, lines: &[(String, Vec<(f64, f64)>)], colors: &[&str]) {
+    let (left, right, top, bottom) = (x0 + 55.0, x0 + w - 15.0, 30.0, h - 40.0);
+    let max_x = lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.0)).fold(0.0, f64::max).max(1e-9);
+    let max_y = lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.1)).fold(0.0, f64::max).max(1e-9);
+    let sx = |x: f64| left + (right - left) * x / max_x;
+    let sy = |y: f64| bottom - (bottom - top) * y / max_y;
+    let _ = write!(svg, r#"<text x="{}" y="16" font-size="13" font-weight="bold">{title}</text>"#, left);
+    let _ = write!(svg, r##"<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="#555"/>"##);
+    for i in 0..=4 {
+        let (fx, fy) = (max_x * f64::from(i) / 4.0, max_y * f64::from(i) / 4.0);
+        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, sx(fx), bottom + 14.0, fmt(fx));
+        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, left - 4.0, sy(fy) + 4.0, fmt(fy));
+    }
+    let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{x_label}</text>"#, (left + right) / 2.0, h - 8.0);
+    for (i, (label, points)) in lines.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let d: Vec<String> = points.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+        let _ = write!(svg, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5"/>"#, d.join(" "));
+        let _ = write!(svg, r#"<text x="{}" y="{}" fill="{color}">{}</text>"#, right - 150.0, top + 14.0 * (i as f64 + 1.0), escape(label));
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Thousands separated above 100, one decimal below 100, two below 10.
+fn fmt(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        let digits = format!("{:.0}", v.abs());
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        if v < 0.0 { format!("-{out}") } else { out }
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_easily() {
+        assert_eq!(fmt(15234.4), "15,234");
+        assert_eq!(fmt(1_000_000.0), "1,000,000");
+        assert_eq!(fmt(123.0), "123");
+        assert_eq!(fmt(12.34), "12.3");
+        assert_eq!(fmt(1.234), "1.23");
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

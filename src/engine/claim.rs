@@ -16,9 +16,13 @@ pub struct Claimed {
     /// This delivery's number (1 for the first try since creation or replay).
     pub attempt_count: i32,
     pub timer_id: Option<Uuid>,
+    /// The database clock as the row was returned: with `run_at`, tells how long to wait
+    /// before calling back, whatever this node's own clock says.
+    pub db_now: DateTime<Utc>,
 }
 
-/// Leases up to `limit` due tasks of one biz type to this node.
+/// Leases up to `limit` tasks of one biz type to this node: those due now, and those due
+/// within the next `ahead_ms`, which the caller holds until they are due.
 ///
 /// The CTE picks the rows and locks them; `SKIP LOCKED` makes concurrent claimers on other
 /// nodes pass over rows already being taken rather than wait for them, so no two nodes
@@ -27,11 +31,18 @@ pub struct Claimed {
 /// update more rows than asked for). The pick walks `tasks_claim_idx`, which holds pending
 /// tasks only, in `run_at` order, and partitions wholly in the future are pruned at run
 /// time, so its cost does not grow with future or finished tasks.
-pub async fn claim(pool: &PgPool, biz_type_id: i32, limit: i64, lease_ms: i64, node_id: Uuid) -> Result<Vec<Claimed>, sqlx::Error> {
+pub async fn claim(
+    pool: &PgPool,
+    biz_type_id: i32,
+    limit: i64,
+    ahead_ms: i64,
+    lease_ms: i64,
+    node_id: Uuid,
+) -> Result<Vec<Claimed>, sqlx::Error> {
     sqlx::query_as(
         "WITH due AS (
              SELECT id, run_at FROM tasks
-              WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now()
+              WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() + $5 * interval '1 millisecond'
               ORDER BY run_at
               LIMIT $2
               FOR UPDATE SKIP LOCKED
@@ -41,12 +52,14 @@ pub async fn claim(pool: &PgPool, biz_type_id: i32, limit: i64, lease_ms: i64, n
                 attempt_count = t.attempt_count + 1, updated_at = now()
            FROM due
           WHERE t.id = due.id AND t.run_at = due.run_at
-         RETURNING t.id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id",
+         RETURNING t.id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
+                   clock_timestamp() AS db_now",
     )
     .bind(biz_type_id)
     .bind(limit)
-    .bind(lease_ms)
+    .bind(lease_ms + ahead_ms)
     .bind(node_id)
+    .bind(ahead_ms)
     .fetch_all(pool)
     .await
 }

@@ -10,10 +10,15 @@
 //! attempts.
 //!
 //! Sleeping. When a turn claims nothing, the loop sleeps until the next pending task is
-//! due (asked of the database), until a callback finishes or an outcome is recorded (a
-//! slot is free, a retry may be due), until a `chime_wake` notification arrives (any node
-//! created or replayed a task due within `IDLE_POLL`), or at most `IDLE_POLL`, whichever
-//! comes first. The poll is the fallback for a lost notification.
+//! about to fall due (asked of the database), until a callback finishes or an outcome is
+//! recorded (a slot is free, a retry may be due), until a `chime_wake` notification
+//! arrives (any node created or replayed a task due within `IDLE_POLL`), or at most
+//! `IDLE_POLL`, whichever comes first. The poll is the fallback for a lost notification.
+//!
+//! Firing on time. A claim also takes the tasks due within the next `CLAIM_AHEAD`, and
+//! each waits in its delivery task until it is due, so that the claim's own time is not
+//! added to its lateness. The wait is measured from the database's clock, as returned
+//! with the row: a node whose clock runs ahead of the database's never fires early.
 //!
 //! Failure. A node that dies holding leases leaves tasks `running`; when their leases
 //! expire, the leader puts them back to pending (`recover_expired_leases`, every second)
@@ -50,6 +55,9 @@ const IDLE_POLL: Duration = Duration::from_millis(1000);
 const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
+/// How far ahead of their due time tasks are claimed. Longer holds in-flight slots for
+/// longer; shorter makes claims smaller when tasks are due one by one.
+const CLAIM_AHEAD: Duration = Duration::from_millis(100);
 /// Added to a biz type's timeout to make its lease: time to record the outcome. Longer
 /// costs a dead node's tasks that much delay; shorter risks a second delivery when the
 /// recording is slow.
@@ -144,7 +152,10 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                 continue;
             }
             let lease_ms = i64::from(biz.timeout_ms) + LEASE_MARGIN_MS;
-            let claimed = match claim::claim(&pool, biz.id, free, lease_ms, node_id).await {
+            // A rate-limited biz type claims only what is due: a task claimed ahead would
+            // take its permit early and could fire together with later permits.
+            let ahead_ms = if share.is_some() { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
+            let claimed = match claim::claim(&pool, biz.id, free, ahead_ms, lease_ms, node_id).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(biz_type = %biz.name, error = %e, "claim failed; retrying");
@@ -162,11 +173,14 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
             if !claimed.is_empty() {
                 metrics::claimed(&biz.name, claimed.len());
             }
+            let received = tokio::time::Instant::now();
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
                 let (client, biz, outcomes_tx, counter, wake) =
                     (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), wake.clone());
+                let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
                 tokio::spawn(async move {
+                    tokio::time::sleep_until(due_at).await;
                     let outcome = deliver::deliver(&client, &biz, task).await;
                     let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
                     let finish = match outcome.verdict {
@@ -184,8 +198,10 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         if more_due {
             continue;
         }
+        // Wake when the next task is half the claim-ahead window away: each claim then
+        // takes half a window of tasks, and none waits for its claim.
         let sleep = match claim::next_due(&pool, &caught_up).await {
-            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().min(rate_wait),
+            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().saturating_sub(CLAIM_AHEAD / 2).min(rate_wait),
             Ok(None) => rate_wait,
             Err(e) => {
                 tracing::warn!(error = %e, "could not ask for the next due task");

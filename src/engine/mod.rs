@@ -138,6 +138,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         // these decides the sleep. A biz type with no free slot is woken by a finishing
         // callback instead; asking for its (overdue) next task would only spin.
         let mut caught_up = Vec::new();
+        // Whether all of those claim ahead (else waking early would find nothing to claim).
+        let mut claims_ahead = true;
         let mut rate_wait = IDLE_POLL;
         for biz in &biz_types {
             let counter = in_flight.entry(biz.id).or_default().clone();
@@ -164,6 +166,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
             };
             if (claimed.len() as i64) < free {
                 caught_up.push(biz.id);
+                claims_ahead &= ahead_ms > 0;
             } else if free == slots {
                 more_due = true;
             } else if let Some(wait) = wait {
@@ -200,8 +203,9 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         }
         // Wake when the next task is half the claim-ahead window away: each claim then
         // takes half a window of tasks, and none waits for its claim.
+        let early = if claims_ahead { CLAIM_AHEAD / 2 } else { Duration::ZERO };
         let sleep = match claim::next_due(&pool, &caught_up).await {
-            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().saturating_sub(CLAIM_AHEAD / 2).min(rate_wait),
+            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().saturating_sub(early).min(rate_wait),
             Ok(None) => rate_wait,
             Err(e) => {
                 tracing::warn!(error = %e, "could not ask for the next due task");

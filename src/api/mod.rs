@@ -27,6 +27,8 @@ pub struct AppState {
     /// Woken by every `chime_wake` notification: reserves waiting for a due task.
     wake: Arc<Notify>,
     pull_limits: pull::PullLimits,
+    /// Single creates, written together when they arrive together.
+    creates: crate::tasks::CreateBatcher,
 }
 
 impl AppState {
@@ -36,6 +38,7 @@ impl AppState {
         let waiters = wake.clone();
         tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move || waiters.notify_waiters()));
         AppState {
+            creates: crate::tasks::CreateBatcher::start(pool.clone()),
             pool,
             max_payload_bytes,
             create_limiter: CreateLimiter::default(),

@@ -84,11 +84,7 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
     let foreign = foreign_biz_types(&caller, &state, std::slice::from_ref(&value)).await?;
     let item = validate_item(&caller, &state, value, Utc::now(), &foreign)?;
     check_rate(&caller, &state)?;
-    let outcome = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, vec![item])
-        .await?
-        .pop()
-        .expect("one outcome per item");
-    match outcome {
+    match state.creates.create(caller.0.biz_type_id, &caller.0.biz_type, item).await? {
         CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task)),
         CreateOutcome::Existing(task) => Ok(HttpResponse::Ok().json(task)),
         CreateOutcome::Failed(e) => Err(e.into()),
@@ -119,7 +115,7 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
         .into_iter()
         .map(|item| validate_item(&caller, &state, item, now, &foreign).map(|task| valid.push(task)).err())
         .collect();
-    let mut outcomes = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, valid).await?.into_iter();
+    let mut outcomes = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, &mut valid).await?.into_iter();
     let outcomes: Vec<Result<(u16, tasks::Task), ApiError>> = invalid
         .into_iter()
         .map(|invalid| match invalid {

@@ -93,8 +93,9 @@ pub enum CreateOutcome {
 }
 
 /// Inserts the tasks of one biz type in one statement (plus one more only when a key was
-/// already taken), returning one outcome per input, in order.
-pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, mut items: Vec<NewTask>) -> Result<Vec<CreateOutcome>, Error> {
+/// already taken), returning one outcome per input, in order. The created tasks' payloads
+/// are moved out of `items` into the outcomes; on an error, `items` are as they were.
+pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items: &mut [NewTask]) -> Result<Vec<CreateOutcome>, Error> {
     // A key repeated inside the batch is answered from its first occurrence.
     let mut first_with_key: HashMap<&str, usize> = HashMap::new();
     let mut repeat_of: Vec<Option<usize>> = vec![None; items.len()];

@@ -7,9 +7,11 @@
 //! task read the horizon in the same statement, so they never disagree with it; a row that
 //! lands in cold storage just as the horizon moves past it is picked up by the next sweep.
 
+mod batcher;
 mod create;
 mod queries;
 
+pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, check_payload, create_batch, request_hash};
 pub use queries::{FailedFilter, ListFilter, Page, cancel, count_failed, find_by_key, get, get_by_key, list, replay, replay_failed, reschedule};
 

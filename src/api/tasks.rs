@@ -52,7 +52,8 @@ fn validate_item(
     foreign: &HashMap<String, bool>,
 ) -> Result<NewTask, ApiError> {
     // The idempotency hash is of the request as sent; take it before the value is consumed.
-    let request_hash = tasks::request_hash(&value);
+    // Only a keyed request can be repeated, so only it needs one.
+    let request_hash = if value.get("key").is_some_and(|k| !k.is_null()) { tasks::request_hash(&value) } else { Vec::new() };
     let request: CreateTask = from_json(value)?;
     if request.biz_type != caller.0.biz_type {
         return Err(match foreign.get(&request.biz_type) {

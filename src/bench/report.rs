@@ -107,7 +107,8 @@ impl Report {
         let pairs: Vec<(String, f64, f64)> = self
             .figures
             .iter()
-            .filter(|f| f.nodes == nodes && (f.scenario == "burst" || f.scenario == "steady") && f.target.is_some())
+            .filter(|f| f.nodes == nodes && (f.scenario == "burst" || f.scenario == "steady"))
+            .filter(|f| f.metric.contains("rate") || f.metric.contains("lateness p"))
             .filter_map(|empty| {
                 let full = self.figures.iter().find(|f| f.scenario == format!("backlog {}", empty.scenario) && f.metric == empty.metric)?;
                 Some((empty.metric.clone(), empty.median, full.median))
@@ -219,16 +220,19 @@ impl Report {
 /// One line chart at horizontal offset `x0`, axes from zero to the largest value.
 fn chart(svg: &mut String, x0: f64, (w, h): (f64, f64), title: &str, x_label: &str, lines: &[(String, Vec<(f64, f64)>)], colors: &[&str]) {
     let (left, right, top, bottom) = (x0 + 55.0, x0 + w - 15.0, 30.0, h - 40.0);
-    let max_x = lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.0)).fold(0.0, f64::max).max(1e-9);
-    let max_y = lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.1)).fold(0.0, f64::max).max(1e-9);
+    let (step_x, max_x) = axis(lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.0)).fold(0.0, f64::max));
+    let (step_y, max_y) = axis(lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.1)).fold(0.0, f64::max));
     let sx = |x: f64| left + (right - left) * x / max_x;
     let sy = |y: f64| bottom - (bottom - top) * y / max_y;
     let _ = write!(svg, r#"<text x="{}" y="16" font-size="13" font-weight="bold">{title}</text>"#, left);
     let _ = write!(svg, r##"<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="#555"/>"##);
-    for i in 0..=4 {
-        let (fx, fy) = (max_x * f64::from(i) / 4.0, max_y * f64::from(i) / 4.0);
-        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, sx(fx), bottom + 14.0, fmt(fx));
-        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, left - 4.0, sy(fy) + 4.0, fmt(fy));
+    for i in 0..=(max_x / step_x).round() as u32 {
+        let v = step_x * f64::from(i);
+        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, sx(v), bottom + 14.0, fmt(v));
+    }
+    for i in 0..=(max_y / step_y).round() as u32 {
+        let v = step_y * f64::from(i);
+        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, left - 4.0, sy(v) + 4.0, fmt(v));
     }
     let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{x_label}</text>"#, (left + right) / 2.0, h - 8.0);
     for (i, (label, points)) in lines.iter().enumerate() {
@@ -237,6 +241,14 @@ fn chart(svg: &mut String, x0: f64, (w, h): (f64, f64), title: &str, x_label: &s
         let _ = write!(svg, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5"/>"#, d.join(" "));
         let _ = write!(svg, r#"<text x="{}" y="{}" fill="{color}">{}</text>"#, right - 150.0, top + 14.0 * (i as f64 + 1.0), escape(label));
     }
+}
+
+/// A tick step of 1, 2 or 5 times a power of ten giving at most 5 steps, and the axis end.
+fn axis(max: f64) -> (f64, f64) {
+    let max = if max > 0.0 { max } else { 1.0 };
+    let magnitude = 10f64.powf((max / 5.0).log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * magnitude).find(|s| max / s <= 5.0).unwrap_or(10.0 * magnitude);
+    (step, (max / step - 1e-9).ceil() * step)
 }
 
 fn escape(s: &str) -> String {
@@ -285,5 +297,8 @@ mod tests {
         assert_eq!(fmt(1.234), "1.23");
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(axis(13_210.0), (5000.0, 15_000.0));
+        assert_eq!(axis(100.0), (20.0, 100.0));
+        assert_eq!(axis(0.4), (0.1, 0.4));
     }
 }

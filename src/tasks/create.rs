@@ -30,7 +30,8 @@ pub struct NewTask {
     pub payload: serde_json::Value,
     /// The payload serialized, as sent to the database.
     pub payload_json: String,
-    /// SHA-256 of the request as sent, to tell an idempotent repeat from a conflict.
+    /// SHA-256 of the request as sent, to tell an idempotent repeat from a conflict (empty
+    /// without a key).
     pub request_hash: Vec<u8>,
 }
 
@@ -148,12 +149,12 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
              INSERT INTO tasks (id, biz_type_id, key, run_at, payload)
              SELECT id, $1, key, run_at, payload FROM fresh
               WHERE run_at < (SELECT until FROM hot_horizon)
-             RETURNING *
+             RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
          ), cold AS (
              INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload)
              SELECT id, $1, key, run_at, payload FROM fresh
               WHERE run_at >= (SELECT until FROM hot_horizon)
-             RETURNING *
+             RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
          ), wake AS (
              -- Engines sleep until the next due task, at most the engine's IDLE_POLL (1 s); one due
              -- sooner must wake them (delivered on commit, on every node).
@@ -163,7 +164,7 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
          -- The payloads are not sent back: the caller has them. The join only makes the
          -- `wake` CTE run: an unreferenced CTE is not evaluated, and a LEFT JOIN to it
          -- would be removed by the planner (it adds no column and at most one row).
-         SELECT t.id, t.biz_type_id, $8::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
+         SELECT t.id, $1 AS biz_type_id, $8::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
                 t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at
            FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t
            CROSS JOIN (SELECT count(*) FROM wake) w",

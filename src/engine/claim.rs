@@ -31,6 +31,11 @@ pub struct Claimed {
 /// update more rows than asked for). The pick walks `tasks_claim_idx`, which holds pending
 /// tasks only, in `run_at` order, and partitions wholly in the future are pruned at run
 /// time, so its cost does not grow with future or finished tasks.
+///
+/// The update finds the picked rows by primary key, given as an array, in the partitions
+/// their `run_at` range spans; not by a join, whose plan rests on statistics: with those of
+/// a partition analysed while empty, the planner chose a nested loop that read the whole
+/// partition once per picked row (3.6 s per claim during a burst of 50,000).
 pub async fn claim(
     pool: &PgPool,
     biz_type_id: i32,
@@ -50,8 +55,8 @@ pub async fn claim(
          UPDATE tasks t
             SET status = 'running', lease_until = now() + $3 * interval '1 millisecond', leased_by = $4,
                 attempt_count = t.attempt_count + 1, updated_at = now()
-           FROM due
-          WHERE t.id = due.id AND t.run_at = due.run_at
+          WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+            AND t.run_at BETWEEN (SELECT min(run_at) FROM due) AND (SELECT max(run_at) FROM due)
          RETURNING t.id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
                    clock_timestamp() AS db_now",
     )
@@ -105,6 +110,9 @@ pub enum Verdict {
 
 /// Records a batch of outcomes: one statement for the tasks, one for the attempts.
 ///
+/// `t.id = ANY($1)` gives the update a primary-key path to the rows whatever the
+/// statistics say (see `claim`).
+///
 /// Only tasks still leased to this node are changed: if a lease ran out and another node
 /// took the task, its state is that node's to record (the attempt is still kept). A retry
 /// moves the task to its new `run_at`, kept inside the hot horizon so that it never needs
@@ -148,7 +156,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
                 updated_at = now()
            FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[])
                 AS o(id, run_at, status, retry_at, error)
-          WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6",
+          WHERE t.id = ANY($1) AND t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6",
     )
     .bind(&ids)
     .bind(&run_ats)

@@ -39,7 +39,7 @@ pub use deliver::signature;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -58,6 +58,10 @@ const CLAIM_BATCH: i64 = 200;
 /// How far ahead of their due time tasks are claimed. Longer holds in-flight slots for
 /// longer; shorter makes claims smaller when tasks are due one by one.
 const CLAIM_AHEAD: Duration = Duration::from_millis(100);
+/// Outcomes waiting to be recorded beyond which no more tasks are claimed: under a burst,
+/// calling back can outrun recording, and a task whose outcome waits longer than its lease
+/// would be delivered again.
+const MAX_UNRECORDED: usize = 2000;
 /// Added to a biz type's timeout to make its lease: time to record the outcome. Longer
 /// costs a dead node's tasks that much delay; shorter risks a second delivery when the
 /// recording is slow.
@@ -111,7 +115,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         let wake = wake.clone();
         tokio::spawn(listen_for_wakes(pool.clone(), move || wake.notify_one()))
     };
-    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone()));
+    let unrecorded = Arc::new(AtomicUsize::new(0));
+    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone()));
     let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
     let mut limiters = rate::Limiters::default();
     let mut delivering_nodes = 1;
@@ -142,7 +147,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
         // Whether all of those claim ahead (else waking early would find nothing to claim).
         let mut claims_ahead = true;
         let mut rate_wait = IDLE_POLL;
-        for biz in &biz_types {
+        let recording_behind = unrecorded.load(Ordering::Relaxed) >= MAX_UNRECORDED;
+        for biz in biz_types.iter().filter(|_| !recording_behind) {
             let counter = in_flight.entry(biz.id).or_default().clone();
             let slots = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
             if slots <= 0 {
@@ -180,8 +186,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
             let received = tokio::time::Instant::now();
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
-                let (client, biz, outcomes_tx, counter, wake) =
-                    (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), wake.clone());
+                let (client, biz, outcomes_tx, counter, wake, unrecorded) =
+                    (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), wake.clone(), unrecorded.clone());
                 let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(due_at).await;
@@ -193,6 +199,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                         claim::Verdict::GiveUp => metrics::Finish::Failed,
                     };
                     metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
+                    unrecorded.fetch_add(1, Ordering::Relaxed);
                     let _ = outcomes_tx.send(outcome);
                     counter.fetch_sub(1, Ordering::Relaxed);
                     wake.notify_one();
@@ -241,7 +248,13 @@ fn hot_path_pool(pool: &PgPool) -> PgPool {
 
 /// Writes outcomes in batches: whatever has arrived by the time the previous batch is
 /// written goes into the next.
-async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedReceiver<Outcome>, wake: Arc<Notify>) {
+async fn record_outcomes(
+    pool: PgPool,
+    node_id: Uuid,
+    mut rx: mpsc::UnboundedReceiver<Outcome>,
+    wake: Arc<Notify>,
+    unrecorded: Arc<AtomicUsize>,
+) {
     let mut batch = Vec::new();
     while rx.recv_many(&mut batch, 1000).await > 0 {
         loop {
@@ -255,6 +268,7 @@ async fn record_outcomes(pool: PgPool, node_id: Uuid, mut rx: mpsc::UnboundedRec
                 }
             }
         }
+        unrecorded.fetch_sub(batch.len(), Ordering::Relaxed);
         batch.clear();
         wake.notify_one();
     }

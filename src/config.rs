@@ -220,7 +220,7 @@ pub struct BenchArgs {
     pub payload_bytes: u32,
 
     /// The bench biz types' max_in_flight (callbacks in flight at once, whole cluster).
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_in_flight: u32,
 
     /// Send callbacks to this URL instead of the bench's own in-process receiver; figures

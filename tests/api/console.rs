@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::helpers::{TestApp, spawn_app};
 
-const ADMIN_PASSWORD: &str = "test-admin-password";
+pub const ADMIN_PASSWORD: &str = "test-admin-password";
 
 /// A signed-in console user: the session cookie and the session's CSRF token.
 pub struct Console {

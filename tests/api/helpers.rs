@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
 use chime::embedded_pg::{self, EmbeddedPg};
 use chime::startup::Application;
@@ -153,6 +154,7 @@ impl TestApp {
             &self.pool,
             name,
             &chime::biz_types::Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() },
+            CallbackHosts::Any,
         )
         .await
         .unwrap();

@@ -6,6 +6,7 @@ mod bad_input;
 #[allow(dead_code)]
 mod browser;
 mod browser_smoke;
+mod callback_hosts;
 mod cli;
 mod console;
 mod console_browser;

@@ -1,6 +1,7 @@
 //! Integration tests: the real HTTP server, a real PostgreSQL, the real binary.
 
 mod auth;
+mod authz;
 mod bad_input;
 // A toolkit: not every test uses every helper.
 #[allow(dead_code)]

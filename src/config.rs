@@ -324,6 +324,12 @@ mod tests {
     }
 
     #[test]
+    fn config_file_can_turn_on_the_callback_deny_list() {
+        let env = config_file_env("deny_private_callbacks = true").unwrap();
+        assert_eq!(env, vec![("CHIME_DENY_PRIVATE_CALLBACKS", "true".to_string())]);
+    }
+
+    #[test]
     fn config_file_rejects_unknown_keys_by_name() {
         let err = config_file_env("lisen = \"x\"").unwrap_err();
         assert!(err.contains("unknown setting `lisen`"), "{err}");

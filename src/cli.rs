@@ -7,6 +7,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use crate::biz_types::{self, BizType, Settings};
+use crate::callback_hosts::CallbackHosts;
 use crate::config::{BizTypeCommand, BizTypeFlags, TokenCommand, UserCommand};
 use crate::{audit, users};
 
@@ -44,10 +45,11 @@ fn describe(b: &BizType) -> String {
     )
 }
 
-pub async fn biz_type(pool: &PgPool, command: BizTypeCommand) -> anyhow::Result<()> {
+/// `hosts` is the install's rule for callback URLs, as `serve` applies it.
+pub async fn biz_type(pool: &PgPool, command: BizTypeCommand, hosts: CallbackHosts) -> anyhow::Result<()> {
     match command {
         BizTypeCommand::Create { name, settings: flags } => {
-            let created = biz_types::create(pool, &name, &settings(flags, None)).await?;
+            let created = biz_types::create(pool, &name, &settings(flags, None), hosts).await?;
             audit::record(pool, "cli", "biz_type.create", "biz_type", &name, None, Some(serde_json::to_value(&created)?))
                 .await?;
             println!("created biz type {}", describe(&created));
@@ -56,7 +58,7 @@ pub async fn biz_type(pool: &PgPool, command: BizTypeCommand) -> anyhow::Result<
         }
         BizTypeCommand::Update { name, settings: flags, pause, resume } => {
             let paused = if pause { Some(true) } else if resume { Some(false) } else { None };
-            let (before, after) = biz_types::update(pool, &name, &settings(flags, paused)).await?;
+            let (before, after) = biz_types::update(pool, &name, &settings(flags, paused), hosts).await?;
             audit::record(
                 pool,
                 "cli",

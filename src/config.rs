@@ -135,9 +135,26 @@ pub struct ServeArgs {
     /// Deliver due tasks from this node. `false` makes an API-only node.
     #[arg(long, env = "CHIME_ENGINE", default_value_t = true, action = clap::ArgAction::Set)]
     pub engine: bool,
+
+    /// Refuse callbacks to loopback, private, link-local, CGNAT and unspecified addresses
+    /// (127.0.0.0/8, 10/8, 172.16/12, 192.168/16, 169.254/16 with the cloud metadata address,
+    /// 100.64/10, 0.0.0.0, ::1, fc00::/7, fe80::/10, and their IPv4-mapped forms) and to
+    /// `localhost`: such a callback URL is refused when a biz type is saved, and a host name
+    /// that resolves only to such addresses fails at delivery. Turn it on in a multi-tenant
+    /// install where biz type admins are not trusted with the internal network; leave it off
+    /// when receivers live on your private network (the usual case). Also read by the
+    /// `biz-type` subcommands (from the environment or the config file).
+    #[arg(long, env = "CHIME_DENY_PRIVATE_CALLBACKS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub deny_private_callbacks: bool,
 }
 
 /// The defaults without reading the environment (tests build settings from this).
+impl ServeArgs {
+    pub fn callback_hosts(&self) -> crate::callback_hosts::CallbackHosts {
+        crate::callback_hosts::CallbackHosts::from_deny_private(self.deny_private_callbacks)
+    }
+}
+
 impl Default for ServeArgs {
     fn default() -> Self {
         ServeArgs {
@@ -153,6 +170,7 @@ impl Default for ServeArgs {
             http_workers: None,
             shutdown_grace_secs: 30,
             engine: true,
+            deny_private_callbacks: false,
         }
     }
 }
@@ -364,6 +382,7 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("http_workers", "CHIME_HTTP_WORKERS"),
     ("engine", "CHIME_ENGINE"),
     ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),
+    ("deny_private_callbacks", "CHIME_DENY_PRIVATE_CALLBACKS"),
 ];
 
 fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {
@@ -394,6 +413,12 @@ mod tests {
     fn config_file_maps_keys_to_environment_variables() {
         let env = config_file_env("listen = \"0.0.0.0:9000\"\nhot_days = 3\n").unwrap();
         assert_eq!(env, vec![("CHIME_HOT_DAYS", "3".to_string()), ("CHIME_LISTEN", "0.0.0.0:9000".to_string())]);
+    }
+
+    #[test]
+    fn config_file_can_turn_on_the_callback_deny_list() {
+        let env = config_file_env("deny_private_callbacks = true").unwrap();
+        assert_eq!(env, vec![("CHIME_DENY_PRIVATE_CALLBACKS", "true".to_string())]);
     }
 
     #[test]

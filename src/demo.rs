@@ -7,6 +7,7 @@ use sqlx::PgPool;
 
 use crate::api::AppState;
 use crate::biz_types::{self, Settings};
+use crate::callback_hosts::CallbackHosts;
 
 pub const PATH: &str = "/demo/callback";
 
@@ -23,7 +24,7 @@ pub async fn ensure(pool: &PgPool, callback_url: &str) -> Result<Option<String>,
         max_attempts: Some(3),
         ..Default::default()
     };
-    match biz_types::create(pool, "demo", &settings).await {
+    match biz_types::create(pool, "demo", &settings, CallbackHosts::Any).await {
         Ok(_) => Ok(Some(biz_types::create_token(pool, "demo").await?)),
         // Another node made it first.
         Err(crate::error::Error::Conflict(_)) => Ok(None),

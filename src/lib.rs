@@ -23,6 +23,8 @@ pub mod api;
 pub mod audit;
 /// Biz types, their API tokens and signing secrets.
 pub mod biz_types;
+/// Which addresses callbacks may go to: the optional deny list for private ranges.
+pub mod callback_hosts;
 /// The delivery engine: claim due tasks, call back, retry, record.
 pub mod engine;
 /// The leader: election by advisory lock, and the cluster's housekeeping.

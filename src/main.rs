@@ -25,6 +25,9 @@ async fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
 
+    // The biz-type commands validate callback URLs as `serve` does: CHIME_DENY_PRIVATE_CALLBACKS
+    // reaches them through the environment or the config file.
+    let callback_hosts = args.serve.callback_hosts();
     let command = args.command.unwrap_or(Command::Serve(args.serve));
     if let Command::Bench(bench) = command {
         // The bench brings its own database (unless DATABASE_URL is given) and nodes.
@@ -40,7 +43,7 @@ async fn run() -> anyhow::Result<()> {
                 println!("migrations applied");
                 Ok(())
             }
-            Command::BizType(c) => cli::biz_type(&database.pool, c).await,
+            Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
             Command::User(c) => cli::user(&database.pool, c).await,
             Command::Bench(_) => unreachable!("handled above"),
@@ -58,7 +61,8 @@ async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> any
         settings.listen.ip(),
         app.port()
     );
-    if embedded {
+    // The demo's receiver is on loopback, which the deny list refuses.
+    if embedded && !settings.deny_private_callbacks {
         let ip = if settings.listen.ip().is_unspecified() { "127.0.0.1".to_string() } else { settings.listen.ip().to_string() };
         let url = format!("http://{ip}:{}{}", app.port(), chime::demo::PATH);
         if let Some(token) = chime::demo::ensure(&database.pool, &url).await? {

@@ -7,6 +7,7 @@ use actix_web::{App, HttpServer, dev::Server, middleware, web};
 use sqlx::PgPool;
 
 use crate::api::{self, AppState};
+use crate::callback_hosts::CallbackHosts;
 use crate::config::ServeArgs;
 use crate::partitions::{self, Layout};
 use crate::{console, demo, engine, leader, nodes, users};
@@ -16,6 +17,7 @@ pub struct Application {
     server: Server,
     pool: PgPool,
     run_engine: bool,
+    callback_hosts: CallbackHosts,
     leader: leader::Settings,
     grace: std::time::Duration,
     listen: String,
@@ -45,7 +47,7 @@ impl Application {
         let listener = TcpListener::bind(settings.listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
-        let state = web::Data::new(AppState::new(pool.clone(), settings.max_payload_bytes as usize));
+        let state = web::Data::new(AppState::new(pool.clone(), settings.max_payload_bytes as usize, settings.callback_hosts()));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
         let mut server = HttpServer::new(move || {
             App::new()
@@ -65,7 +67,16 @@ impl Application {
         }
         let listen = format!("{}:{port}", settings.listen.ip());
         let grace = std::time::Duration::from_secs(settings.shutdown_grace_secs);
-        Ok(Application { port, server: server.run(), pool, run_engine: settings.engine, leader, grace, listen })
+        Ok(Application {
+            port,
+            server: server.run(),
+            pool,
+            run_engine: settings.engine,
+            callback_hosts: settings.callback_hosts(),
+            leader,
+            grace,
+            listen,
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -80,7 +91,7 @@ impl Application {
         let node_id = node.id;
         let heartbeat = tokio::spawn(nodes::heartbeat(self.pool.clone(), node, stop_signal.clone()));
         let leader = tokio::spawn(leader::run(self.pool.clone(), node_id, self.leader, stop_signal.clone()));
-        let engine = self.run_engine.then(|| tokio::spawn(engine::run(self.pool.clone(), node_id, stop_signal)));
+        let engine = self.run_engine.then(|| tokio::spawn(engine::run(self.pool.clone(), node_id, self.callback_hosts, stop_signal)));
         let handle = self.server.handle();
         let server = tokio::spawn(self.server);
         stop.await;

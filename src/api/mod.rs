@@ -18,10 +18,13 @@ use tokio::sync::Notify;
 
 use self::auth::TokenCache;
 use self::limits::CreateLimiter;
+use crate::callback_hosts::CallbackHosts;
 
 pub struct AppState {
     pub pool: PgPool,
     pub max_payload_bytes: usize,
+    /// Which callback URLs biz types may be given (CHIME_DENY_PRIVATE_CALLBACKS).
+    pub callback_hosts: CallbackHosts,
     create_limiter: CreateLimiter,
     tokens: TokenCache,
     /// Woken by every `chime_wake` notification: reserves waiting for a due task.
@@ -33,7 +36,7 @@ pub struct AppState {
 
 impl AppState {
     /// Must be called inside the runtime: it starts listening for wake-ups.
-    pub fn new(pool: PgPool, max_payload_bytes: usize) -> Self {
+    pub fn new(pool: PgPool, max_payload_bytes: usize, callback_hosts: CallbackHosts) -> Self {
         let wake = Arc::new(Notify::new());
         let waiters = wake.clone();
         tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move || waiters.notify_waiters()));
@@ -41,6 +44,7 @@ impl AppState {
             creates: crate::tasks::CreateBatcher::start(pool.clone()),
             pool,
             max_payload_bytes,
+            callback_hosts,
             create_limiter: CreateLimiter::default(),
             tokens: TokenCache::default(),
             wake,

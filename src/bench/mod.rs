@@ -169,7 +169,7 @@ impl Bench {
             timeout_ms: Some(10_000),
             ..Settings::default()
         };
-        let biz = match biz_types::create(&self.pool, &name, &settings).await {
+        let biz = match biz_types::create(&self.pool, &name, &settings, crate::callback_hosts::CallbackHosts::Any).await {
             Ok(biz) => biz,
             Err(crate::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the bench an empty database"),
             Err(e) => return Err(e.into()),

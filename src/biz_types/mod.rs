@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -66,9 +67,9 @@ pub fn validate_name(name: &str) -> Result<(), Error> {
 impl Settings {
     /// Checks each given setting on its own; cross-field rules (backoff_max_ms ≥
     /// backoff_initial_ms) are checked against the merged result by `check_merged`.
-    fn validate(&self) -> Result<(), Error> {
+    fn validate(&self, hosts: CallbackHosts) -> Result<(), Error> {
         if let Some(url) = &self.callback_url {
-            validate_callback_url(url)?;
+            validate_callback_url(url, hosts)?;
         }
         if let Some(mode) = &self.mode
             && mode != "callback"
@@ -108,10 +109,15 @@ fn rate(field: &str, value: Option<f64>) -> Result<(), Error> {
     }
 }
 
-pub fn validate_callback_url(raw: &str) -> Result<(), Error> {
+/// An http(s) URL with a host, and with `CallbackHosts::PublicOnly` not an address in a
+/// denied range (host names are checked again when resolved, at delivery).
+pub fn validate_callback_url(raw: &str, hosts: CallbackHosts) -> Result<(), Error> {
     let url = url::Url::parse(raw).map_err(|e| Error::invalid("callback_url", format!("not a valid URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return Err(Error::invalid("callback_url", "must be an http:// or https:// URL with a host"));
+    }
+    if let Some(reason) = hosts.refusal(&url) {
+        return Err(Error::invalid("callback_url", reason));
     }
     Ok(())
 }
@@ -149,9 +155,10 @@ impl BizType {
     }
 }
 
-pub async fn create(pool: &PgPool, name: &str, settings: &Settings) -> Result<BizType, Error> {
+/// Creates a biz type; `hosts` is the install's rule for callback URLs.
+pub async fn create(pool: &PgPool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<BizType, Error> {
     validate_name(name)?;
-    settings.validate()?;
+    settings.validate(hosts)?;
     let mut tx = pool.begin().await?;
     // Insert a row of schema defaults (as `pull`, which needs no URL yet), then apply the
     // settings through the same path as an update, so that both validate alike.
@@ -170,9 +177,10 @@ pub async fn create(pool: &PgPool, name: &str, settings: &Settings) -> Result<Bi
     Ok(biz_type)
 }
 
-/// Applies the settings; returns the biz type before and after (for the audit log).
-pub async fn update(pool: &PgPool, name: &str, settings: &Settings) -> Result<(BizType, BizType), Error> {
-    settings.validate()?;
+/// Applies the settings; returns the biz type before and after (for the audit log). A
+/// callback URL already stored is not re-checked against `hosts` unless it is given again.
+pub async fn update(pool: &PgPool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<(BizType, BizType), Error> {
+    settings.validate(hosts)?;
     let mut tx = pool.begin().await?;
     let before = sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
         .bind(name)
@@ -249,10 +257,23 @@ mod tests {
 
     #[test]
     fn callback_urls_must_be_http() {
-        assert!(validate_callback_url("https://example.test/hook").is_ok());
-        assert!(validate_callback_url("http://127.0.0.1:9000/").is_ok());
-        assert!(validate_callback_url("ftp://example.test/").is_err());
-        assert!(validate_callback_url("file:///etc/passwd").is_err());
-        assert!(validate_callback_url("not a url").is_err());
+        let any = CallbackHosts::Any;
+        assert!(validate_callback_url("https://example.test/hook", any).is_ok());
+        assert!(validate_callback_url("http://127.0.0.1:9000/", any).is_ok());
+        assert!(validate_callback_url("ftp://example.test/", any).is_err());
+        assert!(validate_callback_url("file:///etc/passwd", any).is_err());
+        assert!(validate_callback_url("not a url", any).is_err());
+    }
+
+    #[test]
+    fn denying_private_callbacks_refuses_private_addresses_by_field() {
+        let public_only = CallbackHosts::PublicOnly;
+        let Err(Error::Invalid { field, message }) = validate_callback_url("http://127.0.0.1:9000/", public_only) else {
+            panic!("127.0.0.1 accepted")
+        };
+        assert_eq!(field, "callback_url");
+        assert!(message.contains("127.0.0.1 is in a denied range (loopback)"), "{message}");
+        assert!(validate_callback_url("http://localhost:9000/", public_only).is_err());
+        assert!(validate_callback_url("https://example.test/hook", public_only).is_ok());
     }
 }

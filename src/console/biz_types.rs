@@ -176,7 +176,7 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     let form = form.into_inner();
     let name = form.name.trim().to_string();
     let created = match form.settings() {
-        Ok(settings) => biz_types::create(&state.pool, &name, &settings).await,
+        Ok(settings) => biz_types::create(&state.pool, &name, &settings, state.callback_hosts).await,
         Err(e) => Err(e),
     };
     let created = match created {
@@ -200,7 +200,7 @@ pub async fn update(
     let mut form = form.into_inner();
     form.name = current.name.clone();
     let updated = match form.settings() {
-        Ok(settings) => biz_types::update(&state.pool, &name, &settings).await,
+        Ok(settings) => biz_types::update(&state.pool, &name, &settings, state.callback_hosts).await,
         Err(e) => Err(e),
     };
     match updated {
@@ -218,7 +218,7 @@ pub async fn update(
 
 async fn set_paused(session: &Session, state: &AppState, name: &str, form: &CsrfForm, paused: bool) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let (before, after) = biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }).await?;
+    let (before, after) = biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }, state.callback_hosts).await?;
     let action = if paused { "biz_type.pause" } else { "biz_type.resume" };
     audit::record(&state.pool, &session.actor(), action, "biz_type", name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
     let message = if paused { "Paused: its tasks stay pending until resumed." } else { "Resumed: pending tasks are delivered again." };

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::claim::{Claimed, Outcome, Verdict};
 use super::BizTypeConfig;
+use crate::callback_hosts::CallbackHosts;
 
 /// How much of a receiver's answer is kept with the attempt.
 const EXCERPT_BYTES: usize = 512;
@@ -48,7 +49,7 @@ pub fn backoff(initial_ms: i32, max_ms: i32, attempt: i32) -> Duration {
     Duration::from_millis(jittered)
 }
 
-pub async fn deliver(client: &reqwest::Client, biz: &BizTypeConfig, task: Claimed) -> Outcome {
+pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, task: Claimed) -> Outcome {
     let fired_at = Utc::now();
     // The payload comes from a jsonb column, so it is valid JSON; moved, not copied.
     let payload = RawValue::from_string(task.payload).unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap());
@@ -64,18 +65,57 @@ pub async fn deliver(client: &reqwest::Client, biz: &BizTypeConfig, task: Claime
     })
     .expect("a callback body serializes");
     let started = Instant::now();
+    // An IP-literal host is connected to without a lookup, so the resolver cannot refuse
+    // it: checked here. The URL was valid when saved; the deny list may be newer.
+    let refusal = url::Url::parse(&biz.callback_url).ok().and_then(|url| hosts.address_refusal(&url));
+    let (status_code, error, excerpt, retry_after) = match refusal {
+        Some(reason) => (None, Some(format!("could not connect: {reason}")), None, None),
+        None => send(client, biz, task.id, task.attempt_count, fired_at, body).await,
+    };
+    let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
+
+    let verdict = match status_code {
+        Some(code) if (200..300).contains(&code) => Verdict::Delivered,
+        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, task.attempt_count, retry_after),
+        Some(_) => Verdict::GiveUp,
+        None => retry(biz, task.attempt_count, None),
+    };
+    Outcome {
+        task_id: task.id,
+        biz_type_id: biz.id,
+        run_at: task.run_at,
+        attempt: task.attempt_count,
+        started_at: fired_at,
+        duration_ms,
+        status_code,
+        error,
+        response_excerpt: excerpt,
+        verdict,
+    }
+}
+
+/// Sends the callback: the answer's status, the error if it was not a 2xx (or none came),
+/// an excerpt of the answer, and its Retry-After.
+async fn send(
+    client: &reqwest::Client,
+    biz: &BizTypeConfig,
+    task_id: Uuid,
+    attempt: i32,
+    fired_at: DateTime<Utc>,
+    body: Vec<u8>,
+) -> (Option<i16>, Option<String>, Option<String>, Option<Duration>) {
     let result = client
         .post(&biz.callback_url)
         .timeout(Duration::from_millis(biz.timeout_ms as u64))
         .header("Content-Type", "application/json")
-        .header("Chime-Task-Id", task.id.to_string())
-        .header("Chime-Attempt", task.attempt_count.to_string())
+        .header("Chime-Task-Id", task_id.to_string())
+        .header("Chime-Attempt", attempt.to_string())
         .header("Chime-Signature", signature(&biz.signing_secret, fired_at.timestamp(), &body))
         .body(body)
         .send()
         .await;
 
-    let (status_code, error, excerpt, retry_after) = match result {
+    match result {
         Ok(mut response) => {
             let status = response.status();
             let retry_after = response.headers().get("Retry-After").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
@@ -105,26 +145,6 @@ pub async fn deliver(client: &reqwest::Client, biz: &BizTypeConfig, task: Claime
             };
             (None, Some(error), None, None)
         }
-    };
-    let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
-
-    let verdict = match status_code {
-        Some(code) if (200..300).contains(&code) => Verdict::Delivered,
-        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, task.attempt_count, retry_after),
-        Some(_) => Verdict::GiveUp,
-        None => retry(biz, task.attempt_count, None),
-    };
-    Outcome {
-        task_id: task.id,
-        biz_type_id: biz.id,
-        run_at: task.run_at,
-        attempt: task.attempt_count,
-        started_at: fired_at,
-        duration_ms,
-        status_code,
-        error,
-        response_excerpt: excerpt,
-        verdict,
     }
 }
 

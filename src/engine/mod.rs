@@ -47,6 +47,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use uuid::Uuid;
 
 use self::claim::Outcome;
+use crate::callback_hosts::{self, CallbackHosts};
 use crate::{metrics, nodes};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
@@ -100,14 +101,17 @@ async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Err
 }
 
 /// Runs the engine until `shutdown` turns true, then waits for callbacks in flight and
-/// records their outcomes.
-pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool>) {
+/// records their outcomes. `hosts` decides which addresses callbacks may reach.
+pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown: watch::Receiver<bool>) {
     install_tls_provider();
     let pool = hot_path_pool(&pool);
-    let client = reqwest::Client::builder()
+    let mut client = reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(90))
-        .build()
-        .expect("an HTTP client with the ring TLS provider");
+        .redirect(callback_hosts::redirect_policy(hosts));
+    if hosts == CallbackHosts::PublicOnly {
+        client = client.dns_resolver(callback_hosts::PublicOnlyResolver);
+    }
+    let client = client.build().expect("an HTTP client with the ring TLS provider");
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
     // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
     let wake = Arc::new(Notify::new());
@@ -191,7 +195,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, mut shutdown: watch::Receiver<bool
                 let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(due_at).await;
-                    let outcome = deliver::deliver(&client, &biz, task).await;
+                    let outcome = deliver::deliver(&client, hosts, &biz, task).await;
                     let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
                     let finish = match outcome.verdict {
                         claim::Verdict::Delivered => metrics::Finish::Delivered,

@@ -133,7 +133,7 @@ async fn help_documents_settings() {
         assert!(out.stdout.contains(needle), "--help lacks {needle}:\n{}", out.stdout);
     }
     let out = chime(&[], &["serve", "--help"], None).await;
-    for needle in ["CHIME_LISTEN", "CHIME_MAX_PAYLOAD_BYTES", "65536", "CHIME_HOT_DAYS"] {
+    for needle in ["CHIME_LISTEN", "CHIME_MAX_PAYLOAD_BYTES", "65536", "CHIME_HOT_DAYS", "CHIME_DENY_PRIVATE_CALLBACKS", "multi-tenant"] {
         assert!(out.stdout.contains(needle), "serve --help lacks {needle}");
     }
 }

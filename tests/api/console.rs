@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::helpers::{TestApp, spawn_app};
 
-const ADMIN_PASSWORD: &str = "test-admin-password";
+pub const ADMIN_PASSWORD: &str = "test-admin-password";
 
 /// A signed-in console user: the session cookie and the session's CSRF token.
 pub struct Console {
@@ -28,7 +28,7 @@ impl Page {
     }
 }
 
-fn no_redirects() -> reqwest::Client {
+pub fn no_redirects() -> reqwest::Client {
     crate::helpers::client();
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
 }
@@ -47,7 +47,7 @@ fn csrf_in(body: &str) -> String {
 }
 
 /// Posts the sign-in form as a browser would; returns the answer.
-async fn sign_in_attempt(app: &TestApp, user: &str, password: &str) -> Page {
+pub async fn sign_in_attempt(app: &TestApp, user: &str, password: &str) -> Page {
     let client = no_redirects();
     let form = client.get(format!("{}/console/login", app.address)).send().await.unwrap();
     let login_cookie = cookie(form.headers(), "chime_login").unwrap();
@@ -99,7 +99,8 @@ impl Console {
     }
 }
 
-async fn support_user(app: &TestApp) -> Console {
+/// Signs in `helen`, a support user (created here).
+pub async fn support_user(app: &TestApp) -> Console {
     chime::users::create(&app.pool, "helen", "support", "support-password").await.unwrap();
     sign_in(app, "helen", "support-password").await
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, spawn_node};
@@ -11,12 +12,12 @@ use crate::receiver::{Answer, Receiver};
 /// Creates a delivering biz type pointed at the receiver; returns its token.
 async fn biz_type(app: &TestApp, name: &str, receiver: &Receiver, settings: Settings) -> String {
     let settings = Settings { callback_url: Some(receiver.url.clone()), ..settings };
-    biz_types::create(&app.pool, name, &settings).await.unwrap();
+    biz_types::create(&app.pool, name, &settings, CallbackHosts::Any).await.unwrap();
     biz_types::create_token(&app.pool, name).await.unwrap()
 }
 
 /// Polls the task until it reaches `status` (at most 20 s); returns it with its attempts.
-async fn wait_for_status(app: &TestApp, token: &str, id: &str, status: &str) -> Value {
+pub async fn wait_for_status(app: &TestApp, token: &str, id: &str, status: &str) -> Value {
     for _ in 0..400 {
         let task = app.get(&format!("/api/v1/tasks/{id}"), token).await.body;
         if task["status"] == status {
@@ -157,7 +158,7 @@ async fn paused_biz_types_wait_until_resumed() {
     assert!(receiver.received().is_empty());
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["status"], "pending");
 
-    biz_types::update(&app.pool, "orders", &Settings { paused: Some(false), ..Default::default() }).await.unwrap();
+    biz_types::update(&app.pool, "orders", &Settings { paused: Some(false), ..Default::default() }, CallbackHosts::Any).await.unwrap();
     wait_for_status(&app, &token, &id, "succeeded").await;
     assert_eq!(receiver.received().len(), 1);
 }
@@ -272,7 +273,7 @@ async fn https_callbacks_verify_the_certificate() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let settings = Settings { callback_url: Some(format!("https://127.0.0.1:{port}/hook")), max_attempts: Some(1), ..Default::default() };
-    biz_types::create(&app.pool, "secure", &settings).await.unwrap();
+    biz_types::create(&app.pool, "secure", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "secure").await.unwrap();
     let id = app.create_task(&token, json!({"biz_type": "secure"})).await["id"].as_str().unwrap().to_string();
     let failed = wait_for_status(&app, &token, &id, "failed").await;

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
 use chime::embedded_pg::{self, EmbeddedPg};
 use chime::startup::Application;
@@ -114,6 +115,16 @@ async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
 /// A `chime serve` process on the given database with extra settings, ready; killed
 /// when dropped.
 pub async fn chime_process(db_url: &str, env: &[(&str, &str)]) -> tokio::process::Child {
+    spawn_chime(db_url, env, std::process::Stdio::null()).await.0
+}
+
+/// Like `chime_process`, with its log (stderr) written to `log`; returns the process and
+/// its address.
+pub async fn chime_process_logging(db_url: &str, env: &[(&str, &str)], log: std::fs::File) -> (tokio::process::Child, String) {
+    spawn_chime(db_url, env, log.into()).await
+}
+
+async fn spawn_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::Stdio) -> (tokio::process::Child, String) {
     let port = crate::embedded::free_port();
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
         .env("DATABASE_URL", db_url)
@@ -121,12 +132,13 @@ pub async fn chime_process(db_url: &str, env: &[(&str, &str)]) -> tokio::process
         .env_remove("CHIME_CONFIG")
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    crate::embedded::wait_ready(&format!("http://127.0.0.1:{port}")).await;
-    child
+    let address = format!("http://127.0.0.1:{port}");
+    crate::embedded::wait_ready(&address).await;
+    (child, address)
 }
 
 /// A response's status and JSON body.
@@ -153,6 +165,7 @@ impl TestApp {
             &self.pool,
             name,
             &chime::biz_types::Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() },
+            CallbackHosts::Any,
         )
         .await
         .unwrap();
@@ -160,9 +173,15 @@ impl TestApp {
     }
 
     pub async fn request(&self, method: &str, path: &str, token: Option<&str>, body: Option<Vec<u8>>) -> Reply {
+        let authorization = token.map(|t| format!("Bearer {t}"));
+        self.request_with_authorization(method, path, authorization.as_deref(), body).await
+    }
+
+    /// A request with this `Authorization` header as given (none when `None`).
+    pub async fn request_with_authorization(&self, method: &str, path: &str, authorization: Option<&str>, body: Option<Vec<u8>>) -> Reply {
         let mut req = self.client.request(method.parse().unwrap(), format!("{}{path}", self.address));
-        if let Some(token) = token {
-            req = req.bearer_auth(token);
+        if let Some(authorization) = authorization {
+            req = req.header("Authorization", authorization);
         }
         if let Some(body) = body {
             req = req.header("Content-Type", "application/json").body(body);

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
 use chime::partitions::{self, Layout};
 use chime::{leader, timers};
 use chrono::{DateTime, Days, Utc};
@@ -18,7 +19,7 @@ async fn pool(db_url: &str) -> PgPool {
 
 async fn biz_type_id(pool: &PgPool, name: &str) -> i32 {
     let settings = Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() };
-    biz_types::create(pool, name, &settings).await.unwrap().id
+    biz_types::create(pool, name, &settings, CallbackHosts::Any).await.unwrap().id
 }
 
 /// The node id of a chime process, from its registration.

@@ -1,11 +1,13 @@
 //! Integration tests: the real HTTP server, a real PostgreSQL, the real binary.
 
 mod auth;
+mod authz;
 mod bad_input;
 // A toolkit: not every test uses every helper.
 #[allow(dead_code)]
 mod browser;
 mod browser_smoke;
+mod callback_hosts;
 mod cli;
 mod console;
 mod console_browser;

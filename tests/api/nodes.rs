@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
 
 use crate::helpers::{chime_process, spawn_app, spawn_node, spawn_second_node};
@@ -36,7 +37,7 @@ async fn two_nodes_share_work_without_duplicates() {
     let b = spawn_second_node(&a).await;
     let receiver = Receiver::start(vec![], Answer { delay: Duration::from_millis(300), ..Answer::status(200) }).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(100), ..Default::default() };
-    biz_types::create(&a.pool, "orders", &settings).await.unwrap();
+    biz_types::create(&a.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&a.pool, "orders").await.unwrap();
     // Due after both engines have re-read the biz types (every 2 s), so both compete.
     let due = (chrono::Utc::now() + chrono::Duration::seconds(3)).to_rfc3339();
@@ -62,7 +63,7 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
     let app = spawn_app().await; // the API only: no engine of its own
     let receiver = Receiver::start(vec![], Answer { delay: Duration::from_secs(2), ..Answer::status(200) }).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), timeout_ms: Some(3000), ..Default::default() };
-    biz_types::create(&app.pool, "orders", &settings).await.unwrap();
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
 
     // The node to be killed is a real process, the only engine while it lives.
@@ -107,7 +108,7 @@ async fn sigterm_finishes_callbacks_in_flight() {
     let app = spawn_app().await;
     let receiver = Receiver::start(vec![], Answer { delay: Duration::from_millis(1500), ..Answer::status(200) }).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
-    biz_types::create(&app.pool, "orders", &settings).await.unwrap();
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let mut node = chime_process(&app.db_url, &[]).await;
     let items: Vec<Value> = (0..10).map(|i| json!({"biz_type": "orders", "payload": i})).collect();

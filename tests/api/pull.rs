@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, spawn_app};
 
 /// A pull biz type with a token.
 async fn pull_biz_type(app: &TestApp, name: &str, settings: Settings) -> String {
-    biz_types::create(&app.pool, name, &Settings { mode: Some("pull".into()), ..settings }).await.unwrap();
+    biz_types::create(&app.pool, name, &Settings { mode: Some("pull".into()), ..settings }, CallbackHosts::Any).await.unwrap();
     biz_types::create_token(&app.pool, name).await.unwrap()
 }
 
@@ -198,7 +199,7 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
     assert_eq!(reserve(&app, &token, json!({"max": 10})).await.len(), 2);
     assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty());
 
-    biz_types::update(&app.pool, "jobs", &Settings { paused: Some(true), max_in_flight: Some(100), ..Default::default() }).await.unwrap();
+    biz_types::update(&app.pool, "jobs", &Settings { paused: Some(true), max_in_flight: Some(100), ..Default::default() }, CallbackHosts::Any).await.unwrap();
     assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty(), "paused: nothing handed out");
     let task = app.create_task(&callback, json!({"biz_type": "hooks"})).await;
     let task_id = task["id"].as_str().unwrap();

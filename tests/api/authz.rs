@@ -1,0 +1,404 @@
+//! The authorization matrix: every API endpoint against every kind of credential, every
+//! console route against every role, and that refused requests change nothing. Also: tokens
+//! and passwords are stored hashed and never logged, and signing secrets are shown only
+//! when made.
+
+use std::collections::{BTreeSet, HashMap};
+
+use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
+use reqwest::header::{COOKIE, LOCATION};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::console::{ADMIN_PASSWORD, Console, no_redirects, sign_in, sign_in_attempt, support_user};
+use crate::helpers::{Reply, TestApp, chime_process_logging, fresh_database, spawn_app};
+
+/// Every API call that needs a token: (method, path, body, status with the owner's token,
+/// status with another biz type's token). Placeholders in braces are filled from the
+/// fixtures. Rows run in order, each with the owner's token last, so a row may rely on an
+/// earlier one (the task is rescheduled before it is cancelled).
+///
+/// Must list every route of `src/api/mod.rs` that takes a token; the test compares it with
+/// the OpenAPI document, which lists them all (see `health::openapi_document_covers_the_api`).
+const API: &[(&str, &str, &str, u16, u16)] = &[
+    ("POST", "/api/v1/tasks", r#"{"biz_type": "jobs"}"#, 201, 403),
+    // Another biz type's batch answers 200 with a 403 per item.
+    ("POST", "/api/v1/tasks/batch", r#"{"tasks": [{"biz_type": "jobs"}]}"#, 200, 200),
+    // Without `biz_type` a list is of the caller's own tasks: none for the other biz type.
+    ("GET", "/api/v1/tasks", "", 200, 200),
+    ("GET", "/api/v1/tasks?biz_type={biz}", "", 200, 403),
+    ("GET", "/api/v1/tasks/{task}", "", 200, 403),
+    ("GET", "/api/v1/biz-types/{biz}/tasks/by-key/{key}", "", 200, 403),
+    ("PATCH", "/api/v1/tasks/{task}", r#"{"delay_ms": 7200000}"#, 200, 403),
+    ("DELETE", "/api/v1/tasks/{task}", "", 200, 403),
+    ("POST", "/api/v1/tasks/{failed}/replay", "", 200, 403),
+    ("POST", "/api/v1/timers", r#"{"biz_type": "jobs", "key": "t2", "cron": "0 0 0 1 1 * 2099"}"#, 201, 403),
+    ("GET", "/api/v1/timers", "", 200, 200),
+    ("GET", "/api/v1/timers?biz_type={biz}", "", 200, 403),
+    ("GET", "/api/v1/timers/{timer}", "", 200, 403),
+    ("PATCH", "/api/v1/timers/{timer}", r#"{"cron": "0 0 0 2 1 * 2099"}"#, 200, 403),
+    ("POST", "/api/v1/timers/{timer}/deactivate", "", 200, 403),
+    ("POST", "/api/v1/timers/{timer}/activate", "", 200, 403),
+    ("DELETE", "/api/v1/timers/{timer}", "", 204, 403),
+    ("POST", "/api/v1/biz-types/{biz}/reserve", r#"{"max": 1, "wait_ms": 0}"#, 200, 403),
+    ("POST", "/api/v1/tasks/{ack}/ack", "", 200, 403),
+    ("POST", "/api/v1/tasks/{nack}/nack", r#"{"delay_ms": 60000}"#, 200, 403),
+    ("POST", "/api/v1/tasks/{touch}/touch", r#"{"ttr_ms": 60000}"#, 200, 403),
+];
+
+/// A cron that never fires while the tests run, so the leader writes no occurrences.
+const NEVER: &str = "0 0 0 1 1 * 2099";
+
+/// Replaces each `{name}` in `text` by its value.
+fn fill(text: &str, values: &HashMap<&str, String>) -> String {
+    values.iter().fold(text.to_string(), |text, (name, value)| text.replace(&format!("{{{name}}}"), value))
+}
+
+/// Everything a request could change, as text: compared before and after refused requests.
+async fn snapshot(pool: &PgPool) -> Vec<String> {
+    let mut rows = Vec::new();
+    for query in [
+        "SELECT t::text FROM all_tasks t ORDER BY id",
+        "SELECT a::text FROM attempts a ORDER BY task_id, number",
+        "SELECT k::text FROM task_keys k ORDER BY task_id",
+        // Not `materialized_until`: the leader moves it on by itself.
+        "SELECT (id, biz_type_id, key, cron, timezone, payload, active, catch_up, updated_at)::text FROM timers ORDER BY id",
+        "SELECT b::text FROM biz_types b ORDER BY id",
+        "SELECT x::text FROM api_tokens x ORDER BY id",
+        "SELECT u::text FROM users u ORDER BY id",
+        "SELECT s::text FROM sessions s ORDER BY token_hash",
+        "SELECT l::text FROM audit_log l ORDER BY id",
+    ] {
+        rows.extend(sqlx::query_scalar::<_, String>(query).fetch_all(pool).await.unwrap());
+    }
+    rows
+}
+
+/// `{path}` with every `{…}` segment written `{}` and no query: a route as OpenAPI names it.
+fn route(method: &str, path: &str) -> String {
+    let path = path.split('?').next().unwrap();
+    let segments: Vec<&str> = path.split('/').map(|s| if s.starts_with('{') { "{}" } else { s }).collect();
+    format!("{} {}", method.to_uppercase(), segments.join("/"))
+}
+
+/// The table lists every API route the OpenAPI document names, except the public document itself.
+#[tokio::test]
+async fn the_api_matrix_lists_every_route() {
+    let doc: Value = serde_json::from_str(include_str!("../../src/api/openapi.json")).unwrap();
+    let documented: BTreeSet<String> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(path, _)| path.starts_with("/api/v1/") && path.as_str() != "/api/v1/openapi.json")
+        .flat_map(|(path, methods)| methods.as_object().unwrap().keys().map(move |key| (key, path)))
+        .filter(|(key, _)| ["get", "post", "put", "patch", "delete"].contains(&key.as_str()))
+        .map(|(method, path)| route(method, path))
+        .collect();
+    let tested: BTreeSet<String> = API.iter().map(|(method, path, ..)| route(method, path)).collect();
+    assert_eq!(documented.difference(&tested).collect::<Vec<_>>(), Vec::<&String>::new(), "routes missing from authz::API");
+    assert_eq!(tested.difference(&documented).collect::<Vec<_>>(), Vec::<&String>::new(), "routes in authz::API but not documented");
+}
+
+struct ApiFixtures {
+    /// Values of the placeholders in `API`.
+    ids: HashMap<&'static str, String>,
+    /// A token of `jobs`, a revoked one, and one of `other`.
+    token: String,
+    revoked: String,
+    foreign: String,
+}
+
+/// Owner `jobs` (pull mode, so the pull endpoints apply) with a token and a revoked token;
+/// `other` (pull mode too) with its own token; a pending task, a failed one, three reserved
+/// ones and a timer of `jobs`.
+async fn api_fixtures(app: &TestApp) -> ApiFixtures {
+    let pull = Settings { mode: Some("pull".into()), ..Default::default() };
+    for name in ["jobs", "other"] {
+        biz_types::create(&app.pool, name, &pull, CallbackHosts::Any).await.unwrap();
+    }
+    let token = biz_types::create_token(&app.pool, "jobs").await.unwrap();
+    let foreign = biz_types::create_token(&app.pool, "other").await.unwrap();
+    let revoked = biz_types::create_token(&app.pool, "jobs").await.unwrap();
+    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1").bind(&revoked[..12]).execute(&app.pool).await.unwrap();
+
+    let mut ids = HashMap::from([("biz", "jobs".to_string()), ("key", "k".to_string())]);
+    for key in ["ack", "nack", "touch"] {
+        let task = app.create_task(&token, json!({"biz_type": "jobs", "key": key})).await;
+        ids.insert(key, task["id"].as_str().unwrap().to_string());
+    }
+    let reserved = app.post("/api/v1/biz-types/jobs/reserve", &token, json!({"max": 3, "wait_ms": 0, "ttr_ms": 600000})).await;
+    assert_eq!(reserved.body["tasks"].as_array().map(Vec::len), Some(3), "{}", reserved.body);
+    let failed = app.create_task(&token, json!({"biz_type": "jobs"})).await;
+    app.force_status(failed["id"].as_str().unwrap(), "failed").await;
+    ids.insert("failed", failed["id"].as_str().unwrap().to_string());
+    let pending = app.create_task(&token, json!({"biz_type": "jobs", "key": "k", "delay_ms": 3600000})).await;
+    ids.insert("task", pending["id"].as_str().unwrap().to_string());
+    let timer = app.post("/api/v1/timers", &token, json!({"biz_type": "jobs", "key": "t1", "cron": NEVER})).await;
+    assert_eq!(timer.status, 201, "{}", timer.body);
+    ids.insert("timer", timer.body["id"].as_str().unwrap().to_string());
+    ApiFixtures { ids, token, revoked, foreign }
+}
+
+/// A reply to another biz type's token that is not an error shows nothing of `jobs`: lists
+/// are empty, batch items refused.
+fn shows_nothing_of_jobs(reply: &Reply) -> bool {
+    let items_empty = reply.body.get("items").is_none_or(|items| items == &json!([]));
+    let items_refused = reply.body.get("results").is_none_or(|r| r.as_array().unwrap().iter().all(|item| item["status"] == 403));
+    items_empty && items_refused
+}
+
+/// No token, a malformed header, an unknown token and a revoked token get 401 everywhere;
+/// another biz type's token gets 403 (or an empty list); none of them changes anything;
+/// the owner's token is let through.
+#[tokio::test]
+async fn every_api_endpoint_admits_only_its_own_biz_types_token() {
+    let app = spawn_app().await;
+    let ApiFixtures { ids, token, revoked, foreign } = api_fixtures(&app).await;
+    let refused_credentials = [
+        ("no token", None),
+        ("a Basic header", Some(format!("Basic {token}"))),
+        ("an empty bearer token", Some("Bearer ".to_string())),
+        ("an unknown token", Some("Bearer chime_not-a-real-token".to_string())),
+        ("a revoked token", Some(format!("Bearer {revoked}"))),
+    ];
+
+    for &(method, path, body, owner_status, foreign_status) in API {
+        let path = fill(path, &ids);
+        let body = (!body.is_empty()).then(|| fill(body, &ids).into_bytes());
+        let before = snapshot(&app.pool).await;
+        for (what, authorization) in &refused_credentials {
+            let reply = app.request_with_authorization(method, &path, authorization.as_deref(), body.clone()).await;
+            assert_eq!((reply.status, reply.code()), (401, "unauthenticated"), "{method} {path} with {what}: {}", reply.body);
+            assert_eq!(reply.headers["www-authenticate"], "Bearer");
+        }
+        let reply = app.request(method, &path, Some(&foreign), body.clone()).await;
+        assert_eq!(reply.status, foreign_status, "{method} {path} with another biz type's token: {}", reply.body);
+        if foreign_status == 403 {
+            assert_eq!(reply.code(), "permission_denied");
+        } else {
+            assert!(shows_nothing_of_jobs(&reply), "{method} {path} with another biz type's token: {}", reply.body);
+        }
+        assert_eq!(snapshot(&app.pool).await, before, "{method} {path}: a refused request changed the database");
+
+        let reply = app.request(method, &path, Some(&token), body).await;
+        assert_eq!(reply.status, owner_status, "{method} {path} with its own token: {}", reply.body);
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Who {
+    /// Any signed-in user, support staff included.
+    Staff,
+    Admin,
+}
+use Who::{Admin, Staff};
+
+/// Every console route but the public sign-in page and assets: (method, path, form, who
+/// may, status when allowed). Placeholders are filled per user, so that support staff and
+/// admins each act on objects of their own. Keep in sync with `src/console/mod.rs`; logout
+/// stays last.
+const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
+    ("GET", "/console", &[], Staff, 200),
+    ("GET", "/console/biz-types", &[], Staff, 200),
+    ("GET", "/console/biz-types/new", &[], Admin, 200),
+    ("GET", "/console/biz-types/{biz}", &[], Staff, 200),
+    ("GET", "/console/tasks", &[], Staff, 200),
+    ("GET", "/console/tasks/{task}", &[], Staff, 200),
+    ("GET", "/console/timers", &[], Staff, 200),
+    ("GET", "/console/timers/new", &[], Admin, 200),
+    ("GET", "/console/timers/{timer}", &[], Staff, 200),
+    ("GET", "/console/cluster", &[], Staff, 200),
+    ("GET", "/console/audit", &[], Staff, 200),
+    // Creating a biz type answers with its page, showing the new signing secret once.
+    ("POST", "/console/biz-types", &[("name", "{new}"), ("mode", "pull")], Admin, 200),
+    ("POST", "/console/biz-types/{biz}", &[("description", "changed"), ("mode", "callback"), ("callback_url", "http://127.0.0.1:9/x")], Admin, 303),
+    ("POST", "/console/biz-types/{biz}/pause", &[], Admin, 303),
+    ("POST", "/console/biz-types/{biz}/resume", &[], Admin, 303),
+    ("POST", "/console/biz-types/{biz}/rotate-secret", &[], Admin, 200),
+    ("POST", "/console/biz-types/{biz}/tokens", &[], Admin, 200),
+    ("POST", "/console/biz-types/{biz}/tokens/{token_id}/revoke", &[], Admin, 303),
+    ("POST", "/console/tasks/{task}/reschedule", &[("run_at", "2030-01-01 09:00")], Admin, 303),
+    ("POST", "/console/tasks/{task}/cancel", &[], Staff, 303),
+    ("POST", "/console/tasks/{failed}/replay", &[], Staff, 303),
+    ("POST", "/console/tasks/replay-failed", &[("biz_type", "{biz}"), ("confirm", "yes")], Staff, 303),
+    ("POST", "/console/timers", &[("biz_type", "{biz}"), ("key", "{new}"), ("cron", NEVER), ("timezone", "UTC"), ("active", "on")], Admin, 303),
+    ("POST", "/console/timers/{timer}", &[("cron", "0 0 0 2 1 * 2099"), ("timezone", "UTC"), ("active", "on")], Admin, 303),
+    ("POST", "/console/timers/{timer}/deactivate", &[], Admin, 303),
+    ("POST", "/console/timers/{timer}/activate", &[], Admin, 303),
+    ("POST", "/console/timers/{timer}/delete", &[], Admin, 303),
+    ("POST", "/console/logout", &[], Staff, 303),
+];
+
+/// A pending task, a failed task, a timer and a token of `orders` for one user to act on.
+async fn console_fixtures(app: &TestApp, token: &str, user: &str) -> HashMap<&'static str, String> {
+    let pending = app.create_task(token, json!({"biz_type": "orders", "delay_ms": 3600000})).await;
+    let failed = app.create_task(token, json!({"biz_type": "orders"})).await;
+    app.force_status(failed["id"].as_str().unwrap(), "failed").await;
+    let timer = app.post("/api/v1/timers", token, json!({"biz_type": "orders", "key": format!("t-{user}"), "cron": NEVER})).await;
+    let api_token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let token_id: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM api_tokens WHERE prefix = $1").bind(&api_token[..12]).fetch_one(&app.pool).await.unwrap();
+    HashMap::from([
+        ("biz", "orders".to_string()),
+        ("new", format!("new-{user}")),
+        ("task", pending["id"].as_str().unwrap().to_string()),
+        ("failed", failed["id"].as_str().unwrap().to_string()),
+        ("timer", timer.body["id"].as_str().unwrap().to_string()),
+        ("token_id", token_id.to_string()),
+    ])
+}
+
+async fn console_call(console: &Console, method: &str, path: &str, form: &[(&str, &str)]) -> crate::console::Page {
+    if method == "GET" { console.get(path).await } else { console.post(path, form).await }
+}
+
+/// Signed out, every route redirects to the sign-in page and changes nothing; support staff
+/// may browse, replay and cancel, and get 403 (changing nothing) for the rest; admins may
+/// do everything.
+#[tokio::test]
+async fn every_console_route_checks_the_signed_in_role() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let support = support_user(&app).await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let for_support = console_fixtures(&app, &token, "support").await;
+    let for_admin = console_fixtures(&app, &token, "admin").await;
+    let anonymous = no_redirects();
+
+    for &(method, path, form, who, allowed_status) in CONSOLE {
+        let before = snapshot(&app.pool).await;
+        let signed_out_path = fill(path, &for_support);
+        let url = format!("{}{signed_out_path}", app.address);
+        // No session cookie, and a forged one.
+        for cookie in ["", "chime_session=forged"] {
+            let request = anonymous.request(method.parse().unwrap(), &url).header(COOKIE, cookie);
+            let resp = if method == "GET" { request } else { request.form(form) }.send().await.unwrap();
+            let location = resp.headers().get(LOCATION).map(|l| l.to_str().unwrap().to_string()).unwrap_or_default();
+            assert_eq!(resp.status(), 303, "{method} {path} signed out (cookie `{cookie}`)");
+            assert!(location.starts_with("/console/login?next="), "{method} {path} signed out went to {location}");
+        }
+        assert_eq!(snapshot(&app.pool).await, before, "{method} {path} signed out changed the database");
+
+        for (user, console, ids) in [("support", &support, &for_support), ("admin", &admin, &for_admin)] {
+            let path = fill(path, ids);
+            let form: Vec<(String, String)> = form.iter().map(|(k, v)| (k.to_string(), fill(v, ids))).collect();
+            let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let before = snapshot(&app.pool).await;
+            let page = console_call(console, method, &path, &form).await;
+            if who == Admin && user == "support" {
+                assert_eq!(page.status, 403, "{method} {path} as support: {}", page.body);
+                assert!(page.body.contains("only an admin can do this"), "{method} {path}: {}", page.body);
+                assert_eq!(snapshot(&app.pool).await, before, "{method} {path} as support changed the database");
+            } else {
+                assert_eq!(page.status, allowed_status, "{method} {path} as {user}: {}", page.body);
+            }
+        }
+    }
+}
+
+/// API tokens, session tokens and console passwords are stored only as hashes: no row of
+/// `api_tokens`, `sessions` or `users` holds one in the clear.
+#[tokio::test]
+async fn tokens_and_passwords_are_stored_hashed_only() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    chime::users::create(&app.pool, "helen", "support", "support-password").await.unwrap();
+    let support = sign_in(&app, "helen", "support-password").await;
+
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT t::text FROM api_tokens t UNION ALL SELECT u::text FROM users u UNION ALL SELECT s::text FROM sessions s",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 1 + 2 + 1, "{rows:#?}");
+    // The stored prefix is the token's first 12 characters; the rest must be nowhere.
+    for secret in [&token[12..], ADMIN_PASSWORD, "support-password", &support.session] {
+        assert!(rows.iter().all(|row| !row.contains(secret)), "`{secret}` stored in the clear: {rows:#?}");
+    }
+    let hashes: Vec<String> = sqlx::query_scalar("SELECT password_hash FROM users").fetch_all(&app.pool).await.unwrap();
+    assert!(hashes.iter().all(|h| h.starts_with("$argon2")), "{hashes:?}");
+}
+
+/// A `chime serve` process logging at debug level, through a token created in the console, API
+/// calls with valid, revoked and wrong tokens, sign-ins with right and wrong passwords and a
+/// secret rotation: none of the tokens, passwords, secrets or session cookies is in its log.
+#[tokio::test]
+async fn tokens_passwords_and_secrets_never_reach_the_log() {
+    let db_url = fresh_database().await;
+    let log_path = std::env::temp_dir().join(format!("chime-authz-log-{}-{}.txt", std::process::id(), uuid::Uuid::new_v4()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let env = [("CHIME_LOG", "debug"), ("CHIME_ADMIN_PASSWORD", "log-test-admin-password"), ("CHIME_ENGINE", "false")];
+    let (mut child, address) = chime_process_logging(&db_url, &env, log).await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let node = TestApp { address, pool, db_url, client: crate::helpers::client() };
+
+    biz_types::create(&node.pool, "orders", &Settings { callback_url: Some("http://127.0.0.1:9/x".into()), ..Default::default() }, CallbackHosts::Any)
+        .await
+        .unwrap();
+    chime::users::create(&node.pool, "helen", "support", "support-password").await.unwrap();
+    let admin = sign_in(&node, "admin", "log-test-admin-password").await;
+    let support = sign_in(&node, "helen", "support-password").await;
+    assert_eq!(sign_in_attempt(&node, "admin", "wrong-password-guess").await.status, 401);
+
+    let page = admin.post("/console/biz-types/orders/tokens", &[]).await;
+    let token = revealed(&page.body);
+    let rotated = admin.post("/console/biz-types/orders/rotate-secret", &[]).await;
+    let secret = revealed(&rotated.body);
+    let task = node.create_task(&token, json!({"biz_type": "orders", "delay_ms": 600000})).await;
+    assert_eq!(node.get(&format!("/api/v1/tasks/{}", task["id"].as_str().unwrap()), &token).await.status, 200);
+    let revoked = biz_types::create_token(&node.pool, "orders").await.unwrap();
+    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1").bind(&revoked[..12]).execute(&node.pool).await.unwrap();
+    assert_eq!(node.get("/api/v1/tasks", &revoked).await.status, 401);
+    assert_eq!(node.get("/api/v1/tasks", "chime_wrong-token-guess").await.status, 401);
+
+    child.kill().await.unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_file(&log_path).unwrap();
+    assert!(log.contains("DEBUG") && log.contains("console: signed in"), "the log was not captured: {log}");
+    for secret in [
+        token.as_str(),
+        &token[12..],
+        &revoked[12..],
+        "chime_wrong-token-guess",
+        "log-test-admin-password",
+        "support-password",
+        "wrong-password-guess",
+        secret.as_str(),
+        &admin.session,
+        &support.session,
+    ] {
+        assert!(!log.contains(secret), "`{secret}` is in the log");
+    }
+}
+
+/// The value a console page shows once (a new token or signing secret).
+fn revealed(body: &str) -> String {
+    let marker = r#"<code id="revealed" class="secret">"#;
+    let start = body.find(marker).unwrap_or_else(|| panic!("nothing revealed on the page: {body}")) + marker.len();
+    body[start..].split('<').next().unwrap().to_string()
+}
+
+/// A signing secret is shown when it is made (creation, rotation) and never again: not on
+/// the console's pages, in the audit log, or by `chime biz-type list`.
+#[tokio::test]
+async fn signing_secrets_are_shown_only_when_made() {
+    let app = spawn_app().await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let first = revealed(&admin.post("/console/biz-types", &[("name", "orders"), ("mode", "pull")]).await.body);
+    let second = revealed(&admin.post("/console/biz-types/orders/rotate-secret", &[]).await.body);
+    assert!(first.starts_with("whsec_") && second.starts_with("whsec_") && first != second, "{first} {second}");
+    let stored: String = sqlx::query_scalar("SELECT signing_secret FROM biz_types").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(stored, second, "the rotated secret is the one in use");
+
+    for path in ["/console", "/console/biz-types", "/console/biz-types/orders", "/console/audit"] {
+        let page = admin.get(path).await;
+        assert_eq!(page.status, 200, "{path}");
+        assert!(!page.body.contains(&first) && !page.body.contains(&second), "{path} shows a signing secret");
+    }
+    let audit: Vec<String> = sqlx::query_scalar("SELECT l::text FROM audit_log l").fetch_all(&app.pool).await.unwrap();
+    assert!(audit.len() >= 2 && audit.iter().all(|row| !row.contains(&first) && !row.contains(&second)), "{audit:#?}");
+    let out = crate::cli::chime(&[("DATABASE_URL", app.db_url.as_str())], &["biz-type", "list"], None).await;
+    assert!(out.ok && out.stdout.contains("orders") && !out.stdout.contains(&second), "{}", out.stdout);
+}

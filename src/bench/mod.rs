@@ -209,6 +209,10 @@ impl Bench {
         if std::env::var_os("CHIME_LOG").is_none() {
             command.env("CHIME_LOG", "warn");
         }
+        if self.receiver.is_some() {
+            // The bench's own receiver listens on loopback.
+            command.env("CHIME_DENY_PRIVATE_CALLBACKS", "false");
+        }
         let mut child = command.spawn().context("starting a chime node")?;
         let base = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);

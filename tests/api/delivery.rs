@@ -305,3 +305,31 @@ async fn a_task_due_now_wakes_the_engines() {
 async fn woken(listener: &mut sqlx::postgres::PgListener) -> bool {
     tokio::time::timeout(std::time::Duration::from_secs(2), listener.try_recv()).await.is_ok_and(|n| n.is_ok_and(|n| n.is_some()))
 }
+
+/// Tasks are claimed a little before they are due and held until then: none reaches the
+/// receiver before its `run_at`, although the engine had it in hand earlier.
+#[tokio::test]
+async fn tasks_claimed_ahead_never_fire_early() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let token = biz_type(&app, "orders", &receiver, Settings::default()).await;
+    // Due one by one, 20 ms apart, well inside the claim-ahead window of one another, so
+    // most are claimed before they are due; from 3 s from now, once the engine has read
+    // the new biz type (it re-reads them every 2 s).
+    let start = chrono::Utc::now() + chrono::TimeDelta::seconds(3);
+    let tasks: Vec<Value> = (0..15)
+        .map(|i| json!({"biz_type": "orders", "run_at": (start + chrono::TimeDelta::milliseconds(20 * i)).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}))
+        .collect();
+    assert_eq!(app.post("/api/v1/tasks/batch", &token, json!({"tasks": tasks})).await.status, 200);
+
+    let received = receiver.wait_for(15, Duration::from_secs(10)).await;
+    let (now_wall, now_instant) = (chrono::Utc::now(), std::time::Instant::now());
+    for request in &received {
+        let body = request.json();
+        let run_at: chrono::DateTime<chrono::Utc> = body["run_at"].as_str().unwrap().parse().unwrap();
+        let fired_at: chrono::DateTime<chrono::Utc> = body["fired_at"].as_str().unwrap().parse().unwrap();
+        let arrived = now_wall - chrono::TimeDelta::from_std(now_instant - request.at).unwrap();
+        assert!(fired_at >= run_at, "fired at {fired_at}, before its run_at {run_at}");
+        assert!(arrived >= run_at, "arrived at {arrived}, before its run_at {run_at}");
+    }
+}

@@ -402,3 +402,20 @@ async fn payload_numbers_round_trip_exactly() {
     let again = app.request("POST", "/api/v1/tasks", Some(&token), Some(body.as_bytes().to_vec())).await;
     assert_eq!(again.status, 200, "an idempotent repeat reads the stored task back: {}", again.body);
 }
+
+/// Racing creates with one key and different bodies, written together in one statement:
+/// the first wins, every other answers 409, and only one task exists.
+#[tokio::test]
+async fn concurrent_creates_with_one_key_and_different_bodies_conflict() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let replies = futures_util::future::join_all(
+        (0..16).map(|i| app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "key": "race", "payload": {"x": i}}))),
+    )
+    .await;
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 409).count(), 15, "{statuses:?}");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 1);
+}

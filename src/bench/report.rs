@@ -228,11 +228,11 @@ fn chart(svg: &mut String, x0: f64, (w, h): (f64, f64), title: &str, x_label: &s
     let _ = write!(svg, r##"<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="#555"/>"##);
     for i in 0..=(max_x / step_x).round() as u32 {
         let v = step_x * f64::from(i);
-        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, sx(v), bottom + 14.0, fmt(v));
+        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, sx(v), bottom + 14.0, tick(v, step_x));
     }
     for i in 0..=(max_y / step_y).round() as u32 {
         let v = step_y * f64::from(i);
-        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, left - 4.0, sy(v) + 4.0, fmt(v));
+        let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, left - 4.0, sy(v) + 4.0, tick(v, step_y));
     }
     let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{x_label}</text>"#, (left + right) / 2.0, h - 8.0);
     for (i, (label, points)) in lines.iter().enumerate() {
@@ -249,6 +249,11 @@ fn axis(max: f64) -> (f64, f64) {
     let magnitude = 10f64.powf((max / 5.0).log10().floor());
     let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * magnitude).find(|s| max / s <= 5.0).unwrap_or(10.0 * magnitude);
     (step, (max / step - 1e-9).ceil() * step)
+}
+
+/// A tick label: whole numbers when the step is.
+fn tick(v: f64, step: f64) -> String {
+    if step >= 1.0 && v.abs() < 100.0 { format!("{v:.0}") } else { fmt(v) }
 }
 
 fn escape(s: &str) -> String {

@@ -39,7 +39,7 @@ impl AppState {
     pub fn new(pool: PgPool, max_payload_bytes: usize, callback_hosts: CallbackHosts) -> Self {
         let wake = Arc::new(Notify::new());
         let waiters = wake.clone();
-        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move || waiters.notify_waiters()));
+        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move |_| waiters.notify_waiters()));
         AppState {
             creates: crate::tasks::CreateBatcher::start(pool.clone()),
             pool,

@@ -193,6 +193,7 @@ pub async fn update(pool: &PgPool, name: &str, settings: &Settings, hosts: Callb
 }
 
 async fn store(tx: &mut sqlx::PgConnection, b: &BizType) -> Result<BizType, Error> {
+    notify_settings_changed(&mut *tx).await?;
     Ok(sqlx::query_as::<_, BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
@@ -214,6 +215,13 @@ async fn store(tx: &mut sqlx::PgConnection, b: &BizType) -> Result<BizType, Erro
     .bind(b.paused)
     .fetch_one(&mut *tx)
     .await?)
+}
+
+/// Tells every node's engine to re-read the biz types now rather than at its next
+/// periodic refresh (sent on commit).
+async fn notify_settings_changed(conn: &mut sqlx::PgConnection) -> Result<(), Error> {
+    sqlx::query("SELECT pg_notify('chime_wake', 'settings')").execute(conn).await?;
+    Ok(())
 }
 
 pub async fn list(pool: &PgPool) -> Result<Vec<BizType>, Error> {

@@ -85,14 +85,17 @@ pub async fn revoke_token(pool: &PgPool, biz_type_id: i32, id: Uuid) -> Result<S
         .ok_or_else(|| Error::NotFound(format!("no token {id} in this biz type")))
 }
 
-/// Gives the biz type a new signing secret and returns it; callbacks are signed with it
-/// from the engines' next settings refresh (within seconds).
+/// Gives the biz type a new signing secret and returns it; the engines are told to re-read
+/// their settings, so callbacks are signed with it at once.
 pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Error> {
     let secret = new_secret();
-    sqlx::query("UPDATE biz_types SET signing_secret = $2, updated_at = now() WHERE id = $1")
-        .bind(biz_type_id)
-        .bind(&secret)
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "WITH rotated AS (UPDATE biz_types SET signing_secret = $2, updated_at = now() WHERE id = $1 RETURNING id)
+         SELECT pg_notify('chime_wake', 'settings') FROM rotated",
+    )
+    .bind(biz_type_id)
+    .bind(&secret)
+    .execute(pool)
+    .await?;
     Ok(secret)
 }

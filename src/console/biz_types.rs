@@ -207,7 +207,7 @@ pub async fn update(
         Ok((before, after)) => {
             audit::record(&state.pool, &session.actor(), "biz_type.update", "biz_type", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
                 .await?;
-            Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them within seconds."))
+            Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them at once."))
         }
         Err(e) => {
             let tokens = biz_types::list_tokens(&state.pool, current.id).await?;

@@ -2,8 +2,8 @@
 //! records what happened (SPEC §4, §6).
 //!
 //! Shape. One claim loop per node. Each turn it reads the biz types that deliver by
-//! callback and are not paused (re-read every few seconds, so changed settings take
-//! effect without a restart), and for each claims as many due tasks as it has free
+//! callback and are not paused (re-read as soon as any node changes one, and every
+//! `SETTINGS_REFRESH` in case that notice was lost), and for each claims as many due tasks as it has free
 //! in-flight slots. A claimed task's callback starts at once, so a lease never waits
 //! behind other work: the lease is the biz type's timeout plus a margin. Outcomes go to a
 //! recorder that writes them in batches, one statement for the tasks and one for the
@@ -39,7 +39,7 @@ pub use deliver::signature;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -52,7 +52,7 @@ use crate::{metrics, nodes};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_millis(1000);
-/// How often biz type settings are re-read.
+/// How often biz type settings are re-read without being told of a change.
 const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
@@ -115,9 +115,17 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
     // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
     let wake = Arc::new(Notify::new());
+    // Set by a biz type's change on any node: re-read the settings now.
+    let settings_changed = Arc::new(AtomicBool::new(false));
     let listener = {
         let wake = wake.clone();
-        tokio::spawn(listen_for_wakes(pool.clone(), move || wake.notify_one()))
+        let settings_changed = settings_changed.clone();
+        tokio::spawn(listen_for_wakes(pool.clone(), move |payload| {
+            if payload == "settings" {
+                settings_changed.store(true, Ordering::Relaxed);
+            }
+            wake.notify_one();
+        }))
     };
     let unrecorded = Arc::new(AtomicUsize::new(0));
     let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone()));
@@ -130,7 +138,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
     tracing::info!(%node_id, "delivery engine started");
 
     while !*shutdown.borrow() {
-        if refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
+        if settings_changed.swap(false, Ordering::Relaxed) || refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             match active_biz_types(&pool).await {
                 Ok(list) => {
                     biz_types = list.into_iter().map(Arc::new).collect();
@@ -278,10 +286,11 @@ async fn record_outcomes(
     }
 }
 
-/// Turns `chime_wake` notifications into wake-ups of the claim loop. `PgListener`
-/// reconnects by itself; notifications sent while it was away are lost, which the
-/// loop's `IDLE_POLL` covers.
-pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn()) {
+/// Passes each `chime_wake` notification's payload to `on_wake`: empty for a task due
+/// soon, `settings` for a changed biz type. `PgListener` reconnects by itself;
+/// notifications sent while it was away are lost, which the loop's `IDLE_POLL` and
+/// `SETTINGS_REFRESH` cover.
+pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn(&str)) {
     // Until the node shuts down (its pool closes).
     while !pool.is_closed() {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
@@ -300,7 +309,7 @@ pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn()) {
         }
         loop {
             match listener.recv().await {
-                Ok(_) => on_wake(),
+                Ok(notification) => on_wake(notification.payload()),
                 Err(_) if pool.is_closed() => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "lost the LISTEN connection; reconnecting");

@@ -314,9 +314,8 @@ async fn tasks_claimed_ahead_never_fire_early() {
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let token = biz_type(&app, "orders", &receiver, Settings::default()).await;
     // Due one by one, 20 ms apart, well inside the claim-ahead window of one another, so
-    // most are claimed before they are due; from 3 s from now, once the engine has read
-    // the new biz type (it re-reads them every 2 s).
-    let start = chrono::Utc::now() + chrono::TimeDelta::seconds(3);
+    // most are claimed before they are due.
+    let start = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
     let tasks: Vec<Value> = (0..15)
         .map(|i| json!({"biz_type": "orders", "run_at": (start + chrono::TimeDelta::milliseconds(20 * i)).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}))
         .collect();
@@ -332,4 +331,27 @@ async fn tasks_claimed_ahead_never_fire_early() {
         assert!(fired_at >= run_at, "fired at {fired_at}, before its run_at {run_at}");
         assert!(arrived >= run_at, "arrived at {arrived}, before its run_at {run_at}");
     }
+}
+
+/// Creating, changing or re-keying a biz type tells every engine to re-read the settings
+/// (`chime_wake` with payload `settings`), instead of leaving them to the periodic refresh.
+#[tokio::test]
+async fn biz_type_changes_tell_the_engines() {
+    let app = spawn_node().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&app.db_url).await.unwrap();
+    listener.listen("chime_wake").await.unwrap();
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    biz_type(&app, "orders", &receiver, Settings::default()).await;
+    assert_eq!(settings_notice(&mut listener).await.as_deref(), Some("settings"), "create");
+    let pause = Settings { paused: Some(true), ..Default::default() };
+    biz_types::update(&app.pool, "orders", &pause, CallbackHosts::Any).await.unwrap();
+    assert_eq!(settings_notice(&mut listener).await.as_deref(), Some("settings"), "update");
+    let id = biz_types::id_of(&app.pool, "orders").await.unwrap();
+    biz_types::rotate_secret(&app.pool, id).await.unwrap();
+    assert_eq!(settings_notice(&mut listener).await.as_deref(), Some("settings"), "rotate secret");
+}
+
+async fn settings_notice(listener: &mut sqlx::postgres::PgListener) -> Option<String> {
+    let notification = tokio::time::timeout(Duration::from_secs(2), listener.recv()).await.ok()?.ok()?;
+    Some(notification.payload().to_string())
 }

@@ -66,8 +66,12 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     .expect("a callback body serializes");
     let started = Instant::now();
     // An IP-literal host is connected to without a lookup, so the resolver cannot refuse
-    // it: checked here. The URL was valid when saved; the deny list may be newer.
-    let refusal = url::Url::parse(&biz.callback_url).ok().and_then(|url| hosts.address_refusal(&url));
+    // it: checked here. The URL was valid when saved; the deny list may be newer. Without a
+    // deny list there is nothing to check, and no URL to parse per callback.
+    let refusal = match hosts {
+        CallbackHosts::Any => None,
+        CallbackHosts::PublicOnly => url::Url::parse(&biz.callback_url).ok().and_then(|url| hosts.address_refusal(&url)),
+    };
     let (status_code, error, excerpt, retry_after) = match refusal {
         Some(reason) => (None, Some(format!("could not connect: {reason}")), None, None),
         None => send(client, biz, task.id, task.attempt_count, fired_at, body).await,

@@ -417,6 +417,28 @@ impl EmbeddedPg {
         }
     }
 
+    /// Kills the server as a crash would (`pg_ctl stop -m immediate`: no shutdown
+    /// checkpoint, crash recovery at the next start) and keeps the data directory. For
+    /// fault tests, with [`EmbeddedPg::restart`].
+    pub async fn crash(&mut self) -> Result<(), EmbeddedPgError> {
+        let out = Self::run(self.pg_ctl(&["stop", "-m", "immediate", "-w", "-t", PG_CTL_TIMEOUT_SECS])).await?;
+        if !out.status.success() {
+            return Err(EmbeddedPgError::Other(format!(
+                "pg_ctl stop -m immediate failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        self.running = false;
+        Ok(())
+    }
+
+    /// Starts the server again after [`EmbeddedPg::crash`].
+    pub async fn restart(&mut self) -> Result<(), EmbeddedPgError> {
+        self.start_server().await?;
+        self.running = true;
+        Ok(())
+    }
+
     fn pgdata(&self) -> PathBuf {
         self.data_dir.join("pgdata")
     }

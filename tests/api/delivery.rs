@@ -261,7 +261,7 @@ async fn https_callbacks_verify_the_certificate() {
         .output()
         .expect("openssl is installed");
     assert!(made.status.success());
-    let port = crate::embedded::free_port();
+    let port = crate::helpers::free_port();
     let mut server = tokio::process::Command::new("openssl")
         .args(["s_server", "-quiet", "-www", "-accept", &port.to_string()])
         .arg("-cert").arg(&cert).arg("-key").arg(&key)

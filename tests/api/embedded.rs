@@ -10,14 +10,11 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::cli::chime;
+use crate::helpers::{free_port, wait_ready};
 
 struct Node {
     child: tokio::process::Child,
     address: String,
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 async fn start(data_dir: &Path) -> Node {
@@ -39,18 +36,6 @@ async fn start(data_dir: &Path) -> Node {
 }
 
 /// Waits until the node at `address` answers /readyz with 200 (at most 60 s).
-pub async fn wait_ready(address: &str) {
-    let client = crate::helpers::client();
-    for _ in 0..600 {
-        if let Ok(r) = client.get(format!("{address}/readyz")).send().await
-            && r.status() == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("chime serve did not become ready within 60 s");
-}
 
 /// GET (no body) or POST (a body) to the API with a token; the JSON answer.
 async fn call(client: &reqwest::Client, token: &str, url: &str, body: Option<Value>) -> Value {

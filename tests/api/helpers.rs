@@ -3,6 +3,7 @@
 //! and chime's real HTTP server on a random port.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
@@ -115,7 +116,12 @@ async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
 /// A `chime serve` process on the given database with extra settings, ready; killed
 /// when dropped.
 pub async fn chime_process(db_url: &str, env: &[(&str, &str)]) -> tokio::process::Child {
-    spawn_chime(db_url, env, std::process::Stdio::null()).await.0
+    chime_node(db_url, env).await.0
+}
+
+/// Like `chime_process`; returns the process and its address.
+pub async fn chime_node(db_url: &str, env: &[(&str, &str)]) -> (tokio::process::Child, String) {
+    spawn_chime(db_url, env, std::process::Stdio::null()).await
 }
 
 /// Like `chime_process`, with its log (stderr) written to `log`; returns the process and
@@ -125,7 +131,7 @@ pub async fn chime_process_logging(db_url: &str, env: &[(&str, &str)], log: std:
 }
 
 async fn spawn_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::Stdio) -> (tokio::process::Child, String) {
-    let port = crate::embedded::free_port();
+    let port = free_port();
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
         .env("DATABASE_URL", db_url)
         .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
@@ -137,7 +143,7 @@ async fn spawn_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::S
         .spawn()
         .unwrap();
     let address = format!("http://127.0.0.1:{port}");
-    crate::embedded::wait_ready(&address).await;
+    wait_ready(&address).await;
     (child, address)
 }
 
@@ -249,4 +255,23 @@ impl TestApp {
         .await
         .unwrap();
     }
+}
+
+/// A port free at the time of asking.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Waits until the chime at `address` answers /readyz with 200 (at most 60 s).
+pub async fn wait_ready(address: &str) {
+    let client = client();
+    for _ in 0..600 {
+        if let Ok(r) = client.get(format!("{address}/readyz")).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chime serve did not become ready within 60 s");
 }

@@ -51,9 +51,14 @@ pub struct Receiver {
 impl Receiver {
     /// Answers with `script` in order, then with `otherwise` for every later request.
     pub async fn start(script: Vec<Answer>, otherwise: Answer) -> Receiver {
+        Self::start_at(0, script, otherwise).await
+    }
+
+    /// Like `start`, on a given port (0: any free one).
+    pub async fn start_at(port: u16, script: Vec<Answer>, otherwise: Answer) -> Receiver {
         let state = Arc::new(Mutex::new(State { script: script.into(), otherwise: Some(otherwise), ..Default::default() }));
         let shared = state.clone();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         let url = format!("http://127.0.0.1:{}/hook", listener.local_addr().unwrap().port());
         let server = HttpServer::new(move || {
             App::new().app_data(web::Data::new(shared.clone())).default_service(web::to(handle))

@@ -1,0 +1,138 @@
+//! Fault tests: real `chime serve` processes on a real PostgreSQL, real receivers, and
+//! something breaking under load: a node killed, the database crashed, a receiver gone or
+//! misbehaving. Each test prints what happened (delivered, duplicated, lost) and asserts
+//! that nothing is lost and nothing is marked delivered that was not.
+//!
+//! A test binary of its own, so that this load never runs beside the timing-sensitive
+//! tests in `tests/api`; within it, the heavy tests take turns (`heavy()`).
+
+#[path = "../api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+#[path = "../api/receiver.rs"]
+#[allow(dead_code)]
+mod receiver;
+
+mod database;
+mod nodes;
+mod receivers;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::receiver::Received;
+
+/// Held by the tests that load the machine, so that they run one at a time.
+async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
+
+/// Creates a biz type whose callbacks go to `url`; returns an API token for it.
+async fn biz_type(pool: &PgPool, name: &str, url: &str, settings: Settings) -> String {
+    let settings = Settings { callback_url: Some(url.to_string()), ..settings };
+    biz_types::create(pool, name, &settings, CallbackHosts::Any).await.unwrap();
+    biz_types::create_token(pool, name).await.unwrap()
+}
+
+/// Creates tasks through the API, 1000 per request; returns their ids.
+async fn create_tasks(address: &str, token: &str, tasks: Vec<Value>) -> Vec<String> {
+    let client = helpers::client();
+    let mut ids = Vec::with_capacity(tasks.len());
+    for chunk in tasks.chunks(1000) {
+        let response = client
+            .post(format!("{address}/api/v1/tasks/batch"))
+            .bearer_auth(token)
+            .json(&json!({ "tasks": chunk }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let body: Value = response.json().await.unwrap();
+        for result in body["results"].as_array().unwrap() {
+            assert_eq!(result["status"], 201, "{result}");
+            ids.push(result["task"]["id"].as_str().unwrap().to_string());
+        }
+    }
+    ids
+}
+
+async fn db_now(pool: &PgPool) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT now()").fetch_one(pool).await.unwrap()
+}
+
+/// How many tasks are in each status.
+async fn statuses(pool: &PgPool) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Waits until no task is pending or running (at most `within`); returns the statuses.
+async fn wait_all_finished(pool: &PgPool, within: Duration) -> HashMap<String, i64> {
+    let started = Instant::now();
+    loop {
+        let now = statuses(pool).await;
+        let unfinished = now.get("pending").unwrap_or(&0) + now.get("running").unwrap_or(&0);
+        if unfinished == 0 || started.elapsed() > within {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What a receiver got: how many times each task arrived.
+struct Tally {
+    per_task: HashMap<String, usize>,
+}
+
+impl Tally {
+    fn of(received: &[Received]) -> Tally {
+        let mut per_task = HashMap::new();
+        for r in received {
+            *per_task.entry(r.header("chime-task-id").unwrap().to_string()).or_insert(0) += 1;
+        }
+        Tally { per_task }
+    }
+    /// Tasks that arrived at least once.
+    fn delivered(&self) -> usize {
+        self.per_task.len()
+    }
+    /// Arrivals beyond each task's first.
+    fn duplicated(&self) -> usize {
+        self.per_task.values().map(|n| n - 1).sum()
+    }
+    /// Of `ids`, those that never arrived.
+    fn lost(&self, ids: &[String]) -> usize {
+        ids.iter().filter(|id| !self.per_task.contains_key(*id)).count()
+    }
+}
+
+/// The node id of a chime process, from its registration.
+async fn node_of(pool: &PgPool, child: &tokio::process::Child) -> Uuid {
+    let pid = child.id().unwrap() as i32;
+    for _ in 0..100 {
+        if let Some(id) = sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap() {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("process {pid} did not register");
+}
+
+/// A process's resident memory in KiB (VmRSS in /proc).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}

@@ -33,6 +33,9 @@ async fn run() -> anyhow::Result<()> {
         // The bench brings its own database (unless DATABASE_URL is given) and nodes.
         return chime::bench::run(&args.db, bench).await;
     }
+    if let Command::Soak(soak) = command {
+        return chime::bench::soak(&args.db, soak).await;
+    }
     let attach = !matches!(command, Command::Serve(_));
     let database = Database::open(&args.db, attach).await?;
     let result = async {
@@ -46,7 +49,7 @@ async fn run() -> anyhow::Result<()> {
             Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
             Command::User(c) => cli::user(&database.pool, c).await,
-            Command::Bench(_) => unreachable!("handled above"),
+            Command::Bench(_) | Command::Soak(_) => unreachable!("handled above"),
         }
     }
     .await;

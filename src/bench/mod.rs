@@ -14,10 +14,13 @@
 //! same machine. Tasks due in the future are created before they are due, so creating
 //! them is not part of their lateness.
 
+mod nodes;
 mod receiver;
 mod report;
+mod soak;
 
-use std::path::PathBuf;
+pub use soak::run as soak;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -25,8 +28,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::PgPool;
-use tokio::process::{Child, Command};
 
+use self::nodes::Nodes;
 use self::receiver::{Arrival, Receiver};
 pub use self::report::{Figure, Report, Target};
 use crate::biz_types::{self, Settings};
@@ -39,13 +42,7 @@ const CREATE_DELAY_MS: i64 = 3_600_000;
 
 pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
     crate::engine::install_tls_provider();
-    let (url, embedded) = match &db_args.database_url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let pg = embedded_pg::start_temporary("").await.context("starting a throwaway PostgreSQL for the bench")?;
-            (pg.url("chime"), Some(pg))
-        }
-    };
+    let (url, embedded) = database(db_args).await?;
     let result = async {
         let pool = db::connect(&url, 4).await?;
         db::migrate(&pool).await?;
@@ -56,18 +53,18 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
             Some(_) => None,
             None => Some(Receiver::start().context("starting the bench's receiver")?),
         };
+        let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
+        let nodes = Nodes::new(&url, logs, receiver.is_some(), client.clone());
         let mut bench = Bench {
-            client: reqwest::Client::builder().pool_max_idle_per_host(1024).build()?,
+            client,
             pool,
-            url: url.clone(),
-            logs,
             receiver,
-            nodes: Vec::new(),
+            nodes,
             report: Report::new(&args),
             args,
         };
         let outcome = bench.run_all().await;
-        bench.stop_nodes(0).await;
+        bench.nodes.stop(0).await;
         if let Some(receiver) = &bench.receiver {
             receiver.stop().await;
         }
@@ -88,9 +85,16 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
     result
 }
 
-struct Node {
-    child: Child,
-    base: String,
+/// DATABASE_URL, or else a throwaway embedded PostgreSQL with the durable settings of
+/// `chime serve`, removed by the caller's `stop` (or, failing that, at exit).
+async fn database(db_args: &DbArgs) -> anyhow::Result<(String, Option<embedded_pg::EmbeddedPg>)> {
+    Ok(match &db_args.database_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let pg = embedded_pg::start_temporary("").await.context("starting a throwaway PostgreSQL")?;
+            (pg.url("chime"), Some(pg))
+        }
+    })
 }
 
 /// A biz type made for one scenario run, with its API token.
@@ -103,11 +107,9 @@ struct Biz {
 struct Bench {
     args: BenchArgs,
     pool: PgPool,
-    url: String,
-    logs: PathBuf,
     client: reqwest::Client,
     receiver: Option<Receiver>,
-    nodes: Vec<Node>,
+    nodes: Nodes,
     report: Report,
 }
 
@@ -123,7 +125,7 @@ impl Bench {
         );
         let counts = self.args.nodes.clone();
         for (i, &nodes) in counts.iter().enumerate() {
-            self.ensure_nodes(nodes as usize).await?;
+            self.nodes.ensure(nodes as usize).await?;
             for run in 1..=self.args.runs {
                 // Creating goes through the API of every node, so one count is enough.
                 if i == 0 && single {
@@ -141,7 +143,7 @@ impl Bench {
             }
         }
         if backlog {
-            self.ensure_nodes(counts[0] as usize).await?;
+            self.nodes.ensure(counts[0] as usize).await?;
             self.fill_backlog().await?;
             for run in 1..=self.args.runs {
                 self.burst(run, "backlog burst").await?;
@@ -178,72 +180,6 @@ impl Bench {
         Ok(Biz { id: biz.id, name, token })
     }
 
-    // ---- nodes ----
-
-    async fn ensure_nodes(&mut self, count: usize) -> anyhow::Result<()> {
-        self.stop_nodes(count).await;
-        while self.nodes.len() < count {
-            let node = self.start_node(self.nodes.len() + 1).await?;
-            self.nodes.push(node);
-        }
-        // Let the engines see each other, so that each takes its share from the start.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        Ok(())
-    }
-
-    async fn start_node(&self, number: usize) -> anyhow::Result<Node> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let log_path = self.logs.join(format!("node-{number}.log"));
-        let log = std::fs::File::create(&log_path)?;
-        let mut command = Command::new(std::env::current_exe()?);
-        command
-            .arg("serve")
-            .env("DATABASE_URL", &self.url)
-            .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
-            .env("CHIME_ADMIN_PASSWORD", crate::biz_types::new_secret())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true);
-        if std::env::var_os("CHIME_LOG").is_none() {
-            command.env("CHIME_LOG", "warn");
-        }
-        if self.receiver.is_some() {
-            // The bench's own receiver listens on loopback.
-            command.env("CHIME_DENY_PRIVATE_CALLBACKS", "false");
-        }
-        let mut child = command.spawn().context("starting a chime node")?;
-        let base = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                bail!("node {number} exited ({status}); its log: {}", log_path.display());
-            }
-            if let Ok(r) = self.client.get(format!("{base}/readyz")).send().await
-                && r.status().is_success()
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("node {number} not ready after 30 s; its log: {}", log_path.display());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(Node { child, base })
-    }
-
-    /// Stops nodes (SIGTERM, as an operator would) until `keep` are left.
-    async fn stop_nodes(&mut self, keep: usize) {
-        while self.nodes.len() > keep {
-            let mut node = self.nodes.pop().expect("a node");
-            if let Some(pid) = node.child.id() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
-            }
-            if tokio::time::timeout(Duration::from_secs(40), node.child.wait()).await.is_err() {
-                let _ = node.child.kill().await;
-            }
-        }
-    }
-
     // ---- creating ----
 
     fn payload(&self, n: usize) -> String {
@@ -259,7 +195,7 @@ impl Bench {
         let mut workers = tokio::task::JoinSet::new();
         for c in 0..clients {
             let (client, body, next, token) = (self.client.clone(), body.clone(), next.clone(), biz.token.clone());
-            let url = format!("{}/api/v1/tasks", self.nodes[c % self.nodes.len()].base);
+            let url = format!("{}/api/v1/tasks", self.nodes.base(c));
             workers.spawn(async move {
                 while next.fetch_add(1, Ordering::Relaxed) < total {
                     let reply = client.post(&url).bearer_auth(&token).body(body.as_str().to_owned()).send().await?;
@@ -320,7 +256,7 @@ impl Bench {
         let mut workers = tokio::task::JoinSet::new();
         for c in 0..self.args.batch_clients as usize {
             let (client, chunks, next, token) = (self.client.clone(), chunks.clone(), next.clone(), biz.token.clone());
-            let url = format!("{}/api/v1/tasks/batch", self.nodes[c % self.nodes.len()].base);
+            let url = format!("{}/api/v1/tasks/batch", self.nodes.base(c));
             workers.spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);

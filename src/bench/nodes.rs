@@ -1,0 +1,105 @@
+//! The nodes `chime bench` and `chime soak` run against: real `chime serve` processes
+//! of this binary on one database, each logging to a file of its own.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+pub struct Node {
+    pub child: Child,
+    pub base: String,
+}
+
+pub struct Nodes {
+    database_url: String,
+    logs: PathBuf,
+    /// Callbacks go to a receiver on loopback, which the deny list would refuse.
+    loopback_receiver: bool,
+    client: reqwest::Client,
+    nodes: Vec<Node>,
+}
+
+impl Nodes {
+    pub fn new(database_url: &str, logs: PathBuf, loopback_receiver: bool, client: reqwest::Client) -> Nodes {
+        Nodes { database_url: database_url.to_string(), logs, loopback_receiver, client, nodes: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The base URL of node `i` (modulo the count: callers spread work over them).
+    pub fn base(&self, i: usize) -> &str {
+        &self.nodes[i % self.nodes.len()].base
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter()
+    }
+
+    /// Starts or stops nodes until `count` run.
+    pub async fn ensure(&mut self, count: usize) -> anyhow::Result<()> {
+        self.stop(count).await;
+        while self.nodes.len() < count {
+            let node = self.start(self.nodes.len() + 1).await?;
+            self.nodes.push(node);
+        }
+        // Let the engines see each other, so that each takes its share from the start.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(())
+    }
+
+    async fn start(&self, number: usize) -> anyhow::Result<Node> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log_path = self.logs.join(format!("node-{number}.log"));
+        let log = std::fs::File::create(&log_path)?;
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .arg("serve")
+            .env("DATABASE_URL", &self.database_url)
+            .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
+            .env("CHIME_ADMIN_PASSWORD", crate::biz_types::new_secret())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        if std::env::var_os("CHIME_LOG").is_none() {
+            command.env("CHIME_LOG", "warn");
+        }
+        if self.loopback_receiver {
+            command.env("CHIME_DENY_PRIVATE_CALLBACKS", "false");
+        }
+        let mut child = command.spawn().context("starting a chime node")?;
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("node {number} exited ({status}); its log: {}", log_path.display());
+            }
+            if let Ok(r) = self.client.get(format!("{base}/readyz")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("node {number} not ready after 30 s; its log: {}", log_path.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Node { child, base })
+    }
+
+    /// Stops nodes (SIGTERM, as an operator would) until `keep` are left.
+    pub async fn stop(&mut self, keep: usize) {
+        while self.nodes.len() > keep {
+            let mut node = self.nodes.pop().expect("a node");
+            if let Some(pid) = node.child.id() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+            }
+            if tokio::time::timeout(Duration::from_secs(40), node.child.wait()).await.is_err() {
+                let _ = node.child.kill().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! `chime soak`: a mixed load against real nodes for a chosen time (`SoakArgs`' help says
+//! what it is), then a reckoning. A task is lost if its creation was acknowledged, or it
+//! is a timer occurrence due before the end, and the receiver never answered it 2xx; the
+//! soak fails if any is.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use super::nodes::Nodes;
+use super::{database, percentile};
+use crate::biz_types::{self, Settings};
+use crate::config::{DbArgs, SoakArgs};
+use crate::db;
+
+const PLAIN: &str = "soak-plain";
+const FLAKY: &str = "soak-flaky";
+const REPLAYED: &str = "soak-replayed";
+const TIMERS: &str = "soak-timers";
+/// How long the soak waits, after the load, for everything due to be delivered.
+const DRAIN: Duration = Duration::from_secs(120);
+/// Single creates in flight at once.
+const CLIENTS: usize = 64;
+
+pub async fn run(db_args: &DbArgs, args: SoakArgs) -> anyhow::Result<()> {
+    crate::engine::install_tls_provider();
+    let (url, embedded) = database(db_args).await?;
+    let result = soak(&url, &args).await;
+    if let Some(pg) = embedded {
+        pg.stop().await;
+    }
+    result
+}
+
+async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
+    let pool = db::connect(url, 4).await?;
+    db::migrate(&pool).await?;
+    let logs = std::env::temp_dir().join(format!("chime-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    eprintln!("soak: node logs in {}", logs.display());
+    let ledger = web::Data::new(Mutex::new(Ledger::default()));
+    let (receiver_url, receiver) = start_receiver(ledger.clone())?;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).timeout(Duration::from_secs(30)).build()?;
+    let tokens = create_biz_types(&pool, &receiver_url).await?;
+    let mut nodes = Nodes::new(url, logs, true, client.clone());
+    let outcome = async {
+        nodes.ensure(args.nodes as usize).await?;
+        let memory_start = memory(&nodes);
+        let load = Arc::new(Load { client, bases: nodes.iter().map(|n| n.base.clone()).collect(), tokens, ..Load::default() });
+        let report = load.run(&pool, args, &ledger).await?;
+        Ok::<_, anyhow::Error>((report, memory_start, memory(&nodes)))
+    }
+    .await;
+    nodes.stop(0).await;
+    receiver.stop(true).await;
+    let (mut report, memory_start, memory_end) = outcome?;
+    report.memory_mib = memory_start.into_iter().zip(memory_end).collect();
+    report.print(args);
+    std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("soak: results written to {}", args.json.display());
+    if report.lost > 0 || report.errors.values().sum::<u64>() > 0 {
+        bail!("soak failed: {} tasks lost, errors {:?}", report.lost, report.errors);
+    }
+    Ok(())
+}
+
+async fn create_biz_types(pool: &PgPool, receiver_url: &str) -> anyhow::Result<HashMap<&'static str, String>> {
+    let mut tokens = HashMap::new();
+    for name in [PLAIN, FLAKY, REPLAYED, TIMERS] {
+        let settings = Settings {
+            callback_url: Some(receiver_url.to_string()),
+            max_in_flight: Some(1000),
+            backoff_initial_ms: Some(200),
+            backoff_max_ms: Some(2000),
+            max_attempts: Some(if name == REPLAYED { 1 } else { 5 }),
+            ..Settings::default()
+        };
+        match biz_types::create(pool, name, &settings, crate::callback_hosts::CallbackHosts::Any).await {
+            Ok(_) => {}
+            Err(crate::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the soak an empty database"),
+            Err(e) => return Err(e.into()),
+        }
+        tokens.insert(name, biz_types::create_token(pool, name).await?);
+    }
+    Ok(tokens)
+}
+
+/// Each node's resident memory in MiB (VmRSS), in node order.
+fn memory(nodes: &Nodes) -> Vec<u64> {
+    let rss = |pid: u32| -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib / 1024)
+    };
+    nodes.iter().map(|n| n.child.id().and_then(rss).unwrap_or(0)).collect()
+}
+
+// ---- the receiver ----
+
+/// What the receiver saw.
+#[derive(Default)]
+struct Ledger {
+    /// 2xx answers given, per task.
+    delivered: HashMap<Uuid, u32>,
+    /// Failures answered on purpose: 503 to a flaky task's first attempt, 422 to a
+    /// replayed-biz-type task the first time it comes.
+    refused: u64,
+    seen_replayed: HashSet<Uuid>,
+    /// How late the first attempts of plain tasks and timer occurrences came, in ms.
+    lateness_ms: Vec<f64>,
+}
+
+/// The fields of chime's callback body the soak reads.
+#[derive(Deserialize)]
+struct Callback {
+    task_id: Uuid,
+    biz_type: String,
+    run_at: DateTime<Utc>,
+    attempt: i32,
+}
+
+async fn receive(body: web::Bytes, ledger: web::Data<Mutex<Ledger>>) -> HttpResponse {
+    let at = Utc::now();
+    let Ok(callback) = serde_json::from_slice::<Callback>(&body) else {
+        return HttpResponse::BadRequest().finish();
+    };
+    let mut ledger = ledger.lock().unwrap();
+    let refusal = match callback.biz_type.as_str() {
+        FLAKY if callback.attempt == 1 => Some(HttpResponse::ServiceUnavailable()),
+        REPLAYED if ledger.seen_replayed.insert(callback.task_id) => Some(HttpResponse::UnprocessableEntity()),
+        _ => None,
+    };
+    if let Some(mut refusal) = refusal {
+        ledger.refused += 1;
+        return refusal.finish();
+    }
+    if callback.attempt == 1 && (callback.biz_type == PLAIN || callback.biz_type == TIMERS) {
+        ledger.lateness_ms.push((at - callback.run_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0);
+    }
+    *ledger.delivered.entry(callback.task_id).or_default() += 1;
+    HttpResponse::Ok().finish()
+}
+
+fn start_receiver(ledger: web::Data<Mutex<Ledger>>) -> anyhow::Result<(String, actix_web::dev::ServerHandle)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}/callback", listener.local_addr()?);
+    let server = HttpServer::new(move || App::new().app_data(ledger.clone()).route("/callback", web::post().to(receive)))
+        .workers(2)
+        .disable_signals()
+        .listen(listener)?
+        .run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    Ok((url, handle))
+}
+
+// ---- the load ----
+
+#[derive(Default)]
+struct Load {
+    client: reqwest::Client,
+    bases: Vec<String>,
+    tokens: HashMap<&'static str, String>,
+    /// Tasks whose creation was acknowledged, by how they were made.
+    single: Mutex<Vec<Uuid>>,
+    batch: Mutex<Vec<Uuid>>,
+    replays: AtomicU64,
+    /// Requests that did not do what they should, by what and how.
+    errors: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Load {
+    async fn run(self: &Arc<Self>, pool: &PgPool, args: &SoakArgs, ledger: &Mutex<Ledger>) -> anyhow::Result<Report> {
+        let mut timers = Vec::new();
+        for i in 0..args.timers {
+            let body = json!({"biz_type": TIMERS, "key": format!("every-second-{i}"), "cron": "* * * * * *"});
+            let timer = self.call("POST", "/api/v1/timers", TIMERS, i as usize, Some(body)).await.context("creating a timer")?;
+            timers.push(timer["id"].as_str().context("a timer id")?.to_string());
+        }
+
+        let started = Instant::now();
+        let (creating, replaying) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(true)));
+        let singles = tokio::spawn(self.clone().singles(args.rate, creating.clone()));
+        let batches = tokio::spawn(self.clone().batches(creating.clone()));
+        let replayer = tokio::spawn(self.clone().replayer(replaying.clone()));
+        while started.elapsed() < Duration::from_secs(args.secs.into()) {
+            tokio::time::sleep(Duration::from_secs(10).min(Duration::from_secs(args.secs.into()).saturating_sub(started.elapsed()))).await;
+            let delivered = ledger.lock().unwrap().delivered.len();
+            eprintln!(
+                "soak: {:>5} s, {} created, {delivered} delivered, {} replayed",
+                started.elapsed().as_secs(),
+                self.single.lock().unwrap().len() + self.batch.lock().unwrap().len(),
+                self.replays.load(Ordering::Relaxed)
+            );
+        }
+        creating.store(false, Ordering::Relaxed);
+        singles.await?;
+        batches.await?;
+        let end: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+        for id in &timers {
+            self.call("POST", &format!("/api/v1/timers/{id}/deactivate"), TIMERS, 0, None).await.context("deactivating a timer")?;
+        }
+        // Occurrences due before the end; deactivation removed the later ones (and any not
+        // yet fired, which were never owed).
+        let occurrences: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT t.id FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id WHERE b.name = $1 AND t.run_at <= $2",
+        )
+        .bind(TIMERS)
+        .bind(end)
+        .fetch_all(pool)
+        .await?;
+
+        let owed: Vec<Uuid> = [&*self.single.lock().unwrap(), &*self.batch.lock().unwrap(), &occurrences].into_iter().flatten().copied().collect();
+        let drain = Instant::now();
+        let mut lost = owed.len();
+        while drain.elapsed() < DRAIN {
+            let ledger = ledger.lock().unwrap();
+            lost = owed.iter().filter(|id| !ledger.delivered.contains_key(id)).count();
+            drop(ledger);
+            if lost == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        replaying.store(false, Ordering::Relaxed);
+        replayer.await?;
+        eprintln!("soak: drained in {:.1} s", drain.elapsed().as_secs_f64());
+
+        let statuses: BTreeMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+            "SELECT t.status, count(*) FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id
+              WHERE b.name LIKE 'soak-%' GROUP BY 1",
+        )
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .collect();
+        let ledger = ledger.lock().unwrap();
+        let mut lateness = ledger.lateness_ms.clone();
+        lateness.sort_by(f64::total_cmp);
+        Ok(Report {
+            secs: args.secs,
+            nodes: args.nodes,
+            created_single: self.single.lock().unwrap().len(),
+            created_batch: self.batch.lock().unwrap().len(),
+            timer_occurrences: occurrences.len(),
+            delivered: owed.iter().filter(|id| ledger.delivered.contains_key(id)).count(),
+            duplicates: ledger.delivered.values().map(|n| u64::from(n - 1)).sum(),
+            lost,
+            refused_on_purpose: ledger.refused,
+            replays: self.replays.load(Ordering::Relaxed),
+            lateness_ms_p50: percentile(&lateness, 0.5),
+            lateness_ms_p99: percentile(&lateness, 0.99),
+            lateness_ms_max: lateness.last().copied().unwrap_or(f64::NAN),
+            statuses,
+            errors: self.errors.lock().unwrap().clone(),
+            memory_mib: Vec::new(),
+        })
+    }
+
+    /// Single creates at `rate` per second, a third of each kind, due within 3 s.
+    async fn singles(self: Arc<Self>, rate: u32, creating: Arc<AtomicBool>) {
+        let clients = Arc::new(Semaphore::new(CLIENTS));
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+        let mut i = 0usize;
+        while creating.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let client = clients.clone().acquire_owned().await.expect("never closed");
+            let load = self.clone();
+            tokio::spawn(async move {
+                let biz_type = [PLAIN, FLAKY, REPLAYED][i % 3];
+                let body = json!({"biz_type": biz_type, "delay_ms": i * 7919 % 3000, "payload": {"n": i}});
+                if let Some(task) = load.call("POST", "/api/v1/tasks", biz_type, i, Some(body)).await
+                    && let Some(id) = task["id"].as_str().and_then(|id| id.parse().ok())
+                {
+                    load.single.lock().unwrap().push(id);
+                }
+                drop(client);
+            });
+            i += 1;
+        }
+        // Wait for the creates in flight.
+        let _ = clients.acquire_many(CLIENTS as u32).await;
+    }
+
+    /// A batch of 100 plain tasks every second, due within 2 s.
+    async fn batches(self: Arc<Self>, creating: Arc<AtomicBool>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut n = 0usize;
+        while creating.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let tasks: Vec<Value> = (0..100).map(|j| json!({"biz_type": PLAIN, "delay_ms": j * 31 % 2000, "payload": {"batch": n}})).collect();
+            if let Some(answer) = self.call("POST", "/api/v1/tasks/batch", PLAIN, n, Some(json!({"tasks": tasks}))).await {
+                for result in answer["results"].as_array().into_iter().flatten() {
+                    match result["task"]["id"].as_str().and_then(|id| id.parse().ok()) {
+                        Some(id) if result["status"] == 201 => self.batch.lock().unwrap().push(id),
+                        _ => self.error(format!("batch item {}", result["status"])),
+                    }
+                }
+            }
+            n += 1;
+        }
+    }
+
+    /// Every second, replays the replayed biz type's failed tasks, as support staff would.
+    async fn replayer(self: Arc<Self>, replaying: Arc<AtomicBool>) {
+        let mut n = 0usize;
+        while replaying.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let path = format!("/api/v1/tasks?biz_type={REPLAYED}&status=failed&limit=500");
+            let Some(list) = self.call("GET", &path, REPLAYED, n, None).await else { continue };
+            for task in list["items"].as_array().into_iter().flatten() {
+                let id = task["id"].as_str().unwrap_or_default();
+                if self.call("POST", &format!("/api/v1/tasks/{id}/replay"), REPLAYED, n, None).await.is_some() {
+                    self.replays.fetch_add(1, Ordering::Relaxed);
+                }
+                n += 1;
+            }
+        }
+    }
+
+    /// A request to node `i` (modulo the count) with `biz_type`'s token; the JSON answer of
+    /// a 2xx, anything else counted as an error (and `None`).
+    async fn call(&self, method: &str, path: &str, biz_type: &str, i: usize, body: Option<Value>) -> Option<Value> {
+        let base = &self.bases[i % self.bases.len()];
+        let mut request = self.client.request(method.parse().expect("a method"), format!("{base}{path}")).bearer_auth(&self.tokens[biz_type]);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let error = match request.send().await {
+            Ok(response) if response.status().is_success() => match response.json().await {
+                Ok(answer) => return Some(answer),
+                Err(e) => e.to_string(),
+            },
+            Ok(response) => response.status().to_string(),
+            Err(e) => e.to_string(),
+        };
+        self.error(format!("{what}: {error}"));
+        None
+    }
+
+    fn error(&self, what: String) {
+        *self.errors.lock().unwrap().entry(what).or_default() += 1;
+    }
+}
+
+// ---- the report ----
+
+#[derive(serde::Serialize)]
+struct Report {
+    secs: u32,
+    nodes: u32,
+    created_single: usize,
+    created_batch: usize,
+    timer_occurrences: usize,
+    /// Of the tasks owed (created, and occurrences due), those answered 2xx at least once.
+    delivered: usize,
+    /// 2xx answers beyond each task's first.
+    duplicates: u64,
+    lost: usize,
+    refused_on_purpose: u64,
+    replays: u64,
+    lateness_ms_p50: f64,
+    lateness_ms_p99: f64,
+    lateness_ms_max: f64,
+    /// Final statuses of the soak's tasks (timer occurrences after the end included).
+    statuses: BTreeMap<String, i64>,
+    errors: BTreeMap<String, u64>,
+    /// Each node's resident memory at the start and at the end, in MiB.
+    memory_mib: Vec<(u64, u64)>,
+}
+
+impl Report {
+    fn print(&self, args: &SoakArgs) {
+        let created = self.created_single + self.created_batch + self.timer_occurrences;
+        println!("\nsoak: {} s on {} node(s), {} creates/s and a batch of 100 a second, {} timers\n", self.secs, self.nodes, args.rate, args.timers);
+        println!("  created      {created:>9}  ({} single, {} in batches, {} timer occurrences)", self.created_single, self.created_batch, self.timer_occurrences);
+        println!("  delivered    {:>9}", self.delivered);
+        println!("  duplicates   {:>9}", self.duplicates);
+        println!("  lost         {:>9}", self.lost);
+        println!("  failures     {:>9}  answered on purpose (retried, or failed and replayed: {} replays)", self.refused_on_purpose, self.replays);
+        println!("  lateness     p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (first attempts)", self.lateness_ms_p50, self.lateness_ms_p99, self.lateness_ms_max);
+        for (i, (start, end)) in self.memory_mib.iter().enumerate() {
+            println!("  node {}       {start} MiB at the start, {end} MiB at the end", i + 1);
+        }
+        println!("  statuses     {:?}", self.statuses);
+        if !self.errors.is_empty() {
+            println!("  errors       {:?}", self.errors);
+        }
+    }
+}

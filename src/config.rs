@@ -268,7 +268,8 @@ pub struct BenchArgs {
     never answered 2xx. The exit status is non-zero if any task is lost or any create fails.\n\n\
     Without DATABASE_URL, the soak starts a throwaway embedded PostgreSQL (the same durable settings as \
     `chime serve`) and removes it at the end. With DATABASE_URL, use a scratch database.\n\n\
-    Example, an hour on two nodes: chime soak --secs 3600 --nodes 2")]
+    Example, an hour on two nodes: chime soak --secs 3600 --nodes 2\n\
+    With a node killed every 30 s:  chime soak --secs 600 --nodes 2 --kill-every 30")]
 pub struct SoakArgs {
     /// Seconds of load; the soak then waits up to 2 minutes for everything due.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=7 * 86_400))]
@@ -285,6 +286,11 @@ pub struct SoakArgs {
     /// Cron timers, each firing every second.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub timers: u32,
+
+    /// Every this many seconds, kill one node with SIGKILL and start another in its place
+    /// (0: never). Node 1 is spared and takes every API call, so it needs --nodes 2 or more.
+    #[arg(long, default_value_t = 0)]
+    pub kill_every: u32,
 
     /// Where to write the results as JSON.
     #[arg(long, default_value = "chime-soak.json")]

@@ -19,11 +19,13 @@ pub struct Nodes {
     loopback_receiver: bool,
     client: reqwest::Client,
     nodes: Vec<Node>,
+    /// Nodes started so far, to name their logs.
+    started: usize,
 }
 
 impl Nodes {
     pub fn new(database_url: &str, logs: PathBuf, loopback_receiver: bool, client: reqwest::Client) -> Nodes {
-        Nodes { database_url: database_url.to_string(), logs, loopback_receiver, client, nodes: Vec::new() }
+        Nodes { database_url: database_url.to_string(), logs, loopback_receiver, client, nodes: Vec::new(), started: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -43,7 +45,7 @@ impl Nodes {
     pub async fn ensure(&mut self, count: usize) -> anyhow::Result<()> {
         self.stop(count).await;
         while self.nodes.len() < count {
-            let node = self.start(self.nodes.len() + 1).await?;
+            let node = self.start().await?;
             self.nodes.push(node);
         }
         // Let the engines see each other, so that each takes its share from the start.
@@ -51,7 +53,16 @@ impl Nodes {
         Ok(())
     }
 
-    async fn start(&self, number: usize) -> anyhow::Result<Node> {
+    /// Kills node `i` with SIGKILL, as a crash would, and starts another in its place.
+    pub async fn replace(&mut self, i: usize) -> anyhow::Result<()> {
+        self.nodes[i].child.kill().await.context("killing a node")?;
+        self.nodes[i] = self.start().await?;
+        Ok(())
+    }
+
+    async fn start(&mut self) -> anyhow::Result<Node> {
+        self.started += 1;
+        let number = self.started;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log_path = self.logs.join(format!("node-{number}.log"));
         let log = std::fs::File::create(&log_path)?;

@@ -44,6 +44,9 @@ pub async fn run(db_args: &DbArgs, args: SoakArgs) -> anyhow::Result<()> {
 }
 
 async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
+    if args.kill_every > 0 && args.nodes < 2 {
+        bail!("--kill-every needs --nodes 2 or more: node 1 is never killed");
+    }
     let pool = db::connect(url, 4).await?;
     db::migrate(&pool).await?;
     let logs = std::env::temp_dir().join(format!("chime-soak-{}", std::process::id()));
@@ -57,8 +60,23 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     let outcome = async {
         nodes.ensure(args.nodes as usize).await?;
         let memory_start = memory(&nodes);
-        let load = Arc::new(Load { client, bases: nodes.iter().map(|n| n.base.clone()).collect(), tokens, ..Load::default() });
-        let report = load.run(&pool, args, &ledger).await?;
+        // With kills, node 1 takes every API call: the others come and go.
+        let bases = match args.kill_every {
+            0 => nodes.iter().map(|n| n.base.clone()).collect(),
+            _ => vec![nodes.base(0).to_string()],
+        };
+        let load = Arc::new(Load { client, bases, tokens, ..Load::default() });
+        let running = AtomicBool::new(true);
+        let (report, kills) = tokio::join!(
+            async {
+                let report = load.run(&pool, args, &ledger).await;
+                running.store(false, Ordering::Relaxed);
+                report
+            },
+            kill_nodes(&mut nodes, args.kill_every, &running)
+        );
+        let mut report = report?;
+        report.kills = kills?;
         Ok::<_, anyhow::Error>((report, memory_start, memory(&nodes)))
     }
     .await;
@@ -94,6 +112,27 @@ async fn create_biz_types(pool: &PgPool, receiver_url: &str) -> anyhow::Result<H
         tokens.insert(name, biz_types::create_token(pool, name).await?);
     }
     Ok(tokens)
+}
+
+/// Every `every` seconds while `running`, kills a node other than the first and starts
+/// another in its place; returns how many were killed.
+async fn kill_nodes(nodes: &mut Nodes, every: u32, running: &AtomicBool) -> anyhow::Result<u32> {
+    let mut kills = 0;
+    if every == 0 {
+        return Ok(kills);
+    }
+    let mut next = Instant::now() + Duration::from_secs(every.into());
+    while running.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if Instant::now() >= next {
+            let i = 1 + kills as usize % (nodes.len() - 1);
+            nodes.replace(i).await?;
+            kills += 1;
+            eprintln!("soak: killed node {} (kill -9) and started another", i + 1);
+            next = Instant::now() + Duration::from_secs(every.into());
+        }
+    }
+    Ok(kills)
 }
 
 /// Each node's resident memory in MiB (VmRSS), in node order.
@@ -259,6 +298,7 @@ impl Load {
             lost,
             refused_on_purpose: ledger.refused,
             replays: self.replays.load(Ordering::Relaxed),
+            kills: 0,
             lateness_ms_p50: percentile(&lateness, 0.5),
             lateness_ms_p99: percentile(&lateness, 0.99),
             lateness_ms_max: lateness.last().copied().unwrap_or(f64::NAN),
@@ -371,6 +411,8 @@ struct Report {
     lost: usize,
     refused_on_purpose: u64,
     replays: u64,
+    /// Nodes killed with SIGKILL (and replaced) during the soak.
+    kills: u32,
     lateness_ms_p50: f64,
     lateness_ms_p99: f64,
     lateness_ms_max: f64,
@@ -390,6 +432,9 @@ impl Report {
         println!("  duplicates   {:>9}", self.duplicates);
         println!("  lost         {:>9}", self.lost);
         println!("  failures     {:>9}  answered on purpose (retried, or failed and replayed: {} replays)", self.refused_on_purpose, self.replays);
+        if self.kills > 0 {
+            println!("  node kills   {:>9}  (kill -9, one every {} s, each replaced)", self.kills, args.kill_every);
+        }
         println!("  lateness     p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (first attempts)", self.lateness_ms_p50, self.lateness_ms_p99, self.lateness_ms_max);
         for (i, (start, end)) in self.memory_mib.iter().enumerate() {
             println!("  node {}       {start} MiB at the start, {end} MiB at the end", i + 1);

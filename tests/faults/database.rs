@@ -102,6 +102,14 @@ async fn a_database_crash_under_load_loses_nothing() {
         wait_readyz(address, 200, Duration::from_secs(30)).await;
         println!("{address}: ready again {:?} after the restart", restarted.elapsed());
     }
+    // A node leads again: the leader's lock lived on a connection the crash cut.
+    let mut leader = None;
+    while leader.is_none() && restarted.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        leader = chime::leader::current(&pool).await.ok().flatten();
+    }
+    assert!(leader.is_some(), "no node leads 30 s after the restart");
+    println!("a leader again {:?} after the restart", restarted.elapsed());
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let load = load.await.unwrap();

@@ -11,6 +11,7 @@ use chime::embedded_pg::{self, EmbeddedPg};
 use chime::startup::Application;
 use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
+use uuid::Uuid;
 use tokio::sync::OnceCell;
 
 /// Where the test server is, and the template database every test database is cloned from.
@@ -274,4 +275,16 @@ pub async fn wait_ready(address: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("chime serve did not become ready within 60 s");
+}
+
+/// The node id of a chime process, from its registration.
+pub async fn node_of(pool: &PgPool, child: &tokio::process::Child) -> Uuid {
+    let pid = child.id().unwrap() as i32;
+    for _ in 0..100 {
+        if let Some(id) = sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap() {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("process {pid} did not register");
 }

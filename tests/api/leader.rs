@@ -11,7 +11,7 @@ use chrono::{DateTime, Days, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::helpers::{chime_process, fresh_database, spawn_app, spawn_second_node};
+use crate::helpers::{chime_process, fresh_database, node_of, spawn_app, spawn_second_node};
 
 async fn pool(db_url: &str) -> PgPool {
     chime::db::connect(db_url, 4).await.unwrap()
@@ -20,18 +20,6 @@ async fn pool(db_url: &str) -> PgPool {
 async fn biz_type_id(pool: &PgPool, name: &str) -> i32 {
     let settings = Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() };
     biz_types::create(pool, name, &settings, CallbackHosts::Any).await.unwrap().id
-}
-
-/// The node id of a chime process, from its registration.
-async fn node_of(pool: &PgPool, child: &tokio::process::Child) -> Uuid {
-    let pid = child.id().unwrap() as i32;
-    for _ in 0..100 {
-        if let Some(id) = sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap() {
-            return id;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("process {pid} did not register");
 }
 
 /// Waits until `node` leads; returns how long that took.

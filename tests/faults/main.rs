@@ -25,7 +25,6 @@ use chime::callback_hosts::CallbackHosts;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::receiver::Received;
 
@@ -116,18 +115,6 @@ impl Tally {
     fn lost(&self, ids: &[String]) -> usize {
         ids.iter().filter(|id| !self.per_task.contains_key(*id)).count()
     }
-}
-
-/// The node id of a chime process, from its registration.
-async fn node_of(pool: &PgPool, child: &tokio::process::Child) -> Uuid {
-    let pid = child.id().unwrap() as i32;
-    for _ in 0..100 {
-        if let Some(id) = sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap() {
-            return id;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("process {pid} did not register");
 }
 
 /// A process's resident memory in KiB (VmRSS in /proc).

@@ -5,9 +5,9 @@ use std::time::Duration;
 use chime::biz_types::Settings;
 use serde_json::json;
 
-use crate::helpers::{chime_node, chime_process, fresh_database};
+use crate::helpers::{chime_node, chime_process, fresh_database, node_of};
 use crate::receiver::{Answer, Receiver};
-use crate::{Tally, biz_type, create_tasks, db_now, heavy, node_of, wait_all_finished};
+use crate::{Tally, biz_type, create_tasks, db_now, heavy, wait_all_finished};
 
 /// `kill -9` of one of two nodes a quarter of the way through a burst of 20,000 due
 /// tasks: the other node delivers the dead one's tasks once their leases end. Every task

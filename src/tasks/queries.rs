@@ -62,35 +62,54 @@ pub struct Page {
 pub async fn list(pool: &PgPool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<Page, Error> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     // Built per call rather than with `$n IS NULL OR …` so that each filter combination
-    // gets a plan that walks tasks_list_idx. Across all biz types, each biz type's walk
-    // yields its first page and the pages are merged: the index leads with the biz type.
+    // gets a plan that walks an index in (run_at, id) order: tasks_claim_idx holds a biz
+    // type's pending tasks, tasks_list_idx the others. Without a status filter, each walk
+    // yields a page and the two are merged. Across all biz types, the same is done per biz
+    // type and those pages are merged: both indexes lead with the biz type.
+    let limit = filter.limit + 1;
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new("");
-    match biz_type_id {
-        Some(id) => {
-            q.push(SELECT_TASK).push(" WHERE t.biz_type_id = ").push_bind(id);
+    let all_biz_types = biz_type_id.is_none();
+    if all_biz_types {
+        q.push("SELECT t.* FROM biz_types b CROSS JOIN LATERAL (");
+    }
+    // Each walk's status condition, written out rather than bound: a partial index serves a
+    // statement only if its condition provably implies the index's, which a parameter
+    // never does in a generic plan.
+    let walks: Vec<String> = match filter.status.as_deref() {
+        Some(status) if super::STATUSES.contains(&status) => vec![format!("t.status = '{status}'")],
+        Some(status) => return Err(Error::invalid("status", format!("unknown status {status:?}"))),
+        None => vec!["t.status = 'pending'".into(), "t.status <> 'pending'".into()],
+    };
+    let merged = walks.len() > 1;
+    if merged {
+        q.push("SELECT * FROM (");
+    }
+    for (i, status) in walks.iter().enumerate() {
+        if i > 0 {
+            q.push(" UNION ALL ");
         }
-        None => {
-            q.push(
-                "SELECT t.* FROM biz_types b CROSS JOIN LATERAL (
-                     SELECT t.*, b.name AS biz_type FROM all_tasks t WHERE t.biz_type_id = b.id",
-            );
+        q.push("(");
+        match biz_type_id {
+            Some(id) => q.push(SELECT_TASK).push(" WHERE t.biz_type_id = ").push_bind(id),
+            None => q.push("SELECT t.*, b.name AS biz_type FROM all_tasks t WHERE t.biz_type_id = b.id"),
+        };
+        q.push(" AND ").push(status);
+        if let Some(from) = filter.from {
+            q.push(" AND t.run_at >= ").push_bind(from);
         }
+        if let Some(to) = filter.to {
+            q.push(" AND t.run_at < ").push_bind(to);
+        }
+        if let Some((run_at, id)) = after {
+            q.push(" AND (t.run_at, t.id) > (").push_bind(run_at).push(", ").push_bind(id).push(")");
+        }
+        q.push(" ORDER BY t.run_at, t.id LIMIT ").push_bind(limit).push(")");
     }
-    if let Some(status) = &filter.status {
-        q.push(" AND t.status = ").push_bind(status);
+    if merged {
+        q.push(") t ORDER BY t.run_at, t.id LIMIT ").push_bind(limit);
     }
-    if let Some(from) = filter.from {
-        q.push(" AND t.run_at >= ").push_bind(from);
-    }
-    if let Some(to) = filter.to {
-        q.push(" AND t.run_at < ").push_bind(to);
-    }
-    if let Some((run_at, id)) = after {
-        q.push(" AND (t.run_at, t.id) > (").push_bind(run_at).push(", ").push_bind(id).push(")");
-    }
-    q.push(" ORDER BY t.run_at, t.id LIMIT ").push_bind(filter.limit + 1);
-    if biz_type_id.is_none() {
-        q.push(") t ORDER BY t.run_at, t.id LIMIT ").push_bind(filter.limit + 1);
+    if all_biz_types {
+        q.push(") t ORDER BY t.run_at, t.id LIMIT ").push_bind(limit);
     }
     let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
     let next_cursor = if items.len() as i64 > filter.limit {

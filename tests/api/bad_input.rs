@@ -104,3 +104,24 @@ async fn bad_input_gets_a_clear_4xx() {
     let got = app.get(&task_path, &token).await;
     assert_eq!(got.body["run_at"], task["run_at"], "no bad request changed the task");
 }
+
+/// Any create rate limit the settings accept (above 0, however small) limits creates with
+/// a 429 and never fails them. A rate below one call in 584 years used to panic the
+/// limiter while it held its lock, and the poisoned lock then failed every create on the
+/// node, for every biz type.
+#[tokio::test]
+async fn the_slowest_create_rate_limit_answers_429() {
+    let app = spawn_app().await;
+    let slow = app.biz_type("slow").await;
+    let other = app.biz_type("other").await;
+    let settings = chime::biz_types::Settings { create_rate_limit: Some(1e-11), ..Default::default() };
+    chime::biz_types::update(&app.pool, "slow", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+
+    let first = app.post("/api/v1/tasks", &slow, json!({"biz_type": "slow"})).await;
+    let second = app.post("/api/v1/tasks", &slow, json!({"biz_type": "slow"})).await;
+    let elsewhere = app.post("/api/v1/tasks", &other, json!({"biz_type": "other"})).await;
+
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!((second.status, second.code()), (429, "rate_limited"), "{}", second.body);
+    assert_eq!(elsewhere.status, 201, "{}", elsewhere.body);
+}

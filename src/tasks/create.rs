@@ -225,12 +225,16 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
 
     let mut outcomes: Vec<CreateOutcome> = Vec::with_capacity(items.len());
     for i in 0..items.len() {
-        let outcome = if let Some(first) = repeat_of[i] {
-            match &outcomes[first] {
-                CreateOutcome::Created(t) | CreateOutcome::Existing(t) if items[first].request_hash == items[i].request_hash => {
-                    CreateOutcome::Existing(t.clone())
-                }
-                _ => CreateOutcome::Failed(key_conflict(&items[i])),
+        // A repeated key is held by the task its first occurrence created in this batch, or
+        // else by the task found in `existing` (which a later item may repeat exactly even
+        // when the first occurrence conflicted with it).
+        let outcome = if let Some(first) = repeat_of[i]
+            && let CreateOutcome::Created(t) = &outcomes[first]
+        {
+            if items[first].request_hash == items[i].request_hash {
+                CreateOutcome::Existing(t.clone())
+            } else {
+                CreateOutcome::Failed(key_conflict(&items[i]))
             }
         } else if let Some(mut task) = created.remove(&id_of_item[i]) {
             task.payload = std::mem::take(&mut items[i].payload);

@@ -47,8 +47,9 @@ pub mod timers;
 pub mod users;
 
 /// How the unit-level property tests run: a fixed seed, so that CI runs the same cases
-/// every time and a failure reproduces (set PROPTEST_RNG_SEED to explore others), and no
-/// failure files written into the source tree. A failure prints its shrunk input.
+/// every time and a failure reproduces (PROPTEST_RNG_SEED and PROPTEST_CASES search
+/// further), and no failure files written into the source tree. A failure prints its
+/// shrunk input.
 #[cfg(test)]
 pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
     use proptest::test_runner::{Config, RngSeed};
@@ -57,5 +58,6 @@ pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
         RngSeed::Random => RngSeed::Fixed(0x00c4_17e5),
         chosen => chosen,
     };
+    let cases = if std::env::var_os("PROPTEST_CASES").is_some() { default.cases } else { cases };
     Config { cases, rng_seed, failure_persistence: None, ..default }
 }

@@ -45,3 +45,19 @@ pub mod tasks;
 pub mod timers;
 /// Console users.
 pub mod users;
+
+/// How the unit-level property tests run: a fixed seed, so that CI runs the same cases
+/// every time and a failure reproduces (PROPTEST_RNG_SEED and PROPTEST_CASES search
+/// further), and no failure files written into the source tree. A failure prints its
+/// shrunk input.
+#[cfg(test)]
+pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    use proptest::test_runner::{Config, RngSeed};
+    let default = Config::default();
+    let rng_seed = match default.rng_seed {
+        RngSeed::Random => RngSeed::Fixed(0x00c4_17e5),
+        chosen => chosen,
+    };
+    let cases = if std::env::var_os("PROPTEST_CASES").is_some() { default.cases } else { cases };
+    Config { cases, rng_seed, failure_persistence: None, ..default }
+}

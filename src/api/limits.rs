@@ -27,9 +27,11 @@ impl CreateLimiter {
     }
 }
 
-/// A limiter allowing `rate` calls per second, with a burst of one second's worth.
+/// A limiter allowing `rate` calls per second, with a burst of one second's worth. Rates
+/// below one call in 11.6 days (10^-6 per second) count as that one, as in the engine's
+/// limiter: a slower one's period overflows governor (beyond 584 years) or `Duration`.
 fn limiter(rate: f64) -> DefaultDirectRateLimiter {
-    let period = Duration::from_secs_f64(1.0 / rate);
+    let period = Duration::from_secs_f64(1.0 / rate.max(1e-6));
     let burst = NonZeroU32::new(rate.ceil().clamp(1.0, u32::MAX as f64) as u32).unwrap_or(NonZeroU32::MIN);
     let quota = Quota::with_period(period).unwrap_or_else(|| Quota::per_second(NonZeroU32::MAX)).allow_burst(burst);
     RateLimiter::direct(quota)
@@ -49,5 +51,29 @@ mod tests {
         assert!(wait <= Duration::from_millis(200), "{wait:?}");
         assert!(limiter.check(2, Some(5.0)).is_ok(), "another biz type has its own budget");
         assert!(limiter.check(1, None).is_ok(), "no rate means unlimited");
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            #![proptest_config(crate::proptest_config(256))]
+
+            /// Any rate a biz type can be given (above 0, at most 10^6 per second) allows a
+            /// first call, however small the rate: the limiter never panics on it.
+            #[test]
+            fn every_rate_a_biz_type_accepts_allows_a_first_call(
+                rate in prop_oneof![
+                    (-330i32..=6).prop_map(|e| 10f64.powi(e)),
+                    1e-6f64..=1e6,
+                    prop::sample::select(vec![5e-324, f64::MIN_POSITIVE, 1e6]),
+                ]
+            ) {
+                prop_assume!(rate > 0.0 && rate <= 1e6);
+                prop_assert!(CreateLimiter::default().check(1, Some(rate)).is_ok());
+            }
+        }
     }
 }

@@ -186,3 +186,23 @@ fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(crate::proptest_config(512))]
+
+        /// `limit` is accepted exactly when it is a whole number from 1 to 1000.
+        #[test]
+        fn limit_is_a_whole_number_from_1_to_1000(
+            raw in prop_oneof![any::<String>(), "[+-]?[0-9]{1,25}", any::<i64>().prop_map(|n| n.to_string())],
+        ) {
+            let expected = raw.parse::<i64>().ok().filter(|n| (1..=1000).contains(n));
+            prop_assert_eq!(parse_limit(Some(&raw)).ok(), expected, "{:?}", raw);
+        }
+    }
+}

@@ -284,4 +284,64 @@ mod tests {
         assert!(validate_callback_url("http://localhost:9000/", public_only).is_err());
         assert!(validate_callback_url("https://example.test/hook", public_only).is_ok());
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// SPEC §5's pattern `[a-z0-9][a-z0-9_-]{0,63}`, read literally.
+        fn spec_name(s: &str) -> bool {
+            let allowed = |i: usize, b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && (b == b'-' || b == b'_'));
+            (1..=64).contains(&s.len()) && s.bytes().enumerate().all(|(i, b)| allowed(i, b))
+        }
+
+        /// Rates of every magnitude: tiny, huge, negative, NaN and the infinities.
+        fn any_rate() -> impl Strategy<Value = f64> {
+            prop_oneof![
+                any::<f64>(),
+                (-400i32..400).prop_map(|e| 10f64.powi(e)),
+                prop::sample::select(vec![0.0, -0.0, 5e-324, f64::MIN_POSITIVE, 1_000_000.0, 1_000_000.000_001, f64::MAX, f64::NAN, f64::INFINITY, f64::NEG_INFINITY]),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(crate::proptest_config(512))]
+
+            /// A name is accepted exactly when it matches the spec's pattern.
+            #[test]
+            fn names_are_accepted_exactly_by_the_spec_pattern(name in prop_oneof![any::<String>(), "[a-z0-9_-]{0,66}", "[a-z0-9][a-z0-9_-]{0,63}"]) {
+                prop_assert_eq!(validate_name(&name).is_ok(), spec_name(&name), "{:?}", name);
+            }
+
+            /// A rate is accepted exactly when it is a number from 0 to 1000000, and the
+            /// refusal names the setting.
+            #[test]
+            fn rates_are_accepted_exactly_from_zero_to_a_million(r in any_rate()) {
+                let settings = Settings { rate_limit: Some(r), ..Default::default() };
+                match settings.validate(CallbackHosts::Any) {
+                    Ok(()) => prop_assert!((0.0..=1_000_000.0).contains(&r), "{r} accepted"),
+                    Err(Error::Invalid { field, .. }) => prop_assert!(!(0.0..=1_000_000.0).contains(&r) && field == "rate_limit", "{r} refused as {field}"),
+                    Err(e) => prop_assert!(false, "{e:?}"),
+                }
+            }
+
+            /// Integer settings are accepted exactly inside their documented range.
+            #[test]
+            fn whole_number_settings_are_accepted_exactly_in_range(v in prop_oneof![any::<i32>(), -2i32..2, 599_990i32..600_010]) {
+                let settings = Settings { timeout_ms: Some(v), ..Default::default() };
+                prop_assert_eq!(settings.validate(CallbackHosts::Any).is_ok(), (1..=600_000).contains(&v));
+            }
+
+            /// Any text as a callback URL is checked without panicking; an accepted one is
+            /// http(s) with a host.
+            #[test]
+            fn any_callback_url_is_checked_cleanly(raw in prop_oneof![any::<String>(), "(https?|ftp|file|javascript)://[^ ]{0,20}"]) {
+                if validate_callback_url(&raw, CallbackHosts::Any).is_ok() {
+                    let url = url::Url::parse(&raw).unwrap();
+                    prop_assert!(matches!(url.scheme(), "http" | "https") && url.host().is_some(), "{raw}");
+                }
+            }
+        }
+    }
 }

@@ -55,7 +55,7 @@ pub fn request_hash(request: &serde_json::Value) -> Vec<u8> {
     Sha256::digest(serde_json::to_vec(request).unwrap_or_default()).to_vec()
 }
 
-/// Refuses a payload over the size limit (413) or one PostgreSQL cannot store (422).
+/// Refuses a payload over the size limit (413) or one PostgreSQL cannot store as sent (422).
 pub fn check_payload(payload: &serde_json::Value, max_payload_bytes: usize) -> Result<(), Error> {
     check_serialized_payload(payload, &payload.to_string(), max_payload_bytes)
 }
@@ -67,7 +67,40 @@ fn check_serialized_payload(payload: &serde_json::Value, serialized: &str, max_p
     if has_nul(payload) {
         return Err(Error::invalid("payload", "must not contain the character U+0000, which PostgreSQL cannot store"));
     }
+    if let Some(n) = number_out_of_range(payload) {
+        let shown: String = n.to_string().chars().take(40).collect();
+        return Err(Error::invalid(
+            "payload",
+            format!(
+                "the number {shown} is out of range: a number may have an exponent of at most ±308 \
+                 and at most 16383 digits after the point; send it as a string"
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// The first number in the payload that PostgreSQL would not keep at about the size it was
+/// sent. jsonb stores numbers as `numeric` and prints them without an exponent, so
+/// `1e100000` (8 bytes) would come back as 100001 digits, slipping past the payload size
+/// limit; past numeric's range (16383 digits after the point) it is not stored at all but
+/// fails the statement (a 500, and in a batch for every item). An exponent within a
+/// double's (±308) bounds both. serde_json's `arbitrary_precision` keeps each number's
+/// text as sent.
+fn number_out_of_range(value: &serde_json::Value) -> Option<&serde_json::Number> {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => {
+            let text = n.to_string();
+            let (mantissa, exponent) = text.split_once(['e', 'E']).unwrap_or((&text, "0"));
+            let decimals = mantissa.split_once('.').map_or(0, |(_, d)| d.len() as i64);
+            let in_range = exponent.parse::<i64>().is_ok_and(|e| e.abs() <= 308 && decimals - e <= 16_383);
+            (!in_range).then_some(n)
+        }
+        Value::Array(items) => items.iter().find_map(number_out_of_range),
+        Value::Object(map) => map.values().find_map(number_out_of_range),
+        _ => None,
+    }
 }
 
 fn has_nul(value: &serde_json::Value) -> bool {
@@ -192,12 +225,16 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
 
     let mut outcomes: Vec<CreateOutcome> = Vec::with_capacity(items.len());
     for i in 0..items.len() {
-        let outcome = if let Some(first) = repeat_of[i] {
-            match &outcomes[first] {
-                CreateOutcome::Created(t) | CreateOutcome::Existing(t) if items[first].request_hash == items[i].request_hash => {
-                    CreateOutcome::Existing(t.clone())
-                }
-                _ => CreateOutcome::Failed(key_conflict(&items[i])),
+        // A repeated key is held by the task its first occurrence created in this batch, or
+        // else by the task found in `existing` (which a later item may repeat exactly even
+        // when the first occurrence conflicted with it).
+        let outcome = if let Some(first) = repeat_of[i]
+            && let CreateOutcome::Created(t) = &outcomes[first]
+        {
+            if items[first].request_hash == items[i].request_hash {
+                CreateOutcome::Existing(t.clone())
+            } else {
+                CreateOutcome::Failed(key_conflict(&items[i]))
             }
         } else if let Some(mut task) = created.remove(&id_of_item[i]) {
             task.payload = std::mem::take(&mut items[i].payload);
@@ -247,4 +284,20 @@ async fn existing_by_key(pool: &PgPool, biz_type_id: i32, keys: &[String]) -> Re
         .into_iter()
         .filter_map(|r| Some((r.task.key.clone()?, (r.request_hash, r.task))))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_numbers_are_refused_beyond_a_doubles_exponent() {
+        let check = |n: &str| check_payload(&serde_json::from_str(&format!("[{{\"n\": {n}}}]")).unwrap(), 65536);
+        for ok in ["0", "-0", "1e308", "-1.7976931348623157E+308", "1e-308", "0.5e-308", "123456789012345678901234567890"] {
+            assert!(check(ok).is_ok(), "{ok}");
+        }
+        for bad in ["1e309", "1e-309", "1e131072", "0e-999999", "1e99999999999999999999"] {
+            assert!(matches!(check(bad), Err(Error::Invalid { field, .. }) if field == "payload"), "{bad}");
+        }
+    }
 }

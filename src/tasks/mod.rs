@@ -170,4 +170,98 @@ mod tests {
         assert!(validate_key("a\nb").is_err());
         assert!(validate_key(&"k".repeat(257)).is_err());
     }
+
+    mod properties {
+        use chrono::FixedOffset;
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Text shaped like an RFC 3339 time, each part drawn beyond its range: impossible
+        /// dates, hour 24, second 60, years 0000 and 9999, offsets up to ±24:59.
+        fn rfc3339_like() -> impl Strategy<Value = String> {
+            let zone = prop_oneof![Just("Z".to_string()), Just("z".to_string()), "[+-](0[0-9]|1[0-9]|2[0-4]):[0-5][0-9]"];
+            let frac = prop::option::of("[0-9]{1,12}");
+            ((0u32..=9999, 0u32..=13, 0u32..=32), (0u32..=24, 0u32..=60, 0u32..=60), frac, zone).prop_map(
+                |((y, mo, d), (h, mi, s), frac, zone)| {
+                    let frac = frac.map(|f| format!(".{f}")).unwrap_or_default();
+                    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{frac}{zone}")
+                },
+            )
+        }
+
+        /// An instant anywhere in chrono's range (or past it, then None), as seconds from
+        /// `now()`, mostly near the accepted window's edges.
+        fn seconds_from_now() -> impl Strategy<Value = i64> {
+            let day: i64 = 86_400;
+            prop_oneof![
+                (-2 * day..2 * day),
+                (3659 * day..3661 * day),
+                (-400 * 366 * day..10_000 * 366 * day),
+                any::<i64>(),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(crate::proptest_config(512))]
+
+            /// Whatever the text, run_at parses to a time inside the window or is refused
+            /// by name; it never panics.
+            #[test]
+            fn any_run_at_text_is_a_time_in_the_window_or_refused(s in prop_oneof![any::<String>(), rfc3339_like()]) {
+                match When::parse(Some(&s), None, now()) {
+                    Ok(When::At(at)) => prop_assert!(at >= now() - MAX_PAST && at <= now() + MAX_AHEAD, "{s} -> {at}"),
+                    Ok(other) => prop_assert!(false, "{s} -> {other:?}"),
+                    Err(Error::Invalid { field, .. }) => prop_assert_eq!(field, "run_at"),
+                    Err(e) => prop_assert!(false, "{s} -> {e:?}"),
+                }
+            }
+
+            /// A time in any zone is accepted exactly when it lies from 24 hours ago to 10
+            /// years ahead, and means that instant.
+            #[test]
+            fn run_at_is_accepted_exactly_inside_the_window(secs in seconds_from_now(), offset_minutes in -1439i32..=1439) {
+                let Some(at) = TimeDelta::try_seconds(secs).and_then(|d| now().checked_add_signed(d)) else {
+                    return Ok(()); // beyond what chrono (and so RFC 3339) can say
+                };
+                let text = at.with_timezone(&FixedOffset::east_opt(offset_minutes * 60).unwrap()).to_rfc3339();
+                let inside = at >= now() - MAX_PAST && at <= now() + MAX_AHEAD;
+                match When::parse(Some(&text), None, now()) {
+                    Ok(when) => prop_assert!(inside && when == When::At(at), "{text} -> {when:?}"),
+                    Err(Error::Invalid { field, .. }) => prop_assert!(!inside && field == "run_at", "{text} refused as {field}"),
+                    Err(e) => prop_assert!(false, "{text} -> {e:?}"),
+                }
+            }
+
+            /// Any delay from 0 to 10 years is accepted as given; any other is refused by name.
+            #[test]
+            fn delay_is_accepted_exactly_from_zero_to_ten_years(ms in prop_oneof![any::<i64>(), -10i64..10, (MAX_AHEAD.num_milliseconds() - 10)..(MAX_AHEAD.num_milliseconds() + 10)]) {
+                let inside = (0..=MAX_AHEAD.num_milliseconds()).contains(&ms);
+                match When::parse(None, Some(ms), now()) {
+                    Ok(when) => prop_assert!(inside && when == When::After { delay_ms: ms }, "{ms} -> {when:?}"),
+                    Err(Error::Invalid { field, .. }) => prop_assert!(!inside && field == "delay_ms", "{ms} refused as {field}"),
+                    Err(e) => prop_assert!(false, "{ms} -> {e:?}"),
+                }
+            }
+
+            /// Giving both time fields is refused, whatever their values.
+            #[test]
+            fn run_at_and_delay_together_are_refused(s in any::<String>(), ms in any::<i64>()) {
+                let refused = matches!(When::parse(Some(&s), Some(ms), now()), Err(Error::Invalid { field, .. }) if field == "run_at");
+                prop_assert!(refused, "{s:?} with {ms}");
+            }
+
+            /// An accepted key can be stored (no NUL, at most MAX_KEY_BYTES) and shown on one
+            /// line; any printable key that fits is accepted.
+            #[test]
+            fn accepted_keys_are_storable_and_printable_keys_are_accepted(any_key in any::<String>(), printable in "[^\\p{Cc}]{1,64}") {
+                if validate_key(&any_key).is_ok() {
+                    prop_assert!(!any_key.is_empty() && any_key.len() <= MAX_KEY_BYTES);
+                    prop_assert!(!any_key.contains(['\0', '\n', '\r']), "{any_key:?}");
+                }
+                let printable: String = printable.chars().scan(0, |bytes, c| { *bytes += c.len_utf8(); (*bytes <= MAX_KEY_BYTES).then_some(c) }).collect();
+                prop_assert!(validate_key(&printable).is_ok(), "{printable:?}");
+            }
+        }
+    }
 }

@@ -224,4 +224,112 @@ mod tests {
         assert!(field(Schedule::parse("0 0 25 * * *", "UTC")).starts_with("cron: is not a valid"));
         assert!(field(Schedule::parse("0 0 9 * * *", "Mars/Olympus")).starts_with("timezone:"));
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// One valid cron field over `lo..=hi`: `*`, a value, a range, a step, or a list.
+        fn field(lo: u32, hi: u32) -> impl Strategy<Value = String> {
+            let one = prop_oneof![
+                Just("*".to_string()),
+                (lo..=hi).prop_map(|v| v.to_string()),
+                (lo..=hi, lo..=hi).prop_map(|(a, b)| format!("{}-{}", a.min(b), a.max(b))),
+                (1..=hi - lo).prop_map(|step| format!("*/{step}")),
+                (lo..=hi, 1..=hi - lo).prop_map(|(start, step)| format!("{start}/{step}")),
+            ];
+            prop::collection::vec(one, 1..=3).prop_map(|parts| parts.join(","))
+        }
+
+        /// A valid expression; seconds are never `*` so that a day holds few fire times.
+        fn valid_cron() -> impl Strategy<Value = String> {
+            let seconds = prop_oneof![(0u32..60).prop_map(|s| s.to_string()), Just("0,30".to_string()), Just("*/20".to_string())];
+            let month = prop_oneof![field(1, 12), Just("Mar-Nov".to_string()), Just("JAN,JUL".to_string())];
+            let weekday = prop_oneof![Just("*".to_string()), Just("?".to_string()), field(1, 7), Just("Mon-Fri".to_string())];
+            (seconds, field(0, 59), field(0, 23), field(1, 31), month, weekday)
+                .prop_map(|(s, m, h, dom, mon, dow)| format!("{s} {m} {h} {dom} {mon} {dow}"))
+        }
+
+        /// Text made of cron's own tokens and near misses: zero steps, reversed and
+        /// overflowing ranges, Quartz extras (L, W, #), names, empty fields.
+        fn cron_like() -> impl Strategy<Value = String> {
+            let token = prop_oneof![
+                prop::sample::select(vec![
+                    "*", "?", "0", "7", "59", "60", "-1", "4294967295", "4294967296", "99999999999999999999", "*/0",
+                    "0/0", "1-0", "5-3", "0-59/0", "*/4294967295", "L", "W", "LW", "1#2", "Mon", "MON-FRI", "Sun-Sat",
+                    "Jan", "JAN-DEC", "1,,2", "1-", "-", "/", ",", "", "1970", "2100", "2101", "1969-2200",
+                ])
+                .prop_map(str::to_string),
+                "[0-9*/,?LW#A-Za-z-]{1,8}",
+            ];
+            prop::collection::vec(token, 0..=8).prop_map(|fields| fields.join(" "))
+        }
+
+        fn zone() -> impl Strategy<Value = Tz> {
+            prop::sample::select(chrono_tz::TZ_VARIANTS.to_vec())
+        }
+
+        /// Instants from 1971 to 2090, half of them in the weeks when most zones change
+        /// their clocks (March to April, September to November).
+        fn instant() -> impl Strategy<Value = DateTime<Utc>> {
+            let any_time = (31_536_000i64..3_786_912_000).prop_map(|s| DateTime::from_timestamp(s, 0).unwrap());
+            let near_change = (1971i32..2090, prop::sample::select(vec![3u32, 4, 9, 10, 11]), 1u32..=28, 0i64..86_400)
+                .prop_map(|(y, m, d, s)| Utc.with_ymd_and_hms(y, m, d, 0, 0, 0).unwrap() + Duration::seconds(s));
+            prop_oneof![any_time, near_change]
+        }
+
+        proptest! {
+            #![proptest_config(crate::proptest_config(256))]
+
+            /// Whatever the text, a schedule parses or is refused naming `cron` or
+            /// `timezone`; it never panics, and one that parses answers `next` promptly.
+            #[test]
+            fn any_cron_and_zone_parse_or_are_refused_by_field(
+                cron in prop_oneof![any::<String>(), cron_like()],
+                tz in prop_oneof![any::<String>(), zone().prop_map(|z| z.name().to_string()), Just(String::new())],
+            ) {
+                match Schedule::parse(&cron, &tz) {
+                    Ok(s) => {
+                        prop_assert!(tz.parse::<Tz>().is_ok());
+                        let fires = s.next(at("2026-11-21T12:00:00Z"), 3);
+                        prop_assert!(fires.windows(2).all(|w| w[0] < w[1]), "{fires:?}");
+                    }
+                    Err(Error::Invalid { field, message }) => {
+                        prop_assert!(field == "cron" || field == "timezone", "{field}: {message}");
+                        prop_assert!(!message.is_empty());
+                    }
+                    Err(e) => prop_assert!(false, "{e:?}"),
+                }
+            }
+
+            /// A valid schedule's next fire times are strictly increasing, all after the
+            /// given instant, and each is a time the expression names on the zone's wall
+            /// clock (or one shifted past a spring-forward gap just before it).
+            #[test]
+            fn next_fire_times_increase_and_match_the_expression(cron in valid_cron(), tz in zone(), after in instant()) {
+                let s = Schedule::parse(&cron, tz.name()).unwrap();
+                let fires = s.next(after, 8);
+                prop_assert!(fires.iter().all(|t| *t > after), "{fires:?} after {after}");
+                prop_assert!(fires.windows(2).all(|w| w[0] < w[1]), "{fires:?}");
+                for t in &fires {
+                    let wall = Utc.from_utc_datetime(&t.with_timezone(&tz).naive_local());
+                    let offset_changed = tz.offset_from_utc_datetime(&(*t - SLACK).naive_utc()).fix() != tz.offset_from_utc_datetime(&t.naive_utc()).fix();
+                    prop_assert!(s.cron.includes(wall) || offset_changed, "{t} ({wall} on the wall clock) is not named by `{cron}` in {tz}");
+                }
+            }
+
+            /// Asking for the first few fire times in a range gives the first few of all of
+            /// them: stopping early never skips or reorders one, across clock changes too.
+            #[test]
+            fn a_limit_takes_a_prefix_of_all_fire_times(cron in valid_cron(), tz in zone(), after in instant(), limit in 1usize..20) {
+                let s = Schedule::parse(&cron, tz.name()).unwrap();
+                let until = after + Duration::days(2);
+                let all = s.between(after, until, usize::MAX);
+                prop_assert!(all.iter().all(|t| *t > after && *t <= until));
+                let first = s.between(after, until, limit);
+                prop_assert_eq!(&first[..], &all[..limit.min(all.len())]);
+            }
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Every kind of bad input gets a clear 4xx in the API's error shape, never a 500, and
 //! changes nothing.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::helpers::spawn_app;
 
@@ -84,6 +84,11 @@ async fn bad_input_gets_a_clear_4xx() {
         case("NUL in the listed biz type", "GET", "/api/v1/tasks?biz_type=%00", "", 404, "not_found", "biz type"),
         case("NUL in a by-key biz type", "GET", "/api/v1/biz-types/%00/tasks/by-key/x", "", 404, "not_found", "biz type"),
         case("NUL in a by-key key", "GET", "/api/v1/biz-types/orders/tasks/by-key/a%00b", "", 404, "not_found", "key"),
+        case("payload number beyond PostgreSQL's range", "POST", t, r#"{"biz_type": "orders", "payload": {"n": 1e131072}}"#, 422, "invalid_argument", "payload"),
+        case("payload number with too many decimals for PostgreSQL", "PATCH", &task_path, r#"{"payload": [1e-16384]}"#, 422, "invalid_argument", "payload"),
+        case("payload number printed 100001 digits long", "POST", t, r#"{"biz_type": "orders", "payload": 1e100000}"#, 422, "invalid_argument", "payload"),
+        case("payload number beyond a double's exponent", "POST", t, r#"{"biz_type": "orders", "payload": [-1E+400]}"#, 422, "invalid_argument", "payload"),
+        case("timer payload number beyond range", "POST", "/api/v1/timers", r#"{"biz_type": "orders", "key": "t", "cron": "0 0 9 * * *", "payload": 1e131072}"#, 422, "invalid_argument", "payload"),
         case("replay a pending task", "POST", &format!("{task_path}/replay"), "", 409, "conflict", "pending"),
     ];
 
@@ -103,4 +108,41 @@ async fn bad_input_gets_a_clear_4xx() {
     assert_eq!(count, 1, "no bad request created a task");
     let got = app.get(&task_path, &token).await;
     assert_eq!(got.body["run_at"], task["run_at"], "no bad request changed the task");
+}
+
+/// Any create rate limit the settings accept (above 0, however small) limits creates with
+/// a 429 and never fails them. A rate below one call in 584 years used to panic the
+/// limiter while it held its lock, and the poisoned lock then failed every create on the
+/// node, for every biz type.
+#[tokio::test]
+async fn the_slowest_create_rate_limit_answers_429() {
+    let app = spawn_app().await;
+    let slow = app.biz_type("slow").await;
+    let other = app.biz_type("other").await;
+    let settings = chime::biz_types::Settings { create_rate_limit: Some(1e-11), ..Default::default() };
+    chime::biz_types::update(&app.pool, "slow", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+
+    let first = app.post("/api/v1/tasks", &slow, json!({"biz_type": "slow"})).await;
+    let second = app.post("/api/v1/tasks", &slow, json!({"biz_type": "slow"})).await;
+    let elsewhere = app.post("/api/v1/tasks", &other, json!({"biz_type": "other"})).await;
+
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!((second.status, second.code()), (429, "rate_limited"), "{}", second.body);
+    assert_eq!(elsewhere.status, 201, "{}", elsewhere.body);
+}
+
+/// A batch item whose payload PostgreSQL cannot store is refused on its own (422); the
+/// other items are created. It used to fail the batch's one statement: a 500 for all.
+#[tokio::test]
+async fn a_batch_item_with_an_unstorable_number_is_refused_alone() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let body = r#"{"tasks": [{"biz_type": "orders", "payload": 1}, {"biz_type": "orders", "payload": 1e131072}]}"#;
+
+    let reply = app.request("POST", "/api/v1/tasks/batch", Some(&token), Some(body.as_bytes().to_vec())).await;
+
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let statuses: Vec<&Value> = reply.body["results"].as_array().unwrap().iter().map(|r| &r["status"]).collect();
+    assert_eq!(statuses, [&json!(201), &json!(422)], "{}", reply.body);
+    assert!(reply.body["results"][1]["error"]["message"].as_str().unwrap().contains("payload"), "{}", reply.body);
 }

@@ -13,6 +13,7 @@ mod console;
 mod console_browser;
 mod delivery;
 mod embedded;
+mod fuzz_input;
 mod health;
 mod helpers;
 mod leader;

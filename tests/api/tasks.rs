@@ -138,6 +138,30 @@ async fn batch_create_gives_per_item_results_in_order() {
     assert_eq!(count, 3, "old, a, and the unkeyed one");
 }
 
+/// In a batch, an item that repeats the request that took its key before is a repeat
+/// (200), even after an item with the same key and another body (409). It was answered
+/// from that first item, as a conflict.
+#[tokio::test]
+async fn batch_repeat_after_a_conflicting_item_is_still_a_repeat() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let first = app.create_task(&token, json!({"biz_type": "orders", "key": "k"})).await;
+
+    let reply = app
+        .post(
+            "/api/v1/tasks/batch",
+            &token,
+            json!({"tasks": [{"biz_type": "orders", "key": "k", "payload": "other"}, {"biz_type": "orders", "key": "k"}]}),
+        )
+        .await;
+
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let results = reply.body["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [409, 200], "{}", reply.body);
+    assert_eq!(results[1]["task"]["id"], first["id"]);
+}
+
 /// A full batch of 1000 is accepted; 1001 or none is refused.
 #[tokio::test]
 async fn batch_holds_up_to_1000_tasks() {

@@ -84,6 +84,7 @@ async fn bad_input_gets_a_clear_4xx() {
         case("NUL in the listed biz type", "GET", "/api/v1/tasks?biz_type=%00", "", 404, "not_found", "biz type"),
         case("NUL in a by-key biz type", "GET", "/api/v1/biz-types/%00/tasks/by-key/x", "", 404, "not_found", "biz type"),
         case("NUL in a by-key key", "GET", "/api/v1/biz-types/orders/tasks/by-key/a%00b", "", 404, "not_found", "key"),
+        case("timers list: NUL in the cursor", "GET", "/api/v1/timers?cursor=a%00b", "", 422, "invalid_argument", "cursor"),
         case("replay a pending task", "POST", &format!("{task_path}/replay"), "", 409, "conflict", "pending"),
     ];
 

@@ -176,8 +176,15 @@ pub async fn nack(caller: Caller, state: web::Data<AppState>, id: web::Path<Stri
     {
         return Err(ApiError::Invalid("delay_ms: must be between 0 and 10 years in milliseconds".into()));
     }
-    if request.error.as_ref().is_some_and(|e| e.len() > 1000) {
-        return Err(ApiError::Invalid("error: must be at most 1000 bytes".into()));
+    if let Some(error) = &request.error {
+        // Characters, as the document's `maxLength` counts them.
+        if error.chars().count() > 1000 {
+            return Err(ApiError::Invalid("error: must be at most 1000 characters".into()));
+        }
+        // PostgreSQL text cannot hold NUL.
+        if error.contains('\0') {
+            return Err(ApiError::Invalid("error: must not contain NUL characters".into()));
+        }
     }
     let biz = own_pull_biz_type(&caller, &state).await?;
     let task = pull::settle(&state.pool, &biz, id, Verdict::Nack { delay_ms: request.delay_ms, error: request.error }).await?;

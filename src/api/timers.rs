@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::{ApiError, AppState, from_json, parse_limit, parse_query, read_json};
 use crate::audit;
+use crate::tasks::validate_key;
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
 
 /// Room in a request body for the fields around the payload.
@@ -66,6 +67,11 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
     let query: ListQuery = parse_query(&req)?;
     if let Some(name) = &query.biz_type {
         caller.require(&state, name).await?;
+    }
+    // The cursor is a timer key; one that no key can be (with NUL, say) would only fail in
+    // the database.
+    if query.cursor.as_deref().is_some_and(|cursor| validate_key(cursor).is_err()) {
+        return Err(ApiError::Invalid("cursor: is not a cursor returned by this API".into()));
     }
     let limit = parse_limit(query.limit.as_deref())?;
     let items = timers::list(&state.pool, Some(caller.0.biz_type_id), query.cursor.as_deref(), limit).await?;

@@ -214,6 +214,31 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
     assert_eq!(app.get(&format!("/api/v1/tasks/{task_id}"), &callback).await.body["status"], "running");
 }
 
+/// A nack's `error` is checked as the OpenAPI document describes it (at most 1000
+/// characters) and a NUL in it, which PostgreSQL text cannot hold, is a 422, not a 500; a
+/// refused nack leaves the task reserved.
+#[tokio::test]
+async fn nack_refuses_a_bad_error_and_keeps_the_reservation() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings::default()).await;
+    let id = create(&app, &token, 1).await.remove(0);
+    reserve(&app, &token, json!({})).await;
+    let nack = format!("/api/v1/tasks/{id}/nack");
+    for (body, mentions) in [
+        (json!({"error": "bad\u{0}byte"}), "NUL"),
+        (json!({"error": "é".repeat(1001)}), "1000 characters"),
+        (json!({"delay_ms": 316_224_000_001_i64}), "delay_ms"),
+    ] {
+        let reply = app.post(&nack, &token, body).await;
+        assert_eq!((reply.status, reply.code()), (422, "invalid_argument"), "{}", reply.body);
+        assert!(reply.message().contains(mentions), "{}", reply.message());
+    }
+    assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["status"], "running");
+    // 1000 two-byte characters are within the documented limit.
+    let reply = app.post(&nack, &token, json!({"error": "é".repeat(1000)})).await;
+    assert_eq!((reply.status, reply.body["status"].as_str()), (200, Some("pending")), "{}", reply.body);
+}
+
 #[tokio::test]
 async fn nack_without_a_delay_waits_the_biz_type_s_backoff() {
     let app = spawn_app().await;

@@ -136,9 +136,22 @@ impl reqwest::dns::Resolve for PublicOnlyResolver {
     }
 }
 
+impl CallbackHosts {
+    /// An HTTP client that keeps to this rule: under `PublicOnly`, names are resolved by
+    /// `PublicOnlyResolver` and redirects checked by `redirect_policy`. IP-literal callback
+    /// URLs are still for the caller to check (`address_refusal`).
+    pub fn http_client(self) -> reqwest::ClientBuilder {
+        let client = reqwest::Client::builder().redirect(redirect_policy(self));
+        match self {
+            CallbackHosts::Any => client,
+            CallbackHosts::PublicOnly => client.dns_resolver(PublicOnlyResolver),
+        }
+    }
+}
+
 /// Redirects followed as by default (at most 10), but never to a denied IP literal: the
 /// resolver is not asked about those.
-pub fn redirect_policy(hosts: CallbackHosts) -> reqwest::redirect::Policy {
+fn redirect_policy(hosts: CallbackHosts) -> reqwest::redirect::Policy {
     if hosts == CallbackHosts::Any {
         return reqwest::redirect::Policy::default();
     }

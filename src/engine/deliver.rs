@@ -180,6 +180,12 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use actix_web::{App, HttpResponse, HttpServer, web};
+
     use super::*;
 
     fn biz(initial: i32, max: i32) -> BizTypeConfig {
@@ -216,6 +222,71 @@ mod tests {
         assert!(parsed > Duration::from_secs(55) && parsed <= Duration::from_secs(60), "{parsed:?}");
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a past date: now");
         assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    /// An HTTP server on a free loopback port that answers every request with a 307 to
+    /// `location`, or with 200 when there is none; returns its port and a count of requests.
+    fn server(location: Option<String>) -> (u16, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let server = HttpServer::new(move || {
+            let (location, counted) = (location.clone(), counted.clone());
+            App::new().default_service(web::to(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let response = match &location {
+                    Some(to) => HttpResponse::TemporaryRedirect().insert_header(("Location", to.as_str())).finish(),
+                    None => HttpResponse::Ok().finish(),
+                };
+                async move { response }
+            }))
+        })
+        .workers(1)
+        .disable_signals()
+        .listen(listener)
+        .unwrap()
+        .run();
+        tokio::spawn(server);
+        (port, requests)
+    }
+
+    /// Delivers one task to `biz` through `hosts`' client, in which the name `public.test`
+    /// stands for a public receiver (it is on loopback here).
+    async fn deliver_via_public_name(hosts: CallbackHosts, biz: &BizTypeConfig) -> Outcome {
+        let client = hosts.http_client().resolve("public.test", SocketAddr::from(([127, 0, 0, 1], 0))).build().unwrap();
+        let now = Utc::now();
+        let task = Claimed { id: Uuid::new_v4(), key: None, run_at: now, payload: "{}".into(), attempt_count: 1, timer_id: None, db_now: now };
+        deliver(&client, hosts, biz, task).await
+    }
+
+    /// With the deny list on, a receiver's redirect into a denied range, to an IP literal or
+    /// to a name resolving there, is not followed: the attempt fails with the reason and is
+    /// retried. Without the deny list the same redirect is followed.
+    #[tokio::test]
+    async fn redirects_into_denied_ranges_are_not_followed() {
+        crate::engine::install_tls_provider();
+        let (target, reached) = server(None);
+        for to in [
+            format!("http://127.0.0.1:{target}/"),
+            format!("http://[::ffff:127.0.0.1]:{target}/"),
+            format!("http://localhost:{target}/"),
+        ] {
+            let (redirector, asked) = server(Some(to.clone()));
+            let biz = BizTypeConfig { callback_url: format!("http://public.test:{redirector}/hook"), ..biz(100, 100) };
+            let outcome = deliver_via_public_name(CallbackHosts::PublicOnly, &biz).await;
+            let error = outcome.error.unwrap_or_default();
+            assert!(error.contains("is in a denied range (loopback)"), "redirect to {to}: {error}");
+            assert!(matches!(outcome.verdict, Verdict::RetryAt(_)), "redirect to {to}: {:?}", outcome.verdict);
+            assert_eq!(asked.load(Ordering::SeqCst), 1, "the redirecting receiver was called");
+        }
+        assert_eq!(reached.load(Ordering::SeqCst), 0, "a denied address was reached");
+
+        let (redirector, _) = server(Some(format!("http://127.0.0.1:{target}/")));
+        let biz = BizTypeConfig { callback_url: format!("http://public.test:{redirector}/hook"), ..biz(100, 100) };
+        let outcome = deliver_via_public_name(CallbackHosts::Any, &biz).await;
+        assert_eq!((outcome.verdict, outcome.status_code), (Verdict::Delivered, Some(200)), "{:?}", outcome.error);
+        assert_eq!(reached.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -47,7 +47,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use uuid::Uuid;
 
 use self::claim::Outcome;
-use crate::callback_hosts::{self, CallbackHosts};
+use crate::callback_hosts::CallbackHosts;
 use crate::{metrics, nodes};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
@@ -105,13 +105,11 @@ async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Err
 pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown: watch::Receiver<bool>) {
     install_tls_provider();
     let pool = hot_path_pool(&pool);
-    let mut client = reqwest::Client::builder()
+    let client = hosts
+        .http_client()
         .pool_idle_timeout(Duration::from_secs(90))
-        .redirect(callback_hosts::redirect_policy(hosts));
-    if hosts == CallbackHosts::PublicOnly {
-        client = client.dns_resolver(callback_hosts::PublicOnlyResolver);
-    }
-    let client = client.build().expect("an HTTP client with the ring TLS provider");
+        .build()
+        .expect("an HTTP client with the ring TLS provider");
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
     // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
     let wake = Arc::new(Notify::new());

@@ -287,8 +287,9 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub timers: u32,
 
-    /// Every this many seconds, kill one node with SIGKILL and start another in its place
-    /// (0: never). Node 1 is spared and takes every API call, so it needs --nodes 2 or more.
+    /// Every this many seconds of the load and the wait after it, kill one node with SIGKILL
+    /// and start another in its place (0: never). Node 1 is spared and takes every API call,
+    /// so it needs --nodes 2 or more.
     #[arg(long, default_value_t = 0)]
     pub kill_every: u32,
 

@@ -66,10 +66,11 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
             _ => vec![nodes.base(0).to_string()],
         };
         let load = Arc::new(Load { client, bases, tokens, ..Load::default() });
+        let timers = load.create_timers(args.timers).await?;
         let running = AtomicBool::new(true);
         let (report, kills) = tokio::join!(
             async {
-                let report = load.run(&pool, args, &ledger).await;
+                let report = load.run(&pool, args, &ledger, &timers).await;
                 running.store(false, Ordering::Relaxed);
                 report
             },
@@ -114,8 +115,8 @@ async fn create_biz_types(pool: &PgPool, receiver_url: &str) -> anyhow::Result<H
     Ok(tokens)
 }
 
-/// Every `every` seconds while `running`, kills a node other than the first and starts
-/// another in its place; returns how many were killed.
+/// Every `every` seconds while `running` (the load and the wait after it), kills a node
+/// other than the first and starts another in its place; returns how many were killed.
 async fn kill_nodes(nodes: &mut Nodes, every: u32, running: &AtomicBool) -> anyhow::Result<u32> {
     let mut kills = 0;
     if every == 0 {
@@ -220,14 +221,19 @@ struct Load {
 }
 
 impl Load {
-    async fn run(self: &Arc<Self>, pool: &PgPool, args: &SoakArgs, ledger: &Mutex<Ledger>) -> anyhow::Result<Report> {
+    /// Creates `count` every-second timers; returns their ids.
+    async fn create_timers(&self, count: u32) -> anyhow::Result<Vec<String>> {
         let mut timers = Vec::new();
-        for i in 0..args.timers {
+        for i in 0..count {
             let body = json!({"biz_type": TIMERS, "key": format!("every-second-{i}"), "cron": "* * * * * *"});
             let timer = self.call("POST", "/api/v1/timers", TIMERS, i as usize, Some(body)).await.context("creating a timer")?;
             timers.push(timer["id"].as_str().context("a timer id")?.to_string());
         }
+        Ok(timers)
+    }
 
+    /// Runs the load for `args.secs`, then waits for what is owed to be delivered.
+    async fn run(self: &Arc<Self>, pool: &PgPool, args: &SoakArgs, ledger: &Mutex<Ledger>, timers: &[String]) -> anyhow::Result<Report> {
         let started = Instant::now();
         let (creating, replaying) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(true)));
         let singles = tokio::spawn(self.clone().singles(args.rate, creating.clone()));
@@ -247,7 +253,7 @@ impl Load {
         singles.await?;
         batches.await?;
         let end: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-        for id in &timers {
+        for id in timers {
             self.call("POST", &format!("/api/v1/timers/{id}/deactivate"), TIMERS, 0, None).await.context("deactivating a timer")?;
         }
         // Occurrences due before the end; deactivation removed the later ones (and any not

@@ -31,6 +31,9 @@ use crate::tasks::{MAX_KEY_BYTES, check_payload, validate_key};
 const OCCURRENCE_SUFFIX_BYTES: usize = 21;
 /// Most occurrences written for one timer in one transaction; the rest follow next tick.
 const MAX_PER_PASS: usize = 10_000;
+/// How late an occurrence may be written and still fire (late) rather than count as missed
+/// (Quartz's misfire threshold is the same minute).
+const LATE_GRACE: chrono::Duration = chrono::Duration::seconds(60);
 /// Fire times shown with a timer.
 pub const SHOWN_FIRE_TIMES: usize = 5;
 
@@ -305,10 +308,14 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
     };
     let until = now + chrono::Duration::from_std(window).expect("window fits");
     let from = timer.materialized_until.unwrap_or(now);
+    // Fire times at most LATE_GRACE past are late, not missed: a timer created or changed
+    // since the leader's last pass, or a leader just taking over. They are written as usual
+    // and fire at once. Older ones were missed while no node ran.
+    let late_from = from.max(now - LATE_GRACE);
     // (fire time, run_at): an occurrence runs at its fire time, a catch-up one now.
     let mut occurrences: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
-    if from < now {
-        let last_missed = schedule.last_between(from, now);
+    if from < late_from {
+        let last_missed = schedule.last_between(from, late_from);
         match (last_missed, timer.catch_up) {
             (Some(missed), true) => {
                 tracing::info!(timer = %id, key = %timer.key, %missed, "timer missed occurrences while no node ran; firing one catch-up occurrence");
@@ -320,7 +327,7 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
             (None, _) => {}
         }
     }
-    occurrences.extend(schedule.between(from.max(now), until, MAX_PER_PASS).into_iter().map(|t| (t, t)));
+    occurrences.extend(schedule.between(late_from, until, MAX_PER_PASS).into_iter().map(|t| (t, t)));
     // When cut short, the next pass resumes after the last occurrence written.
     let materialized_until = if occurrences.len() >= MAX_PER_PASS { occurrences.last().map_or(until, |o| o.0) } else { until };
 

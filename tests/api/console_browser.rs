@@ -1,7 +1,9 @@
 //! The console in a real headless Chromium, end to end: sign in, create a biz type whose
 //! receiver fails, watch its tasks fail, fix the receiver, bulk-replay, see them succeed;
-//! escaping, CSRF and the support role as a browser meets them. Takes the screenshots in
-//! `docs/screenshots/`.
+//! escaping, CSRF and the support role as a browser meets them. Takes the README's
+//! screenshots: into the target directory, or where CHIME_SCREENSHOTS says
+//! (`CHIME_SCREENSHOTS=docs/screenshots` refreshes the README's), so that a test run
+//! leaves the tree as it was.
 
 use std::time::Duration;
 
@@ -11,7 +13,12 @@ use crate::browser::Browser;
 use crate::helpers::{TestApp, spawn_node};
 use crate::receiver::{Answer, Receiver};
 
-const SHOTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/screenshots");
+fn shot(name: &str) -> std::path::PathBuf {
+    let dir = std::env::var_os("CHIME_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots"));
+    dir.join(name)
+}
 
 async fn sign_in(browser: &Browser, app: &TestApp, user: &str, password: &str) {
     browser.goto(&format!("{}/console", app.address)).await;
@@ -56,7 +63,7 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     browser.fill("#biz-type input[name=backoff_max_ms]", "200").await;
     browser.submit("#biz-type").await;
     assert!(browser.text("#revealed").await.starts_with("whsec_"), "the signing secret is shown once");
-    browser.screenshot(format!("{SHOTS}/biz-type.png")).await;
+    browser.screenshot(shot("biz-type.png")).await;
     browser.submit("#create-token").await;
     let token = browser.text("#revealed").await;
     assert!(token.starts_with("chime_"), "{token}");
@@ -89,10 +96,10 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     browser.goto(&format!("/console/tasks/{}", ids[0])).await;
     assert!(browser.text("#payload").await.contains("<script>alert('x')</script>"));
     assert_eq!(browser.execute("return document.querySelectorAll('script').length").await, json!(1), "only the console's own script");
-    browser.screenshot(format!("{SHOTS}/task.png")).await;
+    browser.screenshot(shot("task.png")).await;
     browser.goto("/console").await;
     assert!(browser.text("#dashboard").await.contains("orders"));
-    browser.screenshot(format!("{SHOTS}/dashboard.png")).await;
+    browser.screenshot(shot("dashboard.png")).await;
 
     // A form stripped of its CSRF token is refused, and nothing changes.
     browser.goto("/console/biz-types/orders").await;

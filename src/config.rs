@@ -264,8 +264,8 @@ pub struct BenchArgs {
     first attempt, so it is retried) and soak-replayed (422 the first time, so it fails at once and the soak \
     replays it); a batch of 100 plain tasks every second; --timers cron timers firing every second. At the end \
     the timers are deactivated and the soak waits for everything due to be delivered.\n\n\
-    Lost: a task whose creation was acknowledged (or a timer occurrence due before the end) that the receiver \
-    never answered 2xx. The exit status is non-zero if any task is lost or any create fails.\n\n\
+    Lost: a task whose creation was acknowledged (or a timer's fire time before the end, whether or not its \
+    occurrence was written) that the receiver never answered 2xx. The exit status is non-zero if any task is lost or any create fails.\n\n\
     Without DATABASE_URL, the soak starts a throwaway embedded PostgreSQL (the same durable settings as \
     `chime serve`) and removes it at the end. With DATABASE_URL, use a scratch database.\n\n\
     Example, an hour on two nodes: chime soak --secs 3600 --nodes 2\n\

@@ -13,7 +13,8 @@
 //! in a denied range is refused with a validation error. At delivery, because a name can
 //! resolve to something else later, the engine's HTTP client resolves names itself and drops
 //! denied addresses (`PublicOnlyResolver`), checks IP-literal hosts before sending (reqwest
-//! connects to those without asking a resolver), and checks redirect targets likewise.
+//! connects to those without asking a resolver), and checks the targets of the redirects it
+//! follows likewise.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -186,32 +187,18 @@ impl reqwest::dns::Resolve for PublicOnlyResolver {
 
 impl CallbackHosts {
     /// An HTTP client that keeps to this rule: under `PublicOnly`, names are resolved by
-    /// `PublicOnlyResolver` and redirects checked by `redirect_policy`. IP-literal callback
-    /// URLs are still for the caller to check (`address_refusal`).
+    /// `PublicOnlyResolver`. It follows no redirect. IP-literal URLs, the callback's and
+    /// those it is redirected to, are for the caller to check (`address_refusal`).
     pub fn http_client(self) -> reqwest::ClientBuilder {
-        let client = reqwest::Client::builder().redirect(redirect_policy(self));
+        // The engine follows only the redirects that keep the method and body
+        // (`engine::deliver`): reqwest's own rules turn a POST into a bodiless GET on a 301,
+        // 302 or 303.
+        let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
         match self {
             CallbackHosts::Any => client,
             CallbackHosts::PublicOnly => client.dns_resolver(PublicOnlyResolver),
         }
     }
-}
-
-/// Redirects followed as by default (at most 10), but never to a denied IP literal: the
-/// resolver is not asked about those.
-fn redirect_policy(hosts: CallbackHosts) -> reqwest::redirect::Policy {
-    if hosts == CallbackHosts::Any {
-        return reqwest::redirect::Policy::default();
-    }
-    reqwest::redirect::Policy::custom(move |attempt| {
-        if let Some(reason) = hosts.address_refusal(attempt.url()) {
-            attempt.error(reason)
-        } else if attempt.previous().len() > 10 {
-            attempt.error("too many redirects")
-        } else {
-            attempt.follow()
-        }
-    })
 }
 
 #[cfg(test)]

@@ -100,6 +100,8 @@ pub struct Outcome {
     pub status_code: Option<i16>,
     pub error: Option<String>,
     pub response_excerpt: Option<String>,
+    /// Where a 307 or 308 sent the callback, if one did.
+    pub redirected_to: Option<String>,
     pub verdict: Verdict,
 }
 
@@ -127,6 +129,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     let mut retry_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(outcomes.len());
     let mut errors = Vec::with_capacity(outcomes.len());
     let (mut numbers, mut started, mut durations, mut codes, mut excerpts) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut redirects = Vec::with_capacity(outcomes.len());
     let mut biz_type_ids = Vec::with_capacity(outcomes.len());
     for o in outcomes {
         ids.push(o.task_id);
@@ -144,6 +147,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
         durations.push(o.duration_ms);
         codes.push(o.status_code);
         excerpts.push(o.response_excerpt.as_deref());
+        redirects.push(o.redirected_to.as_deref());
         biz_type_ids.push(o.biz_type_id);
     }
     let mut tx = pool.begin().await?;
@@ -171,12 +175,13 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     .await?;
     sqlx::query(
         "INSERT INTO attempts (task_id, number, started_at, duration_ms, status_code, error, response_excerpt, node_id,
-                               biz_type_id, lateness_ms)
+                               biz_type_id, lateness_ms, redirected_to)
          SELECT a.task_id, a.number, a.started_at, a.duration_ms, a.status_code, a.error, a.response_excerpt, $8,
-                a.biz_type_id, greatest(0, extract(epoch FROM a.started_at - a.run_at) * 1000)::int
+                a.biz_type_id, greatest(0, extract(epoch FROM a.started_at - a.run_at) * 1000)::int, a.redirected_to
            FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::int[], $5::smallint[], $6::text[], $7::text[],
-                       $9::int[], $10::timestamptz[])
-                AS a(task_id, number, started_at, duration_ms, status_code, error, response_excerpt, biz_type_id, run_at)",
+                       $9::int[], $10::timestamptz[], $11::text[])
+                AS a(task_id, number, started_at, duration_ms, status_code, error, response_excerpt, biz_type_id, run_at,
+                     redirected_to)",
     )
     .bind(&ids)
     .bind(&numbers)
@@ -188,6 +193,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     .bind(node_id)
     .bind(&biz_type_ids)
     .bind(&run_ats)
+    .bind(&redirects)
     .execute(&mut *tx)
     .await?;
     tx.commit().await

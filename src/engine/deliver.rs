@@ -18,6 +18,8 @@ use crate::callback_hosts::CallbackHosts;
 const EXCERPT_BYTES: usize = 512;
 /// The longest `Retry-After` honoured; beyond it the backoff applies.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
+/// How many 307 or 308 redirects one attempt follows.
+const MAX_REDIRECTS: usize = 5;
 
 #[derive(Serialize)]
 struct Body<'a> {
@@ -72,15 +74,19 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         CallbackHosts::Any => None,
         CallbackHosts::PublicOnly => url::Url::parse(&biz.callback_url).ok().and_then(|url| hosts.address_refusal(&url)),
     };
-    let (status_code, error, excerpt, retry_after) = match refusal {
-        Some(reason) => (None, Some(format!("could not connect: {reason}")), None, None),
-        None => send(client, biz, task.id, task.attempt_count, fired_at, body).await,
+    let sent = match refusal {
+        Some(reason) => Sent { error: Some(format!("could not connect: {reason}")), ..Sent::default() },
+        None => send(client, hosts, biz, task.id, task.attempt_count, fired_at, body).await,
     };
     let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
 
-    let verdict = match status_code {
+    let verdict = match sent.status_code {
         Some(code) if (200..300).contains(&code) => Verdict::Delivered,
-        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, task.attempt_count, retry_after),
+        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, task.attempt_count, sent.retry_after),
+        // A redirect that `send` does not follow is retried rather than failed at once: the
+        // fix is the biz type's callback URL, and once an operator makes it, the tasks still
+        // retrying are delivered without a replay of each.
+        Some(code) if changes_method(code) => retry(biz, task.attempt_count, sent.retry_after),
         Some(_) => Verdict::GiveUp,
         None => retry(biz, task.attempt_count, None),
     };
@@ -91,64 +97,127 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         attempt: task.attempt_count,
         started_at: fired_at,
         duration_ms,
-        status_code,
-        error,
-        response_excerpt: excerpt,
+        status_code: sent.status_code,
+        error: sent.error,
+        response_excerpt: sent.excerpt,
+        redirected_to: sent.redirected_to,
         verdict,
     }
 }
 
-/// Sends the callback: the answer's status, the error if it was not a 2xx (or none came),
-/// an excerpt of the answer, and its Retry-After.
+/// What became of one send.
+#[derive(Default)]
+struct Sent {
+    /// The final answer's status; none when no answer came.
+    status_code: Option<i16>,
+    /// Why it was not delivered (none for a 2xx).
+    error: Option<String>,
+    /// The beginning of the final answer's body.
+    excerpt: Option<String>,
+    retry_after: Option<Duration>,
+    /// The last URL a 307 or 308 sent the callback to.
+    redirected_to: Option<String>,
+}
+
+/// 301, 302 and 303: a client following them sends a GET without the body.
+fn changes_method(code: i16) -> bool {
+    matches!(code, 301..=303)
+}
+
+/// Sends the callback and reads the beginning of the answer. The client follows no
+/// redirect: 307 and 308, which keep the method and body, are followed here (at most
+/// `MAX_REDIRECTS`, within the one timeout), each new URL checked against the deny list like
+/// the callback URL. A 301, 302 or 303 would turn the POST into a bodiless GET, which a
+/// receiver could answer with 200 without ever seeing the task: it is the answer, and its
+/// `Location` goes into the error for the operator to put in the callback URL.
 async fn send(
     client: &reqwest::Client,
+    hosts: CallbackHosts,
     biz: &BizTypeConfig,
     task_id: Uuid,
     attempt: i32,
     fired_at: DateTime<Utc>,
     body: Vec<u8>,
-) -> (Option<i16>, Option<String>, Option<String>, Option<Duration>) {
-    let result = client
+) -> Sent {
+    let timeout = Duration::from_millis(biz.timeout_ms as u64);
+    let deadline = Instant::now() + timeout;
+    let mut sent = Sent::default();
+    let request = client
         .post(&biz.callback_url)
-        .timeout(Duration::from_millis(biz.timeout_ms as u64))
+        .timeout(timeout)
         .header("Content-Type", "application/json")
         .header("Chime-Task-Id", task_id.to_string())
         .header("Chime-Attempt", attempt.to_string())
         .header("Chime-Signature", signature(&biz.signing_secret, fired_at.timestamp(), &body))
         .body(body)
-        .send()
-        .await;
+        .build();
+    let mut request = match request {
+        Ok(request) => request,
+        Err(e) => return Sent { error: Some(failure(&e, biz.timeout_ms)), ..sent },
+    };
+    let mut hops = 0;
+    let mut response = loop {
+        // The body is bytes, so the copy for a redirect shares them.
+        let again = request.try_clone().expect("a callback's body can be cloned");
+        let response = match client.execute(request).await {
+            Ok(response) => response,
+            Err(e) => return Sent { error: Some(failure(&e, biz.timeout_ms)), ..sent },
+        };
+        let status = response.status().as_u16();
+        let Some(to) = location(&response).filter(|_| matches!(status, 307 | 308)) else { break response };
+        if hops == MAX_REDIRECTS {
+            return Sent { error: Some(format!("more than {MAX_REDIRECTS} redirects, the last ({status}) to {to}")), ..sent };
+        }
+        hops += 1;
+        if let Some(reason) = hosts.address_refusal(&to) {
+            return Sent { error: Some(format!("redirected ({status}) to {to}: {reason}")), ..sent };
+        }
+        sent.redirected_to = Some(to.to_string());
+        request = again;
+        *request.url_mut() = to;
+        *request.timeout_mut() = Some(deadline.saturating_duration_since(Instant::now()));
+    };
 
-    match result {
-        Ok(mut response) => {
-            let status = response.status();
-            let retry_after = response.headers().get("Retry-After").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
-            let mut excerpt = Vec::new();
-            // Read only the first bytes: a huge answer must not cost memory.
-            let read = tokio::time::timeout(Duration::from_millis(biz.timeout_ms as u64), async {
-                while excerpt.len() < EXCERPT_BYTES {
-                    match response.chunk().await {
-                        Ok(Some(chunk)) => excerpt.extend_from_slice(&chunk[..chunk.len().min(EXCERPT_BYTES - excerpt.len())]),
-                        _ => break,
-                    }
-                }
-            })
-            .await;
-            let _ = read;
-            let excerpt = String::from_utf8_lossy(&excerpt).into_owned();
-            let error = (!status.is_success()).then(|| format!("HTTP {}", status.as_u16()));
-            (Some(status.as_u16() as i16), error, Some(excerpt).filter(|e| !e.is_empty()), retry_after)
+    let status = response.status().as_u16();
+    sent.status_code = Some(status as i16);
+    sent.retry_after = response.headers().get("Retry-After").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+    sent.error = match location(&response) {
+        Some(to) if changes_method(status as i16) => Some(format!(
+            "the receiver redirected ({status}) to {to}; callbacks are not redirected because the method and body \
+             would change: set the biz type's callback URL to the new location"
+        )),
+        _ => (!response.status().is_success()).then(|| format!("HTTP {status}")),
+    };
+    let mut excerpt = Vec::new();
+    // Read only the first bytes: a huge answer must not cost memory.
+    let read = tokio::time::timeout(timeout, async {
+        while excerpt.len() < EXCERPT_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => excerpt.extend_from_slice(&chunk[..chunk.len().min(EXCERPT_BYTES - excerpt.len())]),
+                _ => break,
+            }
         }
-        Err(e) => {
-            let error = if e.is_timeout() {
-                format!("timed out after {} ms", biz.timeout_ms)
-            } else if e.is_connect() {
-                format!("could not connect: {}", root_cause(&e))
-            } else {
-                format!("request failed: {}", root_cause(&e))
-            };
-            (None, Some(error), None, None)
-        }
+    })
+    .await;
+    let _ = read;
+    sent.excerpt = Some(String::from_utf8_lossy(&excerpt).into_owned()).filter(|e| !e.is_empty());
+    sent
+}
+
+/// An answer's `Location`, resolved against the URL that answered.
+fn location(response: &reqwest::Response) -> Option<url::Url> {
+    let to = response.headers().get(reqwest::header::LOCATION)?.to_str().ok()?;
+    response.url().join(to).ok()
+}
+
+/// The attempt's error for a request that got no answer.
+fn failure(e: &reqwest::Error, timeout_ms: i32) -> String {
+    if e.is_timeout() {
+        format!("timed out after {timeout_ms} ms")
+    } else if e.is_connect() {
+        format!("could not connect: {}", root_cause(e))
+    } else {
+        format!("request failed: {}", root_cause(e))
     }
 }
 
@@ -286,7 +355,22 @@ mod tests {
         let biz = BizTypeConfig { callback_url: format!("http://public.test:{redirector}/hook"), ..biz(100, 100) };
         let outcome = deliver_via_public_name(CallbackHosts::Any, &biz).await;
         assert_eq!((outcome.verdict, outcome.status_code), (Verdict::Delivered, Some(200)), "{:?}", outcome.error);
+        assert_eq!(outcome.redirected_to, Some(format!("http://127.0.0.1:{target}/")));
         assert_eq!(reached.load(Ordering::SeqCst), 1);
+    }
+
+    /// A receiver redirecting to itself (by a relative `Location`) is followed
+    /// `MAX_REDIRECTS` times, no more; the attempt fails saying so and is retried.
+    #[tokio::test]
+    async fn a_redirect_loop_is_followed_a_bounded_number_of_times() {
+        crate::engine::install_tls_provider();
+        let (looping, asked) = server(Some("/again".into()));
+        let biz = BizTypeConfig { callback_url: format!("http://public.test:{looping}/hook"), ..biz(100, 100) };
+        let outcome = deliver_via_public_name(CallbackHosts::Any, &biz).await;
+        assert_eq!(asked.load(Ordering::SeqCst), MAX_REDIRECTS + 1);
+        let expected = format!("more than 5 redirects, the last (307) to http://public.test:{looping}/again");
+        assert_eq!(outcome.error, Some(expected));
+        assert!(matches!(outcome.verdict, Verdict::RetryAt(_)), "{:?}", outcome.verdict);
     }
 
     #[test]

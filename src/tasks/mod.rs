@@ -56,6 +56,8 @@ pub struct Attempt {
     pub status_code: Option<i16>,
     pub error: Option<String>,
     pub response_excerpt: Option<String>,
+    /// Where a 307 or 308 sent the callback (null: not redirected).
+    pub redirected_to: Option<String>,
 }
 
 /// When a task should run, as the client said it. A delay is resolved against the

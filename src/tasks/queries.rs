@@ -21,7 +21,7 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>
         return Ok(None);
     };
     let attempts = sqlx::query_as::<_, Attempt>(
-        "SELECT number, started_at, duration_ms, status_code, error, response_excerpt
+        "SELECT number, started_at, duration_ms, status_code, error, response_excerpt, redirected_to
            FROM attempts WHERE task_id = $1 ORDER BY started_at, number",
     )
     .bind(id)

@@ -57,6 +57,37 @@ async fn private_callback_urls_are_refused_when_saved() {
     assert!(out.ok, "off by default: {}", out.stderr);
 }
 
+/// With the deny list on, an IPv6 literal that carries a private IPv4 address (NAT64, 6to4,
+/// Teredo, SIIT, IPv4-compatible) and the special-purpose ranges are refused too, naming the
+/// range and the IPv4 address; the same forms of a public IPv4 address are accepted.
+#[tokio::test]
+async fn transition_forms_and_special_purpose_ranges_are_refused_when_saved() {
+    let app = spawn_app_with(ServeArgs { engine: false, ..denying() }).await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    for (url, refused) in [
+        ("http://[64:ff9b::a9fe:a9fe]/latest/meta-data", "64:ff9b::a9fe:a9fe (NAT64 of 169.254.169.254) is in a denied range (link-local)"),
+        ("http://[2002:a00:5::1]/hook", "2002:a00:5::1 (6to4 of 10.0.0.5) is in a denied range (private)"),
+        ("http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/", "(Teredo of 127.0.0.1) is in a denied range (loopback)"),
+        ("http://[::ffff:0:c0a8:101]/", "::ffff:0:c0a8:101 (SIIT of 192.168.1.1) is in a denied range (private)"),
+        ("http://[::a00:5]/", "::a00:5 (IPv4-compatible of 10.0.0.5) is in a denied range (private)"),
+        ("http://[fec0::1]/hook", "fec0::1 is in a denied range (site-local)"),
+        ("http://198.18.0.1/hook", "198.18.0.1 is in a denied range (benchmarking)"),
+        ("http://192.0.2.10/hook", "192.0.2.10 is in a denied range (documentation)"),
+    ] {
+        let page = admin.post("/console/biz-types", &[("name", "orders"), ("mode", "callback"), ("callback_url", url)]).await;
+        assert_eq!(page.status, 422, "{url}: {}", page.body);
+        let error = callback_url_error(&page.body);
+        assert!(error.contains(refused) && error.ends_with("; see CHIME_DENY_PRIVATE_CALLBACKS"), "{url}: {error}");
+    }
+    assert!(biz_types::list(&app.pool).await.unwrap().is_empty());
+
+    for (name, url) in [("nat64", "http://[64:ff9b::808:808]/hook"), ("sixtofour", "http://[2002:808:808::1]/hook"), ("v6", "http://[2606:4700::1111]/hook")] {
+        let page = admin.post("/console/biz-types", &[("name", name), ("mode", "callback"), ("callback_url", url)]).await;
+        assert_eq!(page.status, 200, "{url}: {}", page.body);
+    }
+    assert_eq!(biz_types::list(&app.pool).await.unwrap().len(), 3);
+}
+
 /// A biz type saved before the deny list was turned on (or whose name now resolves to a
 /// private address) gets no callback: each attempt fails, saying why, and is retried like any
 /// connection failure until the task fails. Without the deny list the same URL delivers.

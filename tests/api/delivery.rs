@@ -122,6 +122,66 @@ async fn a_permanent_4xx_fails_at_once() {
     assert_eq!(receiver.received().len(), 1, "not retried");
 }
 
+/// A 301, 302 or 303 is not followed: following it would turn the POST into a bodiless GET,
+/// and the task would count as delivered without its payload. Each attempt fails naming the
+/// `Location`, is retried (the operator may fix the URL meanwhile), and the redirect's target
+/// receives nothing at all.
+#[tokio::test]
+async fn redirects_that_would_change_the_method_are_not_followed() {
+    let app = spawn_node().await;
+    let target = Receiver::start(vec![], Answer::status(200)).await;
+    for code in [301, 302, 303] {
+        let redirector = Receiver::start(vec![], Answer::redirect(code, &target.url)).await;
+        let name = format!("moved-{code}");
+        let token = biz_type(&app, &name, &redirector, Settings { max_attempts: Some(2), ..fast_retries() }).await;
+        let id = app.create_task(&token, json!({"biz_type": name})).await["id"].as_str().unwrap().to_string();
+
+        let failed = wait_for_status(&app, &token, &id, "failed").await;
+        let expected = format!(
+            "the receiver redirected ({code}) to {}; callbacks are not redirected because the method and body would \
+             change: set the biz type's callback URL to the new location",
+            target.url
+        );
+        let attempts = failed["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 2, "retried: {failed}");
+        for attempt in attempts {
+            assert_eq!((&attempt["status_code"], &attempt["error"]), (&json!(code), &json!(expected)));
+            assert_eq!(attempt["redirected_to"], Value::Null);
+        }
+        assert_eq!(redirector.received().len(), 2);
+    }
+    assert!(target.received().is_empty(), "the target got {:?}", target.received().iter().map(|r| &r.method).collect::<Vec<_>>());
+}
+
+/// A 307 or 308 keeps the method and body: it is followed, the target gets the same POST
+/// (body, signature and Chime headers), and the attempt records where it went.
+#[tokio::test]
+async fn temporary_and_permanent_redirects_are_followed_with_the_body() {
+    let app = spawn_node().await;
+    for code in [307, 308] {
+        let target = Receiver::start(vec![], Answer::status(200)).await;
+        let redirector = Receiver::start(vec![], Answer::redirect(code, &format!("{}?via={code}", target.url))).await;
+        let name = format!("moved-{code}");
+        let token = biz_type(&app, &name, &redirector, Settings::default()).await;
+        let id = app.create_task(&token, json!({"biz_type": name, "payload": {"order": code}})).await["id"].as_str().unwrap().to_string();
+
+        let done = wait_for_status(&app, &token, &id, "succeeded").await;
+        let (sent, got) = (redirector.received(), target.received());
+        assert_eq!((sent.len(), got.len()), (1, 1));
+        assert_eq!(got[0].method, "POST");
+        assert_eq!(got[0].body, sent[0].body, "the same body");
+        assert_eq!(got[0].json()["payload"]["order"], code);
+        for header in ["content-type", "chime-task-id", "chime-attempt", "chime-signature"] {
+            assert_eq!(got[0].header(header), sent[0].header(header), "{header}");
+        }
+        let attempts = done["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0]["status_code"], 200);
+        assert_eq!(attempts[0]["error"], Value::Null);
+        assert_eq!(attempts[0]["redirected_to"], format!("{}?via={code}", target.url));
+    }
+}
+
 /// A receiver slower than the timeout counts as a failure; after max_attempts the task
 /// is failed; a replay then delivers it once the receiver is fixed.
 #[tokio::test]

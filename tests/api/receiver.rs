@@ -11,17 +11,24 @@ pub struct Answer {
     pub status: u16,
     pub retry_after: Option<u64>,
     pub delay: Duration,
+    /// Sent as `Location`, for a redirect.
+    pub location: Option<String>,
 }
 
 impl Answer {
     pub fn status(status: u16) -> Self {
-        Answer { status, retry_after: None, delay: Duration::ZERO }
+        Answer { status, retry_after: None, delay: Duration::ZERO, location: None }
+    }
+
+    pub fn redirect(status: u16, to: &str) -> Self {
+        Answer { location: Some(to.into()), ..Answer::status(status) }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct Received {
     pub at: Instant,
+    pub method: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -101,6 +108,7 @@ async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<S
         let mut s = state.lock().unwrap();
         s.received.push(Received {
             at: Instant::now(),
+            method: req.method().to_string(),
             headers: req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string())).collect(),
             body: body.to_vec(),
         });
@@ -110,6 +118,9 @@ async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<S
     let mut response = HttpResponse::build(actix_web::http::StatusCode::from_u16(answer.status).unwrap());
     if let Some(secs) = answer.retry_after {
         response.insert_header(("Retry-After", secs.to_string()));
+    }
+    if let Some(to) = answer.location {
+        response.insert_header(("Location", to));
     }
     response.body(format!("answer {}", answer.status))
 }

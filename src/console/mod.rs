@@ -13,11 +13,13 @@ mod biz_types;
 mod charts;
 mod cluster;
 mod dashboard;
+mod login_limits;
 mod session;
 mod tasks;
 mod timers;
 
-pub use session::{LoginLimiter, Session};
+pub use login_limits::LoginLimiter;
+pub use session::Session;
 
 use actix_web::cookie::{Cookie, SameSite};
 use actix_web::http::StatusCode;

@@ -4,7 +4,7 @@
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use serde_json::json;
 
-use crate::helpers::{TestApp, spawn_app};
+use crate::helpers::{TestApp, chime_process_logging, fresh_database, spawn_app};
 
 pub const ADMIN_PASSWORD: &str = "test-admin-password";
 
@@ -48,7 +48,17 @@ fn csrf_in(body: &str) -> String {
 
 /// Posts the sign-in form as a browser would; returns the answer.
 pub async fn sign_in_attempt(app: &TestApp, user: &str, password: &str) -> Page {
-    let client = no_redirects();
+    sign_in_attempt_from(app, "127.0.0.1", user, password).await
+}
+
+/// Like `sign_in_attempt`, from another loopback address (127.0.0.2, …).
+pub async fn sign_in_attempt_from(app: &TestApp, from: &str, user: &str, password: &str) -> Page {
+    crate::helpers::client();
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
     let form = client.get(format!("{}/console/login", app.address)).send().await.unwrap();
     let login_cookie = cookie(form.headers(), "chime_login").unwrap();
     let csrf = csrf_in(&form.text().await.unwrap());
@@ -137,6 +147,55 @@ async fn sign_in_refuses_wrong_passwords_and_limits_attempts() {
     assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     // Even the right password waits out the limit.
     assert_eq!(sign_in_attempt(&app, "admin", ADMIN_PASSWORD).await.status, 429);
+}
+
+/// Wrong passwords for `admin` hold back only the address they come from, with growing
+/// waits: while 127.0.0.2 keeps guessing, admin signs in from 127.0.0.1. Every failure is
+/// logged and audited with its address; a refused attempt says when to try again.
+#[tokio::test]
+async fn wrong_passwords_from_one_address_do_not_lock_admin_out_from_another() {
+    let app = spawn_app().await;
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        statuses.push(sign_in_attempt_from(&app, "127.0.0.2", "admin", "guess").await.status);
+    }
+    sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    assert_eq!(statuses, [[401; 5].as_slice(), &[429; 7]].concat(), "five failures, then a wait");
+    let refused = sign_in_attempt_from(&app, "127.0.0.2", "admin", ADMIN_PASSWORD).await;
+    assert_eq!(refused.status, 429, "the guessing address waits even with the right password");
+    let wait: u64 = refused.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=15).contains(&wait), "{wait}");
+    assert!(refused.body.contains(&format!("try again in {wait} seconds")), "{}", refused.body);
+    let audited: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let failed = ("address:127.0.0.2".to_string(), "user.sign_in_failed".to_string(), "admin".to_string());
+    let signed_in = ("user:admin".to_string(), "user.sign_in".to_string(), "admin".to_string());
+    assert_eq!(audited, [vec![failed; 5], vec![signed_in]].concat());
+}
+
+/// A `chime serve` process's log, after sign-ins whose user names carry a newline, a
+/// terminal escape and a NUL byte: the forged "signed in" line is not a line of its own, no
+/// raw control character reaches the log, and the sign-in is refused as wrong (not a 500).
+#[tokio::test]
+async fn user_names_cannot_forge_log_lines() {
+    let db_url = fresh_database().await;
+    let log_path = std::env::temp_dir().join(format!("chime-forging-log-{}-{}.txt", std::process::id(), uuid::Uuid::new_v4()));
+    let env = [("CHIME_ADMIN_PASSWORD", ADMIN_PASSWORD), ("CHIME_ENGINE", "false")];
+    let (mut child, address) = chime_process_logging(&db_url, &env, std::fs::File::create(&log_path).unwrap()).await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let node = TestApp { address, pool, db_url, client: crate::helpers::client() };
+
+    let forged = "x\n2026-11-23T16:00:00.000000Z  INFO chime::console::session: console: signed in user=admin address=10.0.0.1";
+    for name in [forged.to_string(), format!("\x1b[2K\r{forged}\0")] {
+        let page = sign_in_attempt(&node, &name, "guess").await;
+        assert_eq!(page.status, 401, "{}", page.body);
+    }
+    child.kill().await.unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_file(&log_path).unwrap();
+    assert_eq!(log.matches("console: sign-in failed").count(), 2, "{log}");
+    assert!(!log.lines().any(|line| line.contains("signed in user=admin") && !line.contains("sign-in failed")), "a forged line: {log}");
+    assert!(!log.contains(|c: char| c.is_control() && c != '\n'), "a raw control character: {log:?}");
 }
 
 #[tokio::test]

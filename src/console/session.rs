@@ -128,10 +128,12 @@ pub struct LoginQuery {
     next: Option<String>,
 }
 
-/// Only a console path may be the page to return to after signing in.
+/// Only a console path may be the page to return to after signing in, and only in visible
+/// ASCII (as a browser sends it): it goes into a Location header, where CR, LF or other
+/// bytes are refused.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with("/console") && !n.contains("//") && !n.contains('\\') => n.to_string(),
+        Some(n) if n.starts_with("/console") && !n.contains("//") && !n.contains('\\') && n.bytes().all(|b| b.is_ascii_graphic()) => n.to_string(),
         _ => "/console".into(),
     }
 }
@@ -278,7 +280,7 @@ mod tests {
     #[test]
     fn only_console_paths_are_followed_after_sign_in() {
         assert_eq!(safe_next(Some("/console/tasks?status=failed")), "/console/tasks?status=failed");
-        for bad in ["https://evil.example/", "//evil.example", "/console//evil", "/api/v1/tasks", "/console\\x"] {
+        for bad in ["https://evil.example/", "//evil.example", "/console//evil", "/api/v1/tasks", "/console\\x", "/console\r\nSet-Cookie: x=1", "/console/é"] {
             assert_eq!(safe_next(Some(bad)), "/console", "{bad}");
         }
         assert_eq!(safe_next(None), "/console");

@@ -29,6 +29,8 @@ pub mod callback_hosts;
 pub mod engine;
 /// The leader: election by advisory lock, and the cluster's housekeeping.
 pub mod leader;
+/// The log's format: one line per event, client text escaped.
+pub mod logs;
 /// Prometheus metrics at /metrics.
 pub mod metrics;
 /// Node registration and heartbeats.

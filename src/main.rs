@@ -1,3 +1,5 @@
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -22,6 +24,8 @@ async fn run() -> anyhow::Result<()> {
         .with_env_filter(
             EnvFilter::try_from_env("CHIME_LOG").unwrap_or_else(|_| EnvFilter::new("info,chime::http=warn,sqlx=warn")),
         )
+        .fmt_fields(chime::logs::OneLineFields)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 

@@ -16,11 +16,17 @@ fn hash_password(password: &str) -> String {
     Argon2::default().hash_password(password.as_bytes(), &salt).expect("argon2 with default parameters").to_string()
 }
 
-fn validate(username: &str, role: &str, password: &str) -> Result<(), Error> {
+/// The users table's CHECK on names, so that a name no user can have is refused here.
+fn validate_username(username: &str) -> Result<(), Error> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "_.@-".contains(c);
     if username.is_empty() || username.len() > 64 || !username.chars().all(ok_char) || !username.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
         return Err(Error::invalid("name", "must be 1-64 letters, digits, '_', '.', '@' or '-', starting with a letter or digit"));
     }
+    Ok(())
+}
+
+fn validate(username: &str, role: &str, password: &str) -> Result<(), Error> {
+    validate_username(username)?;
     if !ROLES.contains(&role) {
         return Err(Error::invalid("role", "must be admin or support"));
     }
@@ -84,11 +90,15 @@ pub struct User {
 /// disabled. A wrong name costs an argon2 hash too, so timing does not tell names apart.
 pub async fn verify(pool: &PgPool, username: &str, password: &str) -> Result<Option<User>, Error> {
     use argon2::password_hash::{PasswordHash, PasswordVerifier};
-    let row: Option<(i32, String, String, String)> =
+    // A name no user can have (a NUL byte, 15 KB) is not looked up: PostgreSQL refuses NUL.
+    let row: Option<(i32, String, String, String)> = if validate_username(username).is_ok() {
         sqlx::query_as("SELECT id, username, role, password_hash FROM users WHERE username = $1 AND NOT disabled")
             .bind(username)
             .fetch_optional(pool)
-            .await?;
+            .await?
+    } else {
+        None
+    };
     static UNKNOWN_USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let hash = match &row {
         Some(r) => r.3.clone(),

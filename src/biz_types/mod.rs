@@ -77,10 +77,14 @@ impl Settings {
         {
             return Err(Error::invalid("mode", "must be `callback` or `pull`"));
         }
-        if let Some(d) = &self.description
-            && d.len() > 1000
-        {
-            return Err(Error::invalid("description", "must be at most 1000 bytes"));
+        if let Some(d) = &self.description {
+            if d.len() > 1000 {
+                return Err(Error::invalid("description", "must be at most 1000 bytes"));
+            }
+            // PostgreSQL text cannot hold NUL.
+            if d.contains('\0') {
+                return Err(Error::invalid("description", "must not contain NUL characters"));
+            }
         }
         range("timeout_ms", self.timeout_ms, 1, 600_000)?;
         range("max_attempts", self.max_attempts, 1, 1000)?;
@@ -112,6 +116,10 @@ fn rate(field: &str, value: Option<f64>) -> Result<(), Error> {
 /// An http(s) URL with a host, and with `CallbackHosts::PublicOnly` not an address in a
 /// denied range (host names are checked again when resolved, at delivery).
 pub fn validate_callback_url(raw: &str, hosts: CallbackHosts) -> Result<(), Error> {
+    // The parser would take a NUL (percent-encoded) but the text is stored as given.
+    if raw.contains(|c: char| c.is_control()) {
+        return Err(Error::invalid("callback_url", "must not contain control characters"));
+    }
     let url = url::Url::parse(raw).map_err(|e| Error::invalid("callback_url", format!("not a valid URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return Err(Error::invalid("callback_url", "must be an http:// or https:// URL with a host"));
@@ -229,6 +237,9 @@ pub async fn list(pool: &PgPool) -> Result<Vec<BizType>, Error> {
 }
 
 pub async fn by_name(pool: &PgPool, name: &str) -> Result<Option<BizType>, Error> {
+    if validate_name(name).is_err() {
+        return Ok(None);
+    }
     Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?)
 }
 
@@ -242,11 +253,11 @@ pub async fn exists(pool: &PgPool, name: &str) -> Result<bool, Error> {
 
 /// The id of the named biz type, or `NotFound`.
 pub async fn id_of(pool: &PgPool, name: &str) -> Result<i32, Error> {
-    sqlx::query_scalar::<_, i32>("SELECT id FROM biz_types WHERE name = $1")
-        .bind(name)
-        .fetch_optional(pool)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no biz type named `{name}`")))
+    let id = match validate_name(name) {
+        Ok(()) => sqlx::query_scalar::<_, i32>("SELECT id FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?,
+        Err(_) => None,
+    };
+    id.ok_or_else(|| Error::NotFound(format!("no biz type named `{}`", name.escape_debug())))
 }
 
 #[cfg(test)]

@@ -13,11 +13,13 @@ mod biz_types;
 mod charts;
 mod cluster;
 mod dashboard;
+mod login_limits;
 mod session;
 mod tasks;
 mod timers;
 
-pub use session::{LoginLimiter, Session};
+pub use login_limits::LoginLimiter;
+pub use session::Session;
 
 use actix_web::cookie::{Cookie, SameSite};
 use actix_web::http::StatusCode;
@@ -29,6 +31,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 
 use crate::error::Error;
+use crate::tasks::check_time;
 
 const FLASH_COOKIE: &str = "chime_flash";
 
@@ -38,7 +41,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(
             web::scope("/console")
                 .wrap(security_headers())
-                .app_data(web::FormConfig::default().error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
+                // Above every field's own limit (a description's is 1000 bytes), so that an
+                // over-long value is refused on its form, with the others kept.
+                .app_data(web::FormConfig::default().limit(256 * 1024).error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
                 .app_data(web::QueryConfig::default().error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
                 .route("", web::get().to(dashboard::show))
                 .route("/login", web::get().to(session::login_form))
@@ -242,19 +247,19 @@ pub fn error_for<'a>(error: &'a Option<(String, String)>, field: &str) -> &'a st
     }
 }
 
-/// A `datetime-local` input's value (UTC) as a time.
-pub fn parse_local_time(field: &str, raw: &str) -> Result<Option<DateTime<Utc>>, ConsoleError> {
+/// A `datetime-local` input's value (UTC) as a time, within the API's range of times.
+pub fn parse_local_time(field: &str, raw: &str) -> Result<Option<DateTime<Utc>>, Error> {
     let raw = raw.trim();
     if raw.is_empty() {
         return Ok(None);
     }
     if let Ok(t) = DateTime::parse_from_rfc3339(raw) {
-        return Ok(Some(t.with_timezone(&Utc)));
+        return check_time(field, t.with_timezone(&Utc)).map(Some);
     }
     for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"] {
         if let Ok(t) = chrono::NaiveDateTime::parse_from_str(raw, format) {
-            return Ok(Some(t.and_utc()));
+            return check_time(field, t.and_utc()).map(Some);
         }
     }
-    Err(ConsoleError::Invalid(format!("{field}: `{raw}` is not a time such as 2026-11-22 09:30 (UTC)")))
+    Err(Error::invalid(field, format!("`{raw}` is not a time such as 2026-11-22 09:30 (UTC)")))
 }

@@ -4,24 +4,26 @@
 //! the user and the session's CSRF token. Signing in always makes a new session (a
 //! session id planted before sign-in is worthless). The sign-in form itself is protected
 //! by a double-submit token: a random value in a cookie and in the form must match.
-//! Sign-in attempts are limited per client address and per user name.
+//! Sign-in attempts are limited per client address and user name (`login_limits`); failed
+//! ones are logged and audited.
 
 use std::future::Future;
-use std::num::NonZeroU32;
+use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
+use std::time::Instant;
 
 use actix_web::cookie::{Cookie, SameSite};
 use actix_web::dev::Payload;
-use actix_web::http::StatusCode;
+use actix_web::http::{StatusCode, header};
 use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 use askama::Template;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use rand::RngCore;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::login_limits::LoginLimiter;
 use super::{ConsoleError, assets, see_other};
 use crate::api::AppState;
 use crate::audit;
@@ -111,30 +113,6 @@ impl FromRequest for Session {
     }
 }
 
-/// Sign-in attempts allowed per client address and per user name: 10 a minute.
-pub struct LoginLimiter {
-    by_key: DefaultKeyedRateLimiter<String>,
-}
-
-impl Default for LoginLimiter {
-    fn default() -> Self {
-        let quota = Quota::per_minute(NonZeroU32::new(10).expect("nonzero"));
-        LoginLimiter { by_key: RateLimiter::keyed(quota) }
-    }
-}
-
-impl LoginLimiter {
-    fn check(&self, address: &str, username: &str) -> Result<(), ConsoleError> {
-        let address_ok = self.by_key.check_key(&format!("ip:{address}")).is_ok();
-        let user_ok = self.by_key.check_key(&format!("user:{username}")).is_ok();
-        if address_ok && user_ok {
-            Ok(())
-        } else {
-            Err(ConsoleError::TooMany("too many sign-in attempts; wait a minute and try again".into()))
-        }
-    }
-}
-
 #[derive(Template)]
 #[template(path = "login.html")]
 struct LoginPage {
@@ -150,10 +128,12 @@ pub struct LoginQuery {
     next: Option<String>,
 }
 
-/// Only a console path may be the page to return to after signing in.
+/// Only a console path may be the page to return to after signing in, and only in visible
+/// ASCII (as a browser sends it): it goes into a Location header, where CR, LF or other
+/// bytes are refused.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with("/console") && !n.contains("//") && !n.contains('\\') => n.to_string(),
+        Some(n) if n.starts_with("/console") && !n.contains("//") && !n.contains('\\') && n.bytes().all(|b| b.is_ascii_graphic()) => n.to_string(),
         _ => "/console".into(),
     }
 }
@@ -206,16 +186,28 @@ pub async fn login(
         let error = "the sign-in form expired; please sign in again".to_string();
         return Ok(login_page(&req, StatusCode::FORBIDDEN, next, form.username, Some(error)));
     }
-    let address = req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
-    if let Err(e) = limiter.check(&address, &form.username) {
-        tracing::warn!(user = %form.username, %address, "console: sign-in attempts limited");
-        return Ok(login_page(&req, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(e.to_string())));
-    }
+    let address = req.peer_addr().map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+    let failures = match limiter.begin(address, &form.username, Instant::now()) {
+        Ok(failures) => failures,
+        Err(wait) => {
+            // Not logged at INFO: the failures that led here were, and this adds nothing new.
+            tracing::debug!(user = %shown_name(&form.username), %address, "console: sign-in refused while waiting");
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            let error = format!("too many failed sign-ins; try again in {}", in_words(secs));
+            let mut page = login_page(&req, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(error));
+            page.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+            return Ok(page);
+        }
+    };
     let Some(user) = users::verify(&state.pool, &form.username, &form.password).await? else {
-        tracing::info!(user = %form.username, %address, "console: sign-in refused");
+        let name = shown_name(&form.username);
+        tracing::warn!(user = %name, %address, failures, "console: sign-in failed");
+        let after = serde_json::json!({"address": address.to_string(), "failures": failures});
+        audit::record(&state.pool, &format!("address:{address}"), "user.sign_in_failed", "user", &name, None, Some(after)).await?;
         let error = "wrong user name or password".to_string();
         return Ok(login_page(&req, StatusCode::UNAUTHORIZED, next, form.username, Some(error)));
     };
+    limiter.succeeded(address, &form.username);
     // A fresh session on every sign-in; expired ones are cleared on the way.
     let token = random_token();
     sqlx::query("DELETE FROM sessions WHERE expires_at < now()").execute(&state.pool).await?;
@@ -248,6 +240,21 @@ pub async fn login(
     Ok(response)
 }
 
+/// A user name as logs and the audit log show it: at most 64 characters (no user's is
+/// longer) with control characters escaped, so that it is one line and storable.
+fn shown_name(username: &str) -> String {
+    let mut shown: String = username.chars().take(64).collect::<String>().escape_debug().collect();
+    if username.chars().nth(64).is_some() {
+        shown.push('…');
+    }
+    shown
+}
+
+/// A wait as a person reads it: "15 seconds", "4 minutes".
+fn in_words(secs: u64) -> String {
+    if secs < 120 { format!("{secs} seconds") } else { format!("{} minutes", secs.div_ceil(60)) }
+}
+
 #[derive(Deserialize)]
 pub struct CsrfForm {
     #[serde(default)]
@@ -273,7 +280,7 @@ mod tests {
     #[test]
     fn only_console_paths_are_followed_after_sign_in() {
         assert_eq!(safe_next(Some("/console/tasks?status=failed")), "/console/tasks?status=failed");
-        for bad in ["https://evil.example/", "//evil.example", "/console//evil", "/api/v1/tasks", "/console\\x"] {
+        for bad in ["https://evil.example/", "//evil.example", "/console//evil", "/api/v1/tasks", "/console\\x", "/console\r\nSet-Cookie: x=1", "/console/é"] {
             assert_eq!(safe_next(Some(bad)), "/console", "{bad}");
         }
         assert_eq!(safe_next(None), "/console");

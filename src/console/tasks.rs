@@ -12,6 +12,7 @@ use super::{ConsoleError, Ctx, Session, done, parse_local_time, render, see_othe
 use crate::api::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
+use crate::error::Error;
 use crate::tasks::{self, Attempt, FailedFilter, ListFilter, STATUSES, Task, When};
 
 const PAGE_SIZE: i64 = 50;
@@ -44,7 +45,7 @@ impl Filter {
             .finish()
     }
 
-    async fn biz_type_id(&self, state: &AppState) -> Result<Option<i32>, ConsoleError> {
+    async fn biz_type_id(&self, state: &AppState) -> Result<Option<i32>, Error> {
         if self.biz_type.is_empty() {
             return Ok(None);
         }
@@ -62,44 +63,69 @@ struct ListPage {
     tasks: Vec<Task>,
     next: Option<String>,
     searched: bool,
+    /// The field a refused filter is refused for, and why.
+    error: Option<(String, String)>,
 }
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>, filter: web::Query<Filter>) -> Result<HttpResponse, ConsoleError> {
     let filter = filter.into_inner();
+    // An id goes straight to its task; anything else is a client key.
+    if let Ok(id) = filter.q.trim().parse::<Uuid>()
+        && tasks::get(&state.pool, id).await?.is_some()
+    {
+        return Ok(see_other(&format!("/console/tasks/{id}")));
+    }
+    match search(&state, &filter).await {
+        Ok((tasks, next)) => list_page(&req, &session, &state, filter, tasks, next, None).await,
+        Err(Error::Invalid { field, message }) => list_page(&req, &session, &state, filter, vec![], None, Some((field, message))).await,
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The tasks with this key, or a page of those matching the filter and the next page's link.
+async fn search(state: &AppState, filter: &Filter) -> Result<(Vec<Task>, Option<String>), Error> {
     let q = filter.q.trim();
-    let (tasks, next) = if !q.is_empty() {
-        // An id goes straight to its task; anything else is a client key.
-        if let Ok(id) = q.parse::<Uuid>()
-            && tasks::get(&state.pool, id).await?.is_some()
-        {
-            return Ok(see_other(&format!("/console/tasks/{id}")));
-        }
-        (tasks::find_by_key(&state.pool, q).await?, None)
-    } else {
-        if !filter.status.is_empty() {
-            tasks::validate_status(&filter.status)?;
-        }
-        let list = ListFilter {
-            status: Some(filter.status.clone()).filter(|s| !s.is_empty()),
-            from: parse_local_time("from", &filter.from)?,
-            to: parse_local_time("to", &filter.to)?,
-            cursor: Some(filter.cursor.clone()).filter(|c| !c.is_empty()),
-            limit: PAGE_SIZE,
-        };
-        let page = tasks::list(&state.pool, filter.biz_type_id(&state).await?, &list).await?;
-        let next = page.next_cursor.map(|c| format!("/console/tasks?{}&cursor={c}", filter.query()));
-        (page.items, next)
+    if !q.is_empty() {
+        tasks::validate_key(q)?;
+        return Ok((tasks::find_by_key(&state.pool, q).await?, None));
+    }
+    if !filter.status.is_empty() {
+        tasks::validate_status(&filter.status)?;
+    }
+    let list = ListFilter {
+        status: Some(filter.status.clone()).filter(|s| !s.is_empty()),
+        from: parse_local_time("from", &filter.from)?,
+        to: parse_local_time("to", &filter.to)?,
+        cursor: Some(filter.cursor.clone()).filter(|c| !c.is_empty()),
+        limit: PAGE_SIZE,
     };
+    let page = tasks::list(&state.pool, filter.biz_type_id(state).await?, &list).await?;
+    let next = page.next_cursor.map(|c| format!("/console/tasks?{}&cursor={c}", filter.query()));
+    Ok((page.items, next))
+}
+
+/// The list page; with an error, answered 422 with the filter as it was typed.
+async fn list_page(
+    req: &HttpRequest,
+    session: &Session,
+    state: &AppState,
+    filter: Filter,
+    tasks: Vec<Task>,
+    next: Option<String>,
+    error: Option<(String, String)>,
+) -> Result<HttpResponse, ConsoleError> {
+    let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
     let page = ListPage {
-        ctx: Ctx::new(&session, &req, "tasks"),
-        searched: !q.is_empty(),
+        ctx: Ctx::new(session, req, "tasks"),
+        searched: !filter.q.trim().is_empty(),
         filter,
         biz_types: biz_types::list(&state.pool).await?,
         statuses: &STATUSES,
         tasks,
         next,
+        error,
     };
-    render(StatusCode::OK, &page.ctx, &page)
+    render(status, &page.ctx, &page)
 }
 
 #[derive(Template)]
@@ -200,10 +226,13 @@ pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<
     session.check_csrf(&form.csrf)?;
     let form = form.into_inner();
     let filter = Filter { biz_type: form.biz_type.clone(), from: form.from.clone(), to: form.to.clone(), ..Filter::default() };
-    let failed = FailedFilter {
-        biz_type_id: filter.biz_type_id(&state).await?,
-        from: parse_local_time("from", &form.from)?,
-        to: parse_local_time("to", &form.to)?,
+    let failed = match (parse_local_time("from", &form.from), parse_local_time("to", &form.to)) {
+        (Ok(from), Ok(to)) => FailedFilter { biz_type_id: filter.biz_type_id(&state).await?, from, to },
+        (Err(Error::Invalid { field, message }), _) | (_, Err(Error::Invalid { field, message })) => {
+            let filter = Filter { status: "failed".into(), ..filter };
+            return list_page(&req, &session, &state, filter, vec![], None, Some((field, message))).await;
+        }
+        (Err(e), _) | (_, Err(e)) => return Err(e.into()),
     };
     if form.confirm != "yes" {
         let count = tasks::count_failed(&state.pool, &failed).await?;

@@ -15,7 +15,7 @@ pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, check_payload, create_batch, request_hash};
 pub use queries::{FailedFilter, ListFilter, Page, cancel, count_failed, find_by_key, get, get_by_key, list, replay, replay_failed, reschedule};
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Datelike, TimeDelta, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -120,6 +120,18 @@ pub fn validate_key(key: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// A time to filter by must be one the API's RFC 3339 can name (years 0000 to 9999, with
+/// offsets up to ±23:59); beyond, PostgreSQL (4713 BC on) or chrono fails.
+pub fn check_time(field: &str, t: DateTime<Utc>) -> Result<DateTime<Utc>, Error> {
+    let offset = TimeDelta::minutes(23 * 60 + 59);
+    let latest_local = t.checked_add_signed(offset).map(|l| l.year());
+    let earliest_local = t.checked_sub_signed(offset).map(|e| e.year());
+    match (latest_local, earliest_local) {
+        (Some(latest), Some(earliest)) if latest >= 0 && earliest <= 9999 => Ok(t),
+        _ => Err(Error::invalid(field, "must be between the years 0000 and 9999")),
+    }
+}
+
 pub fn validate_status(status: &str) -> Result<(), Error> {
     if STATUSES.contains(&status) {
         Ok(())
@@ -162,6 +174,19 @@ mod tests {
                 other => panic!("{run_at:?} {delay:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn filter_times_are_those_rfc_3339_can_name() {
+        for ok in ["0000-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59", "2026-11-21T12:00:00Z"] {
+            let t = DateTime::parse_from_rfc3339(ok).unwrap().with_timezone(&Utc);
+            assert!(check_time("from", t).is_ok(), "{ok}");
+        }
+        for year in [-4714, -200_000, -1, 10_001, 262_142] {
+            let t = chrono::NaiveDate::from_ymd_opt(year, 6, 1).unwrap().and_hms_opt(0, 0, 0).unwrap().and_utc();
+            assert!(matches!(check_time("from", t), Err(Error::Invalid { field, .. }) if field == "from"), "{year}");
+        }
+        assert!(check_time("to", DateTime::<Utc>::MIN_UTC).is_err() && check_time("to", DateTime::<Utc>::MAX_UTC).is_err());
     }
 
     #[test]

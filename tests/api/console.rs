@@ -4,7 +4,7 @@
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use serde_json::json;
 
-use crate::helpers::{TestApp, spawn_app};
+use crate::helpers::{TestApp, chime_process_logging, fresh_database, spawn_app};
 
 pub const ADMIN_PASSWORD: &str = "test-admin-password";
 
@@ -48,14 +48,25 @@ fn csrf_in(body: &str) -> String {
 
 /// Posts the sign-in form as a browser would; returns the answer.
 pub async fn sign_in_attempt(app: &TestApp, user: &str, password: &str) -> Page {
-    let client = no_redirects();
+    sign_in_attempt_from(app, "127.0.0.1", user, password, "/console/tasks").await
+}
+
+/// Like `sign_in_attempt`, from another loopback address (127.0.0.2, …) and asking to go
+/// on to `next`.
+pub async fn sign_in_attempt_from(app: &TestApp, from: &str, user: &str, password: &str, next: &str) -> Page {
+    crate::helpers::client();
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
     let form = client.get(format!("{}/console/login", app.address)).send().await.unwrap();
     let login_cookie = cookie(form.headers(), "chime_login").unwrap();
     let csrf = csrf_in(&form.text().await.unwrap());
     let resp = client
         .post(format!("{}/console/login", app.address))
         .header(COOKIE, format!("chime_login={login_cookie}"))
-        .form(&[("username", user), ("password", password), ("csrf", &csrf), ("next", "/console/tasks")])
+        .form(&[("username", user), ("password", password), ("csrf", &csrf), ("next", next)])
         .send()
         .await
         .unwrap();
@@ -137,6 +148,109 @@ async fn sign_in_refuses_wrong_passwords_and_limits_attempts() {
     assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     // Even the right password waits out the limit.
     assert_eq!(sign_in_attempt(&app, "admin", ADMIN_PASSWORD).await.status, 429);
+}
+
+/// Wrong passwords for `admin` hold back only the address they come from, with growing
+/// waits: while 127.0.0.2 keeps guessing, admin signs in from 127.0.0.1. Every failure is
+/// logged and audited with its address; a refused attempt says when to try again.
+#[tokio::test]
+async fn wrong_passwords_from_one_address_do_not_lock_admin_out_from_another() {
+    let app = spawn_app().await;
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        statuses.push(sign_in_attempt_from(&app, "127.0.0.2", "admin", "guess", "/console").await.status);
+    }
+    sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    assert_eq!(statuses, [[401; 5].as_slice(), &[429; 7]].concat(), "five failures, then a wait");
+    let refused = sign_in_attempt_from(&app, "127.0.0.2", "admin", ADMIN_PASSWORD, "/console").await;
+    assert_eq!(refused.status, 429, "the guessing address waits even with the right password");
+    let wait: u64 = refused.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=15).contains(&wait), "{wait}");
+    assert!(refused.body.contains(&format!("try again in {wait} seconds")), "{}", refused.body);
+    let audited: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let failed = ("address:127.0.0.2".to_string(), "user.sign_in_failed".to_string(), "admin".to_string());
+    let signed_in = ("user:admin".to_string(), "user.sign_in".to_string(), "admin".to_string());
+    assert_eq!(audited, [vec![failed; 5], vec![signed_in]].concat());
+}
+
+/// A `chime serve` process's log, after sign-ins whose user names carry a newline, a
+/// terminal escape and a NUL byte: the forged "signed in" line is not a line of its own, no
+/// raw control character reaches the log, and the sign-in is refused as wrong (not a 500).
+#[tokio::test]
+async fn user_names_cannot_forge_log_lines() {
+    let db_url = fresh_database().await;
+    let log_path = std::env::temp_dir().join(format!("chime-forging-log-{}-{}.txt", std::process::id(), uuid::Uuid::new_v4()));
+    let env = [("CHIME_ADMIN_PASSWORD", ADMIN_PASSWORD), ("CHIME_ENGINE", "false")];
+    let (mut child, address) = chime_process_logging(&db_url, &env, std::fs::File::create(&log_path).unwrap()).await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let node = TestApp { address, pool, db_url, client: crate::helpers::client() };
+
+    let forged = "x\n2026-11-23T16:00:00.000000Z  INFO chime::console::session: console: signed in user=admin address=10.0.0.1";
+    for name in [forged.to_string(), format!("\x1b[2K\r{forged}\0")] {
+        let page = sign_in_attempt(&node, &name, "guess").await;
+        assert_eq!(page.status, 401, "{}", page.body);
+    }
+    child.kill().await.unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_file(&log_path).unwrap();
+    assert_eq!(log.matches("console: sign-in failed").count(), 2, "{log}");
+    assert!(!log.lines().any(|line| line.contains("signed in user=admin") && !line.contains("sign-in failed")), "a forged line: {log}");
+    assert!(!log.contains(|c: char| c.is_control() && c != '\n'), "a raw control character: {log:?}");
+}
+
+/// What PostgreSQL, chrono or a header cannot take, in each console form and filter, gets
+/// the API's rules: 422 with the error on the form and the values kept (or 404 for a name
+/// nothing can have), never a 500 or a bare 400; nothing changes.
+#[tokio::test]
+async fn console_forms_and_filters_refuse_what_the_api_refuses_on_the_form() {
+    let app = spawn_app().await;
+    app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let page = admin.get("/console/tasks?q=order%00-1").await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    assert!(page.body.contains("key: must not contain control characters") && page.body.contains("value=\"order\0-1\""), "{}", page.body);
+    for year in ["-4714", "-200000"] {
+        for field in ["from", "to"] {
+            let value = format!("{year}-01-01T00:00");
+            let error = format!("{field}: must be between the years 0000 and 9999");
+            let kept = format!("name=\"{field}\" value=\"{value}\"");
+            let page = admin.get(&format!("/console/tasks?status=failed&{field}={value}")).await;
+            assert_eq!(page.status, 422, "{field}={value}: {}", page.body);
+            assert!(page.body.contains(&error) && page.body.contains(&kept), "{}", page.body);
+            let page = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), (field, &value)]).await;
+            assert_eq!(page.status, 422, "bulk replay {field}={value}: {}", page.body);
+            assert!(page.body.contains(&error) && page.body.contains(&kept), "{}", page.body);
+        }
+    }
+    assert_eq!(admin.get("/console/tasks?biz_type=ord%00ers").await.status, 404);
+    assert_eq!(admin.get("/console/biz-types/ord%00ers").await.status, 404);
+
+    let long = "d".repeat(20_000);
+    for (field, value) in [("name", "ord\0ers"), ("description", "a\0b"), ("callback_url", "http://x.test/\0"), ("description", long.as_str())] {
+        let mut form = vec![("name", "billing"), ("mode", "callback"), ("callback_url", "http://x.test/hook"), ("description", "")];
+        form.retain(|(f, _)| *f != field);
+        form.push((field, value));
+        for path in ["/console/biz-types", "/console/biz-types/orders"] {
+            if path.ends_with("orders") && field == "name" {
+                continue; // an edit keeps the name
+            }
+            let page = admin.post(path, &form).await;
+            assert_eq!(page.status, 422, "{path} {field}: {}", &page.body[..page.body.len().min(2000)]);
+            assert!(page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")), "no error at {field}");
+            assert!(page.body.contains(value), "{field} not kept");
+        }
+    }
+    assert_eq!(chime::biz_types::list(&app.pool).await.unwrap().len(), 1);
+    assert!(chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap().description.is_empty());
+
+    // A CR LF in `next` (a header's end) is not followed: back to the console's start.
+    let page = sign_in_attempt_from(&app, "127.0.0.1", "admin", ADMIN_PASSWORD, "/console\r\nSet-Cookie: x=1").await;
+    assert_eq!((page.status, page.location()), (303, "/console"), "{}", page.body);
+    let form = no_redirects().get(format!("{}/console/login?next=%2Fconsole%0D%0ASet-Cookie:%20x=1", app.address)).send().await.unwrap();
+    assert_eq!(form.status(), 200);
+    assert!(form.text().await.unwrap().contains("name=\"next\" value=\"/console\""));
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ mod helpers;
 #[allow(dead_code)]
 mod receiver;
 
+mod console;
 mod database;
 mod nodes;
 mod receivers;

@@ -34,7 +34,7 @@ def consume():
         if not tasks:
             break
         for t in tasks:
-            post(c, f"/api/v1/tasks/{t['id']}/ack")
+            post(c, f"/api/v1/tasks/{t['id']}/ack", {"receipt": t["receipt"]})
             n += 1
     with lock: done.append(n)
 
@@ -54,7 +54,7 @@ def wait_then_create(create, settle_s):
         r = post(c, "/api/v1/biz-types/jobs/reserve", {"max": 1, "wait_ms": 10000})
         got["t"], got["tasks"] = time.time(), r["tasks"]
         if r["tasks"]:
-            post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack")
+            post(c, f"/api/v1/tasks/{r['tasks'][0]['id']}/ack", {"receipt": r["tasks"][0]["receipt"]})
     w = threading.Thread(target=waiter); w.start(); time.sleep(settle_s)
     reference = create(conn())
     w.join(); assert got["tasks"], "no task"

@@ -18,6 +18,10 @@ pub enum Error {
     /// The request contradicts the current state (wrong task status, key taken). API: 409.
     #[error("{0}")]
     Conflict(String),
+    /// A pull consumer's receipt no longer holds the task: its reservation ended (time to
+    /// run passed, or settled already) or the receipt is another task's. API: 409.
+    #[error("{0}")]
+    StaleReceipt(String),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
 }

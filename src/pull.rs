@@ -8,6 +8,12 @@
 //! used up; touch extends the lease. A lease that runs out is taken back by the leader's
 //! lease recovery, which counts it as a failed attempt. Every reservation ends as one
 //! attempt in the task's history: acked, nacked, or time-to-run passed.
+//!
+//! Each reservation has a receipt, a random UUID kept in `leased_by` (for a callback lease
+//! it holds the node) and handed to the consumer; ack, nack and touch act only when it is
+//! still the task's. Without it, a consumer whose time to run passed could settle the
+//! reservation of the consumer that reserved the task next. Lease recovery and settling
+//! clear it, and every reservation draws a new one, so a stale receipt never matches again.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -18,13 +24,15 @@ use crate::biz_types::BizType;
 use crate::error::Error;
 use crate::tasks::Task;
 
-/// A reserved task: the task and until when the consumer holds it.
+/// A reserved task: the task, until when the consumer holds it, and the receipt that
+/// settles this reservation.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Reserved {
     #[serde(flatten)]
     #[sqlx(flatten)]
     pub task: Task,
     pub reserved_until: DateTime<Utc>,
+    pub receipt: Uuid,
 }
 
 /// Leases up to `limit` due tasks of a pull biz type for `ttr_ms`.
@@ -38,18 +46,18 @@ pub async fn reserve(pool: &PgPool, biz: &BizType, limit: i64, ttr_ms: i64) -> R
               FOR UPDATE SKIP LOCKED
          ), leased AS (
              UPDATE tasks t
-                SET status = 'running', lease_until = now() + $3 * interval '1 millisecond', leased_by = $4,
+                SET status = 'running', lease_until = now() + $3 * interval '1 millisecond', leased_by = gen_random_uuid(),
                     attempt_count = t.attempt_count + 1, updated_at = now()
                FROM due
               WHERE t.id = due.id AND t.run_at = due.run_at
              RETURNING t.*
          )
-         SELECT leased.*, $5::text AS biz_type, leased.lease_until AS reserved_until FROM leased ORDER BY run_at",
+         SELECT leased.*, $4::text AS biz_type, leased.lease_until AS reserved_until, leased.leased_by AS receipt
+           FROM leased ORDER BY run_at",
     )
     .bind(biz.id)
     .bind(limit)
     .bind(ttr_ms)
-    .bind(Uuid::now_v7())
     .bind(&biz.name)
     .fetch_all(pool)
     .await?)
@@ -83,10 +91,11 @@ pub enum Verdict {
     Nack { delay_ms: Option<i64>, error: Option<String> },
 }
 
-/// Acks or nacks a reserved task of `biz` in one statement; returns the task as it is now.
-/// A task that is not reserved (never was, was acked already, or its time-to-run passed
-/// and it went back to pending) answers Conflict.
-pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, verdict: Verdict) -> Result<Task, Error> {
+/// Acks or nacks a task of `biz` reserved under `receipt`, in one statement; returns the
+/// task as it is now. A receipt that no longer holds the task (it was settled already, or
+/// its time to run passed and it went back to pending or to another consumer) answers
+/// StaleReceipt and changes nothing.
+pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, receipt: Uuid, verdict: Verdict) -> Result<Task, Error> {
     let (ack, delay_ms, reason) = match verdict {
         Verdict::Ack => (true, None, None),
         Verdict::Nack { delay_ms, error } => (false, delay_ms, Some(format!("nacked{}", error.map(|e| format!(": {e}")).unwrap_or_default()))),
@@ -94,9 +103,14 @@ pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, verdict: Verdict) ->
     // Nack: failed when the attempts are used up, else pending again after the delay
     // asked for or the biz type's backoff (doubling from the first delay, capped, with
     // jitter over the upper half, as for callbacks), kept inside the hot horizon.
+    //
+    // `old` locks the task's row, so lease recovery (SKIP LOCKED) passes over it and a
+    // concurrent settle or touch waits; one that committed first is seen, as `FOR UPDATE`
+    // reads the row's newest version. The receipt is compared on that locked row by the
+    // UPDATE that settles, so no other reservation can begin between check and settle.
     let settled: Option<Task> = sqlx::query_as(
         "WITH old AS (
-             SELECT id, run_at, status, biz_type_id, attempt_count, updated_at AS reserved_at,
+             SELECT id, run_at, status, biz_type_id, leased_by, attempt_count, updated_at AS reserved_at,
                     NOT $2 AND attempt_count >= $5 AS exhausted
                FROM tasks WHERE id = $1 FOR UPDATE
          ), settled AS (
@@ -110,6 +124,7 @@ pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, verdict: Verdict) ->
                     lease_until = NULL, leased_by = NULL, last_error = $8, updated_at = now()
                FROM old o
               WHERE t.id = o.id AND t.run_at = o.run_at AND o.status = 'running' AND o.biz_type_id = $3
+                AND o.leased_by = $10
              RETURNING t.*
          ), attempt AS (
              INSERT INTO attempts (task_id, number, started_at, duration_ms, error, response_excerpt, biz_type_id, lateness_ms)
@@ -128,40 +143,49 @@ pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, verdict: Verdict) ->
     .bind(f64::from(biz.backoff_max_ms))
     .bind(&reason)
     .bind(&biz.name)
+    .bind(receipt)
     .fetch_optional(pool)
     .await?;
-    if let Some(task) = settled {
-        return Ok(task);
+    match settled {
+        Some(task) => Ok(task),
+        None => Err(refused(pool, biz, id).await?),
     }
-    // Why not: another biz type's, not reserved, or no such task.
-    Err(match crate::tasks::get(pool, id).await? {
-        Some((t, _)) if t.biz_type_id != biz.id => Error::Forbidden("this task belongs to another biz type".into()),
-        Some((t, _)) => Error::Conflict(format!(
-            "this task is not reserved: it is {} (acked or nacked already, or its time to run passed)",
-            t.status
-        )),
-        None => Error::NotFound(format!("no task with id {id}")),
-    })
 }
 
-/// Extends the lease of a reserved task of `biz` to `ttr_ms` from now.
-pub async fn touch(pool: &PgPool, biz: &BizType, id: Uuid, ttr_ms: i64) -> Result<DateTime<Utc>, Error> {
+/// Why a settle or touch changed nothing: no such task, another biz type's, or a receipt
+/// that no longer holds the task (said as the task is now).
+async fn refused(pool: &PgPool, biz: &BizType, id: Uuid) -> Result<Error, Error> {
+    let Some((task, _)) = crate::tasks::get(pool, id).await? else {
+        return Ok(Error::NotFound(format!("no task with id {id}")));
+    };
+    if task.biz_type_id != biz.id {
+        return Ok(Error::Forbidden("this task belongs to another biz type".into()));
+    }
+    let now = match task.status.as_str() {
+        "running" => "its time to run passed and another reservation holds it now (or the receipt is another task's)".to_string(),
+        "pending" => "it is pending, not reserved (nacked, or its time to run passed)".to_string(),
+        status => format!("it is {status} (acked or nacked already, or its time to run passed)"),
+    };
+    Ok(Error::StaleReceipt(format!("this receipt no longer holds the task: {now}")))
+}
+
+/// Extends the reservation of a task of `biz` held under `receipt` to `ttr_ms` from now.
+pub async fn touch(pool: &PgPool, biz: &BizType, id: Uuid, receipt: Uuid, ttr_ms: i64) -> Result<DateTime<Utc>, Error> {
+    // Locks the task's row; a settle or lease recovery that got there first is waited for,
+    // and the WHERE is checked again on the row it left, whose receipt is cleared.
     let until: Option<DateTime<Utc>> = sqlx::query_scalar(
         "UPDATE tasks SET lease_until = now() + $3 * interval '1 millisecond'
-          WHERE id = $1 AND biz_type_id = $2 AND status = 'running'
+          WHERE id = $1 AND biz_type_id = $2 AND status = 'running' AND leased_by = $4
          RETURNING lease_until",
     )
     .bind(id)
     .bind(biz.id)
     .bind(ttr_ms)
+    .bind(receipt)
     .fetch_optional(pool)
     .await?;
     match until {
         Some(until) => Ok(until),
-        None => Err(match crate::tasks::get(pool, id).await? {
-            None => Error::NotFound(format!("no task with id {id}")),
-            Some((t, _)) if t.biz_type_id != biz.id => Error::Forbidden("this task belongs to another biz type".into()),
-            Some((t, _)) => Error::Conflict(format!("this task is not reserved: it is {}", t.status)),
-        }),
+        None => Err(refused(pool, biz, id).await?),
     }
 }

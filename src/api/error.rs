@@ -27,6 +27,9 @@ pub enum ApiError {
     /// 409: wrong state, or a key already used with another request.
     #[error("{0}")]
     Conflict(String),
+    /// 409: the receipt's reservation is over; the consumer must drop the task.
+    #[error("{0}")]
+    StaleReceipt(String),
     /// 413
     #[error("{0}")]
     TooLarge(String),
@@ -53,6 +56,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Conflict(_) => "conflict",
+            ApiError::StaleReceipt(_) => "stale_receipt",
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::Invalid(_) => "invalid_argument",
             ApiError::RateLimited(_) => "rate_limited",
@@ -75,6 +79,7 @@ impl From<crate::error::Error> for ApiError {
             Error::NotFound(m) => ApiError::NotFound(m),
             Error::Forbidden(m) => ApiError::Forbidden(m),
             Error::Conflict(m) => ApiError::Conflict(m),
+            Error::StaleReceipt(m) => ApiError::StaleReceipt(m),
             Error::TooLarge(m) => ApiError::TooLarge(m),
             Error::Db(e) => e.into(),
         }
@@ -101,7 +106,7 @@ impl ResponseError for ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::StaleReceipt(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,

@@ -154,16 +154,32 @@ async fn own_pull_biz_type(caller: &Caller, state: &AppState) -> Result<BizType,
     pull_biz_type(caller, state, &caller.0.biz_type).await
 }
 
-pub async fn ack(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+/// The `receipt` of an ack, nack or touch: the one reserve returned with the task, which
+/// settles that reservation only.
+fn receipt(raw: Option<&str>) -> Result<Uuid, ApiError> {
+    let raw = raw.ok_or_else(|| ApiError::Invalid("receipt: required; send the receipt that reserve returned with the task".into()))?;
+    raw.parse().map_err(|_| ApiError::Invalid("receipt: must be the receipt that reserve returned with the task (a UUID)".into()))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct AckRequest {
+    receipt: Option<String>,
+}
+
+pub async fn ack(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
+    let request: AckRequest = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?.unwrap_or_default();
+    let receipt = receipt(request.receipt.as_deref())?;
     let biz = own_pull_biz_type(&caller, &state).await?;
-    let task = pull::settle(&state.pool, &biz, id, Verdict::Ack).await?;
+    let task = pull::settle(&state.pool, &biz, id, receipt, Verdict::Ack).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct NackRequest {
+    receipt: Option<String>,
     delay_ms: Option<i64>,
     error: Option<String>,
 }
@@ -171,6 +187,7 @@ struct NackRequest {
 pub async fn nack(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let request: NackRequest = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?.unwrap_or_default();
+    let receipt = receipt(request.receipt.as_deref())?;
     if let Some(ms) = request.delay_ms
         && !(0..=crate::tasks::MAX_AHEAD.num_milliseconds()).contains(&ms)
     {
@@ -187,20 +204,22 @@ pub async fn nack(caller: Caller, state: web::Data<AppState>, id: web::Path<Stri
         }
     }
     let biz = own_pull_biz_type(&caller, &state).await?;
-    let task = pull::settle(&state.pool, &biz, id, Verdict::Nack { delay_ms: request.delay_ms, error: request.error }).await?;
+    let task = pull::settle(&state.pool, &biz, id, receipt, Verdict::Nack { delay_ms: request.delay_ms, error: request.error }).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct TouchRequest {
+    receipt: Option<String>,
     ttr_ms: Option<i64>,
 }
 
 pub async fn touch(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let request: TouchRequest = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?.unwrap_or_default();
+    let receipt = receipt(request.receipt.as_deref())?;
     let biz = own_pull_biz_type(&caller, &state).await?;
-    let until = pull::touch(&state.pool, &biz, id, ttr(request.ttr_ms, &biz)?).await?;
+    let until = pull::touch(&state.pool, &biz, id, receipt, ttr(request.ttr_ms, &biz)?).await?;
     Ok(HttpResponse::Ok().json(json!({"id": id, "reserved_until": until})))
 }

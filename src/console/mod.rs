@@ -120,7 +120,7 @@ impl From<Error> for ConsoleError {
             Error::Invalid { .. } | Error::TooLarge(_) => ConsoleError::Invalid(e.to_string()),
             Error::NotFound(m) => ConsoleError::NotFound(m),
             Error::Forbidden(m) => ConsoleError::Forbidden(m),
-            Error::Conflict(m) => ConsoleError::Conflict(m),
+            Error::Conflict(m) | Error::StaleReceipt(m) => ConsoleError::Conflict(m),
             Error::Db(e) => e.into(),
         }
     }

@@ -42,9 +42,9 @@ const API: &[(&str, &str, &str, u16, u16)] = &[
     ("POST", "/api/v1/timers/{timer}/activate", "", 200, 403),
     ("DELETE", "/api/v1/timers/{timer}", "", 204, 403),
     ("POST", "/api/v1/biz-types/{biz}/reserve", r#"{"max": 1, "wait_ms": 0}"#, 200, 403),
-    ("POST", "/api/v1/tasks/{ack}/ack", "", 200, 403),
-    ("POST", "/api/v1/tasks/{nack}/nack", r#"{"delay_ms": 60000}"#, 200, 403),
-    ("POST", "/api/v1/tasks/{touch}/touch", r#"{"ttr_ms": 60000}"#, 200, 403),
+    ("POST", "/api/v1/tasks/{ack}/ack", r#"{"receipt": "{ack_receipt}"}"#, 200, 403),
+    ("POST", "/api/v1/tasks/{nack}/nack", r#"{"receipt": "{nack_receipt}", "delay_ms": 60000}"#, 200, 403),
+    ("POST", "/api/v1/tasks/{touch}/touch", r#"{"receipt": "{touch_receipt}", "ttr_ms": 60000}"#, 200, 403),
 ];
 
 /// A cron that never fires while the tests run, so the leader writes no occurrences.
@@ -111,7 +111,7 @@ struct ApiFixtures {
 
 /// Owner `jobs` (pull mode, so the pull endpoints apply) with a token and a revoked token;
 /// `other` (pull mode too) with its own token; a pending task, a failed one, three reserved
-/// ones and a timer of `jobs`.
+/// ones (with their receipts) and a timer of `jobs`.
 async fn api_fixtures(app: &TestApp) -> ApiFixtures {
     let pull = Settings { mode: Some("pull".into()), ..Default::default() };
     for name in ["jobs", "other"] {
@@ -129,6 +129,10 @@ async fn api_fixtures(app: &TestApp) -> ApiFixtures {
     }
     let reserved = app.post("/api/v1/biz-types/jobs/reserve", &token, json!({"max": 3, "wait_ms": 0, "ttr_ms": 600000})).await;
     assert_eq!(reserved.body["tasks"].as_array().map(Vec::len), Some(3), "{}", reserved.body);
+    for (key, receipt) in [("ack", "ack_receipt"), ("nack", "nack_receipt"), ("touch", "touch_receipt")] {
+        let task = reserved.body["tasks"].as_array().unwrap().iter().find(|t| t["id"] == ids[key].as_str()).unwrap();
+        ids.insert(receipt, task["receipt"].as_str().unwrap().to_string());
+    }
     let failed = app.create_task(&token, json!({"biz_type": "jobs"})).await;
     app.force_status(failed["id"].as_str().unwrap(), "failed").await;
     ids.insert("failed", failed["id"].as_str().unwrap().to_string());

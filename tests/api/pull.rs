@@ -29,6 +29,18 @@ async fn reserve_from(client: &reqwest::Client, address: &str, token: &str, body
     resp.json().await.unwrap()
 }
 
+/// Reserves until `n` tasks are back after another consumer's time to run passed (the
+/// leader takes them back every second), or fails after 10 s.
+async fn reserve_taken_back(app: &TestApp, token: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} tasks came back within 10 s", got.len());
+        got.extend(reserve(app, token, json!({"max": n, "wait_ms": 200, "ttr_ms": 60000})).await);
+    }
+    got
+}
+
 async fn create(app: &TestApp, token: &str, n: usize) -> Vec<String> {
     let items: Vec<Value> = (0..n).map(|i| json!({"biz_type": "jobs", "payload": i})).collect();
     let reply = app.post("/api/v1/tasks/batch", token, json!({"tasks": items})).await;
@@ -54,7 +66,8 @@ async fn concurrent_consumers_never_hold_the_same_task() {
                     }
                     for t in tasks {
                         let id = t["id"].as_str().unwrap().to_string();
-                        let ack = client.post(format!("{address}/api/v1/tasks/{id}/ack")).bearer_auth(&token).send().await.unwrap();
+                        let receipt = json!({"receipt": t["receipt"]});
+                        let ack = client.post(format!("{address}/api/v1/tasks/{id}/ack")).bearer_auth(&token).json(&receipt).send().await.unwrap();
                         assert_eq!(ack.status(), 200);
                         got.push(id);
                     }
@@ -85,13 +98,7 @@ async fn a_consumer_that_dies_leaves_its_tasks_to_others_after_the_time_to_run()
     assert_eq!(first.len(), 3);
     assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty(), "held while the lease lasts");
     // The first consumer never acks; the leader takes the tasks back after the time to run.
-    let mut again = Vec::new();
-    for _ in 0..50 {
-        again = reserve(&app, &token, json!({"max": 10, "wait_ms": 200})).await;
-        if !again.is_empty() {
-            break;
-        }
-    }
+    let again = reserve_taken_back(&app, &token, 3).await;
     let mut got: Vec<String> = again.iter().map(|t| t["id"].as_str().unwrap().to_string()).collect();
     got.sort();
     let mut want = ids.clone();
@@ -100,9 +107,74 @@ async fn a_consumer_that_dies_leaves_its_tasks_to_others_after_the_time_to_run()
     assert!(again.iter().all(|t| t["attempt_count"] == 2));
     let task = app.get(&format!("/api/v1/tasks/{}", ids[0]), &token).await.body;
     assert_eq!(task["attempts"][0]["error"], "time to run passed without an ack or nack");
-    // The late consumer's ack of a task now held by another still counts: at least once.
-    let late = app.post(&format!("/api/v1/tasks/{}/ack", ids[0]), &token, json!({})).await;
-    assert_eq!(late.status, 200);
+    // The late consumer's ack no longer counts: the task is the second consumer's to settle
+    // (a_late_consumer_s_receipt_cannot_settle_the_next_reservation).
+    let late = app.post(&format!("/api/v1/tasks/{}/ack", first[0]["id"].as_str().unwrap()), &token, json!({"receipt": first[0]["receipt"]})).await;
+    assert_eq!((late.status, late.code()), (409, "stale_receipt"), "{}", late.body);
+}
+
+/// A reservation's receipt settles that reservation only. Consumer A's time to run passes,
+/// B reserves the tasks again, and A's late ack, nack and touch answer 409 `stale_receipt`
+/// and change nothing; B's receipts settle them. Before receipts, A's late ack settled
+/// B's reservation (issue 18, item 7).
+#[tokio::test]
+async fn a_late_consumer_s_receipt_cannot_settle_the_next_reservation() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings::default()).await;
+    create(&app, &token, 3).await;
+    let a = reserve(&app, &token, json!({"max": 3, "ttr_ms": 200})).await;
+    assert_eq!(a.len(), 3);
+    // A never answers in time: B gets the tasks once the leader has taken them back.
+    let b: HashMap<String, Value> = reserve_taken_back(&app, &token, 3).await.into_iter().map(|t| (t["id"].as_str().unwrap().to_string(), t)).collect();
+    let snapshot = || async {
+        let tasks: Vec<String> = sqlx::query_scalar("SELECT t::text FROM tasks t ORDER BY id").fetch_all(&app.pool).await.unwrap();
+        let attempts: Vec<String> = sqlx::query_scalar("SELECT a::text FROM attempts a ORDER BY task_id, number").fetch_all(&app.pool).await.unwrap();
+        (tasks, attempts)
+    };
+    let before = snapshot().await;
+    for (action, late) in ["ack", "nack", "touch"].into_iter().zip(&a) {
+        let id = late["id"].as_str().unwrap();
+        let late = app.post(&format!("/api/v1/tasks/{id}/{action}"), &token, json!({"receipt": late["receipt"]})).await;
+        assert_eq!(late.status, 409, "A's late {action} of a task B holds: {}", late.body);
+        assert_eq!(late.code(), "stale_receipt");
+        assert!(late.message().contains("another reservation holds it"), "{}", late.message());
+    }
+    assert_eq!(snapshot().await, before, "A's late calls changed nothing: B still holds the tasks, until the same time");
+    assert!(a.iter().all(|a| a["receipt"].is_string() && a["receipt"] != b[a["id"].as_str().unwrap()]["receipt"]), "each reservation has its own receipt");
+    for (id, b) in &b {
+        let acked = app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({"receipt": b["receipt"]})).await;
+        assert_eq!((acked.status, acked.body["status"].as_str()), (200, Some("succeeded")), "B's ack: {}", acked.body);
+    }
+}
+
+/// Ack, nack and touch need the receipt: missing or malformed is a 422 naming it, another
+/// task's is a 409 (it does not hold this task), and none of them changes anything.
+#[tokio::test]
+async fn ack_nack_and_touch_require_the_reservation_s_receipt() {
+    let app = spawn_app().await;
+    let token = pull_biz_type(&app, "jobs", Settings::default()).await;
+    create(&app, &token, 2).await;
+    let reserved = reserve(&app, &token, json!({"max": 2, "ttr_ms": 60000})).await;
+    let (id, other) = (reserved[0]["id"].as_str().unwrap(), &reserved[1]["receipt"]);
+    let before: Vec<String> = sqlx::query_scalar("SELECT t::text FROM tasks t ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    for action in ["ack", "nack", "touch"] {
+        let path = format!("/api/v1/tasks/{id}/{action}");
+        let empty = app.request("POST", &path, Some(&token), None).await;
+        for (reply, what) in [
+            (empty, "no body"),
+            (app.post(&path, &token, json!({})).await, "no receipt"),
+            (app.post(&path, &token, json!({"receipt": "r-42"})).await, "a receipt that is not a UUID"),
+        ] {
+            assert_eq!((reply.status, reply.code()), (422, "invalid_argument"), "{action} with {what}: {}", reply.body);
+            assert!(reply.message().starts_with("receipt: "), "{}", reply.message());
+        }
+        let foreign = app.post(&path, &token, json!({"receipt": other})).await;
+        assert_eq!((foreign.status, foreign.code()), (409, "stale_receipt"), "{action} with another task's receipt: {}", foreign.body);
+    }
+    let after: Vec<String> = sqlx::query_scalar("SELECT t::text FROM tasks t ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(after, before);
+    let acked = app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({"receipt": reserved[0]["receipt"]})).await;
+    assert_eq!(acked.status, 200, "{}", acked.body);
 }
 
 #[tokio::test]
@@ -135,15 +207,15 @@ async fn nack_retries_after_the_delay_and_fails_after_max_attempts() {
     let app = spawn_app().await;
     let token = pull_biz_type(&app, "jobs", Settings { max_attempts: Some(2), ..Default::default() }).await;
     let id = create(&app, &token, 1).await.remove(0);
-    reserve(&app, &token, json!({})).await;
-    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"delay_ms": 800, "error": "database busy"})).await;
+    let first = reserve(&app, &token, json!({})).await;
+    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"receipt": first[0]["receipt"], "delay_ms": 800, "error": "database busy"})).await;
     assert_eq!(nacked.status, 200, "{}", nacked.body);
     assert_eq!(nacked.body["status"], "pending");
     assert_eq!(nacked.body["last_error"], "nacked: database busy");
     assert!(reserve(&app, &token, json!({})).await.is_empty(), "not before the delay");
     let again = reserve(&app, &token, json!({"wait_ms": 3000})).await;
     assert_eq!(again.len(), 1, "after the delay");
-    let failed = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({})).await;
+    let failed = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"receipt": again[0]["receipt"]})).await;
     assert_eq!(failed.body["status"], "failed", "the second of two attempts");
     let task = app.get(&format!("/api/v1/tasks/{id}"), &token).await.body;
     assert_eq!(task["attempts"].as_array().unwrap().len(), 2);
@@ -162,15 +234,16 @@ async fn touch_extends_the_time_to_run() {
     let id = create(&app, &token, 1).await.remove(0);
     let first = reserve(&app, &token, json!({"ttr_ms": 800})).await;
     let until: chrono::DateTime<chrono::Utc> = first[0]["reserved_until"].as_str().unwrap().parse().unwrap();
-    let touched = app.post(&format!("/api/v1/tasks/{id}/touch"), &token, json!({"ttr_ms": 60000})).await;
+    let receipt = &first[0]["receipt"];
+    let touched = app.post(&format!("/api/v1/tasks/{id}/touch"), &token, json!({"receipt": receipt, "ttr_ms": 60000})).await;
     assert_eq!(touched.status, 200);
     let extended: chrono::DateTime<chrono::Utc> = touched.body["reserved_until"].as_str().unwrap().parse().unwrap();
     assert!(extended > until + chrono::Duration::seconds(30));
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(reserve(&app, &token, json!({})).await.is_empty(), "still held after the first time to run");
-    assert_eq!(app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({})).await.body["status"], "succeeded");
-    let again = app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({})).await;
-    assert_eq!((again.status, again.code()), (409, "conflict"), "acked once only");
+    assert_eq!(app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({"receipt": receipt})).await.body["status"], "succeeded");
+    let again = app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({"receipt": receipt})).await;
+    assert_eq!((again.status, again.code()), (409, "stale_receipt"), "acked once only");
 }
 
 #[tokio::test]
@@ -203,12 +276,13 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
     assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty(), "paused: nothing handed out");
     let task = app.create_task(&callback, json!({"biz_type": "hooks"})).await;
     let task_id = task["id"].as_str().unwrap();
-    let foreign = app.post(&format!("/api/v1/tasks/{task_id}/ack"), &token, json!({})).await;
+    let receipt = json!({"receipt": uuid::Uuid::new_v4()});
+    let foreign = app.post(&format!("/api/v1/tasks/{task_id}/ack"), &token, receipt.clone()).await;
     assert_eq!(foreign.status, 403);
     // A callback task an engine is delivering is not its own biz type's consumer's to settle.
     app.force_status(task_id, "running").await;
     for action in ["ack", "nack", "touch"] {
-        let reply = app.post(&format!("/api/v1/tasks/{task_id}/{action}"), &callback, json!({})).await;
+        let reply = app.post(&format!("/api/v1/tasks/{task_id}/{action}"), &callback, receipt.clone()).await;
         assert_eq!((reply.status, reply.code()), (409, "conflict"), "{action}");
     }
     assert_eq!(app.get(&format!("/api/v1/tasks/{task_id}"), &callback).await.body["status"], "running");
@@ -222,12 +296,12 @@ async fn nack_refuses_a_bad_error_and_keeps_the_reservation() {
     let app = spawn_app().await;
     let token = pull_biz_type(&app, "jobs", Settings::default()).await;
     let id = create(&app, &token, 1).await.remove(0);
-    reserve(&app, &token, json!({})).await;
+    let receipt = reserve(&app, &token, json!({})).await[0]["receipt"].clone();
     let nack = format!("/api/v1/tasks/{id}/nack");
     for (body, mentions) in [
-        (json!({"error": "bad\u{0}byte"}), "NUL"),
-        (json!({"error": "é".repeat(1001)}), "1000 characters"),
-        (json!({"delay_ms": 316_224_000_001_i64}), "delay_ms"),
+        (json!({"receipt": receipt, "error": "bad\u{0}byte"}), "NUL"),
+        (json!({"receipt": receipt, "error": "é".repeat(1001)}), "1000 characters"),
+        (json!({"receipt": receipt, "delay_ms": 316_224_000_001_i64}), "delay_ms"),
     ] {
         let reply = app.post(&nack, &token, body).await;
         assert_eq!((reply.status, reply.code()), (422, "invalid_argument"), "{}", reply.body);
@@ -235,7 +309,7 @@ async fn nack_refuses_a_bad_error_and_keeps_the_reservation() {
     }
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["status"], "running");
     // 1000 two-byte characters are within the documented limit.
-    let reply = app.post(&nack, &token, json!({"error": "é".repeat(1000)})).await;
+    let reply = app.post(&nack, &token, json!({"receipt": receipt, "error": "é".repeat(1000)})).await;
     assert_eq!((reply.status, reply.body["status"].as_str()), (200, Some("pending")), "{}", reply.body);
 }
 
@@ -244,9 +318,9 @@ async fn nack_without_a_delay_waits_the_biz_type_s_backoff() {
     let app = spawn_app().await;
     let token = pull_biz_type(&app, "jobs", Settings { backoff_initial_ms: Some(60_000), ..Default::default() }).await;
     let id = create(&app, &token, 1).await.remove(0);
-    reserve(&app, &token, json!({})).await;
+    let receipt = reserve(&app, &token, json!({})).await[0]["receipt"].clone();
     let before = chrono::Utc::now();
-    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({})).await.body;
+    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"receipt": receipt})).await.body;
     assert_eq!(nacked["status"], "pending");
     let run_at: chrono::DateTime<chrono::Utc> = nacked["run_at"].as_str().unwrap().parse().unwrap();
     let wait = run_at - before;

@@ -10,9 +10,14 @@ mod timers;
 
 pub use error::ApiError;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use serde::de::value::MapDeserializer;
+use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
@@ -136,22 +141,103 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
 }
 
-/// Reads a JSON body of at most `limit` bytes: 413 beyond it, 400 if it is not JSON.
-async fn read_json(payload: web::Payload, limit: usize) -> Result<serde_json::Value, ApiError> {
-    read_optional_json(payload, limit).await?.ok_or_else(|| ApiError::BadRequest("request body is empty; send a JSON object".into()))
-}
-
 /// The request body as JSON, or None when it is empty (every field optional).
 async fn read_optional_json(payload: web::Payload, limit: usize) -> Result<Option<serde_json::Value>, ApiError> {
-    let bytes = match payload.to_bytes_limited(limit).await {
-        Ok(Ok(bytes)) => bytes,
-        Err(_) => return Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
-        Ok(Err(e)) => return Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
-    };
+    let bytes = read_body(payload, limit).await?;
     if bytes.is_empty() {
         return Ok(None);
     }
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))
+    serde_json::from_slice(&bytes).map(Some).map_err(not_json)
+}
+
+/// Reads a non-empty body of at most `limit` bytes, to be parsed with `raw_json`: 413 beyond
+/// the limit, 400 if empty.
+async fn read_raw_body(payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+    let bytes = read_body(payload, limit).await?;
+    if bytes.is_empty() {
+        return Err(ApiError::BadRequest("request body is empty; send a JSON object".into()));
+    }
+    Ok(bytes)
+}
+
+async fn read_body(payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+    match payload.to_bytes_limited(limit).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Err(_) => Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
+        Ok(Err(e)) => Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
+    }
+}
+
+fn not_json(e: serde_json::Error) -> ApiError {
+    ApiError::BadRequest(format!("request body is not valid JSON: {e}"))
+}
+
+/// A body checked to be JSON, as its raw text: 400 where parsing it into a `Value` would
+/// fail (the same checks, nesting and lone surrogates among them), but without building one.
+/// Requests that carry payloads are read this way, so that they cost about their size.
+fn raw_json(body: &[u8]) -> Result<&RawValue, ApiError> {
+    serde_json::from_slice::<Checked>(body).map_err(not_json)?;
+    serde_json::from_slice(body).map_err(not_json)
+}
+
+/// Any JSON, parsed as a `Value` would be (strings decoded, so bad escapes are refused) and
+/// dropped as it goes.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
+        d.deserialize_any(Checked)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = Checked;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+}
+
+/// Deserialises a request object from its raw text (checked by `raw_json`), naming the
+/// offending field in the 422. Fields may borrow from the text (a payload as `&RawValue`). A
+/// field given twice keeps its last value, as when parsed into a `Value`.
+fn from_raw<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Result<T, ApiError> {
+    if !raw.get().starts_with('{') {
+        return Err(ApiError::Invalid("the request must be a JSON object".into()));
+    }
+    let fields: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get()).map_err(not_json)?;
+    serde_path_to_error::deserialize(MapDeserializer::new(fields.into_iter())).map_err(|e| {
+        // A field's own parser reports its place in the field's text: no use to the client.
+        let inner = e.inner();
+        let message = inner.to_string();
+        let message = message.strip_suffix(&format!(" at line {} column {}", inner.line(), inner.column())).unwrap_or(&message);
+        field_error(&e.path().to_string(), message)
+    })
 }
 
 /// A query string parsed into `T`; a bad one is a 422 naming what is wrong.
@@ -177,14 +263,11 @@ fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result
     if !value.is_object() {
         return Err(ApiError::Invalid("the request must be a JSON object".into()));
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            ApiError::Invalid(e.inner().to_string())
-        } else {
-            ApiError::Invalid(format!("{path}: {}", e.inner()))
-        }
-    })
+    serde_path_to_error::deserialize(value).map_err(|e| field_error(&e.path().to_string(), &e.inner().to_string()))
+}
+
+fn field_error(path: &str, message: &str) -> ApiError {
+    if path == "." { ApiError::Invalid(message.to_string()) } else { ApiError::Invalid(format!("{path}: {message}")) }
 }
 
 #[cfg(test)]

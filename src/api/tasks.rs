@@ -4,12 +4,14 @@ use std::collections::HashMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
+use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_json, parse_limit, parse_query, read_json};
+use super::{ApiError, AppState, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
 use crate::{audit, biz_types};
 
@@ -42,35 +44,40 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
 }
 
-/// Validates one create request. An item's biz type must be the caller's; `foreign` says of
-/// each other biz type named in the request whether it exists (404 if not, else 403).
+/// Validates one create request (its raw text). An item's biz type must be the caller's;
+/// `foreign` says of each other biz type named in the request whether it exists (404 if not,
+/// else 403).
 fn validate_item(
     caller: &Caller,
     state: &AppState,
-    value: Value,
+    item: &RawValue,
     now: DateTime<Utc>,
     foreign: &HashMap<String, bool>,
 ) -> Result<NewTask, ApiError> {
-    // The idempotency hash is of the request as sent; take it before the value is consumed.
-    // Only a keyed request can be repeated, so only it needs one.
-    let request_hash = if value.get("key").is_some_and(|k| !k.is_null()) { tasks::request_hash(&value) } else { Vec::new() };
-    let request: CreateTask = from_json(value)?;
+    let request: CreateTask = from_raw(item)?;
     if request.biz_type != caller.0.biz_type {
         return Err(match foreign.get(&request.biz_type) {
             Some(false) => ApiError::NotFound(format!("no biz type named `{}`", request.biz_type)),
             _ => caller.forbidden(&request.biz_type),
         });
     }
+    // Only a keyed request can be repeated, so only it needs the hash of the request as sent.
+    let request_hash = if request.key.is_some() { tasks::request_hash(item) } else { Vec::new() };
     Ok(request.validate(request_hash, now, state.max_payload_bytes)?)
 }
 
 /// Whether each biz type named in these requests, other than the caller's, exists. Costs a
 /// query only when a request names another biz type.
-async fn foreign_biz_types(caller: &Caller, state: &AppState, items: &[Value]) -> Result<HashMap<String, bool>, ApiError> {
+async fn foreign_biz_types(caller: &Caller, state: &AppState, items: &[&RawValue]) -> Result<HashMap<String, bool>, ApiError> {
+    #[derive(Deserialize)]
+    struct Named {
+        biz_type: String,
+    }
     let mut foreign = HashMap::new();
-    for name in items.iter().filter_map(|item| item.get("biz_type")?.as_str()) {
-        if name != caller.0.biz_type && !foreign.contains_key(name) {
-            foreign.insert(name.to_string(), biz_types::exists(&state.pool, name).await?);
+    for name in items.iter().filter_map(|item| from_raw::<Named>(item).ok()).map(|named| named.biz_type) {
+        if name != caller.0.biz_type && !foreign.contains_key(&name) {
+            let exists = biz_types::exists(&state.pool, &name).await?;
+            foreign.insert(name, exists);
         }
     }
     Ok(foreign)
@@ -81,9 +88,10 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
 }
 
 pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
-    let value = read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
-    let foreign = foreign_biz_types(&caller, &state, std::slice::from_ref(&value)).await?;
-    let item = validate_item(&caller, &state, value, Utc::now(), &foreign)?;
+    let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
+    let item = raw_json(&body)?;
+    let foreign = foreign_biz_types(&caller, &state, &[item]).await?;
+    let item = validate_item(&caller, &state, item, Utc::now(), &foreign)?;
     check_rate(&caller, &state)?;
     match state.creates.create(caller.0.biz_type_id, &caller.0.biz_type, item).await? {
         CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task)),
@@ -94,17 +102,50 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BatchRequest {
-    tasks: Vec<Value>,
+struct BatchRequest<'a> {
+    #[serde(borrow, deserialize_with = "at_most_max_batch")]
+    tasks: Vec<&'a RawValue>,
+}
+
+/// The items of a batch as raw text; parsing stops at the first item beyond MAX_BATCH, so
+/// that a body of millions of tiny items costs no more than one of a thousand.
+fn at_most_max_batch<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<&'de RawValue>, D::Error> {
+    struct Items;
+    impl<'de> Visitor<'de> for Items {
+        type Value = Vec<&'de RawValue>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a sequence")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element()? {
+                if items.len() == MAX_BATCH {
+                    return Err(serde::de::Error::custom(format!("must hold 1 to {MAX_BATCH} items, not more")));
+                }
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+    d.deserialize_seq(Items)
+}
+
+/// The answer to a batch.
+#[derive(Serialize)]
+struct BatchAnswer<'a> {
+    results: Vec<ItemResult<'a>>,
 }
 
 /// Creates up to 1000 tasks. Each item succeeds or fails on its own; the answer lists an
 /// outcome per item, in order.
 pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
-    let value = read_json(body, MAX_BATCH_BODY).await?;
-    let request: BatchRequest = from_json(value)?;
-    if request.tasks.is_empty() || request.tasks.len() > MAX_BATCH {
-        return Err(ApiError::Invalid(format!("tasks: must hold 1 to {MAX_BATCH} items, not {}", request.tasks.len())));
+    // Whatever the payload limit, the body need not hold more than a thousand of them (and
+    // memory follows the body: payloads stay text).
+    let limit = MAX_BATCH_BODY.min(MAX_BATCH * (state.max_payload_bytes + ENVELOPE_BYTES));
+    let body = read_raw_body(body, limit).await?;
+    let request: BatchRequest = from_raw(raw_json(&body)?)?;
+    if request.tasks.is_empty() {
+        return Err(ApiError::Invalid(format!("tasks: must hold 1 to {MAX_BATCH} items, not 0")));
     }
     check_rate(&caller, &state)?;
     let foreign = foreign_biz_types(&caller, &state, &request.tasks).await?;
@@ -116,6 +157,8 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
         .into_iter()
         .map(|item| validate_item(&caller, &state, item, now, &foreign).map(|task| valid.push(task)).err())
         .collect();
+    // The valid payloads are copied out of the body; it is no longer needed.
+    drop(body);
     let mut outcomes = tasks::create_batch(&state.pool, caller.0.biz_type_id, &caller.0.biz_type, &mut valid).await?.into_iter();
     let outcomes: Vec<Result<(u16, tasks::Task), ApiError>> = invalid
         .into_iter()
@@ -136,7 +179,7 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
             Err(e) => item_error(i, e),
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({"results": results})))
+    Ok(HttpResponse::Ok().json(BatchAnswer { results }))
 }
 
 fn item_error(index: usize, e: &ApiError) -> ItemResult<'static> {
@@ -209,21 +252,29 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
         limit,
     };
     let page = tasks::list(&state.pool, Some(caller.0.biz_type_id), &filter).await?;
-    Ok(HttpResponse::Ok().json(json!({"items": page.items, "next_cursor": page.next_cursor})))
+    Ok(HttpResponse::Ok().json(ListAnswer { items: &page.items, next_cursor: page.next_cursor.as_deref() }))
+}
+
+/// A page of tasks, written out as it is serialised: a `json!` value would parse every
+/// payload into a tree.
+#[derive(Serialize)]
+struct ListAnswer<'a> {
+    items: &'a [tasks::Task],
+    next_cursor: Option<&'a str>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PatchRequest {
+struct PatchRequest<'a> {
     run_at: Option<String>,
     delay_ms: Option<i64>,
-    /// `Some(Value::Null)` when the client sets the payload to null, `None` when absent.
-    #[serde(default, deserialize_with = "present")]
-    payload: Option<Value>,
+    /// `Some(null)` when the client sets the payload to null, `None` when absent.
+    #[serde(default, borrow, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
 }
 
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 pub async fn reschedule(
@@ -233,7 +284,8 @@ pub async fn reschedule(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let request: PatchRequest = from_json(read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?)?;
+    let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
+    let request: PatchRequest = from_raw(raw_json(&body)?)?;
     if request.run_at.is_none() && request.delay_ms.is_none() && request.payload.is_none() {
         return Err(ApiError::Invalid("give run_at, delay_ms or payload to change".into()));
     }
@@ -241,10 +293,10 @@ pub async fn reschedule(
         (None, None) => None,
         (run_at, delay) => Some(When::parse(run_at.as_deref(), delay, Utc::now())?),
     };
-    if let Some(payload) = &request.payload {
+    if let Some(payload) = request.payload {
         tasks::check_payload(payload, state.max_payload_bytes)?;
     }
-    let task = tasks::reschedule(&state.pool, caller.0.biz_type_id, id, when, request.payload.as_ref()).await?;
+    let task = tasks::reschedule(&state.pool, caller.0.biz_type_id, id, when, request.payload).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 

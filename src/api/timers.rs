@@ -3,11 +3,10 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_json, parse_limit, parse_query, read_json};
+use super::{ApiError, AppState, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
 use crate::audit;
 use crate::tasks::validate_key;
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
@@ -23,6 +22,14 @@ struct TimerView<'a> {
     next_fire_times: Vec<DateTime<Utc>>,
 }
 
+/// A page of timers, written out as it is serialised: a `json!` value would parse every
+/// payload into a tree.
+#[derive(Serialize)]
+struct ListAnswer<'a> {
+    items: Vec<TimerView<'a>>,
+    next_cursor: Option<String>,
+}
+
 fn view(timer: &Timer) -> TimerView<'_> {
     TimerView { timer, next_fire_times: timer.next_fire_times(Utc::now()) }
 }
@@ -36,7 +43,8 @@ fn snapshot(timer: &Timer) -> serde_json::Value {
 }
 
 pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
-    let request: CreateTimer = from_json(read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?)?;
+    let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
+    let request: CreateTimer = from_raw(raw_json(&body)?)?;
     caller.require(&state, &request.biz_type).await?;
     request.validate(state.max_payload_bytes)?;
     let timer = timers::create(&state.pool, caller.0.biz_type_id, request).await?;
@@ -77,7 +85,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
     let items = timers::list(&state.pool, Some(caller.0.biz_type_id), query.cursor.as_deref(), limit).await?;
     let next_cursor = (items.len() as i64 == limit).then(|| items.last().map(|t| t.key.clone())).flatten();
     let items: Vec<TimerView> = items.iter().map(view).collect();
-    Ok(HttpResponse::Ok().json(json!({"items": items, "next_cursor": next_cursor})))
+    Ok(HttpResponse::Ok().json(ListAnswer { items, next_cursor }))
 }
 
 async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChanges, action: &str) -> Result<HttpResponse, ApiError> {
@@ -89,7 +97,8 @@ async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChang
 
 pub async fn update(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let changes: TimerChanges = from_json(read_json(body, state.max_payload_bytes + ENVELOPE_BYTES).await?)?;
+    let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
+    let changes: TimerChanges = from_raw(raw_json(&body)?)?;
     if changes.is_empty() {
         return Err(ApiError::Invalid("give cron, timezone, payload, active or catch_up to change".into()));
     }

@@ -222,6 +222,11 @@ pub fn render(status: StatusCode, ctx: &Ctx, page: &impl Template) -> Result<Htt
     Ok(response.body(page.render()?))
 }
 
+/// A payload laid out for reading (it is kept as PostgreSQL prints it, on one line).
+pub fn pretty_json(raw: &serde_json::value::RawValue) -> String {
+    serde_json::from_str::<serde_json::Value>(raw.get()).and_then(|v| serde_json::to_string_pretty(&v)).unwrap_or_else(|_| raw.get().to_string())
+}
+
 pub fn see_other(location: &str) -> HttpResponse {
     HttpResponse::SeeOther().insert_header((header::LOCATION, location)).finish()
 }

@@ -147,7 +147,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ConsoleError> {
 
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let (task, attempts) = found(&state, parse_id(&id)?).await?;
-    let payload = serde_json::to_string_pretty(&task.payload).unwrap_or_default();
+    let payload = super::pretty_json(&task.payload);
     let page = TaskPage { ctx: Ctx::new(&session, &req, "tasks"), task, payload, attempts };
     render(StatusCode::OK, &page.ctx, &page)
 }

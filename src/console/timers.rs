@@ -45,17 +45,20 @@ impl Form {
             key: t.key.clone(),
             cron: t.cron.clone(),
             timezone: t.timezone.clone(),
-            payload: serde_json::to_string_pretty(&t.payload).unwrap_or_default(),
+            payload: super::pretty_json(&t.payload),
             catch_up: t.catch_up.then(|| "on".into()),
             active: t.active.then(|| "on".into()),
         }
     }
 
-    fn payload(&self) -> Result<serde_json::Value, Error> {
+    fn payload(&self) -> Result<Box<serde_json::value::RawValue>, Error> {
         if self.payload.trim().is_empty() {
-            return Ok(serde_json::Value::Null);
+            return Ok(serde_json::value::RawValue::NULL.to_owned());
         }
-        serde_json::from_str(&self.payload).map_err(|e| Error::invalid("payload", format!("is not valid JSON: {e}")))
+        // Parsed as a value first: that refuses what the API's parser refuses (lone surrogates).
+        serde_json::from_str::<serde_json::Value>(&self.payload)
+            .and_then(|value| serde_json::value::to_raw_value(&value))
+            .map_err(|e| Error::invalid("payload", format!("is not valid JSON: {e}")))
     }
 }
 

@@ -9,10 +9,12 @@
 
 mod batcher;
 mod create;
+mod payload;
 mod queries;
 
 pub use batcher::CreateBatcher;
-pub use create::{CreateOutcome, CreateTask, NewTask, check_payload, create_batch, request_hash};
+pub use create::{CreateOutcome, CreateTask, NewTask, create_batch, request_hash};
+pub use payload::check_payload;
 pub use queries::{FailedFilter, ListFilter, Page, cancel, count_failed, find_by_key, get, get_by_key, list, replay, replay_failed, reschedule};
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
@@ -38,7 +40,8 @@ pub struct Task {
     pub biz_type: String,
     pub key: Option<String>,
     pub run_at: DateTime<Utc>,
-    pub payload: serde_json::Value,
+    /// As PostgreSQL prints it, passed through to the answer without parsing.
+    pub payload: Box<serde_json::value::RawValue>,
     pub status: String,
     pub attempt_count: i32,
     pub timer_id: Option<Uuid>,

@@ -220,7 +220,7 @@ async fn requeue(
     cold: bool,
     id: Uuid,
     when: Option<When>,
-    payload: Option<&serde_json::Value>,
+    payload: Option<&serde_json::value::RawValue>,
     fresh_start: bool,
 ) -> Result<Task, Error> {
     let source = if cold { "tasks_cold" } else { "tasks" };
@@ -269,7 +269,7 @@ pub async fn reschedule(
     owner: i32,
     id: Uuid,
     when: Option<When>,
-    payload: Option<&serde_json::Value>,
+    payload: Option<&serde_json::value::RawValue>,
 ) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;

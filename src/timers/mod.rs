@@ -20,6 +20,7 @@ pub use schedule::Schedule;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
@@ -46,7 +47,8 @@ pub struct Timer {
     pub key: String,
     pub cron: String,
     pub timezone: String,
-    pub payload: Value,
+    /// As PostgreSQL prints it.
+    pub payload: Box<RawValue>,
     pub active: bool,
     pub catch_up: bool,
     /// Occurrences up to here have been written as tasks.
@@ -77,7 +79,7 @@ pub struct CreateTimer {
     pub key: String,
     pub cron: String,
     pub timezone: Option<String>,
-    pub payload: Option<Value>,
+    pub payload: Option<Box<RawValue>>,
     pub active: Option<bool>,
     pub catch_up: Option<bool>,
 }
@@ -89,14 +91,14 @@ pub struct TimerChanges {
     pub cron: Option<String>,
     pub timezone: Option<String>,
     #[serde(default, deserialize_with = "present")]
-    pub payload: Option<Value>,
+    pub payload: Option<Box<RawValue>>,
     pub active: Option<bool>,
     pub catch_up: Option<bool>,
 }
 
-/// `Some(Value::Null)` when the client sends `"payload": null`, `None` when it is absent.
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+/// `Some(null)` when the client sends `"payload": null`, `None` when it is absent.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 impl CreateTimer {
@@ -109,7 +111,7 @@ impl CreateTimer {
             ));
         }
         validate_schedule(&self.cron, self.timezone.as_deref().unwrap_or("UTC"))?;
-        if let Some(payload) = &self.payload {
+        if let Some(payload) = self.payload.as_deref() {
             check_payload(payload, max_payload_bytes)?;
         }
         Ok(())
@@ -148,7 +150,7 @@ pub async fn create(pool: &PgPool, biz_type_id: i32, request: CreateTimer) -> Re
     .bind(&request.key)
     .bind(&request.cron)
     .bind(request.timezone.as_deref().unwrap_or("UTC"))
-    .bind(request.payload.unwrap_or(Value::Null))
+    .bind(request.payload.as_deref().unwrap_or(RawValue::NULL))
     .bind(request.active.unwrap_or(true))
     .bind(request.catch_up.unwrap_or(false))
     .fetch_optional(pool)
@@ -217,13 +219,13 @@ pub async fn update(pool: &PgPool, owner: i32, id: Uuid, changes: TimerChanges, 
     if changes.cron.is_some() || changes.timezone.is_some() {
         validate_schedule(cron, timezone)?;
     }
-    if let Some(payload) = &changes.payload {
+    if let Some(payload) = changes.payload.as_deref() {
         check_payload(payload, max_payload_bytes)?;
     }
     let active = changes.active.unwrap_or(before.active);
-    let payload = changes.payload.clone().unwrap_or_else(|| before.payload.clone());
+    let payload = changes.payload.as_deref().unwrap_or(&before.payload);
     // Anything that changes what or when it fires starts the schedule again from now.
-    let restart = cron != before.cron || timezone != before.timezone || payload != before.payload || active != before.active;
+    let restart = cron != before.cron || timezone != before.timezone || !same_json(payload, &before.payload) || active != before.active;
     if restart {
         remove_unfired(&mut tx, &before).await?;
     }
@@ -239,7 +241,7 @@ pub async fn update(pool: &PgPool, owner: i32, id: Uuid, changes: TimerChanges, 
     .bind(id)
     .bind(cron)
     .bind(timezone)
-    .bind(&payload)
+    .bind(payload)
     .bind(active)
     .bind(changes.catch_up.unwrap_or(before.catch_up))
     .bind(restart)
@@ -247,6 +249,12 @@ pub async fn update(pool: &PgPool, owner: i32, id: Uuid, changes: TimerChanges, 
     .await?;
     tx.commit().await?;
     Ok((before, after))
+}
+
+/// Whether two payloads are the same JSON, whatever their spacing and key order. Numbers
+/// compare as written: `1e2` is not `100`.
+fn same_json(a: &RawValue, b: &RawValue) -> bool {
+    serde_json::from_str::<Value>(a.get()).ok() == serde_json::from_str::<Value>(b.get()).ok()
 }
 
 /// Deletes a timer of biz type `owner` and its occurrences that have not fired.

@@ -78,6 +78,8 @@ async fn bad_input_gets_a_clear_4xx() {
         case("patch: bad run_at", "PATCH", &task_path, r#"{"run_at": "soon"}"#, 422, "invalid_argument", "run_at"),
         case("patch: unknown field", "PATCH", &task_path, r#"{"status": "succeeded"}"#, 422, "invalid_argument", "status"),
         case("patch: not JSON", "PATCH", &task_path, "", 400, "bad_request", "empty"),
+        case("lone surrogate in a payload string", "POST", t, r#"{"biz_type": "orders", "payload": "\ud800"}"#, 400, "bad_request", "JSON"),
+        case("lone surrogate in a payload patch", "PATCH", &task_path, r#"{"payload": {"\udc00": 1}}"#, 400, "bad_request", "JSON"),
         case("NUL in a payload string", "POST", t, r#"{"biz_type": "orders", "payload": "a\u0000b"}"#, 422, "invalid_argument", "payload"),
         case("NUL in a payload key", "PATCH", &task_path, r#"{"payload": {"a\u0000": 1}}"#, 422, "invalid_argument", "payload"),
         case("NUL in the biz type", "POST", t, r#"{"biz_type": "ord\u0000ers"}"#, 404, "not_found", "biz type"),

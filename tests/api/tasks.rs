@@ -449,3 +449,77 @@ async fn concurrent_creates_with_one_key_and_different_bodies_conflict() {
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&app.pool).await.unwrap();
     assert_eq!(count, 1);
 }
+
+/// The size the payload limit measures is what PostgreSQL stores and prints
+/// (`octet_length(payload::jsonb::text)`): for each payload, the limit at exactly that size
+/// accepts it and one byte less refuses it.
+#[tokio::test]
+async fn payload_size_is_measured_as_postgresql_prints_it() {
+    let app = spawn_app().await;
+    let payloads = [
+        "null", "true", "[false]", "0", "-0", "-0.0", "-0.00e1", "1e308", "-1.7976931348623157E+308", "1e-308", "0.5e-308",
+        "1.5e-3", "-123.456e-5", "0.05e1", "12.500", "1.23e+5", "123456789012345678901234567890", "[1,2,3]",
+        "{\"b\":1,\"a\":[{},[],{\"c\":null}]}", "  { \"a\" : [ 1 ,\n 2 ] }  ", r#""plain""#, r#""\"\\\/\b\f\n\r\t""#,
+        r#""\u0001\u001f\u007f\u0080\u00e9\u20ac\uFFFF""#, r#""\ud83d\ude00 😀 é €""#, r#"{"ключ": "значение", "\u00e9": "\u0041"}"#,
+        r#"[1e10, -2.5E-2, 3.000, {"x": [0.1e1, 10e-1]}]"#,
+    ];
+    for text in payloads {
+        let raw: Box<serde_json::value::RawValue> = serde_json::from_str(text).unwrap();
+        let stored: i32 = sqlx::query_scalar("SELECT octet_length($1::jsonb::text)").bind(text).fetch_one(&app.pool).await.unwrap();
+        let stored = stored as usize;
+        assert!(chime::tasks::check_payload(&raw, stored).is_ok(), "{text}: PostgreSQL prints {stored} bytes, refused at that limit");
+        assert!(
+            matches!(chime::tasks::check_payload(&raw, stored - 1), Err(chime::error::Error::TooLarge(_))),
+            "{text}: PostgreSQL prints {stored} bytes, accepted at a limit one less"
+        );
+    }
+}
+
+/// About 60 KB of `1e308` (2.9 MB once PostgreSQL writes the numbers out) is refused with
+/// 413 wherever a payload is stored: a create, a batch item, a task PATCH, a timer create and
+/// update. Nothing is stored or changed; a payload of exactly the limit as stored is taken.
+#[tokio::test]
+async fn payloads_are_limited_by_their_size_as_stored() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let numbers = format!("[{}]", vec!["1e308"; 10_000].join(","));
+    assert!(numbers.len() < 61_000);
+    let expect_413 = |reply: &crate::helpers::Reply, what: &str| {
+        assert_eq!(reply.status, 413, "{what}: {:.200}", reply.body.to_string());
+        assert_eq!(reply.code(), "payload_too_large", "{what}");
+        let message = reply.message();
+        assert!(message.contains("payload is 3110000 bytes as stored") && message.contains("1e308 takes 309 bytes"), "{what}: {message}");
+    };
+
+    let create = format!(r#"{{"biz_type": "orders", "payload": {numbers}}}"#);
+    expect_413(&app.request("POST", "/api/v1/tasks", Some(&token), Some(create.clone().into_bytes())).await, "create");
+    let batch = format!(r#"{{"tasks": [{create}, {{"biz_type": "orders", "delay_ms": 600000}}]}}"#);
+    let reply = app.request("POST", "/api/v1/tasks/batch", Some(&token), Some(batch.into_bytes())).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!((&reply.body["results"][0]["status"], &reply.body["results"][1]["status"]), (&json!(413), &json!(201)), "{}", reply.body);
+    let message = reply.body["results"][0]["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("tasks[0]: payload is 3110000 bytes as stored"), "{message}");
+    let kept = reply.body["results"][1]["task"].clone();
+    let task_path = format!("/api/v1/tasks/{}", kept["id"].as_str().unwrap());
+    let patch = format!(r#"{{"payload": {numbers}}}"#);
+    expect_413(&app.request("PATCH", &task_path, Some(&token), Some(patch.clone().into_bytes())).await, "task patch");
+    let timer = format!(r#"{{"biz_type": "orders", "key": "t", "cron": "0 0 9 * * *", "payload": {numbers}}}"#);
+    expect_413(&app.request("POST", "/api/v1/timers", Some(&token), Some(timer.into_bytes())).await, "timer create");
+    let timer = app.post("/api/v1/timers", &token, json!({"biz_type": "orders", "key": "t", "cron": "0 0 9 * * *", "payload": 1})).await;
+    assert_eq!(timer.status, 201, "{}", timer.body);
+    let timer_path = format!("/api/v1/timers/{}", timer.body["id"].as_str().unwrap());
+    expect_413(&app.request("PATCH", &timer_path, Some(&token), Some(patch.into_bytes())).await, "timer update");
+
+    let stored: (i64, i64) = sqlx::query_as("SELECT (SELECT count(*) FROM all_tasks), (SELECT count(*) FROM timers WHERE payload = '1')")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, (1, 1), "only the small task and the timer as created");
+    assert_eq!(app.get(&task_path, &token).await.body["payload"], Value::Null, "the task's payload unchanged");
+
+    // A string of 65534 characters is stored as 65536 bytes, quotes included: the limit.
+    let at_limit = json!({"biz_type": "orders", "payload": "x".repeat(65_534)});
+    assert_eq!(app.post("/api/v1/tasks", &token, at_limit).await.status, 201);
+    let over = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "payload": "x".repeat(65_535)})).await;
+    assert_eq!((over.status, over.code()), (413, "payload_too_large"), "{}", over.body);
+}

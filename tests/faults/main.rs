@@ -15,6 +15,7 @@ mod receiver;
 
 mod console;
 mod database;
+mod memory;
 mod nodes;
 mod receivers;
 
@@ -120,7 +121,16 @@ impl Tally {
 
 /// A process's resident memory in KiB (VmRSS in /proc).
 fn rss_kib(pid: u32) -> u64 {
+    proc_status_kib(pid, "VmRSS:")
+}
+
+/// The most resident memory a process has had, in KiB (VmHWM in /proc).
+fn peak_rss_kib(pid: u32) -> u64 {
+    proc_status_kib(pid, "VmHWM:")
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }

@@ -1,10 +1,12 @@
-//! Reaching the database: an external one (DATABASE_URL) or the embedded one, and the
-//! migrations.
+//! Reaching the database: an external one (DATABASE_URL) or the embedded one, whether it
+//! is known to be down, and the migrations.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -13,11 +15,12 @@ use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
 
 pub static MIGRATOR: Migrator = sqlx::migrate!();
 
-/// The database a command works on. An embedded PostgreSQL started here is stopped when
-/// the command ends (`close`).
+/// The database a command works on. An embedded PostgreSQL started here is supervised
+/// (restarted when it dies) and stopped when the command ends (`close`).
 pub struct Database {
     pub pool: PgPool,
-    embedded: Option<EmbeddedPg>,
+    pub health: Health,
+    embedded: Option<embedded_pg::Supervisor>,
 }
 
 impl Database {
@@ -49,7 +52,12 @@ impl Database {
                 return Err(e);
             }
         };
-        Ok(Database { pool, embedded })
+        let health = Health::new(pool.clone());
+        let embedded = embedded.map(|pg| {
+            let health = health.clone();
+            pg.supervise(move || health.mark_down())
+        });
+        Ok(Database { pool, health, embedded })
     }
 
     pub async fn close(self) {
@@ -57,6 +65,61 @@ impl Database {
         if let Some(pg) = self.embedded {
             pg.stop().await;
         }
+    }
+}
+
+/// Whether the database is known to be down. While it is, `/readyz` and the API answer 503
+/// at once: otherwise each request would wait out the pool's acquire timeout, since sqlx
+/// keeps retrying a refused connection until then (10 s).
+///
+/// Marked down by whoever notices first: the embedded database's supervisor (its postmaster
+/// exited), the API's LISTEN session (its connection broke: an external server that
+/// crashed or was stopped closes it at once), or a request that found the database
+/// unreachable. Marked up again by a probe that, while the database is down, tries one
+/// connection every `PROBE_EVERY`; a single attempt, unlike the pool's, fails at once on a
+/// refused connection, and succeeds only once the server accepts sessions again (after
+/// its crash recovery).
+#[derive(Clone)]
+pub struct Health {
+    pool: PgPool,
+    down: Arc<AtomicBool>,
+}
+
+const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// A host that drops packets gives no answer at all.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Health {
+    pub fn new(pool: PgPool) -> Health {
+        Health { pool, down: Arc::default() }
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
+    }
+
+    /// Marks the database down until a probe connects; the first call starts the probe.
+    pub fn mark_down(&self) {
+        if self.down.swap(true, Ordering::Relaxed) || self.pool.is_closed() {
+            return;
+        }
+        tracing::warn!("the database is unreachable; answering 503 at once until it is back");
+        let health = self.clone();
+        tokio::spawn(async move {
+            let options = health.pool.connect_options();
+            loop {
+                tokio::time::sleep(PROBE_EVERY).await;
+                if health.pool.is_closed() {
+                    return;
+                }
+                if let Ok(Ok(conn)) = tokio::time::timeout(PROBE_TIMEOUT, PgConnection::connect_with(&options)).await {
+                    let _ = conn.close().await;
+                    break;
+                }
+            }
+            health.down.store(false, Ordering::Relaxed);
+            tracing::info!("the database is reachable again");
+        });
     }
 }
 

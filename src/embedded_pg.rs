@@ -759,6 +759,7 @@ impl EmbeddedPg {
                     () = exited(pid) => {}
                 }
                 on_down();
+                pg.remove_socket_lock_of(pid);
                 let died = Instant::now();
                 tracing::warn!("the embedded PostgreSQL (pid {pid}) exited unexpectedly; restarting it");
                 let mut delay = RESTART_BACKOFF.0;
@@ -782,8 +783,18 @@ impl EmbeddedPg {
     }
 
     fn postmaster_pid(&self) -> Option<i32> {
-        let text = fs::read_to_string(self.pgdata().join("postmaster.pid")).ok()?;
-        text.lines().next()?.trim().parse().ok()
+        first_line_pid(&self.pgdata().join("postmaster.pid"))
+    }
+
+    /// PostgreSQL refuses to start while its socket's lock file names a process that
+    /// exists, and a dead postmaster exists as a zombie until its parent reaps it, which
+    /// the init of many containers never does (measured: 7 s of failed restarts). We saw
+    /// `pid` exit, so its claim on the socket is void.
+    fn remove_socket_lock_of(&self, pid: i32) {
+        let lock = self.run_dir().join(format!(".s.PGSQL.{PORT}.lock"));
+        if first_line_pid(&lock) == Some(pid) {
+            let _ = fs::remove_file(&lock);
+        }
     }
 }
 
@@ -796,6 +807,10 @@ impl Supervisor {
             Err(e) => tracing::error!("the embedded PostgreSQL's supervisor failed: {e}"),
         }
     }
+}
+
+fn first_line_pid(path: &Path) -> Option<i32> {
+    fs::read_to_string(path).ok()?.lines().next()?.trim().parse().ok()
 }
 
 /// Resolves when process `pid` exits. The postmaster is not our child (`pg_ctl` started

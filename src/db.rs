@@ -107,8 +107,8 @@ impl Health {
         let health = self.clone();
         tokio::spawn(async move {
             let options = health.pool.connect_options();
+            // The first try at once: a LISTEN session can also break with the server fine.
             loop {
-                tokio::time::sleep(PROBE_EVERY).await;
                 if health.pool.is_closed() {
                     return;
                 }
@@ -116,6 +116,7 @@ impl Health {
                     let _ = conn.close().await;
                     break;
                 }
+                tokio::time::sleep(PROBE_EVERY).await;
             }
             health.down.store(false, Ordering::Relaxed);
             tracing::info!("the database is reachable again");

@@ -2,13 +2,13 @@
 //! is known to be down, and the migrations.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection, PgPool};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::watch;
 
 use crate::config::DbArgs;
 use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
@@ -82,7 +82,8 @@ impl Database {
 #[derive(Clone)]
 pub struct Health {
     pool: PgPool,
-    down: Arc<AtomicBool>,
+    /// True while down; requests in flight wait on it too.
+    down: Arc<watch::Sender<bool>>,
 }
 
 const PROBE_EVERY: Duration = Duration::from_millis(200);
@@ -91,16 +92,22 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Health {
     pub fn new(pool: PgPool) -> Health {
-        Health { pool, down: Arc::default() }
+        Health { pool, down: Arc::new(watch::Sender::new(false)) }
     }
 
     pub fn is_down(&self) -> bool {
-        self.down.load(Ordering::Relaxed)
+        *self.down.borrow()
+    }
+
+    /// Resolves when the database is marked down: a request waiting on the pool gives up
+    /// then rather than at the acquire timeout.
+    pub async fn went_down(&self) {
+        let _ = self.down.subscribe().wait_for(|down| *down).await;
     }
 
     /// Marks the database down until a probe connects; the first call starts the probe.
     pub fn mark_down(&self) {
-        if self.down.swap(true, Ordering::Relaxed) || self.pool.is_closed() {
+        if self.pool.is_closed() || !self.down.send_if_modified(|down| !std::mem::replace(down, true)) {
             return;
         }
         tracing::warn!("the database is unreachable; answering 503 at once until it is back");
@@ -118,7 +125,7 @@ impl Health {
                 }
                 tokio::time::sleep(PROBE_EVERY).await;
             }
-            health.down.store(false, Ordering::Relaxed);
+            health.down.send_replace(false);
             tracing::info!("the database is reachable again");
         });
     }

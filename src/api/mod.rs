@@ -137,18 +137,22 @@ async fn healthz() -> HttpResponse {
 }
 
 /// While the database is known to be down, every API call answers 503 at once (not after
-/// the pool's acquire timeout); a call that finds it unreachable marks it down.
+/// the pool's acquire timeout), and so does a call in flight when it is found down; a call
+/// that finds it unreachable marks it down.
 async fn require_database(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let health = req.app_data::<web::Data<AppState>>().map(|state| state.health.clone());
-    if health.as_ref().is_some_and(|h| h.is_down()) {
-        return Err(ApiError::Unavailable("the database is unavailable; retry shortly".into()).into());
+    let health = req.app_data::<web::Data<AppState>>().expect("the API's state is registered").health.clone();
+    let unavailable = || ApiError::Unavailable("the database is unavailable; retry shortly".into());
+    if health.is_down() {
+        return Err(unavailable().into());
     }
-    let response = next.call(req).await?;
-    let unavailable = response.response().error().and_then(|e| e.as_error::<ApiError>()).is_some_and(|e| matches!(e, ApiError::Unavailable(_)));
-    if unavailable && let Some(health) = health {
+    let response = tokio::select! {
+        response = next.call(req) => response?,
+        () = health.went_down() => return Err(unavailable().into()),
+    };
+    if response.response().error().and_then(|e| e.as_error::<ApiError>()).is_some_and(|e| matches!(e, ApiError::Unavailable(_))) {
         health.mark_down();
     }
     Ok(response)
@@ -157,16 +161,18 @@ async fn require_database(
 /// Ready when the database answers and every migration this binary knows is applied.
 async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let not_ready = |reason: String| ApiError::Unavailable(format!("not ready: {reason}"));
+    let down = || not_ready("database unreachable".into());
     if state.health.is_down() {
-        return Err(not_ready("database unreachable".into()));
+        return Err(down());
     }
-    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-        .fetch_one(&state.pool)
-        .await
-        .map_err(|e| {
+    let query = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(&state.pool);
+    let applied: Option<i64> = tokio::select! {
+        applied = query => applied.map_err(|e| {
             state.health.mark_down();
             not_ready(format!("database unreachable ({e})"))
-        })?;
+        })?,
+        () = state.health.went_down() => return Err(down()),
+    };
     let expected = crate::db::MIGRATOR.iter().map(|m| m.version).max();
     if applied < expected {
         return Err(not_ready(format!("migrations pending (database at {applied:?}, binary at {expected:?})")));

@@ -35,13 +35,13 @@
 use std::fmt::Display;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use std::os::fd::FromRawFd;
 
 use nix::unistd::{Gid, Uid, User, chown, geteuid};
 use sqlx::Connection;

@@ -82,6 +82,25 @@ pub struct ServeArgs {
     #[arg(long, env = "CHIME_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
+    /// Serve `/metrics` on this address instead of the API's [default: unset, on the API's
+    /// address]. `/metrics` asks for no credentials and names every biz type: set this to a
+    /// private address when the API's is reachable by anyone you would not show them to.
+    #[arg(long, env = "CHIME_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Seconds a client has to send a request's body, counted from its headers; a slower
+    /// one is answered 408 and disconnected. (The headers themselves must arrive within 5 s.)
+    #[arg(long, env = "CHIME_BODY_TIMEOUT_SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout_secs: u64,
+
+    /// Most HTTP connections open at once on the API's address, across all workers; more
+    /// wait in the listen queue until one closes. Each is a file descriptor: keep it well
+    /// under `ulimit -n`.
+    #[arg(long, env = "CHIME_MAX_CONNECTIONS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
     /// Password of the first `admin` console account, used only when no user exists yet.
     /// When unset, a random one is printed once at first start.
     #[arg(long, env = "CHIME_ADMIN_PASSWORD", hide_env_values = true)]
@@ -162,6 +181,9 @@ impl Default for ServeArgs {
     fn default() -> Self {
         ServeArgs {
             listen: "127.0.0.1:8080".parse().unwrap(),
+            metrics_listen: None,
+            body_timeout_secs: 30,
+            max_connections: 500,
             admin_password: None,
             max_payload_bytes: 65536,
             hot_days: 2,
@@ -414,6 +436,9 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("pg_bin_dir", "CHIME_PG_BIN_DIR"),
     ("db_pool_size", "CHIME_DB_POOL_SIZE"),
     ("listen", "CHIME_LISTEN"),
+    ("metrics_listen", "CHIME_METRICS_LISTEN"),
+    ("body_timeout_secs", "CHIME_BODY_TIMEOUT_SECS"),
+    ("max_connections", "CHIME_MAX_CONNECTIONS"),
     ("admin_password", "CHIME_ADMIN_PASSWORD"),
     ("max_payload_bytes", "CHIME_MAX_PAYLOAD_BYTES"),
     ("hot_days", "CHIME_HOT_DAYS"),

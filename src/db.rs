@@ -1,23 +1,26 @@
-//! Reaching the database: an external one (DATABASE_URL) or the embedded one, and the
-//! migrations.
+//! Reaching the database: an external one (DATABASE_URL) or the embedded one, whether it
+//! is known to be down, and the migrations.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::watch;
 
 use crate::config::DbArgs;
 use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
 
 pub static MIGRATOR: Migrator = sqlx::migrate!();
 
-/// The database a command works on. An embedded PostgreSQL started here is stopped when
-/// the command ends (`close`).
+/// The database a command works on. An embedded PostgreSQL started here is supervised
+/// (restarted when it dies) and stopped when the command ends (`close`).
 pub struct Database {
     pub pool: PgPool,
-    embedded: Option<EmbeddedPg>,
+    pub health: Health,
+    embedded: Option<embedded_pg::Supervisor>,
 }
 
 impl Database {
@@ -49,7 +52,12 @@ impl Database {
                 return Err(e);
             }
         };
-        Ok(Database { pool, embedded })
+        let health = Health::new(pool.clone());
+        let embedded = embedded.map(|pg| {
+            let health = health.clone();
+            pg.supervise(move || health.mark_down())
+        });
+        Ok(Database { pool, health, embedded })
     }
 
     pub async fn close(self) {
@@ -57,6 +65,69 @@ impl Database {
         if let Some(pg) = self.embedded {
             pg.stop().await;
         }
+    }
+}
+
+/// Whether the database is known to be down. While it is, `/readyz` and the API answer 503
+/// at once: otherwise each request would wait out the pool's acquire timeout, since sqlx
+/// keeps retrying a refused connection until then (10 s).
+///
+/// Marked down by whoever notices first: the embedded database's supervisor (its postmaster
+/// exited), the API's LISTEN session (its connection broke: an external server that
+/// crashed or was stopped closes it at once), or a request that found the database
+/// unreachable. Marked up again by a probe that, while the database is down, tries one
+/// connection every `PROBE_EVERY`; a single attempt, unlike the pool's, fails at once on a
+/// refused connection, and succeeds only once the server accepts sessions again (after
+/// its crash recovery).
+#[derive(Clone)]
+pub struct Health {
+    pool: PgPool,
+    /// True while down; requests in flight wait on it too.
+    down: Arc<watch::Sender<bool>>,
+}
+
+const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// A host that drops packets gives no answer at all.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Health {
+    pub fn new(pool: PgPool) -> Health {
+        Health { pool, down: Arc::new(watch::Sender::new(false)) }
+    }
+
+    pub fn is_down(&self) -> bool {
+        *self.down.borrow()
+    }
+
+    /// Resolves when the database is marked down: a request waiting on the pool gives up
+    /// then rather than at the acquire timeout.
+    pub async fn went_down(&self) {
+        let _ = self.down.subscribe().wait_for(|down| *down).await;
+    }
+
+    /// Marks the database down until a probe connects; the first call starts the probe.
+    pub fn mark_down(&self) {
+        if self.pool.is_closed() || !self.down.send_if_modified(|down| !std::mem::replace(down, true)) {
+            return;
+        }
+        tracing::warn!("the database is unreachable; answering 503 at once until it is back");
+        let health = self.clone();
+        tokio::spawn(async move {
+            let options = health.pool.connect_options();
+            // The first try at once: a LISTEN session can also break with the server fine.
+            loop {
+                if health.pool.is_closed() {
+                    return;
+                }
+                if let Ok(Ok(conn)) = tokio::time::timeout(PROBE_TIMEOUT, PgConnection::connect_with(&options)).await {
+                    let _ = conn.close().await;
+                    break;
+                }
+                tokio::time::sleep(PROBE_EVERY).await;
+            }
+            health.down.send_replace(false);
+            tracing::info!("the database is reachable again");
+        });
     }
 }
 

@@ -62,12 +62,15 @@ async fn run() -> anyhow::Result<()> {
 }
 
 async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> anyhow::Result<()> {
-    let app = Application::build(settings, database.pool.clone()).await?;
+    let app = Application::build(settings, database.pool.clone(), database.health.clone()).await?;
     tracing::info!(
         "chime listening on http://{}:{} (console at /console, API under /api/v1, OpenAPI at /api/v1/openapi.json)",
         settings.listen.ip(),
         app.port()
     );
+    if let (Some(address), Some(port)) = (settings.metrics_listen, app.metrics_port()) {
+        tracing::info!("metrics at http://{}:{port}/metrics", address.ip());
+    }
     // The demo's receiver is on loopback, which the deny list refuses.
     if embedded && !settings.deny_private_callbacks {
         let ip = if settings.listen.ip().is_unspecified() { "127.0.0.1".to_string() } else { settings.listen.ip().to_string() };

@@ -30,6 +30,9 @@ pub enum ApiError {
     /// 409: the receipt's reservation is over; the consumer must drop the task.
     #[error("{0}")]
     StaleReceipt(String),
+    /// 408: the request's body did not arrive in time (CHIME_BODY_TIMEOUT_SECS).
+    #[error("{0}")]
+    TimedOut(String),
     /// 413
     #[error("{0}")]
     TooLarge(String),
@@ -57,6 +60,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Conflict(_) => "conflict",
             ApiError::StaleReceipt(_) => "stale_receipt",
+            ApiError::TimedOut(_) => "request_timeout",
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::Invalid(_) => "invalid_argument",
             ApiError::RateLimited(_) => "rate_limited",
@@ -107,6 +111,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) | ApiError::StaleReceipt(_) => StatusCode::CONFLICT,
+            ApiError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,

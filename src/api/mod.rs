@@ -13,6 +13,10 @@ pub use error::ApiError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::error::PayloadError;
+use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde::de::value::MapDeserializer;
@@ -27,6 +31,8 @@ use crate::callback_hosts::CallbackHosts;
 
 pub struct AppState {
     pub pool: PgPool,
+    /// Whether the database is known to be down: API calls and `/readyz` then answer 503 at once.
+    pub health: crate::db::Health,
     pub max_payload_bytes: usize,
     /// Which callback URLs biz types may be given (CHIME_DENY_PRIVATE_CALLBACKS).
     pub callback_hosts: CallbackHosts,
@@ -41,13 +47,16 @@ pub struct AppState {
 
 impl AppState {
     /// Must be called inside the runtime: it starts listening for wake-ups.
-    pub fn new(pool: PgPool, max_payload_bytes: usize, callback_hosts: CallbackHosts) -> Self {
+    pub fn new(pool: PgPool, health: crate::db::Health, max_payload_bytes: usize, callback_hosts: CallbackHosts) -> Self {
         let wake = Arc::new(Notify::new());
         let waiters = wake.clone();
-        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move |_| waiters.notify_waiters()));
+        // The LISTEN session breaks as soon as the server goes away: the first sign of it.
+        let lost = health.clone();
+        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move |_| waiters.notify_waiters(), move || lost.mark_down()));
         AppState {
             creates: crate::tasks::CreateBatcher::start(pool.clone()),
             pool,
+            health,
             max_payload_bytes,
             callback_hosts,
             create_limiter: CreateLimiter::default(),
@@ -64,10 +73,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     // Probes often use HEAD; it answers like GET without the body.
     cfg.service(resource("/healthz", "GET, HEAD").route(web::get().to(healthz)).route(web::head().to(healthz)))
         .service(resource("/readyz", "GET, HEAD").route(web::get().to(readyz)).route(web::head().to(readyz)))
-        .service(resource("/metrics", "GET").route(web::get().to(metrics)))
+        .service(resource("/api/v1/openapi.json", "GET").route(web::get().to(openapi)))
         .service(
             web::scope("/api/v1")
-                .service(resource("/openapi.json", "GET").route(web::get().to(openapi)))
+                .wrap(from_fn(require_database))
                 .service(
                     resource("/tasks", "GET, POST").route(web::post().to(tasks::create)).route(web::get().to(tasks::list)),
                 )
@@ -101,6 +110,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         );
 }
 
+/// `/metrics`, on the API's address unless CHIME_METRICS_LISTEN gives it one of its own.
+pub fn metrics_route(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/metrics", "GET").route(web::get().to(metrics)));
+}
+
 /// A resource that answers a method it does not serve with a JSON 405 naming the `allow`ed ones.
 fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
     web::resource(path).default_service(web::to(move |req: HttpRequest| async move {
@@ -127,13 +141,43 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
+/// While the database is known to be down, every API call answers 503 at once (not after
+/// the pool's acquire timeout), and so does a call in flight when it is found down; a call
+/// that finds it unreachable marks it down.
+async fn require_database(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let health = req.app_data::<web::Data<AppState>>().expect("the API's state is registered").health.clone();
+    let unavailable = || ApiError::Unavailable("the database is unavailable; retry shortly".into());
+    if health.is_down() {
+        return Err(unavailable().into());
+    }
+    let response = tokio::select! {
+        response = next.call(req) => response?,
+        () = health.went_down() => return Err(unavailable().into()),
+    };
+    if response.response().error().and_then(|e| e.as_error::<ApiError>()).is_some_and(|e| matches!(e, ApiError::Unavailable(_))) {
+        health.mark_down();
+    }
+    Ok(response)
+}
+
 /// Ready when the database answers and every migration this binary knows is applied.
 async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let not_ready = |reason: String| ApiError::Unavailable(format!("not ready: {reason}"));
-    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-        .fetch_one(&state.pool)
-        .await
-        .map_err(|e| not_ready(format!("database unreachable ({e})")))?;
+    let down = || not_ready("database unreachable".into());
+    if state.health.is_down() {
+        return Err(down());
+    }
+    let query = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(&state.pool);
+    let applied: Option<i64> = tokio::select! {
+        applied = query => applied.map_err(|e| {
+            state.health.mark_down();
+            not_ready(format!("database unreachable ({e})"))
+        })?,
+        () = state.health.went_down() => return Err(down()),
+    };
     let expected = crate::db::MIGRATOR.iter().map(|m| m.version).max();
     if applied < expected {
         return Err(not_ready(format!("migrations pending (database at {applied:?}, binary at {expected:?})")));
@@ -164,6 +208,9 @@ async fn read_body(payload: web::Payload, limit: usize) -> Result<web::Bytes, Ap
     match payload.to_bytes_limited(limit).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Err(_) => Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
+        Ok(Err(e)) if e.as_error::<PayloadError>().is_some_and(|e| matches!(e, PayloadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)) => {
+            Err(ApiError::TimedOut(e.to_string()))
+        }
         Ok(Err(e)) => Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
     }
 }

@@ -123,7 +123,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
                 settings_changed.store(true, Ordering::Relaxed);
             }
             wake.notify_one();
-        }))
+        }, || ()))
     };
     let unrecorded = Arc::new(AtomicUsize::new(0));
     let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone()));
@@ -285,10 +285,10 @@ async fn record_outcomes(
 }
 
 /// Passes each `chime_wake` notification's payload to `on_wake`: empty for a task due
-/// soon, `settings` for a changed biz type. `PgListener` reconnects by itself;
-/// notifications sent while it was away are lost, which the loop's `IDLE_POLL` and
+/// soon, `settings` for a changed biz type. When its session breaks it calls `on_lost` and
+/// reconnects; notifications sent while it was away are lost, which the loop's `IDLE_POLL` and
 /// `SETTINGS_REFRESH` cover.
-pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn(&str)) {
+pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn(&str), on_lost: impl Fn()) {
     // Until the node shuts down (its pool closes).
     while !pool.is_closed() {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
@@ -305,12 +305,17 @@ pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn(&str)) {
             tokio::time::sleep(IDLE_POLL).await;
             continue;
         }
+        // A lost connection is reported (`None`) before reconnecting, which can take the
+        // pool's acquire timeout.
+        listener.eager_reconnect(false);
         loop {
-            match listener.recv().await {
-                Ok(notification) => on_wake(notification.payload()),
+            match listener.try_recv().await {
+                Ok(Some(notification)) => on_wake(notification.payload()),
                 Err(_) if pool.is_closed() => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "lost the LISTEN connection; reconnecting");
+                lost => {
+                    on_lost();
+                    let error = lost.err().map_or("closed".to_string(), |e| e.to_string());
+                    tracing::warn!(error, "lost the LISTEN connection; reconnecting");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     break;
                 }

@@ -3,7 +3,7 @@
 //! that stops the next start.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -18,6 +18,11 @@ struct Node {
 }
 
 async fn start(data_dir: &Path) -> Node {
+    start_logging(data_dir, std::process::Stdio::null()).await
+}
+
+/// Like `start`, with the node's log (stderr) going to `log`.
+async fn start_logging(data_dir: &Path, log: std::process::Stdio) -> Node {
     let port = free_port();
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
         .env_remove("DATABASE_URL")
@@ -26,7 +31,7 @@ async fn start(data_dir: &Path) -> Node {
         .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
         .env("CHIME_ADMIN_PASSWORD", "first-admin-password")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(log)
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -155,6 +160,68 @@ async fn a_second_serve_on_the_same_data_dir_is_refused() {
     let out = chime(&[("CHIME_DATA_DIR", data_dir.to_str().unwrap()), ("CHIME_LISTEN", "127.0.0.1:0")], &["serve"], None).await;
     assert!(!out.ok);
     assert!(out.stderr.contains("DATABASE_URL"), "{}", out.stderr);
+    kill(Pid::from_raw(node.child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    node.child.wait().await.unwrap();
+    std::fs::remove_dir_all(&data_dir).unwrap();
+}
+
+/// The postmaster of the embedded database killed with SIGKILL (as the OOM killer would):
+/// while it is down `/readyz` and a create answer 503 within 1 s (the pool alone would make
+/// them wait its 10 s acquire timeout); the node restarts it by itself, saying so in its
+/// log, and the tasks created before the kill are delivered.
+#[tokio::test]
+async fn a_killed_embedded_database_is_restarted() {
+    let data_dir: PathBuf = std::env::temp_dir().join(format!("chime-embedded-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let log_path = data_dir.join("chime.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut node = start_logging(&data_dir, log.into()).await;
+    let client = crate::helpers::client();
+    let env = [("CHIME_DATA_DIR", data_dir.to_str().unwrap())];
+    let receiver = crate::receiver::Receiver::start(vec![], crate::receiver::Answer::status(200)).await;
+    let out = chime(&env, &["biz-type", "create", "orders", "--callback-url", &receiver.url], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = chime(&env, &["token", "create", "--biz-type", "orders"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let token = out.last_line().to_string();
+    let tasks = format!("{}/api/v1/tasks", node.address);
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let task = call(&client, &token, &tasks, Some(json!({"biz_type": "orders", "delay_ms": 2000, "payload": i}))).await;
+        ids.push(task["id"].as_str().unwrap().to_string());
+    }
+
+    let postmaster = postmaster_pid(&data_dir).unwrap();
+    kill(Pid::from_raw(postmaster), Signal::SIGKILL).unwrap();
+    let killed = Instant::now();
+    let readyz = loop {
+        let asked = Instant::now();
+        let status = client.get(format!("{}/readyz", node.address)).timeout(Duration::from_secs(30)).send().await.unwrap().status();
+        if status == 503 {
+            break asked.elapsed();
+        }
+        assert!(killed.elapsed() < Duration::from_secs(1), "/readyz still answered {status} 1 s after the kill");
+    };
+    let asked = Instant::now();
+    let create = client.post(&tasks).bearer_auth(&token).json(&json!({"biz_type": "orders"})).timeout(Duration::from_secs(30)).send().await.unwrap();
+    let create = (create.status().as_u16(), asked.elapsed());
+    println!("after the kill: /readyz 503 in {readyz:?} ({:?} after the kill), a create {} in {:?}", killed.elapsed(), create.0, create.1);
+    assert!(readyz < Duration::from_secs(1), "/readyz took {readyz:?} to answer 503");
+    assert_eq!(create.0, 503);
+    assert!(create.1 < Duration::from_secs(1), "a create took {:?} to answer 503", create.1);
+
+    // Back without anyone doing anything, and nothing acknowledged before the kill is lost.
+    wait_ready(&node.address).await;
+    println!("ready again {:?} after the kill", killed.elapsed());
+    assert_ne!(postmaster_pid(&data_dir), Some(postmaster));
+    let received = receiver.wait_for(ids.len(), Duration::from_secs(30)).await;
+    let delivered: std::collections::HashSet<&str> = received.iter().filter_map(|r| r.header("chime-task-id")).collect();
+    let lost: Vec<&String> = ids.iter().filter(|id| !delivered.contains(id.as_str())).collect();
+    assert!(lost.is_empty(), "tasks created before the kill not delivered: {lost:?}");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("exited unexpectedly; restarting it") && log.contains("is back"), "{log}");
+
     kill(Pid::from_raw(node.child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     node.child.wait().await.unwrap();
     std::fs::remove_dir_all(&data_dir).unwrap();

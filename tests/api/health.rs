@@ -71,3 +71,56 @@ async fn unknown_routes_and_methods_are_json_errors() {
     assert_eq!(reply.status, 405);
     assert_eq!(reply.headers["allow"], "POST");
 }
+
+/// With CHIME_METRICS_LISTEN, `/metrics` is served on that address and no longer on the
+/// API's, which may face clients that should not see the biz type names.
+#[tokio::test]
+async fn metrics_listen_moves_metrics_off_the_api_address() {
+    let metrics_address = format!("127.0.0.1:{}", crate::helpers::free_port());
+    let db_url = crate::helpers::fresh_database().await;
+    let (_node, address) = crate::helpers::chime_node(&db_url, &[("CHIME_METRICS_LISTEN", &metrics_address)]).await;
+    let client = crate::helpers::client();
+    let on_api = client.get(format!("{address}/metrics")).send().await.unwrap();
+    assert_eq!(on_api.status(), 404);
+    let own = client.get(format!("http://{metrics_address}/metrics")).send().await.unwrap();
+    assert_eq!(own.status(), 200);
+    assert!(own.text().await.unwrap().contains("# TYPE chime_tasks_claimed_total counter"));
+    let other = client.get(format!("http://{metrics_address}/readyz")).send().await.unwrap();
+    assert_eq!(other.status(), 404, "only /metrics is served there");
+}
+
+/// A client that sends its headers and then its body a byte a second is answered 408 and
+/// disconnected once CHIME_BODY_TIMEOUT_SECS (2 s here) has passed since its headers, and
+/// the server answers others meanwhile.
+#[tokio::test]
+async fn a_body_sent_too_slowly_is_answered_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = crate::helpers::spawn_app_with(chime::config::ServeArgs { engine: false, body_timeout_secs: 2, ..Default::default() }).await;
+    let token = app.biz_type("orders").await;
+    let host = app.address.trim_start_matches("http://").to_string();
+    let stream = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!(
+        "POST /api/v1/tasks HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    );
+    writer.write_all(head.as_bytes()).await.unwrap();
+    let started = std::time::Instant::now();
+    let drip = tokio::spawn(async move {
+        while writer.write_all(b" ").await.is_ok() {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    });
+    assert_eq!(app.request("GET", "/healthz", None, None).await.status, 200);
+
+    // Everything the server sends until it closes the connection (at most 10 s).
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), reader.read_to_end(&mut answer)).await;
+    let elapsed = started.elapsed();
+    drip.abort();
+    let answer = String::from_utf8_lossy(&answer);
+    println!("slow body: answered and disconnected after {elapsed:?}: {}", answer.lines().next().unwrap_or(""));
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(closed.is_ok(), "the connection stayed open");
+    assert!(elapsed < std::time::Duration::from_secs(4), "took {elapsed:?}, for a 2 s timeout");
+}

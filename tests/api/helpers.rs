@@ -108,7 +108,7 @@ async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
     settings.listen = "127.0.0.1:0".parse().unwrap();
     settings.http_workers = Some(1);
     settings.admin_password.get_or_insert_with(|| "test-admin-password".into());
-    let app = Application::build(&settings, pool.clone()).await.expect("building the app");
+    let app = Application::build(&settings, pool.clone(), chime::db::Health::new(pool.clone())).await.expect("building the app");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until(std::future::pending()));
     TestApp { address, pool, db_url, client: client() }

@@ -51,6 +51,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .app_data(web::FormConfig::default().limit(FORM_LIMIT).error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
                 .app_data(web::PayloadConfig::new(FORM_LIMIT))
                 .app_data(web::QueryConfig::default().error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
+                .app_data(web::PathConfig::default().error_handler(|e, _| ConsoleError::NotFound(e.to_string()).into()))
                 .route("", web::get().to(dashboard::show))
                 .route("/login", web::get().to(session::login_form))
                 .route("/login", web::post().to(session::login))

@@ -296,6 +296,7 @@ async fn timer_reschedule_and_audit_forms_refuse_what_the_api_refuses_on_the_for
         ("cron", "0%000 3 * * *".into(), "0\00 3 * * *".into()),
         ("cron", "99999999999999999999 0 3 * * *".into(), "99999999999999999999 0 3 * * *".into()),
         ("cron", long.clone(), long.clone()),
+        ("cron", "0%0D%0A0 3 * * *".into(), "0\r\n0 3 * * *".into()),
         ("timezone", "UTC%00".into(), "UTC\0".into()),
         ("timezone", "UTC%0D%0ASet-Cookie:x".into(), "UTC\r\nSet-Cookie:x".into()),
         ("timezone", "Z".repeat(100_000), "Z".repeat(100_000)),
@@ -362,6 +363,21 @@ async fn timer_reschedule_and_audit_forms_refuse_what_the_api_refuses_on_the_for
         assert_eq!(page.status, 422, "{query}: {}", page.body);
         assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "{query}: {}", page.body);
     }
+    for (query, field) in [("cursor=%00", "cursor"), ("cursor=x", "cursor"), ("status=pending%00", "status")] {
+        let page = admin.get(&format!("/console/tasks?{query}")).await;
+        assert_eq!(page.status, 422, "{query}: {}", page.body);
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "{query}: {}", page.body);
+    }
+    let page = admin.post("/console/biz-types/orders/tokens/not-a-uuid/revoke", &[]).await;
+    assert_eq!(page.status, 404, "{}", page.body);
+    assert!(page.body.contains("<title>404"), "the console's page, not the framework's: {}", page.body);
+    let page = admin.post("/console/timers", &[("biz_type", "orders"), ("key", "big"), ("cron", "0 0 4 * * *"), ("payload", &"9".repeat(300 * 1024))]).await;
+    assert_eq!(page.status, 400, "{}", &page.body[..page.body.len().min(2000)]);
+    assert!(page.body.contains("<title>400") && page.body.contains("262144 bytes"), "{}", page.body);
+    // A long search text is only a search that finds nothing.
+    let page = admin.get(&format!("/console/audit?actor={}", "a".repeat(40_000))).await;
+    assert!(page.status == 200 && page.body.contains("Nothing recorded matches."), "{}: {}", page.status, &page.body[..page.body.len().min(2000)]);
+
     // Text that is not UTF-8 would be read as U+FFFD, not as sent: refused before any form.
     for (path, body, field) in [
         ("/console/timers".to_string(), "biz_type=orders&key=a%FFb&cron=0+0+4+*+*+*", "key"),

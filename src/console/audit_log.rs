@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::{ConsoleError, Ctx, Session, render};
 use crate::api::AppState;
+use crate::error::Error;
 
 const PAGE_SIZE: i64 = 100;
 
@@ -19,8 +20,24 @@ pub struct Filter {
     pub action: String,
     #[serde(default)]
     pub target: String,
-    /// Entries older than this id (the next page).
-    pub before: Option<i64>,
+    /// Entries older than this id (the next page), as typed.
+    #[serde(default)]
+    pub before: String,
+}
+
+impl Filter {
+    /// The `before` id; the texts searched for, which PostgreSQL must be able to hold.
+    fn check(&self) -> Result<Option<i64>, Error> {
+        for (field, text) in [("actor", &self.actor), ("action", &self.action), ("target", &self.target)] {
+            if text.contains(char::is_control) {
+                return Err(Error::invalid(field, "must not contain control characters"));
+            }
+        }
+        match self.before.trim() {
+            "" => Ok(None),
+            raw => raw.parse().map(Some).map_err(|_| Error::invalid("before", "is not a page link from this log")),
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -56,10 +73,20 @@ struct Page {
     filter: Filter,
     entries: Vec<Entry>,
     next: Option<String>,
+    /// The field a refused filter is refused for, and why.
+    error: Option<(String, String)>,
 }
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>, filter: web::Query<Filter>) -> Result<HttpResponse, ConsoleError> {
     let filter = filter.into_inner();
+    let before = match filter.check() {
+        Ok(before) => before,
+        Err(Error::Invalid { field, message }) => {
+            let page = Page { ctx: Ctx::new(&session, &req, "audit"), filter, entries: vec![], next: None, error: Some((field, message)) };
+            return render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let like = |s: &str| (!s.trim().is_empty()).then(|| format!("%{}%", s.trim().replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
     let entries: Vec<Entry> = sqlx::query_as(
         "SELECT id, at, actor, action, target_type, target, before, after FROM audit_log
@@ -70,7 +97,7 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
     .bind(like(&filter.actor))
     .bind(like(&filter.action))
     .bind(like(&filter.target))
-    .bind(filter.before)
+    .bind(before)
     .bind(PAGE_SIZE)
     .fetch_all(&state.pool)
     .await?;
@@ -83,6 +110,21 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
             .finish();
         format!("/console/audit?{query}")
     });
-    let page = Page { ctx: Ctx::new(&session, &req, "audit"), filter, entries, next };
+    let page = Page { ctx: Ctx::new(&session, &req, "audit"), filter, entries, next, error: None };
     render(StatusCode::OK, &page.ctx, &page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_postgresql_cannot_take_are_refused() {
+        let filter = |actor: &str, before: &str| Filter { actor: actor.into(), before: before.into(), ..Filter::default() };
+        assert!(matches!(filter("user:admin", " 42 ").check(), Ok(Some(42))));
+        assert!(matches!(filter("", "").check(), Ok(None)));
+        for (bad, field) in [(filter("user\0admin", ""), "actor"), (filter("", "99999999999999999999"), "before"), (filter("", "1e3"), "before")] {
+            assert!(matches!(bad.check(), Err(Error::Invalid { field: f, .. }) if f == field), "{field}");
+        }
+    }
 }

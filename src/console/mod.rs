@@ -21,10 +21,13 @@ mod timers;
 pub use login_limits::LoginLimiter;
 pub use session::Session;
 
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::cookie::{Cookie, SameSite};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::http::header;
-use actix_web::{HttpRequest, HttpResponse, ResponseError, middleware, web};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, middleware, web};
 use askama::Template;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -34,17 +37,21 @@ use crate::error::Error;
 use crate::tasks::check_time;
 
 const FLASH_COOKIE: &str = "chime_flash";
+/// Above every field's own limit (a description's is 1000 bytes, a payload's 64 KiB by
+/// default), so that an over-long value is refused on its form, with the others kept.
+const FORM_LIMIT: usize = 256 * 1024;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(|| async { see_other("/console") }))
         .route("/static/{file:.*}", web::get().to(assets::serve))
         .service(
             web::scope("/console")
+                .wrap(middleware::from_fn(utf8_only))
                 .wrap(security_headers())
-                // Above every field's own limit (a description's is 1000 bytes), so that an
-                // over-long value is refused on its form, with the others kept.
-                .app_data(web::FormConfig::default().limit(256 * 1024).error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
+                .app_data(web::FormConfig::default().limit(FORM_LIMIT).error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
+                .app_data(web::PayloadConfig::new(FORM_LIMIT))
                 .app_data(web::QueryConfig::default().error_handler(|e, _| ConsoleError::BadRequest(e.to_string()).into()))
+                .app_data(web::PathConfig::default().error_handler(|e, _| ConsoleError::NotFound(e.to_string()).into()))
                 .route("", web::get().to(dashboard::show))
                 .route("/login", web::get().to(session::login_form))
                 .route("/login", web::post().to(session::login))
@@ -91,6 +98,39 @@ fn security_headers() -> middleware::DefaultHeaders {
         .add((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
         .add((header::REFERRER_POLICY, "same-origin"))
         .add((header::CACHE_CONTROL, "no-store"))
+}
+
+/// Refuses a query string or form whose percent-encoded text is not UTF-8: the extractors
+/// would decode it to U+FFFD, so the value used would not be the one sent.
+async fn utf8_only(mut req: ServiceRequest, next: Next<impl MessageBody>) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let mut refused = not_utf8(req.query_string().as_bytes());
+    if refused.is_none() && req.content_type().eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        match req.extract::<web::Bytes>().await {
+            Ok(body) => {
+                refused = not_utf8(&body);
+                req.set_payload(body.into());
+            }
+            Err(e) => refused = Some(format!("the form could not be read (at most {FORM_LIMIT} bytes): {e}")),
+        }
+    }
+    match refused {
+        Some(message) => Ok(req.error_response(ConsoleError::BadRequest(message)).map_into_right_body()),
+        None => next.call(req).await.map(ServiceResponse::map_into_left_body),
+    }
+}
+
+/// Why the first field of a query string or form whose text is not UTF-8 is refused.
+fn not_utf8(encoded: &[u8]) -> Option<String> {
+    encoded.split(|b| *b == b'&').find_map(|pair| {
+        let mut parts = pair.splitn(2, |b| *b == b'=');
+        let name = percent_encoding::percent_decode(parts.next().unwrap_or_default()).decode_utf8();
+        let value = percent_encoding::percent_decode(parts.next().unwrap_or_default()).decode_utf8();
+        match (name, value) {
+            (Ok(_), Ok(_)) => None,
+            (Ok(name), Err(_)) => Some(format!("{}: is not UTF-8 text", name.escape_debug())),
+            (Err(_), _) => Some("a field's name is not UTF-8 text".into()),
+        }
+    })
 }
 
 /// The console's error: a page with the right status, or a redirect to sign in.
@@ -267,4 +307,17 @@ pub fn parse_local_time(field: &str, raw: &str) -> Result<Option<DateTime<Utc>>,
         }
     }
     Err(Error::invalid(field, format!("`{raw}` is not a time such as 2026-11-22 09:30 (UTC)")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_field_that_is_not_utf8_is_named() {
+        assert_eq!(not_utf8(b"a=1&b=%C3%A9+x&c=&d"), None);
+        assert_eq!(not_utf8(b"a=1&key=a%FFb&z=%C3").as_deref(), Some("key: is not UTF-8 text"));
+        assert_eq!(not_utf8(b"q=\xff").as_deref(), Some("q: is not UTF-8 text"));
+        assert_eq!(not_utf8(b"%FF=1").as_deref(), Some("a field's name is not UTF-8 text"));
+    }
 }

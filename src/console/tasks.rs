@@ -135,6 +135,23 @@ struct TaskPage {
     task: Task,
     payload: String,
     attempts: Vec<Attempt>,
+    /// The reschedule form's time as typed, and why it was refused.
+    run_at: String,
+    error: Option<(String, String)>,
+}
+
+impl TaskPage {
+    fn error_for(&self, field: &str) -> &str {
+        super::error_for(&self.error, field)
+    }
+}
+
+/// The task's page; with an error, answered 422 with the reschedule form as it was typed.
+fn task_page(req: &HttpRequest, session: &Session, task: Task, attempts: Vec<Attempt>, run_at: String, error: Option<(String, String)>) -> Result<HttpResponse, ConsoleError> {
+    let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
+    let payload = super::pretty_json(&task.payload);
+    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, run_at, error };
+    render(status, &page.ctx, &page)
 }
 
 async fn found(state: &AppState, id: Uuid) -> Result<(Task, Vec<Attempt>), ConsoleError> {
@@ -147,9 +164,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ConsoleError> {
 
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let (task, attempts) = found(&state, parse_id(&id)?).await?;
-    let payload = super::pretty_json(&task.payload);
-    let page = TaskPage { ctx: Ctx::new(&session, &req, "tasks"), task, payload, attempts };
-    render(StatusCode::OK, &page.ctx, &page)
+    task_page(&req, &session, task, attempts, String::new(), None)
 }
 
 pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
@@ -176,11 +191,25 @@ pub struct RescheduleForm {
     run_at: String,
 }
 
-pub async fn reschedule(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<RescheduleForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn reschedule(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<RescheduleForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let (task, _) = found(&state, parse_id(&id)?).await?;
-    let run_at = parse_local_time("run_at", &form.run_at)?.ok_or_else(|| ConsoleError::Invalid("run_at: give the new time".into()))?;
-    let when = When::parse(Some(&run_at.to_rfc3339()), None, chrono::Utc::now())?;
+    let (task, attempts) = found(&state, parse_id(&id)?).await?;
+    // The API's rules for run_at: a time RFC 3339 can name, at most 24 hours past and 10
+    // years ahead.
+    let when = parse_local_time("run_at", &form.run_at)
+        .and_then(|t| t.ok_or_else(|| Error::invalid("run_at", "give the new time")))
+        .and_then(|t| When::parse(Some(&t.to_rfc3339()), None, chrono::Utc::now()));
+    let when = match when {
+        Ok(when) => when,
+        Err(Error::Invalid { field, message }) => return task_page(&req, &session, task, attempts, form.into_inner().run_at, Some((field, message))),
+        Err(e) => return Err(e.into()),
+    };
     let moved = tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None).await?;
     audit::record(
         &state.pool,

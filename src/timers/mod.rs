@@ -124,8 +124,13 @@ impl TimerChanges {
     }
 }
 
-/// A schedule must parse and fire at least once more.
+/// A schedule must parse and fire at least once more. A new one must be on one line: the
+/// cron crate takes CR, LF or tab between fields, but the text is stored and shown as given.
+/// (Not in `Schedule::parse`, which reads timers already stored.)
 fn validate_schedule(cron: &str, timezone: &str) -> Result<Schedule, Error> {
+    if cron.contains(char::is_control) {
+        return Err(Error::invalid("cron", "must not contain control characters; separate the fields with spaces"));
+    }
     let schedule = Schedule::parse(cron, timezone)?;
     if schedule.next(Utc::now(), 1).is_empty() {
         return Err(Error::invalid("cron", "never fires again"));
@@ -391,4 +396,17 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
 /// The key of a timer's occurrence: `<timer key>@<fire time in UTC>`.
 pub fn occurrence_key(timer_key: &str, fire: DateTime<Utc>) -> String {
     format!("{timer_key}@{}", fire.format("%Y-%m-%dT%H:%M:%SZ"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_schedule_is_one_line_that_fires_again() {
+        assert!(validate_schedule("0 0 3 * * *", "Europe/Berlin").is_ok());
+        for cron in ["0\r\n0 3 * * *", "0\t0 3 * * *", "0 0 3 * * *\0", "0 0 0 1 1 ? 1970", "0 0 0 1 1 ? 275760"] {
+            assert!(matches!(validate_schedule(cron, "UTC"), Err(Error::Invalid { field, .. }) if field == "cron"), "{cron:?}");
+        }
+    }
 }

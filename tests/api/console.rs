@@ -96,6 +96,21 @@ impl Console {
         self.post_raw(path, &fields).await
     }
 
+    /// Posts a form body encoded as given, with the session's CSRF token added: bytes a
+    /// browser would not send (invalid UTF-8, NUL) included.
+    pub async fn post_encoded(&self, path: &str, body: &str) -> Page {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.address))
+            .header(COOKIE, format!("chime_session={}", self.session))
+            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(format!("{body}&csrf={}", self.csrf))
+            .send()
+            .await
+            .unwrap();
+        Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
+    }
+
     /// Posts a form exactly as given (no CSRF token unless it is in `form`).
     pub async fn post_raw(&self, path: &str, form: &[(&str, &str)]) -> Page {
         let resp = self
@@ -251,6 +266,137 @@ async fn console_forms_and_filters_refuse_what_the_api_refuses_on_the_form() {
     let form = no_redirects().get(format!("{}/console/login?next=%2Fconsole%0D%0ASet-Cookie:%20x=1", app.address)).send().await.unwrap();
     assert_eq!(form.status(), 200);
     assert!(form.text().await.unwrap().contains("name=\"next\" value=\"/console\""));
+}
+
+/// The timer forms, the task page's reschedule form and the audit filter get the API's
+/// rules for what PostgreSQL, chrono or the schedule cannot take (NUL, CR LF, years beyond
+/// 0000-9999, over-long text, invalid UTF-8, payloads that are not JSON, too deep or out of
+/// numeric's range): 422 with the error next to the field and the values kept, never a
+/// 500 or a bare 400; nothing changes.
+#[tokio::test]
+async fn timer_reschedule_and_audit_forms_refuse_what_the_api_refuses_on_the_form() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let created = app.post("/api/v1/timers", &token, json!({"biz_type": "orders", "key": "nightly", "cron": "0 0 3 * * *"})).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let timer = created.body["id"].as_str().unwrap().to_string();
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "t-1", "delay_ms": 600000})).await;
+    let task_id = task["id"].as_str().unwrap().to_string();
+    let audit_entries: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log").fetch_one(&app.pool).await.unwrap();
+
+    let long = "7".repeat(100_000);
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let cron_years = ["0 0 0 1 1 ? -4714", "0 0 0 1 1 ? -200000", "0 0 0 1 1 ? 10000", "0 0 0 1 1 ? 275760", "0 0 0 1 1 ? 1970"];
+    // (field, value as urlencoded in the body, what the page shows of it)
+    let mut bad: Vec<(&str, String, String)> = vec![
+        ("key", "a%00b".into(), "a\0b".into()),
+        ("key", "a%0D%0Ab".into(), "a\r\nb".into()),
+        ("key", "k".repeat(300), "k".repeat(300)),
+        ("cron", "0%000 3 * * *".into(), "0\u{0}0 3 * * *".into()),
+        ("cron", "99999999999999999999 0 3 * * *".into(), "99999999999999999999 0 3 * * *".into()),
+        ("cron", long.clone(), long.clone()),
+        ("cron", "0%0D%0A0 3 * * *".into(), "0\r\n0 3 * * *".into()),
+        ("timezone", "UTC%00".into(), "UTC\0".into()),
+        ("timezone", "UTC%0D%0ASet-Cookie:x".into(), "UTC\r\nSet-Cookie:x".into()),
+        ("timezone", "Z".repeat(100_000), "Z".repeat(100_000)),
+        ("payload", "%7B%22a%22%3A%22%00%22%7D".into(), "{&#34;a&#34;:&#34;\0&#34;}".into()),
+        ("payload", "%7B%22a%22%3A%22%5Cu0000%22%7D".into(), "{&#34;a&#34;:&#34;\\u0000&#34;}".into()),
+        ("payload", "1e999".into(), "1e999".into()),
+        ("payload", "-1e99999999999999999999".into(), "-1e99999999999999999999".into()),
+        ("payload", "not+json".into(), "not json".into()),
+        ("payload", deep.clone(), deep.clone()),
+        ("payload", format!("%22{}%22", "p".repeat(70_000)), format!("&#34;{}&#34;", "p".repeat(70_000))),
+    ];
+    for cron in cron_years {
+        bad.push(("cron", cron.replace(' ', "+").replace('?', "%3F"), cron.into()));
+    }
+    for (field, value, shown) in &bad {
+        let base = [("biz_type", "orders"), ("key", "daily"), ("cron", "0+0+4+*+*+*"), ("timezone", "UTC"), ("payload", "%7B%7D")];
+        for path in ["/console/timers".to_string(), format!("/console/timers/{timer}")] {
+            if path != "/console/timers" && *field == "key" {
+                continue; // an edit keeps the key
+            }
+            let body: Vec<String> = base.iter().filter(|(f, _)| f != field).map(|(f, v)| format!("{f}={v}")).chain([format!("{field}={value}")]).collect();
+            let page = admin.post_encoded(&path, &body.join("&")).await;
+            let short = &page.body[..page.body.len().min(3000)];
+            assert_eq!(page.status, 422, "{path} {field}={}: {short}", &value[..value.len().min(80)]);
+            assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "{path} {field}={}: no error at {field}: {short}", &value[..value.len().min(80)]);
+            assert!(page.body.contains(shown.as_str()), "{path} {field}={}: not kept", &value[..value.len().min(80)]);
+        }
+    }
+    let timers = chime::timers::list(&app.pool, None, None, 10).await.unwrap();
+    assert_eq!(timers.len(), 1, "only the timer made through the API");
+    assert_eq!((timers[0].cron.as_str(), timers[0].timezone.as_str(), timers[0].payload.get()), ("0 0 3 * * *", "UTC", "null"));
+
+    let run_at_before = chime::tasks::get(&app.pool, task_id.parse().unwrap()).await.unwrap().unwrap().0.run_at;
+    let too_late = (chrono::Utc::now() + chrono::Duration::days(366 * 11)).format("%Y-%m-%dT%H:%M").to_string();
+    let too_early = (chrono::Utc::now() - chrono::Duration::days(2)).format("%Y-%m-%dT%H:%M").to_string();
+    for (value, shown) in [
+        ("-4714-01-01T00:00", "-4714-01-01T00:00"),
+        ("-200000-01-01T00:00", "-200000-01-01T00:00"),
+        ("10000-01-01T00:00", "10000-01-01T00:00"),
+        ("275760-09-13T00:00", "275760-09-13T00:00"),
+        ("2030-01-01T09:00%00", "2030-01-01T09:00\0"),
+        ("2030-01-01T09:00%0D%0AX", "2030-01-01T09:00\r\nX"),
+        (long.as_str(), long.as_str()),
+        (too_late.as_str(), too_late.as_str()),
+        (too_early.as_str(), too_early.as_str()),
+        ("", ""),
+    ] {
+        let page = admin.post_encoded(&format!("/console/tasks/{task_id}/reschedule"), &format!("run_at={value}")).await;
+        let short = &page.body[..page.body.len().min(3000)];
+        assert_eq!(page.status, 422, "run_at={}: {short}", &value[..value.len().min(80)]);
+        assert!(!page.body.contains("data-field=\"run_at\"></span>"), "run_at={}: no error at run_at: {short}", &value[..value.len().min(80)]);
+        assert!(page.body.contains(&format!("name=\"run_at\" step=\"1\" required value=\"{shown}\"")), "run_at={}: not kept", &value[..value.len().min(80)]);
+    }
+    assert_eq!(chime::tasks::get(&app.pool, task_id.parse().unwrap()).await.unwrap().unwrap().0.run_at, run_at_before);
+
+    for (query, field) in [
+        ("actor=user%00admin", "actor"),
+        ("action=task%0D%0A", "action"),
+        ("target=%00", "target"),
+        ("before=99999999999999999999", "before"),
+        ("before=1e3", "before"),
+    ] {
+        let page = admin.get(&format!("/console/audit?{query}")).await;
+        assert_eq!(page.status, 422, "{query}: {}", page.body);
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "{query}: {}", page.body);
+    }
+    for (query, field) in [("cursor=%00", "cursor"), ("cursor=x", "cursor"), ("status=pending%00", "status")] {
+        let page = admin.get(&format!("/console/tasks?{query}")).await;
+        assert_eq!(page.status, 422, "{query}: {}", page.body);
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "{query}: {}", page.body);
+    }
+    let page = admin.post("/console/biz-types/orders/tokens/not-a-uuid/revoke", &[]).await;
+    assert_eq!(page.status, 404, "{}", page.body);
+    assert!(page.body.contains("<title>404"), "the console's page, not the framework's: {}", page.body);
+    let page = admin.post("/console/timers", &[("biz_type", "orders"), ("key", "big"), ("cron", "0 0 4 * * *"), ("payload", &"9".repeat(300 * 1024))]).await;
+    assert_eq!(page.status, 400, "{}", &page.body[..page.body.len().min(2000)]);
+    assert!(page.body.contains("<title>400") && page.body.contains("262144 bytes"), "{}", page.body);
+    // A long search text is only a search that finds nothing.
+    let page = admin.get(&format!("/console/audit?actor={}", "a".repeat(40_000))).await;
+    assert!(page.status == 200 && page.body.contains("Nothing recorded matches."), "{}: {}", page.status, &page.body[..page.body.len().min(2000)]);
+
+    // Text that is not UTF-8 would be read as U+FFFD, not as sent: refused before any form.
+    for (path, body, field) in [
+        ("/console/timers".to_string(), "biz_type=orders&key=a%FFb&cron=0+0+4+*+*+*", "key"),
+        (format!("/console/timers/{timer}"), "cron=0+0+4+*+*+*&timezone=UTC%C3", "timezone"),
+        (format!("/console/tasks/{task_id}/reschedule"), "run_at=2030-01-01T09:00%FF", "run_at"),
+    ] {
+        let page = admin.post_encoded(&path, body).await;
+        assert_eq!(page.status, 400, "{path} {body}: {}", page.body);
+        assert!(page.body.contains(&format!("{field}: is not UTF-8 text")), "{path} {body}: {}", page.body);
+    }
+    for path in ["/console/tasks?q=%FF", "/console/audit?actor=%C3"] {
+        let page = admin.get(path).await;
+        assert_eq!(page.status, 400, "{path}: {}", page.body);
+        assert!(page.body.contains("is not UTF-8 text") && page.headers.contains_key("content-security-policy"), "{path}: {}", page.body);
+    }
+    assert_eq!(chime::timers::list(&app.pool, None, None, 10).await.unwrap().len(), 1);
+    assert_eq!(chime::tasks::get(&app.pool, task_id.parse().unwrap()).await.unwrap().unwrap().0.run_at, run_at_before);
+    let now: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(now, audit_entries, "nothing recorded");
 }
 
 #[tokio::test]

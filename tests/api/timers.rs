@@ -96,6 +96,7 @@ async fn bad_timers_are_refused_naming_the_field() {
         (json!({"biz_type": "reports", "key": "a", "cron": "0 9 * * *"}), "cron: needs 6 or 7 fields"),
         (json!({"biz_type": "reports", "key": "a", "cron": "0 0 25 * * *"}), "cron: is not a valid cron expression"),
         (json!({"biz_type": "reports", "key": "a", "cron": "0 0 0 30 2 *"}), "cron: never fires again"),
+        (json!({"biz_type": "reports", "key": "a", "cron": "0\r\n0 9 * * *"}), "cron: must not contain control characters"),
         (json!({"biz_type": "reports", "key": "a", "cron": "0 0 9 * * *", "timezone": "Mars/Olympus"}), "timezone:"),
         (json!({"biz_type": "reports", "key": "", "cron": "0 0 9 * * *"}), "key:"),
         (json!({"biz_type": "reports", "key": "k".repeat(240), "cron": "0 0 9 * * *"}), "key: must be at most 235 bytes"),
@@ -113,6 +114,8 @@ async fn bad_timers_are_refused_naming_the_field() {
     let timer = create_timer(&app, &token, json!({"biz_type": "reports", "key": "a", "cron": "0 0 9 * * *"})).await;
     let id = timer["id"].as_str().unwrap();
     let reply = app.patch(&format!("/api/v1/timers/{id}"), &token, json!({"timezone": "Nowhere"})).await;
+    assert_eq!(reply.status, 422);
+    let reply = app.patch(&format!("/api/v1/timers/{id}"), &token, json!({"cron": "0 0 9 * * *\t"})).await;
     assert_eq!(reply.status, 422);
     let reply = app.patch(&format!("/api/v1/timers/{id}"), &token, json!({})).await;
     assert_eq!(reply.status, 422);

@@ -391,7 +391,8 @@ pub struct BizTypeFlags {
     /// Callback timeout in milliseconds [default: 10000].
     #[arg(long)]
     pub timeout_ms: Option<i32>,
-    /// Delivery attempts before a task is failed [default: 10].
+    /// Delivery attempts before a task is failed [default: 60: with the default backoff,
+    /// retries for at least 24 hours].
     #[arg(long)]
     pub max_attempts: Option<i32>,
     /// First retry delay in milliseconds, doubled per attempt [default: 1000].

@@ -61,7 +61,8 @@ pub struct DbArgs {
 pub struct LogArgs {
     /// Log filter directives added to the default `info,chime::http=warn,sqlx=warn`: a
     /// directive for a target replaces the default's for it, so `chime::http=info` adds
-    /// access logs and keeps everything else at info; a bare level (`debug`) applies to all.
+    /// access logs and keeps everything else at info; a bare level (`debug`) replaces `info`
+    /// for the targets the default does not name.
     #[arg(long, env = "CHIME_LOG", global = true)]
     pub log: Option<String>,
 

@@ -24,6 +24,8 @@ use clap::{Args, Parser, Subcommand};
 pub struct Cli {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// `serve`'s settings, for `chime` without a subcommand.
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -52,6 +54,28 @@ pub struct DbArgs {
     #[arg(long, env = "CHIME_DB_POOL_SIZE", default_value_t = 16, global = true,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub db_pool_size: u32,
+}
+
+/// What the log holds and how it is written (on stderr). Shared by every subcommand.
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log filter directives added to the default `info,chime::http=warn,sqlx=warn`: a
+    /// directive for a target replaces the default's for it, so `chime::http=info` adds
+    /// access logs and keeps everything else at info; a bare level (`debug`) replaces `info`
+    /// for the targets the default does not name.
+    #[arg(long, env = "CHIME_LOG", global = true)]
+    pub log: Option<String>,
+
+    /// Log format: `text` (one line per event, coloured only on a terminal) or `json` (one
+    /// object per line, the event's fields at its top level).
+    #[arg(long, env = "CHIME_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -368,7 +392,8 @@ pub struct BizTypeFlags {
     /// Callback timeout in milliseconds [default: 10000].
     #[arg(long)]
     pub timeout_ms: Option<i32>,
-    /// Delivery attempts before a task is failed [default: 10].
+    /// Delivery attempts before a task is failed [default: 60: with the default backoff,
+    /// retries for at least 24 hours].
     #[arg(long)]
     pub max_attempts: Option<i32>,
     /// First retry delay in milliseconds, doubled per attempt [default: 1000].
@@ -451,6 +476,8 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("engine", "CHIME_ENGINE"),
     ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),
     ("deny_private_callbacks", "CHIME_DENY_PRIVATE_CALLBACKS"),
+    ("log", "CHIME_LOG"),
+    ("log_format", "CHIME_LOG_FORMAT"),
 ];
 
 fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {

@@ -1,4 +1,4 @@
-//! The log's text format: one event, one line, whatever its fields hold.
+//! The log: its filter, its format (text or JSON), and the text format's escaping.
 //!
 //! Log lines carry text that clients chose: user names, biz type names, keys, URLs, and
 //! error messages that quote them. tracing-subscriber 0.3.23 escapes ESC (not newline or
@@ -7,10 +7,38 @@
 //! site choosing `?`, the fields are escaped here, where they are written.
 
 use std::fmt;
+use std::io::IsTerminal;
 
+use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::{DefaultFields, Writer};
+
+use crate::config::LogFormat;
+
+/// What is logged when `CHIME_LOG` says nothing about a target.
+pub const DEFAULT_FILTER: &str = "info,chime::http=warn,sqlx=warn";
+
+/// The default filter with `extra`'s directives added: a directive for a target the
+/// default names replaces it, so `chime::http=info` adds access logs and keeps the rest.
+pub fn filter(extra: Option<&str>) -> anyhow::Result<EnvFilter> {
+    let directives = match extra.map(str::trim).filter(|e| !e.is_empty()) {
+        Some(extra) => format!("{DEFAULT_FILTER},{extra}"),
+        None => DEFAULT_FILTER.to_string(),
+    };
+    EnvFilter::builder().parse(&directives).map_err(|e| anyhow::anyhow!("CHIME_LOG: {e}"))
+}
+
+/// Installs the process's subscriber, writing to stderr.
+pub fn init(extra: Option<&str>, format: LogFormat) -> anyhow::Result<()> {
+    let builder = tracing_subscriber::fmt().with_env_filter(filter(extra)?).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.fmt_fields(OneLineFields).with_ansi(std::io::stderr().is_terminal()).init(),
+        // serde_json escapes control characters in strings: a line per event already.
+        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
+    }
+    Ok(())
+}
 
 /// The default field format with every control character (newline, CR, ESC, NUL…)
 /// written as its Rust escape, `\n`, `\u{1b}`.
@@ -55,6 +83,32 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// The lines `filter` lets through of an INFO event at each of three targets.
+    fn passed(filter: EnvFilter) -> String {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_env_filter(filter).with_writer(move || writer.clone()).finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "chime::http", "access");
+            tracing::info!(target: "chime::engine", "engine");
+            tracing::info!(target: "sqlx::query", "statement");
+        });
+        String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn chime_log_adds_to_the_default_filter() {
+        let default = passed(filter(None).unwrap());
+        assert!(default.contains("engine") && !default.contains("access") && !default.contains("statement"), "{default}");
+        // The README's example: access logs, and the engine's lines still there.
+        let access = passed(filter(Some("chime::http=info")).unwrap());
+        assert!(access.contains("access") && access.contains("engine") && !access.contains("statement"), "{access}");
+        let quiet = passed(filter(Some("warn")).unwrap());
+        assert!(quiet.is_empty(), "a bare level replaces the default's: {quiet}");
+        let error = filter(Some("chime=loud")).unwrap_err().to_string();
+        assert!(error.starts_with("CHIME_LOG: "), "{error}");
     }
 
     #[test]

@@ -1,8 +1,5 @@
-use std::io::IsTerminal;
-
 use anyhow::Context;
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use chime::config::{Cli, Command, ServeArgs};
 use chime::db::{self, Database};
@@ -20,14 +17,7 @@ async fn main() {
 async fn run() -> anyhow::Result<()> {
     config::load_config_file()?;
     let args = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("CHIME_LOG").unwrap_or_else(|_| EnvFilter::new("info,chime::http=warn,sqlx=warn")),
-        )
-        .fmt_fields(chime::logs::OneLineFields)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+    chime::logs::init(args.log.log.as_deref(), args.log.log_format)?;
 
     // The biz-type commands validate callback URLs as `serve` does: CHIME_DENY_PRIVATE_CALLBACKS
     // reaches them through the environment or the config file.

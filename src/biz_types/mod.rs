@@ -12,6 +12,13 @@ use sqlx::PgPool;
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
 
+/// A new biz type's retries (the schema's column defaults, from migration 0008): 1 s
+/// doubling to an hour, for at least 24 hours even with the jitter at its least, so that a
+/// receiver down for a working day loses nothing. The README's table is checked against them.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 60;
+pub const DEFAULT_BACKOFF_INITIAL_MS: i32 = 1000;
+pub const DEFAULT_BACKOFF_MAX_MS: i32 = 3_600_000;
+
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct BizType {
     #[serde(skip)]

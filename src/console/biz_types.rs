@@ -67,9 +67,9 @@ impl Form {
         Form {
             mode: "callback".into(),
             timeout_ms: "10000".into(),
-            max_attempts: "10".into(),
-            backoff_initial_ms: "1000".into(),
-            backoff_max_ms: "3600000".into(),
+            max_attempts: biz_types::DEFAULT_MAX_ATTEMPTS.to_string(),
+            backoff_initial_ms: biz_types::DEFAULT_BACKOFF_INITIAL_MS.to_string(),
+            backoff_max_ms: biz_types::DEFAULT_BACKOFF_MAX_MS.to_string(),
             max_in_flight: "100".into(),
             ..Form::default()
         }

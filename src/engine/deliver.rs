@@ -45,10 +45,15 @@ pub fn signature(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
 /// Delay before retry number `attempt + 1`: exponential from the initial backoff, capped,
 /// with jitter over the upper half so that a burst of failures does not retry in step.
 pub fn backoff(initial_ms: i32, max_ms: i32, attempt: i32) -> Duration {
+    let (least, most) = backoff_range_ms(initial_ms, max_ms, attempt);
+    Duration::from_millis(rand::rng().random_range(least..=most))
+}
+
+/// The shortest and longest `backoff`.
+fn backoff_range_ms(initial_ms: i32, max_ms: i32, attempt: i32) -> (u64, u64) {
     let doublings = (attempt - 1).clamp(0, 30) as u32;
     let full = (initial_ms.max(0) as u64).saturating_mul(1 << doublings).min(max_ms.max(0) as u64);
-    let jittered = rand::rng().random_range(full / 2..=full);
-    Duration::from_millis(jittered)
+    (full / 2, full)
 }
 
 pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, task: Claimed) -> Outcome {
@@ -281,6 +286,47 @@ mod tests {
                 assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d} not in [{}, {full}]", full / 2);
             }
         }
+    }
+
+    /// "0.5 s", "17 min", "24.1 h".
+    fn human(ms: u64) -> String {
+        let trim = |x: f64, unit: &str| format!("{}", (x * 10.0).round() / 10.0) + unit;
+        match ms {
+            0..60_000 => trim(ms as f64 / 1000.0, " s"),
+            60_000..3_600_000 => trim(ms as f64 / 60_000.0, " min"),
+            _ => trim(ms as f64 / 3_600_000.0, " h"),
+        }
+    }
+
+    /// The default schedule as the README's table: each attempt's delay after the previous
+    /// one and its time since the first, shortest to longest; the attempts after the delay
+    /// reaches its cap share a row.
+    fn default_schedule() -> (String, u64) {
+        use crate::biz_types::{DEFAULT_BACKOFF_INITIAL_MS as INITIAL, DEFAULT_BACKOFF_MAX_MS as MAX, DEFAULT_MAX_ATTEMPTS as ATTEMPTS};
+        let mut table = String::from("| attempt | after the previous one | since the first |\n|---|---|---|\n| 1 | | 0 |\n");
+        let (mut least, mut most) = (0, 0);
+        let first_capped = (2..=ATTEMPTS).find(|a| backoff_range_ms(INITIAL, MAX, a - 1).1 == MAX as u64).unwrap_or(ATTEMPTS);
+        for attempt in 2..=ATTEMPTS {
+            let (shortest, longest) = backoff_range_ms(INITIAL, MAX, attempt - 1);
+            least += shortest;
+            most += longest;
+            let capped = longest == MAX as u64;
+            if capped && attempt < ATTEMPTS {
+                continue;
+            }
+            let name = if capped { format!("{first_capped}–{attempt}") } else { attempt.to_string() };
+            let each = if capped { " each" } else { "" };
+            table += &format!("| {name} | {}–{}{each} | {}–{} |\n", human(shortest), human(longest), human(least), human(most));
+        }
+        (table, least)
+    }
+
+    #[test]
+    fn the_default_schedule_spans_a_day_and_is_the_readmes() {
+        let (table, least_ms) = default_schedule();
+        assert!(least_ms >= 24 * 3_600_000, "the default retries end {} after the first attempt at the least", human(least_ms));
+        let readme = include_str!("../../README.md");
+        assert!(readme.contains(&table), "the README should show the default schedule as:\n{table}");
     }
 
     #[test]

@@ -32,6 +32,7 @@
 
 mod claim;
 pub(crate) mod deliver;
+mod failures;
 pub(crate) mod rate;
 
 pub use claim::{next_due, recover_expired_leases};
@@ -133,9 +134,11 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
     // Shared with the callbacks in flight, so that starting one copies no settings.
     let mut biz_types: Vec<Arc<BizTypeConfig>> = Vec::new();
     let mut refreshed_at: Option<tokio::time::Instant> = None;
+    let failures = Arc::new(failures::FailureLog::default());
     tracing::info!(%node_id, "delivery engine started");
 
     while !*shutdown.borrow() {
+        failures.flush(false);
         if settings_changed.swap(false, Ordering::Relaxed) || refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             match active_biz_types(&pool).await {
                 Ok(list) => {
@@ -196,8 +199,15 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
             let received = tokio::time::Instant::now();
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
-                let (client, biz, outcomes_tx, counter, wake, unrecorded) =
-                    (client.clone(), biz.clone(), outcomes_tx.clone(), counter.clone(), wake.clone(), unrecorded.clone());
+                let (client, biz, outcomes_tx, counter, wake, unrecorded, failures) = (
+                    client.clone(),
+                    biz.clone(),
+                    outcomes_tx.clone(),
+                    counter.clone(),
+                    wake.clone(),
+                    unrecorded.clone(),
+                    failures.clone(),
+                );
                 let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(due_at).await;
@@ -209,6 +219,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
                         claim::Verdict::GiveUp => metrics::Finish::Failed,
                     };
                     metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
+                    failures.note(&biz.name, &outcome);
                     unrecorded.fetch_add(1, Ordering::Relaxed);
                     let _ = outcomes_tx.send(outcome);
                     counter.fetch_sub(1, Ordering::Relaxed);
@@ -242,6 +253,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
     drop(outcomes_tx);
     // The recorder ends when every delivery task has sent its outcome and dropped its sender.
     let _ = recorder.await;
+    failures.flush(true);
     pool.close().await;
     tracing::info!("delivery engine stopped");
 }

@@ -333,7 +333,8 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
     let db_url = fresh_database().await;
     let log_path = std::env::temp_dir().join(format!("chime-authz-log-{}-{}.txt", std::process::id(), uuid::Uuid::new_v4()));
     let log = std::fs::File::create(&log_path).unwrap();
-    let env = [("CHIME_LOG", "debug"), ("CHIME_ADMIN_PASSWORD", "log-test-admin-password"), ("CHIME_ENGINE", "false")];
+    // Everything at debug: CHIME_LOG adds to the default, which keeps access logs and SQL at warn.
+    let env = [("CHIME_LOG", "debug,chime::http=debug,sqlx=debug"), ("CHIME_ADMIN_PASSWORD", "log-test-admin-password"), ("CHIME_ENGINE", "false")];
     let (mut child, address) = chime_process_logging(&db_url, &env, log).await;
     let pool = chime::db::connect(&db_url, 2).await.unwrap();
     let node = TestApp { address, pool, db_url, client: crate::helpers::client() };

@@ -136,6 +136,31 @@ async fn help_documents_settings() {
     for needle in ["CHIME_LISTEN", "CHIME_MAX_PAYLOAD_BYTES", "65536", "CHIME_HOT_DAYS", "CHIME_DENY_PRIVATE_CALLBACKS", "multi-tenant"] {
         assert!(out.stdout.contains(needle), "serve --help lacks {needle}");
     }
+    for needle in ["CHIME_LOG", "added to the default `info,chime::http=warn,sqlx=warn`", "CHIME_LOG_FORMAT", "json"] {
+        assert!(out.stdout.contains(needle), "serve --help lacks {needle}:\n{}", out.stdout);
+    }
+}
+
+/// A new biz type retries for a day: the schema's defaults (migration 0008) are the ones the
+/// engine's schedule test and the README use, and the console's create form and
+/// `biz-type create --help` show them.
+#[tokio::test]
+async fn new_biz_types_get_the_day_long_retry_defaults() {
+    use chime::biz_types::{DEFAULT_BACKOFF_INITIAL_MS, DEFAULT_BACKOFF_MAX_MS, DEFAULT_MAX_ATTEMPTS};
+    let app = spawn_app().await;
+    let settings = chime::biz_types::Settings { callback_url: Some("http://127.0.0.1:9/x".into()), ..Default::default() };
+    let created = chime::biz_types::create(&app.pool, "orders", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+    assert_eq!(
+        (created.max_attempts, created.backoff_initial_ms, created.backoff_max_ms),
+        (DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF_INITIAL_MS, DEFAULT_BACKOFF_MAX_MS)
+    );
+    let out = chime(&[], &["biz-type", "create", "--help"], None).await;
+    assert!(out.stdout.contains(&format!("[default: {DEFAULT_MAX_ATTEMPTS}")), "{}", out.stdout);
+    let admin = crate::console::sign_in(&app, "admin", "test-admin-password").await;
+    let form = admin.get("/console/biz-types/new").await.body;
+    for (name, value) in [("max_attempts", DEFAULT_MAX_ATTEMPTS), ("backoff_initial_ms", DEFAULT_BACKOFF_INITIAL_MS), ("backoff_max_ms", DEFAULT_BACKOFF_MAX_MS)] {
+        assert!(form.contains(&format!(r#"name="{name}" value="{value}""#)), "{name}: {form}");
+    }
 }
 
 /// A config file supplies settings; the environment wins over it; unknown keys are refused.

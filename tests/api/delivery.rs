@@ -6,7 +6,7 @@ use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, spawn_node};
+use crate::helpers::{TestApp, chime_process_logging, fresh_database, spawn_node};
 use crate::receiver::{Answer, Receiver};
 
 /// Creates a delivering biz type pointed at the receiver; returns its token.
@@ -72,6 +72,52 @@ async fn due_task_is_delivered_signed_and_recorded() {
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0]["status_code"], 200);
     assert_eq!(attempts[0]["response_excerpt"], "answer 200");
+}
+
+/// A `chime serve` process logging JSON, its receiver answering 500 to a burst of 300 tasks
+/// of one attempt each: every line of its log is a JSON object; the first failures are WARN
+/// lines with the task, biz type, attempt and status, the rest are counted into a line per
+/// interval (10 s), so the log holds a handful of lines for 300 failures, not 300.
+#[tokio::test]
+async fn failed_attempts_are_logged_and_a_burst_is_counted() {
+    let db_url = fresh_database().await;
+    let log_path = std::env::temp_dir().join(format!("chime-failures-log-{}-{}.txt", std::process::id(), uuid::Uuid::new_v4()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let (mut child, address) = chime_process_logging(&db_url, &[("CHIME_LOG_FORMAT", "json")], log).await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let node = TestApp { address, pool, db_url, client: crate::helpers::client() };
+    let receiver = Receiver::start(vec![], Answer::status(500)).await;
+    let token = biz_type(&node, "orders", &receiver, Settings { max_attempts: Some(1), ..Default::default() }).await;
+    let tasks: Vec<Value> = (0..300).map(|_| json!({"biz_type": "orders"})).collect();
+    let created = node.post("/api/v1/tasks/batch", &token, json!({ "tasks": tasks })).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+
+    // Wait until the failures of the interval are counted in the log (at most 30 s).
+    let mut lines = Vec::new();
+    for _ in 0..600 {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        lines = log.lines().map(|line| serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"))).collect();
+        let failures: Vec<&Value> = lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains("delivery attempt"))).collect();
+        let counted: u64 = failures.iter().map(|l| l["failed"].as_u64().unwrap_or(1)).sum();
+        if counted >= 300 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().await.unwrap();
+    std::fs::remove_file(&log_path).unwrap();
+    let failures: Vec<&Value> = lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains("delivery attempt"))).collect();
+    let one = failures.iter().find(|l| l["task_id"].is_string()).unwrap_or_else(|| panic!("no failed attempt logged: {lines:#?}"));
+    assert_eq!(
+        (&one["level"], &one["biz_type"], &one["attempt"], &one["status"], &one["error"]),
+        (&json!("WARN"), &json!("orders"), &json!(1), &json!(500), &json!("HTTP 500")),
+        "{one}"
+    );
+    let summary = failures.iter().find(|l| l["failed"].is_u64()).unwrap_or_else(|| panic!("no count of failures: {failures:#?}"));
+    assert_eq!((&summary["level"], &summary["biz_type"], &summary["example"]), (&json!("WARN"), &json!("orders"), &json!("HTTP 500")), "{summary}");
+    let counted: u64 = failures.iter().map(|l| l["failed"].as_u64().unwrap_or(1)).sum();
+    assert_eq!(counted, 300, "{failures:#?}");
+    assert!(failures.len() <= 12, "{} lines for 300 failures: {failures:#?}", failures.len());
 }
 
 /// 5xx answers are retried with exponential backoff until a 2xx; each attempt is kept.

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use sqlx::{Connection, PgConnection, PgPool};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use tokio::sync::watch;
 
 use crate::config::DbArgs;
@@ -133,6 +135,8 @@ impl Health {
 
 pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = url.parse().context("DATABASE_URL is not a valid PostgreSQL URL")?;
+    check_root_cert(url)?;
+    let ssl_mode = options.get_ssl_mode();
     // chime's statements each touch a few rows by index. When the planner misjudges one
     // (statistics of a partition analysed while empty), JIT compiling it costs hundreds of
     // milliseconds (measured: 658 ms for a 1 ms update) and gains nothing.
@@ -142,7 +146,53 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
-        .context("cannot connect to PostgreSQL (check DATABASE_URL, or unset it to use the embedded database)")
+        .with_context(|| match ssl_mode {
+            PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull => format!(
+                "cannot connect to PostgreSQL over TLS (sslmode={} in DATABASE_URL)",
+                ssl_mode_name(ssl_mode)
+            ),
+            _ => "cannot connect to PostgreSQL (check DATABASE_URL, or unset it to use the embedded database)".into(),
+        })
+}
+
+fn ssl_mode_name(mode: PgSslMode) -> &'static str {
+    match mode {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    }
+}
+
+/// sqlx reads `sslrootcert` only during the TLS handshake, where a missing file is a bare
+/// "No such file or directory" that names neither the file nor the setting. Read it once
+/// here so that a bad one is a clear startup error.
+fn check_root_cert(url: &str) -> anyhow::Result<()> {
+    let parsed = url::Url::parse(url).context("DATABASE_URL is not a valid PostgreSQL URL")?;
+    // The same names and environment variable sqlx accepts.
+    let root_cert = parsed
+        .query_pairs()
+        .find(|(k, _)| matches!(k.as_ref(), "sslrootcert" | "ssl-root-cert" | "ssl-ca"))
+        .map(|(_, v)| v.into_owned())
+        .or_else(|| std::env::var("PGSSLROOTCERT").ok());
+    let Some(path) = root_cert else { return Ok(()) };
+    let trimmed = path.trim();
+    // Inline PEM, told apart from a path as sqlx does.
+    let (pem, name) = if trimmed.starts_with("-----BEGIN") && trimmed.ends_with("-----") {
+        (path.as_bytes().to_vec(), "(inline PEM)")
+    } else {
+        let pem = std::fs::read(&path).with_context(|| format!("cannot read sslrootcert {path} (DATABASE_URL)"))?;
+        (pem, path.as_str())
+    };
+    let mut count = 0;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        cert.map_err(|e| anyhow::anyhow!("sslrootcert {name}: not a valid PEM certificate: {e}"))?;
+        count += 1;
+    }
+    anyhow::ensure!(count > 0, "sslrootcert {name}: no certificate in it (expected PEM, -----BEGIN CERTIFICATE-----)");
+    Ok(())
 }
 
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {

@@ -1,0 +1,203 @@
+//! TLS to PostgreSQL: a real server that accepts only TLS over TCP, with certificates made
+//! here by `openssl`, and every `sslmode` chime documents.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
+use chime::embedded_pg::{self, EmbeddedPg};
+use sqlx::{Connection, Executor, PgConnection, PgPool};
+use tokio::sync::OnceCell;
+
+use crate::cli::chime;
+use crate::delivery::wait_for_status;
+use crate::helpers::{TestApp, chime_node, client, free_port};
+use crate::receiver::{Answer, Receiver};
+
+/// A throwaway PostgreSQL listening on 127.0.0.1 whose `pg_hba.conf` has only `hostssl`
+/// lines for TCP. Its certificate names `localhost` only, so 127.0.0.1 serves as a host
+/// name the certificate does not cover.
+struct TlsServer {
+    port: u16,
+    /// The CA that signed the server's certificate.
+    ca: PathBuf,
+    /// A CA that signed nothing here.
+    other_ca: PathBuf,
+    /// Kept for the life of the process; its watchdog removes it (certificates included).
+    _cluster: EmbeddedPg,
+}
+
+static SERVER: OnceCell<TlsServer> = OnceCell::const_new();
+
+async fn server() -> &'static TlsServer {
+    SERVER.get_or_init(start_tls_server).await
+}
+
+async fn start_tls_server() -> TlsServer {
+    let mut pg = embedded_pg::start_throwaway().await.expect("starting a throwaway PostgreSQL");
+    let pgdata = pg.data_dir().join("pgdata");
+    let dir = pg.data_dir().join("tls");
+    std::fs::create_dir(&dir).unwrap();
+    let ca = make_ca(&dir, "ca");
+    let other_ca = make_ca(&dir, "other-ca");
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
+    openssl(&dir, &["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.crt"]);
+    // PostgreSQL refuses a key readable by others or owned by another user.
+    let owner = std::fs::metadata(&pgdata).unwrap();
+    std::os::unix::fs::chown(&key, Some(owner.uid()), Some(owner.gid())).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // The Unix socket stays for the embedded setup's own use; TCP is TLS or nothing.
+    std::fs::write(pgdata.join("pg_hba.conf"), "local all all trust\nhostssl all all 127.0.0.1/32 trust\n").unwrap();
+    let port = free_port();
+    let mut conn = PgConnection::connect(&pg.url("postgres")).await.unwrap();
+    for setting in [
+        "ssl = on".to_string(),
+        format!("ssl_cert_file = '{}'", cert.display()),
+        format!("ssl_key_file = '{}'", key.display()),
+        "listen_addresses = '127.0.0.1'".to_string(),
+        format!("port = {port}"),
+    ] {
+        conn.execute(sqlx::AssertSqlSafe(format!("ALTER SYSTEM SET {setting}"))).await.unwrap();
+    }
+    conn.close().await.unwrap();
+    // listen_addresses and port take a restart; the cluster is fresh, so a hard stop is fine.
+    pg.crash().await.unwrap();
+    pg.restart().await.unwrap();
+    TlsServer { port, ca, other_ca, _cluster: pg }
+}
+
+/// A self-signed CA in `dir`; returns its certificate.
+fn make_ca(dir: &Path, name: &str) -> PathBuf {
+    let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
+    openssl(dir, &[
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", &key, "-out", &crt,
+        "-days", "2", "-subj", &format!("/CN=chime test {name}"),
+        "-addext", "basicConstraints = critical, CA:TRUE", "-addext", "keyUsage = critical, keyCertSign, cRLSign",
+    ]);
+    dir.join(crt)
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("running openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl TlsServer {
+    fn url(&self, host: &str, query: &str) -> String {
+        format!("postgres://postgres@{host}:{}/chime?{query}", self.port)
+    }
+}
+
+/// The error chain as `chime` prints it.
+async fn connect_error(url: &str) -> String {
+    match chime::db::connect(url, 1).await {
+        Ok(_) => panic!("{url}: connected"),
+        Err(e) => {
+            let error = format!("{e:#}");
+            println!("{url}: {error}");
+            error
+        }
+    }
+}
+
+/// Connects through chime's own `db::connect` and checks the session is encrypted.
+async fn connect_over_tls(url: &str) -> PgPool {
+    let pool = chime::db::connect(url, 1).await.unwrap_or_else(|e| panic!("{url}: {e:#}"));
+    let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
+    assert!(ssl, "{url}: the session is not encrypted");
+    pool
+}
+
+#[tokio::test]
+async fn a_server_that_requires_tls_refuses_sslmode_disable() {
+    let server = server().await;
+    let error = connect_error(&server.url("localhost", "sslmode=disable")).await;
+    assert!(error.contains("no pg_hba.conf entry") && error.contains("no encryption"), "{error}");
+}
+
+#[tokio::test]
+async fn sslmode_require_connects_over_tls() {
+    let server = server().await;
+    connect_over_tls(&server.url("127.0.0.1", "sslmode=require")).await;
+    // prefer takes TLS when the server offers it.
+    connect_over_tls(&server.url("127.0.0.1", "sslmode=prefer")).await;
+}
+
+#[tokio::test]
+async fn verify_full_with_the_ca_connects_to_localhost() {
+    let server = server().await;
+    connect_over_tls(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", server.ca.display()))).await;
+}
+
+#[tokio::test]
+async fn verify_full_refuses_a_certificate_from_another_ca() {
+    let server = server().await;
+    let error = connect_error(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", server.other_ca.display()))).await;
+    assert!(error.contains("sslmode=verify-full") && error.contains("UnknownIssuer"), "{error}");
+}
+
+#[tokio::test]
+async fn verify_full_refuses_a_host_name_the_certificate_does_not_name() {
+    let server = server().await;
+    let error = connect_error(&server.url("127.0.0.1", &format!("sslmode=verify-full&sslrootcert={}", server.ca.display()))).await;
+    assert!(error.contains("sslmode=verify-full") && error.contains("not valid for name"), "{error}");
+}
+
+/// verify-ca checks the chain but not the name: 127.0.0.1 is accepted, another CA is not.
+#[tokio::test]
+async fn verify_ca_checks_the_ca_but_not_the_host_name() {
+    let server = server().await;
+    connect_over_tls(&server.url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={}", server.ca.display()))).await;
+    let error = connect_error(&server.url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={}", server.other_ca.display()))).await;
+    assert!(error.contains("sslmode=verify-ca") && error.contains("UnknownIssuer"), "{error}");
+}
+
+/// A bad sslrootcert is reported as such before any connection is tried.
+#[tokio::test]
+async fn a_bad_sslrootcert_is_a_clear_error() {
+    let server = server().await;
+    let missing = server.ca.with_file_name("missing.crt");
+    let error = connect_error(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", missing.display()))).await;
+    assert!(error.contains(&format!("cannot read sslrootcert {}", missing.display())), "{error}");
+    // A key is not a certificate.
+    let key = server.ca.with_file_name("ca.key");
+    let error = connect_error(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", key.display()))).await;
+    assert!(error.contains("no certificate in it"), "{error}");
+}
+
+/// A real `chime serve` on a verify-full DATABASE_URL migrates, becomes ready and delivers.
+#[tokio::test]
+async fn chime_serve_over_verify_full_delivers_a_task() {
+    let server = server().await;
+    let db_url = server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", server.ca.display()));
+    let (_child, address) = chime_node(&db_url, &[]).await;
+    let app = TestApp { address, pool: connect_over_tls(&db_url).await, db_url, client: client() };
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), ..Settings::default() };
+    biz_types::create(&app.pool, "tls", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "tls").await.unwrap();
+    let task = app.post("/api/v1/tasks", &token, serde_json::json!({"biz_type": "tls", "key": "t-1"})).await;
+    assert_eq!(task.status, 201, "{}", task.body);
+    let id = task.body["id"].as_str().unwrap();
+    wait_for_status(&app, &token, id, "succeeded").await;
+    assert_eq!(receiver.received().len(), 1);
+
+    // The admin subcommands connect the same way.
+    let out = chime(&[("DATABASE_URL", app.db_url.as_str())], &["biz-type", "list"], None).await;
+    assert!(out.ok && out.stdout.contains("tls"), "{}{}", out.stdout, out.stderr);
+}
+
+/// The binary refuses to start on a failed handshake and says why.
+#[tokio::test]
+async fn chime_stops_at_start_when_the_certificate_is_not_trusted() {
+    let server = server().await;
+    let db_url = server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", server.other_ca.display()));
+    let out = chime(&[("DATABASE_URL", db_url.as_str())], &["migrate"], None).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("sslmode=verify-full") && out.stderr.contains("UnknownIssuer"), "{}", out.stderr);
+}

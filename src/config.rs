@@ -58,8 +58,8 @@ pub struct DbArgs {
 pub enum Command {
     /// Run a chime node: the REST API (and, in later versions, the engine). The default.
     Serve(ServeArgs),
-    /// Apply the database migrations and exit.
-    Migrate,
+    /// Apply the pending database migrations and exit (or list them, or print their SQL).
+    Migrate(MigrateArgs),
     /// Manage biz types (business types: one callback target with its own limits and tokens).
     #[command(subcommand)]
     BizType(BizTypeCommand),
@@ -74,6 +74,18 @@ pub enum Command {
     /// Run a mixed load (creates, timers, failures, replays) against real nodes for a
     /// while, then count what was delivered, duplicated and lost (lost must be 0).
     Soak(SoakArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// List each migration as applied or pending, and applied ones newer than this binary;
+    /// apply nothing.
+    #[arg(long, conflicts_with = "sql")]
+    pub status: bool,
+
+    /// Print the pending migrations' SQL, in order, for review; apply nothing.
+    #[arg(long)]
+    pub sql: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -168,6 +180,12 @@ pub struct ServeArgs {
     /// `biz-type` subcommands (from the environment or the config file).
     #[arg(long, env = "CHIME_DENY_PRIVATE_CALLBACKS", default_value_t = false, action = clap::ArgAction::Set)]
     pub deny_private_callbacks: bool,
+
+    /// Apply pending database migrations at start. With `false`, a node refuses to start on
+    /// a schema older than it needs, and says to run `chime migrate`. The admin subcommands
+    /// never migrate.
+    #[arg(long, env = "CHIME_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub auto_migrate: bool,
 }
 
 /// The defaults without reading the environment (tests build settings from this).
@@ -196,6 +214,7 @@ impl Default for ServeArgs {
             shutdown_grace_secs: 30,
             engine: true,
             deny_private_callbacks: false,
+            auto_migrate: true,
         }
     }
 }
@@ -451,6 +470,7 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("engine", "CHIME_ENGINE"),
     ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),
     ("deny_private_callbacks", "CHIME_DENY_PRIVATE_CALLBACKS"),
+    ("auto_migrate", "CHIME_AUTO_MIGRATE"),
 ];
 
 fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {

@@ -22,3 +22,4 @@ mod pull;
 mod receiver;
 mod tasks;
 mod timers;
+mod upgrades;

@@ -119,3 +119,27 @@ async fn serve_without_auto_migrate_refuses_an_older_schema() {
     let applied: bool = sqlx::query_scalar("SELECT EXISTS (SELECT FROM _sqlx_migrations WHERE version = 7)").fetch_one(&pool).await.unwrap();
     assert!(!applied, "the node migrated");
 }
+
+/// A migration queued behind a long transaction gives up after its lock_timeout (10 s)
+/// instead of waiting, with every later read and write of the table queued behind it.
+/// Before, `chime migrate` waited as long as the transaction did.
+#[tokio::test]
+async fn a_migration_behind_a_long_transaction_gives_up() {
+    let db_url = fresh_database().await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 7").execute(&pool).await.unwrap();
+    sqlx::query("ALTER TABLE attempts DROP COLUMN redirected_to").execute(&pool).await.unwrap();
+    // A long reader of `attempts`: migration 7's ALTER TABLE needs ACCESS EXCLUSIVE on it.
+    let mut reader = pool.begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM attempts").execute(&mut *reader).await.unwrap();
+
+    let env = [("DATABASE_URL", db_url.as_str())];
+    let started = std::time::Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(60), chime(&env, &["migrate"], None)).await.expect("chime migrate waited on");
+    assert!(!out.ok);
+    assert!(out.stderr.contains("lock timeout"), "{}", out.stderr);
+    assert!(started.elapsed() < Duration::from_secs(30), "gave up after {:?}", started.elapsed());
+    reader.rollback().await.unwrap();
+    let out = chime(&env, &["migrate"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+}

@@ -8,7 +8,8 @@ use sqlx::PgPool;
 
 use crate::biz_types::{self, BizType, Settings};
 use crate::callback_hosts::CallbackHosts;
-use crate::config::{BizTypeCommand, BizTypeFlags, TokenCommand, UserCommand};
+use crate::config::{BizTypeCommand, BizTypeFlags, MigrateArgs, TokenCommand, UserCommand};
+use crate::db::{self, Schema};
 use crate::{audit, users};
 
 fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
@@ -43,6 +44,35 @@ fn describe(b: &BizType) -> String {
         inflight = b.max_in_flight,
         crate_ = rate(b.create_rate_limit),
     )
+}
+
+pub async fn migrate(pool: &PgPool, args: MigrateArgs) -> anyhow::Result<()> {
+    if !args.status && !args.sql {
+        db::migrate(pool).await?;
+        println!("migrations applied");
+        return Ok(());
+    }
+    let schema = Schema::read(pool).await?;
+    if args.sql {
+        // The session setting `chime migrate` applies them with (src/db.rs).
+        println!("SET lock_timeout = '10s';");
+        for m in schema.pending() {
+            let transaction = if m.no_tx { "outside a transaction" } else { "in one transaction" };
+            println!("\n-- migration {} ({}), run {transaction}", m.version, m.description);
+            println!("{}", m.sql.as_str().trim_end());
+        }
+        return Ok(());
+    }
+    let mut rows: Vec<(i64, &str, &str)> = db::MIGRATOR
+        .iter()
+        .map(|m| (m.version, &*m.description, if schema.is_applied(m.version) { "applied" } else { "pending" }))
+        .collect();
+    rows.extend(schema.newer().into_iter().map(|(v, d)| (*v, d.as_str(), "applied, newer than this binary")));
+    rows.sort_by_key(|r| r.0);
+    for (version, description, state) in rows {
+        println!("{version:04}\t{state}\t{description}");
+    }
+    Ok(())
 }
 
 /// `hosts` is the install's rule for callback URLs, as `serve` applies it.

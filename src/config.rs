@@ -82,8 +82,8 @@ pub enum LogFormat {
 pub enum Command {
     /// Run a chime node: the REST API (and, in later versions, the engine). The default.
     Serve(ServeArgs),
-    /// Apply the database migrations and exit.
-    Migrate,
+    /// Apply the pending database migrations and exit (or list them, or print their SQL).
+    Migrate(MigrateArgs),
     /// Manage biz types (business types: one callback target with its own limits and tokens).
     #[command(subcommand)]
     BizType(BizTypeCommand),
@@ -98,6 +98,18 @@ pub enum Command {
     /// Run a mixed load (creates, timers, failures, replays) against real nodes for a
     /// while, then count what was delivered, duplicated and lost (lost must be 0).
     Soak(SoakArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// List each migration as applied or pending, and applied ones newer than this binary;
+    /// apply nothing.
+    #[arg(long, conflicts_with = "sql")]
+    pub status: bool,
+
+    /// Print the pending migrations' SQL, in order, for review; apply nothing.
+    #[arg(long)]
+    pub sql: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -192,6 +204,12 @@ pub struct ServeArgs {
     /// `biz-type` subcommands (from the environment or the config file).
     #[arg(long, env = "CHIME_DENY_PRIVATE_CALLBACKS", default_value_t = false, action = clap::ArgAction::Set)]
     pub deny_private_callbacks: bool,
+
+    /// Apply pending database migrations at start. With `false`, a node refuses to start on
+    /// a schema older than it needs, and says to run `chime migrate`. The admin subcommands
+    /// never migrate.
+    #[arg(long, env = "CHIME_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub auto_migrate: bool,
 }
 
 /// The defaults without reading the environment (tests build settings from this).
@@ -220,6 +238,7 @@ impl Default for ServeArgs {
             shutdown_grace_secs: 30,
             engine: true,
             deny_private_callbacks: false,
+            auto_migrate: true,
         }
     }
 }
@@ -476,6 +495,7 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("engine", "CHIME_ENGINE"),
     ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),
     ("deny_private_callbacks", "CHIME_DENY_PRIVATE_CALLBACKS"),
+    ("auto_migrate", "CHIME_AUTO_MIGRATE"),
     ("log", "CHIME_LOG"),
     ("log_format", "CHIME_LOG_FORMAT"),
 ];

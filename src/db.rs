@@ -8,14 +8,22 @@ use anyhow::Context;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use sqlx::{Connection, PgConnection, PgPool};
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{Migrate, Migration, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use tokio::sync::watch;
 
 use crate::config::DbArgs;
 use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
 
-pub static MIGRATOR: Migrator = sqlx::migrate!();
+/// The migrations this binary knows. Applied migrations it does not know (a newer binary's)
+/// are let be: migrations are expand/contract (`migrations/README.md`), so this binary runs
+/// on the schema they leave. Locking is `migrate_on`'s, so that its wait has no timeout.
+pub static MIGRATOR: Migrator = {
+    let mut migrator = sqlx::migrate!();
+    migrator.ignore_missing = true;
+    migrator.locking = false;
+    migrator
+};
 
 /// The database a command works on. An embedded PostgreSQL started here is supervised
 /// (restarted when it dies) and stopped when the command ends (`close`).
@@ -195,7 +203,91 @@ fn check_root_cert(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Applies the pending migrations on a connection of its own, whose session settings end
+/// with it, then warns about applied migrations newer than this binary.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    MIGRATOR.run(pool).await.context("applying database migrations")?;
+    let mut conn = PgConnection::connect_with(&pool.connect_options()).await.context("connecting to migrate")?;
+    let result = migrate_on(&mut conn).await;
+    let _ = conn.close().await;
+    result?;
+    Schema::read(pool).await?.warn_newer();
     Ok(())
+}
+
+pub async fn migrate_on(conn: &mut PgConnection) -> anyhow::Result<()> {
+    // The advisory lock sqlx's migrator takes (older binaries take it too): nodes starting
+    // together wait for the first one's migrations, however long they take.
+    conn.lock().await.context("waiting for the migration lock")?;
+    // A DDL statement queued behind a long transaction would queue every read and write of
+    // its table behind itself: give up instead, and let the next start try again. Session
+    // wide (a no-transaction migration runs outside any transaction); the session ends here.
+    let result = async {
+        sqlx::query("SET lock_timeout = '10s'").execute(&mut *conn).await?;
+        MIGRATOR.run(&mut *conn).await.context("applying database migrations")
+    }
+    .await;
+    conn.unlock().await.context("releasing the migration lock")?;
+    result
+}
+
+/// The migrations the database records as applied, against the ones this binary knows.
+pub struct Schema {
+    pub applied: Vec<(i64, String)>,
+}
+
+impl Schema {
+    /// Reads without creating anything: a database never migrated has applied nothing.
+    pub async fn read(pool: &PgPool) -> anyhow::Result<Schema> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(pool)
+            .await
+            .context("reading the applied migrations")?;
+        if !exists {
+            return Ok(Schema { applied: Vec::new() });
+        }
+        let applied = sqlx::query_as("SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(pool)
+            .await
+            .context("reading the applied migrations")?;
+        Ok(Schema { applied })
+    }
+
+    pub fn is_applied(&self, version: i64) -> bool {
+        self.applied.iter().any(|(v, _)| *v == version)
+    }
+
+    /// This binary's migrations not applied yet, in order.
+    pub fn pending(&self) -> Vec<&'static Migration> {
+        MIGRATOR.iter().filter(|m| !self.is_applied(m.version)).collect()
+    }
+
+    /// Applied migrations this binary does not know: a newer binary's.
+    pub fn newer(&self) -> Vec<&(i64, String)> {
+        self.applied.iter().filter(|(v, _)| !MIGRATOR.version_exists(*v)).collect()
+    }
+
+    pub fn warn_newer(&self) {
+        let newer = self.newer();
+        if !newer.is_empty() {
+            let names: Vec<_> = newer.iter().map(|(v, d)| format!("{v} ({d})")).collect();
+            tracing::warn!(
+                "the database has migrations newer than this binary: {}; running on it, as migrations only expand the schema a release before it contracts (migrations/README.md)",
+                names.join(", ")
+            );
+        }
+    }
+
+    /// For what does not migrate: an error naming `chime migrate` while this binary's
+    /// migrations are not all applied.
+    pub fn require_current(&self) -> anyhow::Result<()> {
+        let pending = self.pending();
+        if !pending.is_empty() {
+            let names: Vec<_> = pending.iter().map(|m| format!("{} ({})", m.version, m.description)).collect();
+            anyhow::bail!(
+                "the database schema is older than this chime needs: pending migrations {}; run `chime migrate` first",
+                names.join(", ")
+            );
+        }
+        Ok(())
+    }
 }

@@ -33,13 +33,23 @@ async fn run() -> anyhow::Result<()> {
     let attach = !matches!(command, Command::Serve(_));
     let database = Database::open(&args.db, attach).await?;
     let result = async {
-        db::migrate(&database.pool).await?;
+        // Only `serve` and `migrate` change the schema: an admin command run from a laptop
+        // must not upgrade production under the nodes still running the previous release.
+        if !matches!(command, Command::Serve(_) | Command::Migrate(_)) {
+            db::Schema::read(&database.pool).await?.require_current()?;
+        }
         match command {
-            Command::Serve(settings) => serve(&database, &settings, args.db.database_url.is_none()).await,
-            Command::Migrate => {
-                println!("migrations applied");
-                Ok(())
+            Command::Serve(settings) => {
+                if settings.auto_migrate {
+                    db::migrate(&database.pool).await?;
+                } else {
+                    let schema = db::Schema::read(&database.pool).await?;
+                    schema.require_current().context("CHIME_AUTO_MIGRATE is false")?;
+                    schema.warn_newer();
+                }
+                serve(&database, &settings, args.db.database_url.is_none()).await
             }
+            Command::Migrate(m) => cli::migrate(&database.pool, m).await,
             Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
             Command::User(c) => cli::user(&database.pool, c).await,

@@ -26,7 +26,9 @@ pub async fn chime(env: &[(&str, &str)], args: &[&str], stdin: Option<&str>) -> 
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .stderr(std::process::Stdio::piped())
+        // A `serve` that a test gives up waiting for must not outlive it.
+        .kill_on_drop(true);
     let mut child = cmd.spawn().expect("running chime");
     let mut input = child.stdin.take().unwrap();
     if let Some(text) = stdin {

@@ -42,7 +42,7 @@ async fn server() -> &'static Server {
             conn.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {template}"))).await.unwrap();
             conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {template}"))).await.unwrap();
             let mut template_conn = PgConnection::connect(&with_database(&admin_url, &template)).await.unwrap();
-            chime::db::MIGRATOR.run(&mut template_conn).await.expect("migrating the template database");
+            chime::db::migrate_on(&mut template_conn).await.expect("migrating the template database");
             template_conn.close().await.unwrap();
             Server { admin_url, _cluster: cluster }
         })
@@ -58,16 +58,20 @@ fn with_database(url: &str, database: &str) -> String {
 
 /// A fresh, migrated database; returns its URL.
 pub async fn fresh_database() -> String {
+    new_database(&format!("TEMPLATE {TEMPLATE}_{}", std::process::id())).await
+}
+
+/// A fresh database that was never migrated; returns its URL.
+pub async fn empty_database() -> String {
+    new_database("").await
+}
+
+async fn new_database(options: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let server = server().await;
     let name = format!("chime_test_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
     let mut conn = PgConnection::connect(&server.admin_url).await.unwrap();
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "CREATE DATABASE {name} TEMPLATE {TEMPLATE}_{}",
-        std::process::id()
-    )))
-    .await
-    .unwrap();
+    conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name} {options}"))).await.unwrap();
     with_database(&server.admin_url, &name)
 }
 

@@ -23,3 +23,4 @@ mod receiver;
 mod tasks;
 mod timers;
 mod tls;
+mod upgrades;

@@ -149,7 +149,7 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
     // (statistics of a partition analysed while empty), JIT compiling it costs hundreds of
     // milliseconds (measured: 658 ms for a 1 ms update) and gains nothing.
     let options = options.options([("jit", "off")]);
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
@@ -160,7 +160,31 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
                 ssl_mode_name(ssl_mode)
             ),
             _ => "cannot connect to PostgreSQL (check DATABASE_URL, or unset it to use the embedded database)".into(),
-        })
+        })?;
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(&pool)
+        .await
+        .context("asking PostgreSQL for its version")?;
+    if let Err(e) = check_server_version(version) {
+        pool.close().await;
+        return Err(e);
+    }
+    Ok(pool)
+}
+
+/// The oldest PostgreSQL chime runs on: 14 brought `idle_session_timeout`, which ends a hung
+/// leader's session and so frees its lock (`leader.rs`). On 13 the leader's session is
+/// refused and no node would ever lead, so refuse to start instead.
+const MIN_SERVER_VERSION: i32 = 140_000;
+
+fn check_server_version(version_num: i32) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        version_num >= MIN_SERVER_VERSION,
+        "PostgreSQL {}.{} is too old: chime needs PostgreSQL 14 or later (it relies on idle_session_timeout, new in 14)",
+        version_num / 10_000,
+        version_num % 10_000
+    );
+    Ok(())
 }
 
 fn ssl_mode_name(mode: PgSslMode) -> &'static str {
@@ -289,5 +313,18 @@ impl Schema {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_older_than_14_are_refused_by_name() {
+        let e = check_server_version(130_016).unwrap_err().to_string();
+        assert!(e.contains("PostgreSQL 13.16 is too old") && e.contains("14 or later"), "{e}");
+        assert!(check_server_version(140_000).is_ok());
+        assert!(check_server_version(150_018).is_ok());
     }
 }

@@ -18,6 +18,7 @@ mod health;
 mod helpers;
 mod leader;
 mod nodes;
+mod operating;
 mod pull;
 mod receiver;
 mod tasks;

@@ -99,9 +99,9 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
 
     // SIGTERM the moment A holds tasks claimed ahead, due 50 ms or more from now.
     let watching = Instant::now();
-    let (ahead, signalled, signalled_at): (Vec<Uuid>, Instant, DateTime<Utc>) = loop {
-        let ahead: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE leased_by = $1 AND status = 'running' AND run_at > now() + interval '50 milliseconds'",
+    let (ahead, signalled, signalled_at): (Vec<(Uuid, DateTime<Utc>)>, Instant, DateTime<Utc>) = loop {
+        let ahead: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT id, run_at FROM tasks WHERE leased_by = $1 AND status = 'running' AND run_at > now() + interval '50 milliseconds'",
         )
         .bind(a_id)
         .fetch_all(&pool)
@@ -120,6 +120,8 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
     })
     .await
     .map(|at| at - signalled);
+    // A was stopping by then, whatever the load on this machine.
+    let surely_stopping = signalled_at + chrono::Duration::from_std(readyz_503.unwrap_or_default().max(Duration::from_millis(50))).unwrap();
     let left = wait_until(Duration::from_secs(5), || async { count(&pool, "SELECT count(*) FROM nodes WHERE id = $1", a_id).await == 0 })
         .await
         .map(|at| at - signalled);
@@ -136,16 +138,19 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
     assert!(exited < GRACE + Duration::from_secs(1), "A exited {exited:?} after SIGTERM, its grace being {GRACE:?}");
     assert_eq!(count(&pool, "SELECT count(*) FROM tasks WHERE leased_by = $1", a_id).await, 0, "A left tasks under its lease");
 
-    // No callback from A after the signal (50 ms for the signal to reach its loops), none
-    // for a task it had claimed ahead; the slow one cut off.
+    // No callback from A after the signal (50 ms for the signal to reach its loops, or until
+    // its /readyz said it was stopping), none for a task it had claimed ahead; the slow one
+    // cut off.
     let late: Vec<(Uuid, DateTime<Utc>)> =
         sqlx::query_as("SELECT task_id, started_at FROM attempts WHERE node_id = $1 AND started_at > $2")
             .bind(a_id)
-            .bind(signalled_at + chrono::Duration::milliseconds(50))
+            .bind(surely_stopping)
             .fetch_all(&pool)
             .await
             .unwrap();
     assert!(late.is_empty(), "A called back after SIGTERM (at {signalled_at}): {late:?}");
+    let ahead: Vec<Uuid> = ahead.into_iter().filter(|(_, run_at)| *run_at > surely_stopping).map(|(id, _)| id).collect();
+    assert!(!ahead.is_empty(), "A held no task claimed ahead due after it was stopping");
     let started_ahead: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE node_id = $1 AND task_id = ANY($2)")
         .bind(a_id)
         .bind(&ahead)
@@ -178,6 +183,7 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
         .await
         .unwrap();
     assert_eq!(by_b, ahead.len() as i64, "B delivered the tasks A gave back");
+    println!("A gave back {} tasks it held claimed ahead; B delivered them", ahead.len());
 
     // The stop, phase by phase; the only warning is for the callback cut off.
     let (log, loud) = read_log(&log_path);

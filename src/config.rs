@@ -80,7 +80,11 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a chime node: the REST API (and, in later versions, the engine). The default.
+    /// Run a chime node: the REST API, the console and the delivery engine. The default.
+    ///
+    /// It listens first (`/healthz` answers 200), then migrates the database (`/readyz`
+    /// answers 503 until it is done). On SIGTERM or Ctrl-C it stops as
+    /// CHIME_SHUTDOWN_GRACE_SECS says; a second signal cuts the grace short.
     Serve(ServeArgs),
     /// Apply the pending database migrations and exit (or list them, or print their SQL).
     Migrate(MigrateArgs),
@@ -185,9 +189,17 @@ pub struct ServeArgs {
     #[arg(long, env = "CHIME_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
 
-    /// On SIGTERM/Ctrl-C, how long to let callbacks in flight finish, in seconds. Tasks
-    /// still in flight after it are delivered again by another node once their lease ends.
-    #[arg(long, env = "CHIME_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
+    /// On SIGTERM/Ctrl-C, how long callbacks in flight have to finish, in seconds. At the
+    /// signal `/readyz` answers 503, no claim or callback starts, tasks claimed ahead go
+    /// back to pending, the node leaves the cluster and a leader lets its lock go. The
+    /// listener stays open a quarter of the grace (at most 5 s) so that load balancers see
+    /// `/readyz`; requests then in progress have the rest. Callbacks still in flight when
+    /// the grace runs out (or at a second signal) are cut off and their tasks given back,
+    /// for another node to deliver at once. The process exits within about a second of it:
+    /// keep it below the time your supervisor waits before killing (Kubernetes'
+    /// terminationGracePeriodSeconds, 30 s by default).
+    #[arg(long, env = "CHIME_SHUTDOWN_GRACE_SECS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub shutdown_grace_secs: u64,
 
     /// Deliver due tasks from this node. `false` makes an API-only node.
@@ -235,7 +247,7 @@ impl Default for ServeArgs {
             leader_lease_secs: 5,
             migrate_batch: 5000,
             http_workers: None,
-            shutdown_grace_secs: 30,
+            shutdown_grace_secs: 20,
             engine: true,
             deny_private_callbacks: false,
             auto_migrate: true,

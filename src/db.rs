@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use sqlx::migrate::{Migrate, Migration, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use tokio::sync::watch;
@@ -230,7 +230,10 @@ fn check_root_cert(url: &str) -> anyhow::Result<()> {
 /// Applies the pending migrations on a connection of its own, whose session settings end
 /// with it, then warns about applied migrations newer than this binary.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    let mut conn = PgConnection::connect_with(&pool.connect_options()).await.context("connecting to migrate")?;
+    // Waiting for another node's migrations, or a long one, is expected here: not a "slow
+    // statement" warning.
+    let options = pool.connect_options().as_ref().clone().disable_statement_logging();
+    let mut conn = PgConnection::connect_with(&options).await.context("connecting to migrate")?;
     let result = migrate_on(&mut conn).await;
     let _ = conn.close().await;
     result?;

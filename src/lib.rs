@@ -27,6 +27,8 @@ pub mod biz_types;
 pub mod callback_hosts;
 /// The delivery engine: claim due tasks, call back, retry, record.
 pub mod engine;
+/// A node's phases, from binding its port to leaving, and the signal its loops stop on.
+pub mod lifecycle;
 /// The leader: election by advisory lock, and the cluster's housekeeping.
 pub mod leader;
 /// The log's format: one line per event, client text escaped.

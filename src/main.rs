@@ -39,16 +39,7 @@ async fn run() -> anyhow::Result<()> {
             db::Schema::read(&database.pool).await?.require_current()?;
         }
         match command {
-            Command::Serve(settings) => {
-                if settings.auto_migrate {
-                    db::migrate(&database.pool).await?;
-                } else {
-                    let schema = db::Schema::read(&database.pool).await?;
-                    schema.require_current().context("CHIME_AUTO_MIGRATE is false")?;
-                    schema.warn_newer();
-                }
-                serve(&database, &settings, args.db.database_url.is_none()).await
-            }
+            Command::Serve(settings) => serve(&database, &settings, args.db.database_url.is_none()).await,
             Command::Migrate(m) => cli::migrate(&database.pool, m).await,
             Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
@@ -62,9 +53,13 @@ async fn run() -> anyhow::Result<()> {
 }
 
 async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> anyhow::Result<()> {
-    let app = Application::build(settings, database.pool.clone(), database.health.clone()).await?;
+    // Listening first: /healthz answers while the database is migrated, so a liveness
+    // probe does not kill a long migration; /readyz answers 200 once it is done.
+    let app = Application::bind(settings, database.pool.clone(), database.health.clone()).await?;
+    tracing::info!("listening on http://{}:{}; /healthz answers, /readyz once the database is ready", settings.listen.ip(), app.port());
+    app.prepare().await?;
     tracing::info!(
-        "chime listening on http://{}:{} (console at /console, API under /api/v1, OpenAPI at /api/v1/openapi.json)",
+        "chime ready on http://{}:{} (console at /console, API under /api/v1, OpenAPI at /api/v1/openapi.json)",
         settings.listen.ip(),
         app.port()
     );
@@ -84,21 +79,18 @@ async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> any
             );
         }
     }
-    app.run_until(async {
-        match shutdown_signal().await {
-            Ok(signal) => tracing::info!("{signal} received; shutting down"),
-            Err(e) => tracing::error!(error = %e, "cannot listen for signals; shutting down"),
-        }
-    })
-    .await
-    .context("running the server")
+    app.run_until(signals()?).await.context("running the server")
 }
 
-async fn shutdown_signal() -> anyhow::Result<&'static str> {
+/// SIGTERM and Ctrl-C as they come: the first stops the node, a second ends its grace.
+fn signals() -> anyhow::Result<impl futures_util::Stream<Item = &'static str>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    Ok(tokio::select! {
-        _ = tokio::signal::ctrl_c() => "Ctrl-C",
-        _ = term.recv() => "SIGTERM",
-    })
+    let listening = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    Ok(futures_util::stream::unfold(listening, |(mut term, mut int)| async move {
+        let name = tokio::select! {
+            _ = int.recv() => "Ctrl-C",
+            _ = term.recv() => "SIGTERM",
+        };
+        Some((name, (term, int)))
+    }))
 }

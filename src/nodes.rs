@@ -1,12 +1,16 @@
 //! Nodes: every running chime registers itself and heartbeats, so that the console can
 //! show the cluster and the engine can share cluster-wide limits among the live nodes.
-//! A node that stops cleanly removes its row; one that dies ages out.
+//! A node that stops removes its row as soon as it begins to stop: from then on it starts
+//! no work, so the others count it out of the cluster-wide rate share at once, and the
+//! console shows it gone (its callbacks still in flight are recorded under its id). One
+//! that dies ages out.
 
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::watch;
 use uuid::Uuid;
+
+use crate::lifecycle::Signal;
 
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// A node silent for this long is taken for dead and removed (by any other node).
@@ -40,22 +44,29 @@ async fn beat(pool: &PgPool, node: &Node) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// Registers the node and heartbeats until `stop` turns true, then deregisters it.
-pub async fn heartbeat(pool: PgPool, node: Node, mut stop: watch::Receiver<bool>) {
+/// Registers the node and heartbeats until it stops, then deregisters it.
+pub async fn heartbeat(pool: PgPool, node: Node, mut stop: Signal) {
     let mut every = tokio::time::interval(HEARTBEAT);
     loop {
         tokio::select! {
+            biased;
+            _ = stop.stopping() => break,
             _ = every.tick() => {
                 if let Err(e) = beat(&pool, &node).await {
                     tracing::warn!(error = %e, "node heartbeat failed; retrying");
                 }
             }
-            _ = stop.changed() => break,
         }
     }
-    if let Err(e) = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(node.id).execute(&pool).await {
-        tracing::warn!(error = %e, "could not deregister this node; it will age out");
+    match leave(&pool, node.id).await {
+        Ok(()) => tracing::info!(node_id = %node.id, "heartbeat stopped: the node is stopping, and has left the cluster"),
+        Err(e) => tracing::warn!(error = %e, "could not deregister this node; it will age out"),
     }
+}
+
+/// Removes the node's row: it says it left.
+async fn leave(pool: &PgPool, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(pool).await.map(drop)
 }
 
 /// How many live nodes deliver (at least 1: the one asking).

@@ -1,71 +1,81 @@
 //! Building and running a node: what `chime serve` does, and what the tests start on a
-//! random port.
+//! random port. The node goes through `lifecycle`'s phases: `bind` listens and answers the
+//! probes, `prepare` migrates the database, `run_until` runs the loops and, on the first
+//! stop signal, stops in the order SPEC §14 gives.
 
 use std::net::TcpListener;
 use std::time::Duration;
 
-use actix_web::dev::{Payload, Server, Service, ServiceRequest};
+use actix_web::dev::{Payload, Server, ServerHandle, Service, ServiceRequest};
 use actix_web::error::PayloadError;
+use actix_web::middleware::from_fn;
 use actix_web::{App, HttpMessage, HttpServer, middleware, web};
-use futures_util::StreamExt;
+use anyhow::Context;
+use futures_util::{Stream, StreamExt};
 use sqlx::PgPool;
+use tokio::time::Instant;
 
 use crate::api::{self, AppState};
-use crate::callback_hosts::CallbackHosts;
 use crate::config::ServeArgs;
-use crate::db::Health;
+use crate::db::{self, Health};
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::partitions::{self, Layout};
 use crate::{console, demo, engine, leader, nodes, users};
 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a stop signal, the listener stays open this long (at most a quarter of the grace) with
+/// `/readyz` answering 503, so that a load balancer that polls it sees the node go before
+/// its requests find no listener. Kubernetes removes a terminating pod from its Services
+/// as it sends SIGTERM, but proxies learn of it a few seconds later.
+const LINGER: Duration = Duration::from_secs(5);
+/// Once the grace is over, how long the engine has to record what it cut off and the
+/// loops to finish, before the node exits anyway (their leases then run out).
+const AFTER_GRACE: Duration = Duration::from_secs(3);
 
 pub struct Application {
     port: u16,
-    server: Server,
-    /// `/metrics` on an address of its own (CHIME_METRICS_LISTEN), and that port.
-    metrics: Option<(Server, u16)>,
+    /// `/metrics` on an address of its own (CHIME_METRICS_LISTEN): its port.
+    metrics_port: Option<u16>,
+    /// The HTTP servers, answering since `bind`: the API's, and `/metrics`'s when apart.
+    servers: Vec<(ServerHandle, tokio::task::JoinHandle<std::io::Result<()>>)>,
     pool: PgPool,
-    run_engine: bool,
-    callback_hosts: CallbackHosts,
+    lifecycle: Lifecycle,
+    settings: ServeArgs,
     leader: leader::Settings,
-    grace: std::time::Duration,
     listen: String,
 }
 
 impl Application {
-    /// Prepares the database (partitions, first admin) and binds the listener; port 0
-    /// picks a free port (tests).
-    pub async fn build(settings: &ServeArgs, pool: PgPool, health: Health) -> anyhow::Result<Application> {
+    /// Binds the listeners and starts answering: `/healthz` 200 at once, `/readyz` and
+    /// everything else 503 until `prepare` is done. Port 0 picks a free port (tests).
+    pub async fn bind(settings: &ServeArgs, pool: PgPool, health: Health) -> anyhow::Result<Application> {
         let layout = Layout::new(settings.partition_hours, settings.hot_days, settings.retention_days).map_err(anyhow::Error::msg)?;
         if u64::from(settings.timer_window_secs) >= u64::from(settings.hot_days) * 86_400 {
             anyhow::bail!("CHIME_TIMER_WINDOW_SECS must be shorter than CHIME_HOT_DAYS");
         }
-        // Creates can start before a leader is elected: the partitions they need exist.
-        partitions::ensure(&pool, &layout).await?;
         let leader = leader::Settings {
             layout,
-            lease: std::time::Duration::from_secs(settings.leader_lease_secs.into()),
-            timer_window: std::time::Duration::from_secs(settings.timer_window_secs.into()),
+            lease: Duration::from_secs(settings.leader_lease_secs.into()),
+            timer_window: Duration::from_secs(settings.timer_window_secs.into()),
             migrate_batch: settings.migrate_batch.into(),
         };
-        if let Some(password) = users::ensure_first_admin(&pool, settings.admin_password.as_deref()).await? {
-            // Printed, not only logged: the operator needs it once, at first start.
-            println!("created console user `admin` with password: {password}");
-            println!("(shown only this once; set CHIME_ADMIN_PASSWORD before the first start to choose it)");
-        }
+        let lifecycle = Lifecycle::default();
         let listener = TcpListener::bind(settings.listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
-        let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts()));
+        let signal = lifecycle.signal();
+        let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
         let metrics_here = settings.metrics_listen.is_none();
         let body_timeout = Duration::from_secs(settings.body_timeout_secs);
+        let http_grace = http_grace(settings);
         let mut server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
                 .app_data(login_limiter.clone())
+                .wrap(from_fn(api::by_phase))
                 .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
                 .wrap_fn(move |mut req, service| {
                     limit_body_time(&mut req, body_timeout);
@@ -84,37 +94,57 @@ impl Application {
         .listen(listener)?
         // Signals are handled by `serve`, which stops the server and then the database.
         .disable_signals()
+        .shutdown_timeout(http_grace)
         .client_request_timeout(HEADER_TIMEOUT);
         // actix-web counts connections per worker.
         let workers = settings.http_workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
         server = server.workers(workers).max_connections((settings.max_connections as usize).div_ceil(workers));
-        let metrics = match settings.metrics_listen {
-            Some(address) => {
-                let listener = TcpListener::bind(address)
-                    .map_err(|e| anyhow::anyhow!("cannot listen on {address} ({e}); set CHIME_METRICS_LISTEN to a free address"))?;
-                let port = listener.local_addr()?.port();
-                let server = HttpServer::new(|| App::new().configure(api::metrics_route).default_service(web::to(api::not_found)))
-                    .listen(listener)?
-                    .disable_signals()
-                    .workers(1)
-                    .run();
-                Some((server, port))
-            }
-            None => None,
-        };
+        let mut servers = vec![start(server.run())];
+        let mut metrics_port = None;
+        if let Some(address) = settings.metrics_listen {
+            let listener = TcpListener::bind(address)
+                .map_err(|e| anyhow::anyhow!("cannot listen on {address} ({e}); set CHIME_METRICS_LISTEN to a free address"))?;
+            metrics_port = Some(listener.local_addr()?.port());
+            let server = HttpServer::new(|| App::new().configure(api::metrics_route).default_service(web::to(api::not_found)))
+                .listen(listener)?
+                .disable_signals()
+                .shutdown_timeout(http_grace)
+                .workers(1)
+                .run();
+            servers.push(start(server));
+        }
         let listen = format!("{}:{port}", settings.listen.ip());
-        let grace = std::time::Duration::from_secs(settings.shutdown_grace_secs);
-        Ok(Application {
-            port,
-            server: server.run(),
-            metrics,
-            pool,
-            run_engine: settings.engine,
-            callback_hosts: settings.callback_hosts(),
-            leader,
-            grace,
-            listen,
-        })
+        Ok(Application { port, metrics_port, servers, pool, lifecycle, settings: settings.clone(), leader, listen })
+    }
+
+    /// Migrates the database (with CHIME_AUTO_MIGRATE=false, checks that it needs no
+    /// migration), and makes sure the partitions and the first admin exist; then the node
+    /// is ready: `/readyz` answers 200.
+    pub async fn prepare(&self) -> anyhow::Result<()> {
+        if self.settings.auto_migrate {
+            self.lifecycle.enter(Phase::Migrating);
+            db::migrate(&self.pool).await?;
+        } else {
+            let schema = db::Schema::read(&self.pool).await?;
+            schema.require_current().context("CHIME_AUTO_MIGRATE is false")?;
+            schema.warn_newer();
+        }
+        // Creates can start before a leader is elected: the partitions they need exist.
+        partitions::ensure(&self.pool, &self.leader.layout).await?;
+        if let Some(password) = users::ensure_first_admin(&self.pool, self.settings.admin_password.as_deref()).await? {
+            // Printed, not only logged: the operator needs it once, at first start.
+            println!("created console user `admin` with password: {password}");
+            println!("(shown only this once; set CHIME_ADMIN_PASSWORD before the first start to choose it)");
+        }
+        self.lifecycle.enter(Phase::Ready);
+        Ok(())
+    }
+
+    /// `bind` and `prepare`: a ready node.
+    pub async fn build(settings: &ServeArgs, pool: PgPool, health: Health) -> anyhow::Result<Application> {
+        let app = Application::bind(settings, pool, health).await?;
+        app.prepare().await?;
+        Ok(app)
     }
 
     pub fn port(&self) -> u16 {
@@ -123,40 +153,100 @@ impl Application {
 
     /// The port of `/metrics` when CHIME_METRICS_LISTEN gives it an address of its own.
     pub fn metrics_port(&self) -> Option<u16> {
-        self.metrics.as_ref().map(|(_, port)| *port)
+        self.metrics_port
     }
 
-    /// Serves the API and runs the engine until `stop` completes; then stops taking
-    /// requests, lets the engine finish the callbacks in flight, and returns.
-    pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
-        let (stopping, stop_signal) = tokio::sync::watch::channel(false);
-        let node = nodes::Node { id: uuid::Uuid::now_v7(), listen: self.listen.clone(), delivers: self.run_engine };
+    /// Runs the loops until the first of `signals` (named, for the log), then stops:
+    /// at once `/readyz` answers 503, no claim or callback starts, tasks claimed ahead go
+    /// back to pending, the leader lets its lock go and the node leaves the `nodes` table;
+    /// the callbacks in flight have the grace to finish (a second signal ends it), after
+    /// which they are cut off and given back; the listener stays open for the linger and
+    /// its requests then have what is left of the grace.
+    pub async fn run_until(self, signals: impl Stream<Item = &'static str> + Send + 'static) -> std::io::Result<()> {
+        let Application { servers, pool, lifecycle, settings, leader, listen, .. } = self;
+        let signal = lifecycle.signal();
+        let node = nodes::Node { id: uuid::Uuid::now_v7(), listen, delivers: settings.engine };
         let node_id = node.id;
-        let heartbeat = tokio::spawn(nodes::heartbeat(self.pool.clone(), node, stop_signal.clone()));
-        let leader = tokio::spawn(leader::run(self.pool.clone(), node_id, self.leader, stop_signal.clone()));
-        let engine = self.run_engine.then(|| tokio::spawn(engine::run(self.pool.clone(), node_id, self.callback_hosts, stop_signal)));
-        let handle = self.server.handle();
-        let server = tokio::spawn(self.server);
-        let metrics = self.metrics.map(|(server, _)| (server.handle(), tokio::spawn(server)));
-        stop.await;
-        handle.stop(true).await;
-        if let Some((handle, server)) = metrics {
-            handle.stop(true).await;
-            let _ = server.await;
-        }
-        let _ = stopping.send(true);
-        if let Some(engine) = engine
-            && tokio::time::timeout(self.grace, engine).await.is_err()
-        {
-            tracing::warn!(
-                "callbacks still in flight after the {} s grace period; their tasks will be delivered again once their lease expires",
-                self.grace.as_secs()
-            );
-        }
-        let _ = heartbeat.await;
-        let _ = leader.await;
-        server.await.map_err(std::io::Error::other)?
+        let heartbeat = tokio::spawn(nodes::heartbeat(pool.clone(), node, signal.clone()));
+        let leader = tokio::spawn(leader::run(pool.clone(), node_id, leader, signal.clone()));
+        let engine = settings.engine.then(|| tokio::spawn(engine::run(pool, node_id, settings.callback_hosts(), signal.clone())));
+
+        let mut signals = Box::pin(signals);
+        let name = signals.next().await.unwrap_or("the end of the signals");
+        let signalled = Instant::now();
+        let grace = Duration::from_secs(settings.shutdown_grace_secs);
+        let linger = LINGER.min(grace / 4);
+        lifecycle.enter(Phase::Draining);
+        tracing::info!(
+            grace_secs = grace.as_secs(),
+            linger_secs = linger.as_secs_f64(),
+            "{name} received: stopping; /readyz answers 503, no claim and no callback starts, callbacks in flight have \
+             the grace to finish, the listener stays open for the linger"
+        );
+        // The grace ends at its time, or at a second signal.
+        let deadline = signalled + grace;
+        let timekeeper = tokio::spawn(async move {
+            tokio::select! {
+                Some(again) = signals.next() => tracing::info!("{again} received again: ending the shutdown grace now"),
+                () = tokio::time::sleep_until(deadline) => tracing::info!("the shutdown grace is over"),
+            }
+            lifecycle.enter(Phase::Leaving);
+        });
+
+        let http = async {
+            let mut leaving = signal.clone();
+            tokio::select! {
+                () = tokio::time::sleep_until(signalled + linger) => {}
+                () = leaving.leaving() => {}
+            }
+            futures_util::future::join_all(servers.iter().map(|(handle, _)| handle.stop(true))).await;
+            let mut result = Ok(());
+            for (_, server) in servers {
+                if let Err(e) = server.await.map_err(std::io::Error::other).and_then(|r| r) {
+                    result = Err(e);
+                }
+            }
+            tracing::info!("HTTP server stopped");
+            result
+        };
+        let drain = async {
+            let Some(mut engine) = engine else { return };
+            let mut leaving = signal.clone();
+            tokio::select! {
+                _ = &mut engine => return,
+                () = leaving.leaving() => {}
+            }
+            if tokio::time::timeout(AFTER_GRACE, engine).await.is_err() {
+                tracing::warn!("the delivery engine could not record what it cut off; those tasks go back to pending when their lease runs out");
+            }
+        };
+        let loops = async {
+            // Both end at once on the signal, unless the database does not answer.
+            let ended = tokio::time::timeout_at(deadline + AFTER_GRACE, async {
+                let _ = heartbeat.await;
+                let _ = leader.await;
+            });
+            if ended.await.is_err() {
+                tracing::warn!("the heartbeat or the leader election did not stop in time (is the database reachable?)");
+            }
+        };
+        let (result, (), ()) = tokio::join!(http, drain, loops);
+        timekeeper.abort();
+        tracing::info!(secs = signalled.elapsed().as_secs_f64(), "node stopped");
+        result
     }
+}
+
+/// The HTTP server's own graceful stop fits in the grace: it begins after the linger and
+/// has the rest, in whole seconds as actix takes it.
+fn http_grace(settings: &ServeArgs) -> u64 {
+    let grace = Duration::from_secs(settings.shutdown_grace_secs);
+    (grace - LINGER.min(grace / 4)).as_secs()
+}
+
+/// Runs an HTTP server in the background; returns the handle that stops it.
+fn start(server: Server) -> (ServerHandle, tokio::task::JoinHandle<std::io::Result<()>>) {
+    (server.handle(), tokio::spawn(server))
 }
 
 /// Ends a request's body with a `TimedOut` error once `timeout` has passed since its

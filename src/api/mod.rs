@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use self::auth::TokenCache;
 use self::limits::CreateLimiter;
 use crate::callback_hosts::CallbackHosts;
+use crate::lifecycle::{Phase, Signal};
 
 pub struct AppState {
     pub pool: PgPool,
@@ -43,11 +44,13 @@ pub struct AppState {
     pull_limits: pull::PullLimits,
     /// Single creates, written together when they arrive together.
     creates: crate::tasks::CreateBatcher,
+    /// The node's phase: `/readyz` answers 200 only while it is ready.
+    lifecycle: Signal,
 }
 
 impl AppState {
     /// Must be called inside the runtime: it starts listening for wake-ups.
-    pub fn new(pool: PgPool, health: crate::db::Health, max_payload_bytes: usize, callback_hosts: CallbackHosts) -> Self {
+    pub fn new(pool: PgPool, health: crate::db::Health, max_payload_bytes: usize, callback_hosts: CallbackHosts, lifecycle: Signal) -> Self {
         let wake = Arc::new(Notify::new());
         let waiters = wake.clone();
         // The LISTEN session breaks as soon as the server goes away: the first sign of it.
@@ -63,6 +66,7 @@ impl AppState {
             tokens: TokenCache::default(),
             wake,
             pull_limits: pull::PullLimits::default(),
+            lifecycle,
         }
     }
 }
@@ -141,6 +145,25 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
+/// Until the node is ready (starting, or migrating the database), every request but the
+/// probes and `/metrics` answers 503: the tables its handler needs may not exist yet.
+/// A node that is stopping still answers, for the requests a load balancer sends it
+/// before it notices `/readyz`, but closes each connection after its answer, so that a
+/// client with a kept-alive connection opens its next one to another node and the HTTP
+/// server's own stop does not wait on it.
+pub async fn by_phase(req: ServiceRequest, next: Next<impl MessageBody>) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let lifecycle = req.app_data::<web::Data<AppState>>().expect("the API's state is registered").lifecycle.clone();
+    let phase = lifecycle.phase();
+    if phase < Phase::Ready && !matches!(req.path(), "/healthz" | "/readyz" | "/metrics") {
+        return Err(ApiError::Unavailable(format!("chime is {phase}; retry shortly")).into());
+    }
+    let mut response = next.call(req).await?;
+    if lifecycle.is_stopping() {
+        response.response_mut().head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
+    }
+    Ok(response)
+}
+
 /// While the database is known to be down, every API call answers 503 at once (not after
 /// the pool's acquire timeout), and so does a call in flight when it is found down; a call
 /// that finds it unreachable marks it down.
@@ -163,9 +186,14 @@ async fn require_database(
     Ok(response)
 }
 
-/// Ready when the database answers and every migration this binary knows is applied.
+/// Ready when the node has started and is not stopping, the database answers, and every
+/// migration this binary knows is applied.
 async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let not_ready = |reason: String| ApiError::Unavailable(format!("not ready: {reason}"));
+    let phase = state.lifecycle.phase();
+    if phase != Phase::Ready {
+        return Err(not_ready(phase.to_string()));
+    }
     let down = || not_ready("database unreachable".into());
     if state.health.is_down() {
         return Err(down());

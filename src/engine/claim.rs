@@ -196,7 +196,38 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     .bind(&redirects)
     .execute(&mut *tx)
     .await?;
+    // A task given back by a node that stopped is due now: wake the other nodes rather
+    // than let it wait for their poll.
+    let now = Utc::now();
+    if outcomes.iter().any(|o| matches!(o.verdict, Verdict::RetryAt(at) if at <= now)) {
+        sqlx::query("SELECT pg_notify('chime_wake', '')").execute(&mut *tx).await?;
+    }
     tx.commit().await
+}
+
+/// Gives back tasks this node claimed ahead of their due time but never called back,
+/// because it is stopping: pending again as if never claimed (their attempt is not
+/// counted), so that another node, woken now, takes them without waiting for the lease to
+/// run out. Only tasks still leased to this node are touched; returns how many.
+pub async fn give_back(pool: &PgPool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>)]) -> Result<u64, sqlx::Error> {
+    let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().copied().unzip();
+    let given = sqlx::query(
+        "UPDATE tasks t
+            SET status = 'pending', lease_until = NULL, leased_by = NULL,
+                attempt_count = t.attempt_count - 1, updated_at = now()
+           FROM unnest($1::uuid[], $2::timestamptz[]) AS g(id, run_at)
+          WHERE t.id = g.id AND t.run_at = g.run_at AND t.status = 'running' AND t.leased_by = $3",
+    )
+    .bind(&ids)
+    .bind(&run_ats)
+    .bind(node_id)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if given > 0 {
+        sqlx::query("SELECT pg_notify('chime_wake', '')").execute(pool).await?;
+    }
+    Ok(given)
 }
 
 /// Puts back to pending the tasks whose lease ran out (their node died or lost the

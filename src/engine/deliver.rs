@@ -110,6 +110,32 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     }
 }
 
+/// The outcome of a callback cut off because the node's shutdown grace ran out: an attempt
+/// without an answer, and the task pending again at once for another node (whatever its
+/// attempt count: the receiver is not at fault).
+pub fn cut_off(
+    biz: &BizTypeConfig,
+    task_id: Uuid,
+    run_at: DateTime<Utc>,
+    attempt: i32,
+    started_at: DateTime<Utc>,
+    started: Instant,
+) -> Outcome {
+    Outcome {
+        task_id,
+        biz_type_id: biz.id,
+        run_at,
+        attempt,
+        started_at,
+        duration_ms: started.elapsed().as_millis().min(i32::MAX as u128) as i32,
+        status_code: None,
+        error: Some("cut off: the node delivering it was stopping and its shutdown grace (CHIME_SHUTDOWN_GRACE_SECS) ran out before the receiver answered".into()),
+        response_excerpt: None,
+        redirected_to: None,
+        verdict: Verdict::RetryAt(Utc::now()),
+    }
+}
+
 /// What became of one send.
 #[derive(Default)]
 struct Sent {

@@ -25,6 +25,13 @@
 //! and they are delivered again: at least once, never lost. A result for a task whose lease this
 //! node lost is not written over the new holder's.
 //!
+//! Stopping (SPEC §14, `lifecycle`). At the node's stop signal the loop claims no more and
+//! each delivery task still waiting for its due time gives its task back (pending again,
+//! its attempt not counted), so another node delivers it on time. Callbacks in flight
+//! finish and are recorded as usual. If the grace runs out first, they are cut off: the
+//! attempt is recorded as cut off and the task is pending again at once, rather than
+//! after its lease (the receiver may have acted on it: at least once).
+//!
 //! Rate limits. A biz type's rate is for the whole cluster; each node takes its share,
 //! the rate divided by the live delivering nodes (re-counted with the settings). A node
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
@@ -44,11 +51,12 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
-use self::claim::Outcome;
+use self::claim::{Outcome, Verdict};
 use crate::callback_hosts::CallbackHosts;
+use crate::lifecycle::Signal;
 use crate::{metrics, nodes};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
@@ -101,9 +109,20 @@ async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Err
     .await
 }
 
-/// Runs the engine until `shutdown` turns true, then waits for callbacks in flight and
-/// records their outcomes. `hosts` decides which addresses callbacks may reach.
-pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown: watch::Receiver<bool>) {
+/// What a delivery task hands the recorder.
+enum Report {
+    /// A callback's outcome.
+    Finished(Outcome),
+    /// A callback still in flight when the grace ran out, cut off.
+    CutOff(Outcome),
+    /// A task claimed ahead whose due time had not come when the node began to stop.
+    Unstarted { task_id: Uuid, run_at: chrono::DateTime<chrono::Utc> },
+}
+
+/// Runs the engine until the node stops (`stop`), then gives back what it claimed ahead,
+/// waits for the callbacks in flight (until the grace is over) and records them.
+/// `hosts` decides which addresses callbacks may reach.
+pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Signal) {
     install_tls_provider();
     let pool = hot_path_pool(&pool);
     let client = hosts
@@ -111,7 +130,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
         .pool_idle_timeout(Duration::from_secs(90))
         .build()
         .expect("an HTTP client with the ring TLS provider");
-    let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Outcome>();
+    let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Report>();
     // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
     let wake = Arc::new(Notify::new());
     // Set by a biz type's change on any node: re-read the settings now.
@@ -127,7 +146,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
         }, || ()))
     };
     let unrecorded = Arc::new(AtomicUsize::new(0));
-    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone()));
+    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone(), stop.clone()));
     let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
     let mut limiters = rate::Limiters::default();
     let mut delivering_nodes = 1;
@@ -137,7 +156,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
     let failures = Arc::new(failures::FailureLog::default());
     tracing::info!(%node_id, "delivery engine started");
 
-    while !*shutdown.borrow() {
+    while !stop.is_stopping() {
         failures.flush(false);
         if settings_changed.swap(false, Ordering::Relaxed) || refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             match active_biz_types(&pool).await {
@@ -162,6 +181,10 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
         let mut rate_wait = IDLE_POLL;
         let recording_behind = unrecorded.load(Ordering::Relaxed) >= MAX_UNRECORDED;
         for biz in biz_types.iter().filter(|_| !recording_behind) {
+            // No claim starts once the node is stopping.
+            if stop.is_stopping() {
+                break;
+            }
             let counter = in_flight.entry(biz.id).or_default().clone();
             let slots = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
             if slots <= 0 {
@@ -199,7 +222,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
             let received = tokio::time::Instant::now();
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
-                let (client, biz, outcomes_tx, counter, wake, unrecorded, failures) = (
+                let (client, biz, outcomes_tx, counter, wake, unrecorded, failures, mut stop) = (
                     client.clone(),
                     biz.clone(),
                     outcomes_tx.clone(),
@@ -207,21 +230,38 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
                     wake.clone(),
                     unrecorded.clone(),
                     failures.clone(),
+                    stop.clone(),
                 );
                 let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
                 tokio::spawn(async move {
-                    tokio::time::sleep_until(due_at).await;
-                    let outcome = deliver::deliver(&client, hosts, &biz, task).await;
-                    let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
-                    let finish = match outcome.verdict {
-                        claim::Verdict::Delivered => metrics::Finish::Delivered,
-                        claim::Verdict::RetryAt(_) => metrics::Finish::Retried,
-                        claim::Verdict::GiveUp => metrics::Finish::Failed,
+                    let waited = tokio::select! {
+                        biased;
+                        _ = stop.stopping() => false,
+                        _ = tokio::time::sleep_until(due_at) => true,
                     };
-                    metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
-                    failures.note(&biz.name, &outcome);
+                    let report = if !waited || stop.is_stopping() {
+                        // No callback starts once the node is stopping.
+                        Report::Unstarted { task_id: task.id, run_at: task.run_at }
+                    } else {
+                        let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
+                        let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
+                        tokio::select! {
+                            outcome = deliver::deliver(&client, hosts, &biz, task) => {
+                                let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
+                                let finish = match outcome.verdict {
+                                    Verdict::Delivered => metrics::Finish::Delivered,
+                                    Verdict::RetryAt(_) => metrics::Finish::Retried,
+                                    Verdict::GiveUp => metrics::Finish::Failed,
+                                };
+                                metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
+                                failures.note(&biz.name, &outcome);
+                                Report::Finished(outcome)
+                            }
+                            _ = stop.leaving() => Report::CutOff(deliver::cut_off(&biz, task_id, run_at, attempt, started_at, started)),
+                        }
+                    };
                     unrecorded.fetch_add(1, Ordering::Relaxed);
-                    let _ = outcomes_tx.send(outcome);
+                    let _ = outcomes_tx.send(report);
                     counter.fetch_sub(1, Ordering::Relaxed);
                     wake.notify_one();
                 });
@@ -244,18 +284,30 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut shutdown
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = wake.notified() => {}
-            _ = shutdown.changed() => {}
+            _ = stop.stopping() => {}
         }
     }
 
-    tracing::info!("delivery engine stopping: waiting for callbacks in flight");
+    let held: i32 = in_flight.values().map(|n| n.load(Ordering::Relaxed)).sum();
+    tracing::info!(
+        tasks = held,
+        "delivery engine stopping: the node is stopping, so no claim and no callback starts; \
+         tasks claimed ahead go back to pending, callbacks in flight may finish within the grace"
+    );
     listener.abort();
     drop(outcomes_tx);
-    // The recorder ends when every delivery task has sent its outcome and dropped its sender.
-    let _ = recorder.await;
+    // The recorder ends when every delivery task has sent its report and dropped its sender.
+    let drained = recorder.await.unwrap_or_default();
     failures.flush(true);
     pool.close().await;
-    tracing::info!("delivery engine stopped");
+    if drained.cut_off > 0 {
+        tracing::warn!(
+            cut_off = drained.cut_off,
+            "callbacks still in flight when the shutdown grace ran out were cut off; their tasks are pending \
+             again for another node (raise CHIME_SHUTDOWN_GRACE_SECS above the slowest receiver's answer time)"
+        );
+    }
+    tracing::info!(finished = drained.finished, given_back = drained.given_back, cut_off = drained.cut_off, "delivery engine stopped");
 }
 
 /// The engine's own connections, on which the planner may not scan a partition
@@ -268,32 +320,75 @@ fn hot_path_pool(pool: &PgPool) -> PgPool {
     sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options)
 }
 
+/// What the recorder wrote once the node was stopping, for the engine's last log line.
+#[derive(Default)]
+struct Drained {
+    finished: usize,
+    given_back: usize,
+    cut_off: usize,
+}
+
 /// Writes outcomes in batches: whatever has arrived by the time the previous batch is
-/// written goes into the next.
+/// written goes into the next. Tasks given back unstarted are written the same way.
 async fn record_outcomes(
     pool: PgPool,
     node_id: Uuid,
-    mut rx: mpsc::UnboundedReceiver<Outcome>,
+    mut rx: mpsc::UnboundedReceiver<Report>,
     wake: Arc<Notify>,
     unrecorded: Arc<AtomicUsize>,
-) {
-    let mut batch = Vec::new();
-    while rx.recv_many(&mut batch, 1000).await > 0 {
+    stop: Signal,
+) -> Drained {
+    let mut reports = Vec::new();
+    let mut drained = Drained::default();
+    while rx.recv_many(&mut reports, 1000).await > 0 {
+        let mut batch = Vec::with_capacity(reports.len());
+        let mut unstarted = Vec::new();
+        let (mut finished, mut cut_off) = (0, 0);
+        for report in reports.drain(..) {
+            match report {
+                Report::Finished(outcome) => {
+                    finished += 1;
+                    batch.push(outcome);
+                }
+                Report::CutOff(outcome) => {
+                    cut_off += 1;
+                    batch.push(outcome);
+                }
+                Report::Unstarted { task_id, run_at } => unstarted.push((task_id, run_at)),
+            }
+        }
+        if stop.is_stopping() {
+            drained.finished += finished;
+            drained.cut_off += cut_off;
+            drained.given_back += unstarted.len();
+        }
+        let count = batch.len() + unstarted.len();
         loop {
-            match claim::record(&pool, node_id, &batch).await {
+            let written = async {
+                if !batch.is_empty() {
+                    claim::record(&pool, node_id, &batch).await?;
+                    batch.clear();
+                }
+                if !unstarted.is_empty() {
+                    claim::give_back(&pool, node_id, &unstarted).await?;
+                }
+                Ok::<_, sqlx::Error>(())
+            }
+            .await;
+            match written {
                 Ok(()) => break,
                 Err(e) => {
                     // The tasks stay running under our lease; keep trying rather than
                     // lose the outcome (if we die, the lease expires and they are retried).
-                    tracing::warn!(error = %e, outcomes = batch.len(), "could not record outcomes; retrying in 1 s");
+                    tracing::warn!(error = %e, outcomes = count, "could not record outcomes; retrying in 1 s");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         }
-        unrecorded.fetch_sub(batch.len(), Ordering::Relaxed);
-        batch.clear();
+        unrecorded.fetch_sub(count, Ordering::Relaxed);
         wake.notify_one();
     }
+    drained
 }
 
 /// Passes each `chime_wake` notification's payload to `on_wake`: empty for a task due

@@ -114,7 +114,7 @@ async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
     settings.admin_password.get_or_insert_with(|| "test-admin-password".into());
     let app = Application::build(&settings, pool.clone(), chime::db::Health::new(pool.clone())).await.expect("building the app");
     let address = format!("http://127.0.0.1:{}", app.port());
-    tokio::spawn(app.run_until(std::future::pending()));
+    tokio::spawn(app.run_until(futures_util::stream::pending()));
     TestApp { address, pool, db_url, client: client() }
 }
 
@@ -136,6 +136,28 @@ pub async fn chime_process_logging(db_url: &str, env: &[(&str, &str)], log: std:
 }
 
 async fn spawn_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::Stdio) -> (tokio::process::Child, String) {
+    let (child, address) = start_chime(db_url, env, stderr);
+    wait_ready(&address).await;
+    (child, address)
+}
+
+/// A `chime serve` process as soon as it answers `/healthz`, which it does before it is
+/// ready; its log (stderr) written to `log`. Killed when dropped.
+pub async fn chime_process_live(db_url: &str, env: &[(&str, &str)], log: std::fs::File) -> (tokio::process::Child, String) {
+    let (child, address) = start_chime(db_url, env, log.into());
+    let client = client();
+    for _ in 0..600 {
+        if let Ok(r) = client.get(format!("{address}/healthz")).send().await
+            && r.status() == 200
+        {
+            return (child, address);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chime serve did not answer /healthz within 60 s");
+}
+
+fn start_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::Stdio) -> (tokio::process::Child, String) {
     let port = free_port();
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
         .env("DATABASE_URL", db_url)
@@ -147,9 +169,7 @@ async fn spawn_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::S
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let address = format!("http://127.0.0.1:{port}");
-    wait_ready(&address).await;
-    (child, address)
+    (child, format!("http://127.0.0.1:{port}"))
 }
 
 /// A response's status and JSON body.

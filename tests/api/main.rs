@@ -21,6 +21,7 @@ mod nodes;
 mod operating;
 mod pull;
 mod receiver;
+mod shutdown;
 mod tasks;
 mod timers;
 mod tls;

@@ -15,7 +15,7 @@ use crate::callback_hosts::CallbackHosts;
 use crate::config::ServeArgs;
 use crate::db::Health;
 use crate::partitions::{self, Layout};
-use crate::{console, demo, engine, leader, nodes, users};
+use crate::{console, demo, engine, leader, metrics, nodes, users};
 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
@@ -32,6 +32,8 @@ pub struct Application {
     leader: leader::Settings,
     grace: std::time::Duration,
     listen: String,
+    node_id: uuid::Uuid,
+    node_metrics: web::Data<metrics::Node>,
 }
 
 impl Application {
@@ -58,18 +60,38 @@ impl Application {
         let listener = TcpListener::bind(settings.listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
+        let node_id = uuid::Uuid::now_v7();
+        let node_metrics = web::Data::new(metrics::Node::new(node_id, pool.clone()));
         let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts()));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
         let metrics_here = settings.metrics_listen.is_none();
         let body_timeout = Duration::from_secs(settings.body_timeout_secs);
+        let app_metrics = node_metrics.clone();
         let mut server = HttpServer::new(move || {
+            let counted = app_metrics.clone();
             App::new()
                 .app_data(state.clone())
                 .app_data(login_limiter.clone())
+                .app_data(app_metrics.clone())
                 .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
                 .wrap_fn(move |mut req, service| {
                     limit_body_time(&mut req, body_timeout);
                     service.call(req)
+                })
+                .wrap_fn(move |req, service| {
+                    // The pattern, found before routing from the app's resource map.
+                    let (route, method, started) = (req.match_pattern(), req.method().clone(), std::time::Instant::now());
+                    let response = service.call(req);
+                    let node = counted.clone();
+                    async move {
+                        let response = response.await;
+                        let status = match &response {
+                            Ok(r) => r.status(),
+                            Err(e) => e.as_response_error().status_code(),
+                        };
+                        node.http_request(method.as_str(), route.as_deref(), status.as_u16(), started.elapsed());
+                        response
+                    }
                 })
                 .configure(api::routes)
                 .configure(|cfg| {
@@ -93,7 +115,10 @@ impl Application {
                 let listener = TcpListener::bind(address)
                     .map_err(|e| anyhow::anyhow!("cannot listen on {address} ({e}); set CHIME_METRICS_LISTEN to a free address"))?;
                 let port = listener.local_addr()?.port();
-                let server = HttpServer::new(|| App::new().configure(api::metrics_route).default_service(web::to(api::not_found)))
+                let node_metrics = node_metrics.clone();
+                let server = HttpServer::new(move || {
+                    App::new().app_data(node_metrics.clone()).configure(api::metrics_route).default_service(web::to(api::not_found))
+                })
                     .listen(listener)?
                     .disable_signals()
                     .workers(1)
@@ -114,6 +139,8 @@ impl Application {
             leader,
             grace,
             listen,
+            node_id,
+            node_metrics,
         })
     }
 
@@ -130,10 +157,10 @@ impl Application {
     /// requests, lets the engine finish the callbacks in flight, and returns.
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
         let (stopping, stop_signal) = tokio::sync::watch::channel(false);
-        let node = nodes::Node { id: uuid::Uuid::now_v7(), listen: self.listen.clone(), delivers: self.run_engine };
+        let node = nodes::Node { id: self.node_id, listen: self.listen.clone(), delivers: self.run_engine };
         let node_id = node.id;
         let heartbeat = tokio::spawn(nodes::heartbeat(self.pool.clone(), node, stop_signal.clone()));
-        let leader = tokio::spawn(leader::run(self.pool.clone(), node_id, self.leader, stop_signal.clone()));
+        let leader = tokio::spawn(leader::run(self.pool.clone(), node_id, self.leader, self.node_metrics.into_inner(), stop_signal.clone()));
         let engine = self.run_engine.then(|| tokio::spawn(engine::run(self.pool.clone(), node_id, self.callback_hosts, stop_signal)));
         let handle = self.server.handle();
         let server = tokio::spawn(self.server);

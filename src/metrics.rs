@@ -39,7 +39,8 @@ const BATCH_BUCKETS: [f64; 8] = [1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0
 /// The leader counts the queue at most this often; scrapes in between show the last count.
 const COUNT_EVERY: Duration = Duration::from_secs(30);
 /// A count or age query that takes longer is cancelled; its metrics are left out (and a
-/// warning logged) until one succeeds. Inside Prometheus' default 10 s scrape timeout.
+/// warning logged) until one succeeds. A scrape runs at most one that long, inside
+/// Prometheus' default 10 s scrape timeout.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The content type of `render`'s text.
@@ -185,15 +186,20 @@ pub fn housekeeping(cold_moved: u64, occurrences: u64, partitions_dropped: u64) 
 /// One node's metrics: its HTTP requests and database pool, and, while it leads, the
 /// queue's state. Built with the node; `/metrics` renders it with the process's.
 pub struct Node {
+    /// The node's id, its label in `chime_leader`.
     id: Uuid,
+    /// The node's pool: read for the pool gauges, and queried for the queue's metrics.
     pool: PgPool,
     registry: Registry,
     requests: Family<Request, Counter>,
     request_seconds: SecondsFamily<Route>,
+    /// Set from the pool at each scrape.
     pool_in_use: Gauge,
     pool_idle: Gauge,
     pool_max: Gauge,
+    /// Set by the election loop; the queue's metrics are read only while it is true.
     leading: AtomicBool,
+    /// The queue per biz type, replaced whole at each count (a biz type gone is dropped).
     pending: Family<BizType, Gauge>,
     retrying: Family<BizType, Gauge>,
     failed: Family<BizType, Gauge>,
@@ -296,13 +302,22 @@ impl Node {
     /// counts at most every `COUNT_EVERY` (they walk the queue).
     async fn read_queue(&self, counted: &mut Option<Instant>) {
         self.oldest_pending_age.clear();
-        match backlog::oldest_pending_age(&self.pool, QUERY_TIMEOUT).await {
+        match within(backlog::oldest_pending_age(&self.pool, QUERY_TIMEOUT)).await {
             Ok(ages) => {
                 for (name, age) in ages {
                     self.oldest_pending_age.get_or_create(&biz_type(&name)).set(age);
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "could not read the oldest pending task's age for /metrics; chime_oldest_pending_age_seconds is left out of this scrape"),
+            Err(e) => {
+                // The database is likely out of reach: no count either, so that the scrape
+                // stays within one query timeout, and no stale count shown.
+                tracing::warn!(error = %e, "could not read the oldest pending task's age for /metrics; the queue's metrics are left out of this scrape");
+                *counted = None;
+                for family in [&self.pending, &self.retrying, &self.failed] {
+                    family.clear();
+                }
+                return;
+            }
         }
         if counted.is_some_and(|at| at.elapsed() < COUNT_EVERY) {
             return;
@@ -312,7 +327,7 @@ impl Node {
         for family in [&self.pending, &self.retrying, &self.failed] {
             family.clear();
         }
-        match backlog::counts(&self.pool, QUERY_TIMEOUT).await {
+        match within(backlog::counts(&self.pool, QUERY_TIMEOUT)).await {
             Ok(counts) => {
                 for c in counts {
                     let b = biz_type(&c.biz_type);
@@ -328,5 +343,16 @@ impl Node {
                 COUNT_EVERY.as_secs()
             ),
         }
+    }
+}
+
+/// A query bounded as a whole: the server cancels a statement at its `statement_timeout`,
+/// but waiting for a connection (a database that is down, a pool in use) is bounded only
+/// by the pool's 10 s acquire timeout, past Prometheus' scrape timeout. The scrape then
+/// still shows the node's other metrics.
+async fn within<T>(query: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, String> {
+    match tokio::time::timeout(QUERY_TIMEOUT + Duration::from_secs(1), query).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {} s", QUERY_TIMEOUT.as_secs() + 1)),
     }
 }

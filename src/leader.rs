@@ -14,6 +14,7 @@
 //! key). So a deposed leader finishing its last step, or a test calling a duty directly,
 //! cannot lose or double a task.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{Connection, PgConnection, PgPool};
@@ -73,8 +74,8 @@ pub async fn current(pool: &PgPool) -> Result<Option<Uuid>, sqlx::Error> {
 /// Runs for the node's lifetime: waits for leadership, leads, and waits again if it loses
 /// it. When the node stops, a leader lets the lock go at once, so another node leads
 /// within a second (its next try) rather than after the lease.
-pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, mut stop: Signal) {
-    metrics::leading(node_id, false);
+pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, node_metrics: Arc<metrics::Node>, mut stop: Signal) {
+    node_metrics.leading(false);
     let mut session: Option<PgConnection> = None;
     loop {
         if session.is_none() {
@@ -91,9 +92,9 @@ pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, mut stop: Sign
                 Ok(true) => {
                     let conn = session.take().expect("session is open");
                     tracing::info!(%node_id, "this node is now the leader");
-                    metrics::leading(node_id, true);
+                    node_metrics.leading(true);
                     let reason = lead(conn, &pool, &settings, &mut stop).await;
-                    metrics::leading(node_id, false);
+                    node_metrics.leading(false);
                     tracing::info!(%node_id, reason, "this node no longer leads; the leader lock is released");
                 }
                 Ok(false) => {}

@@ -1,74 +1,156 @@
-//! Prometheus metrics of this node, served at `/metrics` in the text format.
+//! Prometheus metrics, served at `/metrics` in the OpenMetrics text format through
+//! Prometheus' own Rust client (`prometheus-client`).
 //!
-//! Small on purpose: counters and histograms keyed by biz type, behind one mutex that the
-//! engine takes once per claim and once per finished callback (an uncontended lock costs
-//! tens of nanoseconds against a callback's milliseconds). One registry per process.
+//! Two registries, both shown by `/metrics`:
+//! * the process's: what the engine and the leader count (claims, outcomes, callbacks in
+//!   flight, latency and lateness per biz type; cold moves, timer occurrences, partitions
+//!   dropped) and whether each node leads. One per process: the engine reports through the
+//!   free functions below, and the nodes a test runs in one process share it.
+//! * a node's (`Node`): its HTTP requests by route and status, its database pool, and, on
+//!   the leader only, the queue read from the database (`tasks::backlog`): pending,
+//!   retrying and failed tasks and the age of the oldest due one per biz type. Every node
+//!   would read the same numbers; the leader alone reading them keeps their cost to one
+//!   reader per cluster, and alert rules take `max by (biz_type)` so that two nodes
+//!   exporting them during a change of leader do not double-count.
+//!
+//! The engine updates the process's metrics once per claim and once per finished callback:
+//! atomics behind a read lock per family, nanoseconds against a callback's milliseconds.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::tasks::backlog;
 
 /// Bucket bounds in seconds, shared by the latency and lateness histograms: from 1 ms
 /// (on-time firing is judged in milliseconds) to 10 minutes (retries after an outage).
 const SECONDS_BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 600.0];
 const BATCH_BUCKETS: [f64; 8] = [1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0];
+/// The leader counts the queue at most this often; scrapes in between show the last count.
+const COUNT_EVERY: Duration = Duration::from_secs(30);
+/// A count or age query that takes longer is cancelled; its metrics are left out (and a
+/// warning logged) until one succeeds. A scrape runs at most one that long, inside
+/// Prometheus' default 10 s scrape timeout.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Default, Clone)]
-struct Histogram {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
+/// The content type of `render`'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BizType {
+    biz_type: String,
 }
 
-impl Histogram {
-    fn observe(&mut self, bounds: &[f64], value: f64) {
-        if self.counts.is_empty() {
-            self.counts = vec![0; bounds.len()];
-        }
-        for (i, bound) in bounds.iter().enumerate() {
-            if value <= *bound {
-                self.counts[i] += 1;
-            }
-        }
-        self.sum += value;
-        self.count += 1;
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: String,
 }
 
-#[derive(Default)]
-struct PerBizType {
-    claimed: u64,
-    delivered: u64,
-    retried: u64,
-    failed: u64,
-    in_flight: i64,
-    latency: Histogram,
-    lateness: Histogram,
+/// An HTTP request's route (the pattern it matched, never the raw path, so that the label
+/// takes a bounded set of values) and method.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Route {
+    method: &'static str,
+    route: String,
 }
 
-#[derive(Default)]
-struct Registry {
-    by_biz_type: BTreeMap<String, PerBizType>,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Request {
+    method: &'static str,
+    route: String,
+    status: u16,
+}
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(SECONDS_BUCKETS)
+}
+
+type SecondsFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn seconds_family<L: Clone + std::hash::Hash + Eq>() -> SecondsFamily<L> {
+    Family::new_with_constructor(seconds_histogram)
+}
+
+/// The process's metrics: the engine's and the leader's.
+struct Process {
+    registry: Registry,
+    claimed: Family<BizType, Counter>,
+    delivered: Family<BizType, Counter>,
+    retried: Family<BizType, Counter>,
+    failed: Family<BizType, Counter>,
+    in_flight: Family<BizType, Gauge>,
+    latency: SecondsFamily<BizType>,
+    lateness: SecondsFamily<BizType>,
     claim_batches: Histogram,
     /// Whether each node in this process leads (one node per process, except in tests).
-    leading: BTreeMap<String, bool>,
-    cold_moved: u64,
-    occurrences: u64,
-    partitions_dropped: u64,
+    leader: Family<NodeLabel, Gauge>,
+    cold_moved: Counter,
+    occurrences: Counter,
+    partitions_dropped: Counter,
 }
 
-fn registry() -> &'static Mutex<Registry> {
-    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
-    REGISTRY.get_or_init(Mutex::default)
+fn process() -> &'static Process {
+    static PROCESS: OnceLock<Process> = OnceLock::new();
+    PROCESS.get_or_init(|| {
+        let p = Process {
+            registry: Registry::default(),
+            claimed: Family::default(),
+            delivered: Family::default(),
+            retried: Family::default(),
+            failed: Family::default(),
+            in_flight: Family::default(),
+            latency: seconds_family(),
+            lateness: seconds_family(),
+            claim_batches: Histogram::new(BATCH_BUCKETS),
+            leader: Family::default(),
+            cold_moved: Counter::default(),
+            occurrences: Counter::default(),
+            partitions_dropped: Counter::default(),
+        };
+        let mut r = Registry::default();
+        // Counters are registered without `_total`: the encoder appends it to the samples.
+        r.register("chime_tasks_claimed", "Tasks claimed for delivery", p.claimed.clone());
+        r.register("chime_tasks_delivered", "Callbacks answered with 2xx", p.delivered.clone());
+        r.register("chime_tasks_retried", "Failed attempts that will be retried", p.retried.clone());
+        r.register("chime_tasks_failed", "Tasks failed for good (permanent error or attempts exhausted)", p.failed.clone());
+        r.register("chime_in_flight", "Callbacks in flight on this node", p.in_flight.clone());
+        r.register("chime_delivery_seconds", "Callback duration", p.latency.clone());
+        r.register("chime_lateness_seconds", "Fire time minus run_at", p.lateness.clone());
+        r.register("chime_claim_batch_size", "Tasks per claim", p.claim_batches.clone());
+        r.register("chime_leader", "1 if this node is the cluster's leader", p.leader.clone());
+        r.register("chime_cold_tasks_moved", "Tasks moved from cold storage into the hot partitions by this node", p.cold_moved.clone());
+        r.register("chime_timer_occurrences", "Timer occurrences written as tasks by this node", p.occurrences.clone());
+        r.register("chime_partitions_dropped", "Partitions dropped past retention by this node", p.partitions_dropped.clone());
+        Process { registry: r, ..p }
+    })
 }
 
-pub fn claimed(biz_type: &str, count: usize) {
-    let mut r = registry().lock().expect("metrics lock");
-    r.claim_batches.observe(&BATCH_BUCKETS, count as f64);
-    let b = r.by_biz_type.entry(biz_type.to_string()).or_default();
-    b.claimed += count as u64;
-    b.in_flight += count as i64;
+fn biz_type(name: &str) -> BizType {
+    BizType { biz_type: name.to_string() }
+}
+
+pub fn claimed(biz_type_name: &str, count: usize) {
+    let p = process();
+    let b = biz_type(biz_type_name);
+    p.claim_batches.observe(count as f64);
+    p.claimed.get_or_create(&b).inc_by(count as u64);
+    p.in_flight.get_or_create(&b).inc_by(count as i64);
+    // A biz type's every series appears with its first claim, at zero until it counts.
+    for family in [&p.delivered, &p.retried, &p.failed] {
+        drop(family.get_or_create(&b));
+    }
+    drop(p.latency.get_or_create(&b));
+    drop(p.lateness.get_or_create(&b));
 }
 
 /// One finished delivery attempt: how long the callback took, how late it fired, and
@@ -79,89 +161,198 @@ pub enum Finish {
     Failed,
 }
 
-pub fn finished(biz_type: &str, latency_s: f64, lateness_s: f64, result: Finish) {
-    let mut r = registry().lock().expect("metrics lock");
-    let b = r.by_biz_type.entry(biz_type.to_string()).or_default();
-    b.in_flight -= 1;
-    b.latency.observe(&SECONDS_BUCKETS, latency_s);
-    b.lateness.observe(&SECONDS_BUCKETS, lateness_s.max(0.0));
-    match result {
-        Finish::Delivered => b.delivered += 1,
-        Finish::Retried => b.retried += 1,
-        Finish::Failed => b.failed += 1,
-    }
-}
-
-pub fn leading(node_id: uuid::Uuid, leads: bool) {
-    registry().lock().expect("metrics lock").leading.insert(node_id.to_string(), leads);
+pub fn finished(biz_type_name: &str, latency_s: f64, lateness_s: f64, result: Finish) {
+    let p = process();
+    let b = biz_type(biz_type_name);
+    p.in_flight.get_or_create(&b).dec();
+    p.latency.get_or_create(&b).observe(latency_s);
+    p.lateness.get_or_create(&b).observe(lateness_s.max(0.0));
+    let outcome = match result {
+        Finish::Delivered => &p.delivered,
+        Finish::Retried => &p.retried,
+        Finish::Failed => &p.failed,
+    };
+    outcome.get_or_create(&b).inc();
 }
 
 /// What the leader did: cold tasks moved, timer occurrences written, partitions dropped.
 pub fn housekeeping(cold_moved: u64, occurrences: u64, partitions_dropped: u64) {
-    let mut r = registry().lock().expect("metrics lock");
-    r.cold_moved += cold_moved;
-    r.occurrences += occurrences;
-    r.partitions_dropped += partitions_dropped;
+    let p = process();
+    p.cold_moved.inc_by(cold_moved);
+    p.occurrences.inc_by(occurrences);
+    p.partitions_dropped.inc_by(partitions_dropped);
 }
 
-fn label(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// One node's metrics: its HTTP requests and database pool, and, while it leads, the
+/// queue's state. Built with the node; `/metrics` renders it with the process's.
+pub struct Node {
+    /// The node's id, its label in `chime_leader`.
+    id: Uuid,
+    /// The node's pool: read for the pool gauges, and queried for the queue's metrics.
+    pool: PgPool,
+    registry: Registry,
+    requests: Family<Request, Counter>,
+    request_seconds: SecondsFamily<Route>,
+    /// Set from the pool at each scrape.
+    pool_in_use: Gauge,
+    pool_idle: Gauge,
+    pool_max: Gauge,
+    /// Set by the election loop; the queue's metrics are read only while it is true.
+    leading: AtomicBool,
+    /// The queue per biz type, replaced whole at each count (a biz type gone is dropped).
+    pending: Family<BizType, Gauge>,
+    retrying: Family<BizType, Gauge>,
+    failed: Family<BizType, Gauge>,
+    oldest_pending_age: Family<BizType, Gauge<f64, AtomicU64>>,
+    /// When the queue was last counted while leading; held by a scrape for its whole
+    /// render, so that scrapes at once (two Prometheus servers) count once and never show
+    /// a half-updated family.
+    counted: tokio::sync::Mutex<Option<Instant>>,
 }
 
-fn histogram(out: &mut String, name: &str, labels: &str, bounds: &[f64], h: &Histogram) {
-    let sep = if labels.is_empty() { "" } else { "," };
-    for (i, bound) in bounds.iter().enumerate() {
-        let n = h.counts.get(i).copied().unwrap_or(0);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
+impl Node {
+    pub fn new(id: Uuid, pool: PgPool) -> Node {
+        let mut node = Node {
+            id,
+            pool,
+            registry: Registry::default(),
+            requests: Family::default(),
+            request_seconds: seconds_family(),
+            pool_in_use: Gauge::default(),
+            pool_idle: Gauge::default(),
+            pool_max: Gauge::default(),
+            leading: AtomicBool::new(false),
+            pending: Family::default(),
+            retrying: Family::default(),
+            failed: Family::default(),
+            oldest_pending_age: Family::default(),
+            counted: tokio::sync::Mutex::new(None),
+        };
+        let r = &mut node.registry;
+        r.register(
+            "chime_http_requests",
+            "HTTP requests answered by this node (API, console, probes), by method, route pattern (`unmatched` for a path no route matches) and status",
+            node.requests.clone(),
+        );
+        r.register("chime_http_request_duration_seconds", "Time to answer an HTTP request, by method and route pattern", node.request_seconds.clone());
+        r.register(
+            "chime_db_pool_connections_in_use",
+            "Connections of this node's database pool (CHIME_DB_POOL_SIZE) in use; at chime_db_pool_max_connections, further queries wait for one. The engine's own 4 connections and the leader's session are not counted",
+            node.pool_in_use.clone(),
+        );
+        r.register("chime_db_pool_connections_idle", "Open connections of this node's database pool that are idle", node.pool_idle.clone());
+        r.register("chime_db_pool_max_connections", "Size limit of this node's database pool (CHIME_DB_POOL_SIZE)", node.pool_max.clone());
+        let leader_only = "Exported by the leader only (aggregate with max by (biz_type)), counted at most every 30 s; hot partitions only";
+        r.register("chime_tasks_pending", format!("Tasks waiting for delivery, due or not, per biz type. {leader_only}"), node.pending.clone());
+        r.register(
+            "chime_tasks_retrying",
+            format!("Pending tasks that failed at least once and wait for their next attempt (included in chime_tasks_pending). {leader_only}"),
+            node.retrying.clone(),
+        );
+        r.register("chime_tasks_failed", format!("Tasks failed for good and not replayed. {leader_only}"), node.failed.clone());
+        r.register(
+            "chime_oldest_pending_age_seconds",
+            "Seconds the oldest due, undelivered task of each biz type has waited (now - run_at), 0 if none is due. Exported by the leader only (aggregate with max by (biz_type)), read at every scrape",
+            node.oldest_pending_age.clone(),
+        );
+        node
     }
-    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
-    let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-    let _ = writeln!(out, "{name}_sum{braces} {}", h.sum);
-    let _ = writeln!(out, "{name}_count{braces} {}", h.count);
-}
 
-/// The metrics in Prometheus' text exposition format.
-pub fn render() -> String {
-    let r = registry().lock().expect("metrics lock");
-    let mut out = String::new();
-    let counters = [
-        ("chime_tasks_claimed_total", "Tasks claimed for delivery.", 0),
-        ("chime_tasks_delivered_total", "Callbacks answered with 2xx.", 1),
-        ("chime_tasks_retried_total", "Failed attempts that will be retried.", 2),
-        ("chime_tasks_failed_total", "Tasks failed for good (permanent error or attempts exhausted).", 3),
-    ];
-    for (name, help, which) in counters {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (biz, b) in &r.by_biz_type {
-            let v = [b.claimed, b.delivered, b.retried, b.failed][which];
-            let _ = writeln!(out, "{name}{{biz_type=\"{}\"}} {v}", label(biz));
+    /// Whether this node leads (the leader's election loop says so).
+    pub fn leading(&self, leads: bool) {
+        self.leading.store(leads, Ordering::Relaxed);
+        process().leader.get_or_create(&NodeLabel { node: self.id.to_string() }).set(i64::from(leads));
+    }
+
+    /// One HTTP request answered: its method, the route pattern it matched (None: no route
+    /// matched), its status and how long it took.
+    pub fn http_request(&self, method: &str, route: Option<&str>, status: u16, took: Duration) {
+        // Only the methods chime serves are labels of their own: any token is a valid method.
+        let method = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"].into_iter().find(|m| *m == method).unwrap_or("other");
+        let route = route.unwrap_or("unmatched").to_string();
+        self.request_seconds.get_or_create(&Route { method, route: route.clone() }).observe(took.as_secs_f64());
+        self.requests.get_or_create(&Request { method, route, status }).inc();
+    }
+
+    /// The process's and this node's metrics, in the OpenMetrics text format.
+    pub async fn render(&self) -> String {
+        let mut counted = self.counted.lock().await;
+        self.pool_max.set(i64::from(self.pool.options().get_max_connections()));
+        let (size, idle) = (i64::from(self.pool.size()), self.pool.num_idle() as i64);
+        self.pool_idle.set(idle);
+        self.pool_in_use.set((size - idle).max(0));
+        if self.leading.load(Ordering::Relaxed) {
+            self.read_queue(&mut counted).await;
+        } else {
+            *counted = None;
+            for family in [&self.pending, &self.retrying, &self.failed] {
+                family.clear();
+            }
+            self.oldest_pending_age.clear();
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode_registry(&mut out, &process().registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_eof(&mut out);
+        out
+    }
+
+    /// The age of the oldest due task at every scrape (an index probe per biz type), the
+    /// counts at most every `COUNT_EVERY` (they walk the queue).
+    async fn read_queue(&self, counted: &mut Option<Instant>) {
+        self.oldest_pending_age.clear();
+        match within(backlog::oldest_pending_age(&self.pool, QUERY_TIMEOUT)).await {
+            Ok(ages) => {
+                for (name, age) in ages {
+                    self.oldest_pending_age.get_or_create(&biz_type(&name)).set(age);
+                }
+            }
+            Err(e) => {
+                // The database is likely out of reach: no count either, so that the scrape
+                // stays within one query timeout, and no stale count shown.
+                tracing::warn!(error = %e, "could not read the oldest pending task's age for /metrics; the queue's metrics are left out of this scrape");
+                *counted = None;
+                for family in [&self.pending, &self.retrying, &self.failed] {
+                    family.clear();
+                }
+                return;
+            }
+        }
+        if counted.is_some_and(|at| at.elapsed() < COUNT_EVERY) {
+            return;
+        }
+        // Also after a failure: a count that timed out is not retried at every scrape.
+        *counted = Some(Instant::now());
+        for family in [&self.pending, &self.retrying, &self.failed] {
+            family.clear();
+        }
+        match within(backlog::counts(&self.pool, QUERY_TIMEOUT)).await {
+            Ok(counts) => {
+                for c in counts {
+                    let b = biz_type(&c.biz_type);
+                    self.pending.get_or_create(&b).set(c.pending);
+                    self.retrying.get_or_create(&b).set(c.retrying);
+                    self.failed.get_or_create(&b).set(c.failed);
+                }
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "could not count pending, retrying and failed tasks for /metrics within {} s; those metrics are left out until the next count in {} s",
+                QUERY_TIMEOUT.as_secs(),
+                COUNT_EVERY.as_secs()
+            ),
         }
     }
-    let _ = writeln!(out, "# HELP chime_in_flight Callbacks in flight on this node.\n# TYPE chime_in_flight gauge");
-    for (biz, b) in &r.by_biz_type {
-        let _ = writeln!(out, "chime_in_flight{{biz_type=\"{}\"}} {}", label(biz), b.in_flight);
+}
+
+/// A query bounded as a whole: the server cancels a statement at its `statement_timeout`,
+/// but waiting for a connection (a database that is down, a pool in use) is bounded only
+/// by the pool's 10 s acquire timeout, past Prometheus' scrape timeout. The scrape then
+/// still shows the node's other metrics.
+async fn within<T>(query: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, String> {
+    match tokio::time::timeout(QUERY_TIMEOUT + Duration::from_secs(1), query).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {} s", QUERY_TIMEOUT.as_secs() + 1)),
     }
-    let _ = writeln!(out, "# HELP chime_delivery_seconds Callback duration.\n# TYPE chime_delivery_seconds histogram");
-    for (biz, b) in &r.by_biz_type {
-        histogram(&mut out, "chime_delivery_seconds", &format!("biz_type=\"{}\"", label(biz)), &SECONDS_BUCKETS, &b.latency);
-    }
-    let _ = writeln!(out, "# HELP chime_lateness_seconds Fire time minus run_at.\n# TYPE chime_lateness_seconds histogram");
-    for (biz, b) in &r.by_biz_type {
-        histogram(&mut out, "chime_lateness_seconds", &format!("biz_type=\"{}\"", label(biz)), &SECONDS_BUCKETS, &b.lateness);
-    }
-    let _ = writeln!(out, "# HELP chime_claim_batch_size Tasks per claim.\n# TYPE chime_claim_batch_size histogram");
-    histogram(&mut out, "chime_claim_batch_size", "", &BATCH_BUCKETS, &r.claim_batches);
-    let _ = writeln!(out, "# HELP chime_leader 1 if this node is the cluster's leader.\n# TYPE chime_leader gauge");
-    for (node, leads) in &r.leading {
-        let _ = writeln!(out, "chime_leader{{node=\"{node}\"}} {}", u8::from(*leads));
-    }
-    let leader_counters = [
-        ("chime_cold_tasks_moved_total", "Tasks moved from cold storage into the hot partitions by this node.", r.cold_moved),
-        ("chime_timer_occurrences_total", "Timer occurrences written as tasks by this node.", r.occurrences),
-        ("chime_partitions_dropped_total", "Partitions dropped past retention by this node.", r.partitions_dropped),
-    ];
-    for (name, help, v) in leader_counters {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-    }
-    out
 }

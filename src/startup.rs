@@ -20,7 +20,7 @@ use crate::config::ServeArgs;
 use crate::db::{self, Health};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::partitions::{self, Layout};
-use crate::{console, demo, engine, leader, nodes, users};
+use crate::{console, demo, engine, leader, metrics, nodes, users};
 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
@@ -45,6 +45,9 @@ pub struct Application {
     settings: ServeArgs,
     leader: leader::Settings,
     listen: String,
+    node_id: uuid::Uuid,
+    /// This node's metrics: HTTP requests, the pool, and (while it leads) the queue.
+    node_metrics: web::Data<metrics::Node>,
 }
 
 impl Application {
@@ -65,21 +68,41 @@ impl Application {
         let listener = TcpListener::bind(settings.listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
+        let node_id = uuid::Uuid::now_v7();
+        let node_metrics = web::Data::new(metrics::Node::new(node_id, pool.clone()));
         let signal = lifecycle.signal();
         let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
         let metrics_here = settings.metrics_listen.is_none();
         let body_timeout = Duration::from_secs(settings.body_timeout_secs);
         let http_grace = http_grace(settings);
+        let app_metrics = node_metrics.clone();
         let mut server = HttpServer::new(move || {
+            let counted = app_metrics.clone();
             App::new()
                 .app_data(state.clone())
                 .app_data(login_limiter.clone())
+                .app_data(app_metrics.clone())
                 .wrap(from_fn(api::by_phase))
                 .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
                 .wrap_fn(move |mut req, service| {
                     limit_body_time(&mut req, body_timeout);
                     service.call(req)
+                })
+                .wrap_fn(move |req, service| {
+                    // The pattern, found before routing from the app's resource map.
+                    let (route, method, started) = (req.match_pattern(), req.method().clone(), std::time::Instant::now());
+                    let response = service.call(req);
+                    let node = counted.clone();
+                    async move {
+                        let response = response.await;
+                        let status = match &response {
+                            Ok(r) => r.status(),
+                            Err(e) => e.as_response_error().status_code(),
+                        };
+                        node.http_request(method.as_str(), route.as_deref(), status.as_u16(), started.elapsed());
+                        response
+                    }
                 })
                 .configure(api::routes)
                 .configure(|cfg| {
@@ -105,7 +128,10 @@ impl Application {
             let listener = TcpListener::bind(address)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {address} ({e}); set CHIME_METRICS_LISTEN to a free address"))?;
             metrics_port = Some(listener.local_addr()?.port());
-            let server = HttpServer::new(|| App::new().configure(api::metrics_route).default_service(web::to(api::not_found)))
+            let node_metrics = node_metrics.clone();
+            let server = HttpServer::new(move || {
+                App::new().app_data(node_metrics.clone()).configure(api::metrics_route).default_service(web::to(api::not_found))
+            })
                 .listen(listener)?
                 .disable_signals()
                 .shutdown_timeout(http_grace)
@@ -114,7 +140,7 @@ impl Application {
             servers.push(start(server));
         }
         let listen = format!("{}:{port}", settings.listen.ip());
-        Ok(Application { port, metrics_port, servers, pool, lifecycle, settings: settings.clone(), leader, listen })
+        Ok(Application { port, metrics_port, servers, pool, lifecycle, settings: settings.clone(), leader, listen, node_id, node_metrics })
     }
 
     /// Migrates the database (with CHIME_AUTO_MIGRATE=false, checks that it needs no
@@ -163,12 +189,11 @@ impl Application {
     /// which they are cut off and given back; the listener stays open for the linger and
     /// its requests then have what is left of the grace.
     pub async fn run_until(self, signals: impl Stream<Item = &'static str> + Send + 'static) -> std::io::Result<()> {
-        let Application { servers, pool, lifecycle, settings, leader, listen, .. } = self;
+        let Application { servers, pool, lifecycle, settings, leader, listen, node_id, node_metrics, .. } = self;
         let signal = lifecycle.signal();
-        let node = nodes::Node { id: uuid::Uuid::now_v7(), listen, delivers: settings.engine };
-        let node_id = node.id;
+        let node = nodes::Node { id: node_id, listen, delivers: settings.engine };
         let heartbeat = tokio::spawn(nodes::heartbeat(pool.clone(), node, signal.clone()));
-        let leader = tokio::spawn(leader::run(pool.clone(), node_id, leader, signal.clone()));
+        let leader = tokio::spawn(leader::run(pool.clone(), node_id, leader, node_metrics.into_inner(), signal.clone()));
         let engine = settings.engine.then(|| tokio::spawn(engine::run(pool, node_id, settings.callback_hosts(), signal.clone())));
 
         let mut signals = Box::pin(signals);

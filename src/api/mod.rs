@@ -137,8 +137,8 @@ async fn openapi() -> HttpResponse {
     HttpResponse::Ok().content_type("application/json").body(OPENAPI)
 }
 
-async fn metrics() -> HttpResponse {
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(crate::metrics::render())
+async fn metrics(node: web::Data<crate::metrics::Node>) -> HttpResponse {
+    HttpResponse::Ok().content_type(crate::metrics::CONTENT_TYPE).body(node.render().await)
 }
 
 async fn healthz() -> HttpResponse {

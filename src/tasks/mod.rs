@@ -7,6 +7,7 @@
 //! task read the horizon in the same statement, so they never disagree with it; a row that
 //! lands in cold storage just as the horizon moves past it is picked up by the next sweep.
 
+pub mod backlog;
 mod batcher;
 mod create;
 mod payload;

@@ -325,7 +325,7 @@ async fn a_stuck_biz_type_does_not_delay_another() {
 }
 
 /// /metrics counts claims, deliveries, retries and failures per biz type, with latency and
-/// lateness histograms, in Prometheus' text format.
+/// lateness histograms, in the OpenMetrics text format.
 #[tokio::test]
 async fn metrics_count_deliveries_per_biz_type() {
     let app = spawn_node().await;
@@ -349,7 +349,7 @@ async fn metrics_count_deliveries_per_biz_type() {
     assert_eq!(value(&format!("chime_tasks_failed_total{b}")), 0.0);
     assert_eq!(value(&format!("chime_in_flight{b}")), 0.0);
     assert_eq!(value(&format!("chime_delivery_seconds_count{b}")), 4.0);
-    assert_eq!(value(r#"chime_lateness_seconds_bucket{biz_type="metrics-check",le="+Inf"}"#), 4.0);
+    assert_eq!(value(r#"chime_lateness_seconds_bucket{le="+Inf",biz_type="metrics-check"}"#), 4.0);
     assert!(text.contains("# TYPE chime_claim_batch_size histogram"));
 }
 

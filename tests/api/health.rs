@@ -84,7 +84,8 @@ async fn metrics_listen_moves_metrics_off_the_api_address() {
     assert_eq!(on_api.status(), 404);
     let own = client.get(format!("http://{metrics_address}/metrics")).send().await.unwrap();
     assert_eq!(own.status(), 200);
-    assert!(own.text().await.unwrap().contains("# TYPE chime_tasks_claimed_total counter"));
+    let text = own.text().await.unwrap();
+    assert!(text.contains("# TYPE chime_db_pool_connections_in_use gauge") && text.ends_with("# EOF\n"), "{text}");
     let other = client.get(format!("http://{metrics_address}/readyz")).send().await.unwrap();
     assert_eq!(other.status(), 404, "only /metrics is served there");
 }

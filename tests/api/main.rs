@@ -17,6 +17,7 @@ mod fuzz_input;
 mod health;
 mod helpers;
 mod leader;
+mod metrics;
 mod nodes;
 mod operating;
 mod pull;

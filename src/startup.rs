@@ -12,10 +12,11 @@ use sqlx::PgPool;
 
 use crate::api::{self, AppState};
 use crate::callback_hosts::CallbackHosts;
+use crate::client_address::TrustedProxies;
 use crate::config::ServeArgs;
 use crate::db::Health;
 use crate::partitions::{self, Layout};
-use crate::{console, demo, engine, leader, nodes, users};
+use crate::{biz_types, console, demo, engine, leader, nodes, users};
 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
@@ -32,6 +33,8 @@ pub struct Application {
     leader: leader::Settings,
     grace: std::time::Duration,
     listen: String,
+    /// The `admin` password when this start created it.
+    first_admin_password: Option<String>,
 }
 
 impl Application {
@@ -50,22 +53,27 @@ impl Application {
             timer_window: std::time::Duration::from_secs(settings.timer_window_secs.into()),
             migrate_batch: settings.migrate_batch.into(),
         };
-        if let Some(password) = users::ensure_first_admin(&pool, settings.admin_password.as_deref()).await? {
-            // Printed, not only logged: the operator needs it once, at first start.
-            println!("created console user `admin` with password: {password}");
-            println!("(shown only this once; set CHIME_ADMIN_PASSWORD before the first start to choose it)");
+        // A node that cannot open a signing secret would fail every callback of its biz type.
+        let unopened = biz_types::unopened_secrets(&pool).await?;
+        if !unopened.is_empty() {
+            let reasons: Vec<String> = unopened.iter().map(ToString::to_string).collect();
+            anyhow::bail!("{}", reasons.join("\n"));
         }
+        // Handed to the operator by `serve` (`first_start`), not logged.
+        let first_admin_password = users::ensure_first_admin(&pool, settings.admin_password.as_deref()).await?;
         let listener = TcpListener::bind(settings.listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
         let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts()));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
+        let proxies = web::Data::new(TrustedProxies::new(settings.trusted_proxies.clone()));
         let metrics_here = settings.metrics_listen.is_none();
         let body_timeout = Duration::from_secs(settings.body_timeout_secs);
         let mut server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
                 .app_data(login_limiter.clone())
+                .app_data(proxies.clone())
                 .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
                 .wrap_fn(move |mut req, service| {
                     limit_body_time(&mut req, body_timeout);
@@ -114,7 +122,13 @@ impl Application {
             leader,
             grace,
             listen,
+            first_admin_password,
         })
+    }
+
+    /// The password of the `admin` account this start created, to show the operator once.
+    pub fn first_admin_password(&self) -> Option<&str> {
+        self.first_admin_password.as_deref()
     }
 
     pub fn port(&self) -> u16 {

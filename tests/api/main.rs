@@ -20,6 +20,7 @@ mod leader;
 mod nodes;
 mod pull;
 mod receiver;
+mod secrets;
 mod tasks;
 mod timers;
 mod tls;

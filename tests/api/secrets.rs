@@ -178,7 +178,8 @@ async fn a_wrong_key_stops_the_start() {
 /// With stdout not a terminal (a service manager, a container), the first start writes the
 /// generated admin password to an owner-only file in the data directory (created for it, as
 /// with an external database there is none yet) and says where in its log, and neither its
-/// stdout nor its log holds the password. The password in the file signs in.
+/// stdout nor its log holds the password. The password in the file signs in. Without
+/// CHIME_SECRET_KEY it warns, once, that secrets are stored in clear.
 #[tokio::test]
 async fn first_start_credentials_go_to_an_owner_only_file_when_stdout_is_not_a_terminal() {
     let db_url = fresh_database().await;
@@ -220,4 +221,5 @@ async fn first_start_credentials_go_to_an_owner_only_file_when_stdout_is_not_a_t
     assert!(!stdout.contains(&password) && !stderr.contains(&password), "the password was printed: {stdout}\n{stderr}");
     let said = format!("the first start's credentials (console password, API token) are in {}, readable by its owner only", path.display());
     assert!(stderr.contains("INFO") && stderr.contains(&said), "{stderr}");
+    assert_eq!(stderr.matches("CHIME_SECRET_KEY is not set: biz types' signing secrets are stored in clear").count(), 1, "one warning: {stderr}");
 }

@@ -15,7 +15,7 @@ use actix_web::HttpRequest;
 use ipnet::IpNet;
 
 /// A CHIME_TRUSTED_PROXIES entry: an address (`192.0.2.7`, `::1`) or a range (`10.0.0.0/8`).
-pub fn parse_proxy(text: &str) -> Result<IpNet, String> {
+fn parse_proxy(text: &str) -> Result<IpNet, String> {
     let text = text.trim();
     match IpAddr::from_str(text) {
         Ok(address) => Ok(IpNet::from(address.to_canonical())),
@@ -30,8 +30,9 @@ pub fn parse_proxy(text: &str) -> Result<IpNet, String> {
 pub struct TrustedProxies(Vec<IpNet>);
 
 impl TrustedProxies {
-    pub fn new(proxies: Vec<IpNet>) -> TrustedProxies {
-        TrustedProxies(proxies)
+    /// CHIME_TRUSTED_PROXIES: entries separated by commas; empty means none.
+    pub fn parse(text: &str) -> Result<TrustedProxies, String> {
+        text.split(',').filter(|p| !p.trim().is_empty()).map(parse_proxy).collect::<Result<_, _>>().map(TrustedProxies)
     }
 
     fn trusts(&self, address: IpAddr) -> bool {
@@ -83,7 +84,7 @@ mod tests {
     }
 
     fn proxies(list: &[&str]) -> TrustedProxies {
-        TrustedProxies::new(list.iter().map(|p| parse_proxy(p).unwrap()).collect())
+        TrustedProxies::parse(&list.join(",")).unwrap()
     }
 
     #[test]
@@ -111,9 +112,11 @@ mod tests {
     fn entries_are_addresses_or_ranges() {
         assert_eq!(parse_proxy(" 127.0.0.1 ").unwrap(), "127.0.0.1/32".parse::<IpNet>().unwrap());
         assert!(parse_proxy("fd00::/8").is_ok());
-        for bad in ["", "10.0.0.0/33", "proxy.example", "10.0.0.1:80"] {
-            let e = parse_proxy(bad).unwrap_err();
-            assert!(e.contains("is not an IP address or a CIDR range"), "{e}");
+        for bad in ["10.0.0.0/33", "proxy.example", "10.0.0.1:80"] {
+            let e = TrustedProxies::parse(&format!("10.0.0.1, {bad}")).unwrap_err();
+            assert!(e.contains(&format!("`{bad}` is not an IP address or a CIDR range")), "{e}");
         }
+        assert_eq!(TrustedProxies::parse(" ").unwrap().0, [], "empty is none");
+        assert_eq!(TrustedProxies::parse("10.0.0.1,,::1").unwrap().0.len(), 2);
     }
 }

@@ -172,8 +172,8 @@ pub struct ServeArgs {
     /// the trusted proxies, and the first address that is not one is the client, whom the
     /// console's sign-in limits and the audit log then see. Without it the header is ignored,
     /// since any client can write it.
-    #[arg(long, env = "CHIME_TRUSTED_PROXIES", value_delimiter = ',', value_parser = crate::client_address::parse_proxy)]
-    pub trusted_proxies: Vec<ipnet::IpNet>,
+    #[arg(long, env = "CHIME_TRUSTED_PROXIES", value_parser = crate::client_address::TrustedProxies::parse)]
+    pub trusted_proxies: Option<crate::client_address::TrustedProxies>,
 
     /// Seconds a client has to send a request's body, counted from its headers; a slower
     /// one is answered 408 and disconnected. (The headers themselves must arrive within 5 s.)
@@ -275,7 +275,7 @@ impl Default for ServeArgs {
         ServeArgs {
             listen: "127.0.0.1:8080".parse().unwrap(),
             metrics_listen: None,
-            trusted_proxies: Vec::new(),
+            trusted_proxies: None,
             body_timeout_secs: 30,
             max_connections: 500,
             admin_password: None,

@@ -12,7 +12,6 @@ use sqlx::PgPool;
 
 use crate::api::{self, AppState};
 use crate::callback_hosts::CallbackHosts;
-use crate::client_address::TrustedProxies;
 use crate::config::ServeArgs;
 use crate::db::Health;
 use crate::partitions::{self, Layout};
@@ -66,7 +65,7 @@ impl Application {
         let port = listener.local_addr()?.port();
         let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts()));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
-        let proxies = web::Data::new(TrustedProxies::new(settings.trusted_proxies.clone()));
+        let proxies = web::Data::new(settings.trusted_proxies.clone().unwrap_or_default());
         let metrics_here = settings.metrics_listen.is_none();
         let body_timeout = Duration::from_secs(settings.body_timeout_secs);
         let mut server = HttpServer::new(move || {

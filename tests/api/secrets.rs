@@ -11,7 +11,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::cli::{Output, chime};
-use crate::helpers::{TestApp, chime_node, client, free_port, fresh_database, wait_ready};
+use crate::helpers::{TestApp, chime_node, chime_process_logging, client, free_port, fresh_database, wait_ready};
 use crate::receiver::{Answer, Receiver};
 
 /// A key as an operator makes one: 32 random bytes in base64 (here, fixed bytes).
@@ -111,6 +111,58 @@ async fn a_node_that_cannot_decrypt_a_secret_refuses_to_start() {
         "{}",
         other.stderr
     );
+}
+
+/// A secret that a running node cannot decrypt (written since its start by a node with
+/// another key) is never signed with: the node logs an ERROR naming the biz type, once, and
+/// leaves its tasks pending, while it goes on delivering the other biz types.
+#[tokio::test]
+async fn a_running_node_leaves_a_biz_type_it_cannot_decrypt_pending() {
+    let db_url = fresh_database().await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let (key1, key2) = (key(1), key(2));
+    let create = |name: &'static str, key: &str| {
+        let (db_url, key, url) = (db_url.clone(), key.to_string(), receiver.url.clone());
+        async move { chime(&[("DATABASE_URL", &db_url), ("CHIME_SECRET_KEY", &key)], &["biz-type", "create", name, "--callback-url", &url], None).await }
+    };
+    let orders = create("orders", &key1).await;
+    assert!(orders.ok, "{}", orders.stderr);
+    let log_path = std::env::temp_dir().join(format!("chime-secrets-log-{}-{}.txt", std::process::id(), uuid::Uuid::new_v4()));
+    let (mut child, address) = chime_process_logging(&db_url, &[("CHIME_SECRET_KEY", &key1)], std::fs::File::create(&log_path).unwrap()).await;
+    let node = TestApp { address, pool: pool.clone(), db_url: db_url.clone(), client: client() };
+    assert!(create("refunds", &key2).await.ok);
+
+    let said = "the signing secret of biz type `refunds` is encrypted with key ";
+    let mut log = String::new();
+    for _ in 0..200 {
+        log = std::fs::read_to_string(&log_path).unwrap();
+        if log.contains(said) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refunds_token = chime::biz_types::create_token(&pool, "refunds").await.unwrap();
+    let refund = node.create_task(&refunds_token, json!({"biz_type": "refunds"})).await;
+    // A task of another biz type, created after it and delivered: the engine has passed over
+    // the refund since it fell due.
+    let orders_token = chime::biz_types::create_token(&pool, "orders").await.unwrap();
+    delivered_signed_with(&node, &orders_token, &receiver, orders.last_line()).await;
+    let (status, attempts): (String, i32) = sqlx::query_as("SELECT status::text, attempt_count FROM tasks WHERE id = $1")
+        .bind(uuid::Uuid::parse_str(refund["id"].as_str().unwrap()).unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!((status.as_str(), attempts), ("pending", 0), "the refund was attempted");
+    assert_eq!(receiver.received().len(), 1, "only the order was called back");
+
+    assert!(log.contains(said), "no ERROR naming the biz type: {log}");
+    child.kill().await.unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_file(&log_path).unwrap();
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains(said)).collect();
+    assert_eq!(errors.len(), 1, "one ERROR: {log}");
+    assert!(errors[0].contains("ERROR") && errors[0].ends_with("its tasks are not delivered by this node"), "{log}");
 }
 
 /// `chime secrets reencrypt` encrypts secrets stored in clear, does nothing the second time,

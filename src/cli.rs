@@ -126,6 +126,10 @@ pub async fn secrets(pool: &PgPool, command: SecretsCommand) -> anyhow::Result<(
     match command {
         SecretsCommand::Reencrypt => {
             let done = biz_types::reencrypt(pool).await?;
+            if done.sealed + done.resealed > 0 {
+                let counts = serde_json::json!({"encrypted": done.sealed, "re_encrypted": done.resealed, "unchanged": done.unchanged});
+                audit::record(pool, "cli", "secrets.reencrypt", "biz_type", "*", None, Some(counts)).await?;
+            }
             println!(
                 "signing secrets: {} encrypted (were in clear), {} re-encrypted (were under an older key), {} already under the current key",
                 done.sealed, done.resealed, done.unchanged

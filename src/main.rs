@@ -21,7 +21,7 @@ async fn run() -> anyhow::Result<()> {
     chime::logs::init(args.log.log.as_deref(), args.log.log_format)?;
     // Before any biz type is read or written: every secret goes through these keys.
     let keyring = secrets::Keyring::from_settings(&args.secrets)?;
-    let sealing = keyring.current().is_some();
+    let sealing = keyring.seals();
     secrets::install(keyring);
 
     // The biz-type commands validate callback URLs as `serve` does: CHIME_DENY_PRIVATE_CALLBACKS

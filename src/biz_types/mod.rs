@@ -271,7 +271,7 @@ pub struct Reencrypted {
 /// not re-read them.
 pub async fn reencrypt(pool: &PgPool) -> Result<Reencrypted, Error> {
     let keyring = secrets::keyring();
-    if keyring.current().is_none() {
+    if !keyring.seals() {
         return Err(Error::invalid("CHIME_SECRET_KEY", "is not set: set it (or CHIME_SECRET_KEY_FILE) to the key to encrypt with"));
     }
     let mut tx = pool.begin().await?;

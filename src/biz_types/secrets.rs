@@ -41,7 +41,7 @@ const NONCE_LEN: usize = 24;
 const MAKE_ONE: &str = "it must be 32 random bytes in base64, as `openssl rand -base64 32` makes";
 
 /// One key: 32 bytes, known by its id.
-pub struct Key {
+struct Key {
     id: String,
     cipher: XChaCha20Poly1305,
 }
@@ -54,7 +54,7 @@ impl std::fmt::Debug for Key {
 
 impl Key {
     /// A key from its base64 text; `setting` names where it came from, for the error.
-    pub fn parse(setting: &str, text: &str) -> Result<Key, String> {
+    fn parse(setting: &str, text: &str) -> Result<Key, String> {
         let bytes = STANDARD
             .decode(text.trim())
             .map_err(|e| format!("{setting} is not base64 ({e}): {MAKE_ONE}"))?;
@@ -64,10 +64,6 @@ impl Key {
             .map_err(|_| format!("{setting} is {} bytes long: {MAKE_ONE}", bytes.len()))?;
         let id = hex::encode(&Sha256::digest(bytes)[..4]);
         Ok(Key { id, cipher: XChaCha20Poly1305::new(&bytes.into()) })
-    }
-
-    pub fn id(&self) -> &str {
-        &self.id
     }
 
     fn seal(&self, biz_type: &str, secret: &str) -> String {
@@ -96,10 +92,6 @@ pub struct Keyring {
 }
 
 impl Keyring {
-    pub fn new(current: Option<Key>, old: Vec<Key>) -> Keyring {
-        Keyring { current, old }
-    }
-
     /// The keys the settings give: `CHIME_SECRET_KEY` or the file `CHIME_SECRET_KEY_FILE`
     /// names, and `CHIME_SECRET_KEY_OLD` (or `_FILE`), several separated by commas. A key
     /// that cannot be read or has the wrong length is an error that says how to make one.
@@ -126,9 +118,9 @@ impl Keyring {
         Ok(Keyring { current, old })
     }
 
-    /// The key that seals, if any.
-    pub fn current(&self) -> Option<&Key> {
-        self.current.as_ref()
+    /// Whether secrets are sealed (CHIME_SECRET_KEY is set).
+    pub fn seals(&self) -> bool {
+        self.current.is_some()
     }
 
     fn by_id(&self, id: &str) -> Option<&Key> {
@@ -261,16 +253,16 @@ mod tests {
 
     #[test]
     fn a_sealed_secret_opens_with_its_key_only_and_for_its_biz_type_only() {
-        let ring = Keyring::new(Some(key(1)), vec![]);
+        let ring = Keyring { current: Some(key(1)), old: vec![] };
         let (clear, sealed) = ring.store("orders", "whsec_abc");
         let sealed = sealed.unwrap();
         assert!(clear.is_none() && sealed.starts_with(&format!("enc:v1:{}:", key(1).id)) && !sealed.contains("whsec_abc"), "{sealed}");
         assert_ne!(ring.store("orders", "whsec_abc").1.unwrap(), sealed, "a fresh nonce each time");
         assert_eq!(ring.open("orders", None, Some(&sealed)).expose().unwrap(), "whsec_abc");
         assert!(matches!(ring.open("refunds", None, Some(&sealed)), SigningSecret::Unopened(SecretError::Corrupt { .. })));
-        let other = Keyring::new(Some(key(2)), vec![]);
+        let other = Keyring { current: Some(key(2)), old: vec![] };
         assert!(matches!(other.open("orders", None, Some(&sealed)), SigningSecret::Unopened(SecretError::UnknownKey { .. })));
-        let rotated = Keyring::new(Some(key(2)), vec![key(1)]);
+        let rotated = Keyring { current: Some(key(2)), old: vec![key(1)] };
         assert_eq!(rotated.open("orders", None, Some(&sealed)).expose().unwrap(), "whsec_abc");
         assert!(ring.is_current(&sealed) && !rotated.is_current(&sealed));
         let none = Keyring::default();
@@ -285,7 +277,7 @@ mod tests {
     fn without_a_key_secrets_are_stored_in_clear_and_clear_wins() {
         let none = Keyring::default();
         assert_eq!(none.store("orders", "whsec_abc"), (Some("whsec_abc".into()), None));
-        let ring = Keyring::new(Some(key(1)), vec![]);
+        let ring = Keyring { current: Some(key(1)), old: vec![] };
         let sealed = ring.store("orders", "whsec_old").1;
         assert_eq!(ring.open("orders", Some("whsec_new".into()), sealed.as_deref()).expose().unwrap(), "whsec_new");
     }

@@ -191,6 +191,8 @@ async fn reencrypt_encrypts_secrets_in_clear_and_rotates_keys() {
     let again = chime(&[db, ("CHIME_SECRET_KEY", &key1)], &["secrets", "reencrypt"], None).await;
     assert!(again.stdout.contains("0 encrypted (were in clear), 0 re-encrypted (were under an older key), 1 already under the current key"), "{}", again.stdout);
     assert_eq!(stored(&pool, "orders").await.1, sealed, "a second run changes nothing");
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'cli' AND action = 'secrets.reencrypt'").fetch_one(&pool).await.unwrap();
+    assert_eq!(audited, 1, "the run that changed something is in the audit log");
     {
         let (_node, address) = chime_node(&db_url, &[("CHIME_SECRET_KEY", &key1)]).await;
         let node = TestApp { address, pool: pool.clone(), db_url: db_url.clone(), client: client() };

@@ -1,4 +1,4 @@
-//! The admin subcommands: biz types, tokens, users. Their output is meant for scripts: the
+//! The admin subcommands: biz types, tokens, users, secrets. Their output is meant for scripts: the
 //! value a script wants (secret, token) is the last line.
 
 use std::io::Read;
@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use crate::biz_types::{self, BizType, Settings};
 use crate::callback_hosts::CallbackHosts;
-use crate::config::{BizTypeCommand, BizTypeFlags, MigrateArgs, TokenCommand, UserCommand};
+use crate::config::{BizTypeCommand, BizTypeFlags, MigrateArgs, SecretsCommand, TokenCommand, UserCommand};
 use crate::db::{self, Schema};
 use crate::{audit, users};
 
@@ -84,7 +84,7 @@ pub async fn biz_type(pool: &PgPool, command: BizTypeCommand, hosts: CallbackHos
                 .await?;
             println!("created biz type {}", describe(&created));
             println!("signing secret (verify the Chime-Signature header with it):");
-            println!("{}", created.signing_secret);
+            println!("{}", created.signing_secret.expose()?);
         }
         BizTypeCommand::Update { name, settings: flags, pause, resume } => {
             let paused = if pause { Some(true) } else if resume { Some(false) } else { None };
@@ -117,6 +117,23 @@ pub async fn token(pool: &PgPool, command: TokenCommand) -> anyhow::Result<()> {
             audit::record(pool, "cli", "token.create", "biz_type", &biz_type, None, Some(token[..12].into())).await?;
             println!("API token for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
             println!("{token}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn secrets(pool: &PgPool, command: SecretsCommand) -> anyhow::Result<()> {
+    match command {
+        SecretsCommand::Reencrypt => {
+            let done = biz_types::reencrypt(pool).await?;
+            if done.sealed + done.resealed > 0 {
+                let counts = serde_json::json!({"encrypted": done.sealed, "re_encrypted": done.resealed, "unchanged": done.unchanged});
+                audit::record(pool, "cli", "secrets.reencrypt", "biz_type", "*", None, Some(counts)).await?;
+            }
+            println!(
+                "signing secrets: {} encrypted (were in clear), {} re-encrypted (were under an older key), {} already under the current key",
+                done.sealed, done.resealed, done.unchanged
+            );
         }
     }
     Ok(())

@@ -26,6 +26,8 @@ pub struct Cli {
     pub db: DbArgs,
     #[command(flatten)]
     pub log: LogArgs,
+    #[command(flatten)]
+    pub secrets: SecretArgs,
     /// `serve`'s settings, for `chime` without a subcommand.
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -72,6 +74,43 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 }
 
+/// The key that encrypts signing secrets at rest. Shared by every subcommand, since admin
+/// commands create and read biz types too. Its Debug shows which are set, not the keys.
+#[derive(Clone, Args)]
+pub struct SecretArgs {
+    /// Key that encrypts biz types' signing secrets in the database: 32 random bytes in
+    /// base64 (`openssl rand -base64 32`). Set it on every node and wherever admin commands
+    /// run, once every node runs a release that knows it (README: Secrets at rest); without
+    /// it secrets are stored in clear. Prefer the environment or CHIME_SECRET_KEY_FILE to the
+    /// flag, which others on the machine can see.
+    #[arg(long, env = "CHIME_SECRET_KEY", global = true, hide_env_values = true, conflicts_with = "secret_key_file")]
+    pub secret_key: Option<String>,
+
+    /// A file holding CHIME_SECRET_KEY (its base64 text), e.g. a mounted Kubernetes secret.
+    #[arg(long, env = "CHIME_SECRET_KEY_FILE", global = true)]
+    pub secret_key_file: Option<PathBuf>,
+
+    /// Earlier keys, comma-separated: secrets encrypted with them are still read, and
+    /// `chime secrets reencrypt` re-encrypts them with CHIME_SECRET_KEY.
+    #[arg(long, env = "CHIME_SECRET_KEY_OLD", global = true, hide_env_values = true, conflicts_with = "secret_key_old_file")]
+    pub secret_key_old: Option<String>,
+
+    /// A file holding CHIME_SECRET_KEY_OLD (keys one per line or comma-separated).
+    #[arg(long, env = "CHIME_SECRET_KEY_OLD_FILE", global = true)]
+    pub secret_key_old_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SecretArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretArgs")
+            .field("secret_key", &self.secret_key.as_ref().map(|_| ".."))
+            .field("secret_key_file", &self.secret_key_file)
+            .field("secret_key_old", &self.secret_key_old.as_ref().map(|_| ".."))
+            .field("secret_key_old_file", &self.secret_key_old_file)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -97,6 +136,9 @@ pub enum Command {
     /// Manage console users.
     #[command(subcommand)]
     User(UserCommand),
+    /// Manage the encryption of signing secrets at rest (CHIME_SECRET_KEY).
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// Measure chime: create rate, burst delivery, steady lateness, backlog independence.
     Bench(BenchArgs),
     /// Run a mixed load (creates, timers, failures, replays) against real nodes for a
@@ -127,6 +169,15 @@ pub struct ServeArgs {
     /// private address when the API's is reachable by anyone you would not show them to.
     #[arg(long, env = "CHIME_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// Addresses or CIDR ranges of reverse proxies in front of chime, comma-separated
+    /// (`10.0.0.0/8, 192.0.2.7`) [default: none]. A request from one of them is taken to come
+    /// from the client its `X-Forwarded-For` names: the header is read right to left, past
+    /// the trusted proxies, and the first address that is not one is the client, whom the
+    /// console's sign-in limits and the audit log then see. Without it the header is ignored,
+    /// since any client can write it.
+    #[arg(long, env = "CHIME_TRUSTED_PROXIES", value_parser = crate::client_address::TrustedProxies::parse)]
+    pub trusted_proxies: Option<crate::client_address::TrustedProxies>,
 
     /// Seconds a client has to send a request's body, counted from its headers; a slower
     /// one is answered 408 and disconnected. (The headers themselves must arrive within 5 s.)
@@ -236,6 +287,7 @@ impl Default for ServeArgs {
         ServeArgs {
             listen: "127.0.0.1:8080".parse().unwrap(),
             metrics_listen: None,
+            trusted_proxies: None,
             body_timeout_secs: 30,
             max_connections: 500,
             admin_password: None,
@@ -457,6 +509,14 @@ pub enum TokenCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Encrypt every signing secret stored in clear with CHIME_SECRET_KEY, and re-encrypt
+    /// those encrypted with a key in CHIME_SECRET_KEY_OLD; prints the counts. Safe to run
+    /// again. Run it once every node runs this release: an older node cannot read them.
+    Reencrypt,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum UserCommand {
     /// Create a console user. The password comes from --password or, when absent, from stdin.
     Create {
@@ -493,6 +553,7 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("db_pool_size", "CHIME_DB_POOL_SIZE"),
     ("listen", "CHIME_LISTEN"),
     ("metrics_listen", "CHIME_METRICS_LISTEN"),
+    ("trusted_proxies", "CHIME_TRUSTED_PROXIES"),
     ("body_timeout_secs", "CHIME_BODY_TIMEOUT_SECS"),
     ("max_connections", "CHIME_MAX_CONNECTIONS"),
     ("admin_password", "CHIME_ADMIN_PASSWORD"),
@@ -508,6 +569,10 @@ const FILE_KEYS: &[(&str, &str)] = &[
     ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),
     ("deny_private_callbacks", "CHIME_DENY_PRIVATE_CALLBACKS"),
     ("auto_migrate", "CHIME_AUTO_MIGRATE"),
+    ("secret_key", "CHIME_SECRET_KEY"),
+    ("secret_key_file", "CHIME_SECRET_KEY_FILE"),
+    ("secret_key_old", "CHIME_SECRET_KEY_OLD"),
+    ("secret_key_old_file", "CHIME_SECRET_KEY_OLD_FILE"),
     ("log", "CHIME_LOG"),
     ("log_format", "CHIME_LOG_FORMAT"),
 ];

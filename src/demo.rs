@@ -38,9 +38,16 @@ pub async fn receive(req: HttpRequest, body: web::Bytes, state: web::Data<AppSta
     let Ok(Some(demo)) = biz_types::by_name(&state.pool, "demo").await else {
         return HttpResponse::NotFound().finish();
     };
+    let secret = match demo.signing_secret.expose() {
+        Ok(secret) => secret,
+        Err(e) => {
+            tracing::error!("demo receiver: {e}");
+            return HttpResponse::InternalServerError().finish();
+        }
+    };
     let signature = req.headers().get("Chime-Signature").and_then(|v| v.to_str().ok()).unwrap_or_default();
     let t = signature.strip_prefix("t=").and_then(|s| s.split(',').next()).and_then(|t| t.parse().ok());
-    if t.is_none_or(|t| crate::engine::signature(&demo.signing_secret, t, &body) != signature) {
+    if t.is_none_or(|t| crate::engine::signature(secret, t, &body) != signature) {
         tracing::warn!("demo receiver: a callback with a wrong signature was refused");
         return HttpResponse::Unauthorized().finish();
     }

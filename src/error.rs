@@ -22,6 +22,9 @@ pub enum Error {
     /// run passed, or settled already) or the receipt is another task's. API: 409.
     #[error("{0}")]
     StaleReceipt(String),
+    /// A stored signing secret this process cannot open (no key, or not its key). API: 500.
+    #[error(transparent)]
+    Secret(#[from] crate::biz_types::SecretError),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
 }

@@ -8,6 +8,8 @@ pub mod cli;
 pub mod config;
 /// Reaching the database (external or embedded) and migrating it.
 pub mod db;
+/// What the first start hands the operator: on a terminal, or in an owner-only file.
+pub mod first_start;
 /// Starting and stopping the embedded PostgreSQL.
 pub mod embedded_pg;
 /// The quick start's demo biz type and built-in receiver.
@@ -23,6 +25,8 @@ pub mod api;
 pub mod audit;
 /// Biz types, their API tokens and signing secrets.
 pub mod biz_types;
+/// Which client a request comes from, behind trusted reverse proxies.
+pub mod client_address;
 /// Which addresses callbacks may go to: the optional deny list for private ranges.
 pub mod callback_hosts;
 /// The delivery engine: claim due tasks, call back, retry, record.

@@ -1,9 +1,10 @@
 use anyhow::Context;
 use clap::Parser;
 
-use chime::config::{Cli, Command, ServeArgs};
+use chime::config::{Cli, Command, DbArgs, ServeArgs};
 use chime::db::{self, Database};
 use chime::startup::Application;
+use chime::biz_types::secrets;
 use chime::{cli, config};
 
 #[tokio::main]
@@ -18,6 +19,10 @@ async fn run() -> anyhow::Result<()> {
     config::load_config_file()?;
     let args = Cli::parse();
     chime::logs::init(args.log.log.as_deref(), args.log.log_format)?;
+    // Before any biz type is read or written: every secret goes through these keys.
+    let keyring = secrets::Keyring::from_settings(&args.secrets)?;
+    let sealing = keyring.seals();
+    secrets::install(keyring);
 
     // The biz-type commands validate callback URLs as `serve` does: CHIME_DENY_PRIVATE_CALLBACKS
     // reaches them through the environment or the config file.
@@ -39,11 +44,20 @@ async fn run() -> anyhow::Result<()> {
             db::Schema::read(&database.pool).await?.require_current()?;
         }
         match command {
-            Command::Serve(settings) => serve(&database, &settings, args.db.database_url.is_none()).await,
+            Command::Serve(settings) => {
+                if !sealing {
+                    tracing::warn!(
+                        "CHIME_SECRET_KEY is not set: biz types' signing secrets are stored in clear in the database \
+                         (README: Secrets at rest)"
+                    );
+                }
+                serve(&database, &settings, &args.db).await
+            }
             Command::Migrate(m) => cli::migrate(&database.pool, m).await,
             Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
             Command::User(c) => cli::user(&database.pool, c).await,
+            Command::Secrets(c) => cli::secrets(&database.pool, c).await,
             Command::Bench(_) | Command::Soak(_) => unreachable!("handled above"),
         }
     }
@@ -52,12 +66,17 @@ async fn run() -> anyhow::Result<()> {
     result
 }
 
-async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> anyhow::Result<()> {
+async fn serve(database: &Database, settings: &ServeArgs, db: &DbArgs) -> anyhow::Result<()> {
     // Listening first: /healthz answers while the database is migrated, so a liveness
     // probe does not kill a long migration; /readyz answers 200 once it is done.
     let app = Application::bind(settings, database.pool.clone(), database.health.clone()).await?;
     tracing::info!("listening on http://{}:{}; /healthz answers, /readyz once the database is ready", settings.listen.ip(), app.port());
-    app.prepare().await?;
+    // The operator needs these once; shown on a terminal, else put in an owner-only file.
+    let mut credentials = String::new();
+    if let Some(password) = app.prepare().await? {
+        credentials += &format!("created console user `admin` with password: {password}\n");
+        credentials += "(shown only this once; set CHIME_ADMIN_PASSWORD before the first start to choose it)\n";
+    }
     tracing::info!(
         "chime ready on http://{}:{} (console at /console, API under /api/v1, OpenAPI at /api/v1/openapi.json)",
         settings.listen.ip(),
@@ -67,17 +86,19 @@ async fn serve(database: &Database, settings: &ServeArgs, embedded: bool) -> any
         tracing::info!("metrics at http://{}:{port}/metrics", address.ip());
     }
     // The demo's receiver is on loopback, which the deny list refuses.
-    if embedded && !settings.deny_private_callbacks {
+    if db.database_url.is_none() && !settings.deny_private_callbacks {
         let ip = if settings.listen.ip().is_unspecified() { "127.0.0.1".to_string() } else { settings.listen.ip().to_string() };
         let url = format!("http://{ip}:{}{}", app.port(), chime::demo::PATH);
         if let Some(token) = chime::demo::ensure(&database.pool, &url).await? {
-            println!("created biz type `demo`, delivering to the built-in receiver at {url}; its API token:");
-            println!("{token}");
-            println!(
-                "try: curl -s http://{ip}:{}/api/v1/tasks -H \"Authorization: Bearer {token}\" -d '{{\"biz_type\": \"demo\", \"delay_ms\": 2000, \"payload\": {{\"hello\": \"world\"}}}}'",
+            credentials += &format!("created biz type `demo`, delivering to the built-in receiver at {url}; its API token:\n{token}\n");
+            credentials += &format!(
+                "try: curl -s http://{ip}:{}/api/v1/tasks -H \"Authorization: Bearer {token}\" -d '{{\"biz_type\": \"demo\", \"delay_ms\": 2000, \"payload\": {{\"hello\": \"world\"}}}}'\n",
                 app.port()
             );
         }
+    }
+    if !credentials.is_empty() {
+        chime::first_start::hand_over(&db.data_dir, &credentials)?;
     }
     app.run_until(signals()?).await.context("running the server")
 }

@@ -20,7 +20,7 @@ use crate::config::ServeArgs;
 use crate::db::{self, Health};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::partitions::{self, Layout};
-use crate::{console, demo, engine, leader, metrics, nodes, users};
+use crate::{biz_types, console, demo, engine, leader, metrics, nodes, users};
 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
@@ -73,6 +73,7 @@ impl Application {
         let signal = lifecycle.signal();
         let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
+        let proxies = web::Data::new(settings.trusted_proxies.clone().unwrap_or_default());
         let metrics_here = settings.metrics_listen.is_none();
         let body_timeout = Duration::from_secs(settings.body_timeout_secs);
         let http_grace = http_grace(settings);
@@ -83,6 +84,7 @@ impl Application {
                 .app_data(state.clone())
                 .app_data(login_limiter.clone())
                 .app_data(app_metrics.clone())
+                .app_data(proxies.clone())
                 .wrap(from_fn(api::by_phase))
                 .wrap(middleware::Logger::new("%r %s %Dms").log_target("chime::http"))
                 .wrap_fn(move |mut req, service| {
@@ -144,9 +146,11 @@ impl Application {
     }
 
     /// Migrates the database (with CHIME_AUTO_MIGRATE=false, checks that it needs no
-    /// migration), and makes sure the partitions and the first admin exist; then the node
-    /// is ready: `/readyz` answers 200.
-    pub async fn prepare(&self) -> anyhow::Result<()> {
+    /// migration), checks that every signing secret can be opened, and makes sure the
+    /// partitions and the first admin exist; then the node is ready: `/readyz` answers 200.
+    /// Returns the `admin` password when this start created it, for `serve` to hand to the
+    /// operator (`first_start`), never to the log.
+    pub async fn prepare(&self) -> anyhow::Result<Option<String>> {
         if self.settings.auto_migrate {
             self.lifecycle.enter(Phase::Migrating);
             db::migrate(&self.pool).await?;
@@ -157,18 +161,21 @@ impl Application {
         }
         // Creates can start before a leader is elected: the partitions they need exist.
         partitions::ensure(&self.pool, &self.leader.layout).await?;
-        if let Some(password) = users::ensure_first_admin(&self.pool, self.settings.admin_password.as_deref()).await? {
-            // Printed, not only logged: the operator needs it once, at first start.
-            println!("created console user `admin` with password: {password}");
-            println!("(shown only this once; set CHIME_ADMIN_PASSWORD before the first start to choose it)");
+        // A node that cannot open a signing secret would fail every callback of its biz type.
+        let unopened = biz_types::unopened_secrets(&self.pool).await?;
+        if !unopened.is_empty() {
+            let reasons: Vec<String> = unopened.iter().map(ToString::to_string).collect();
+            anyhow::bail!("{}", reasons.join("\n"));
         }
+        let first_admin_password = users::ensure_first_admin(&self.pool, self.settings.admin_password.as_deref()).await?;
         self.lifecycle.enter(Phase::Ready);
-        Ok(())
+        Ok(first_admin_password)
     }
 
     /// `bind` and `prepare`: a ready node.
     pub async fn build(settings: &ServeArgs, pool: PgPool, health: Health) -> anyhow::Result<Application> {
         let app = Application::bind(settings, pool, health).await?;
+        // Tests choose the password (CHIME_ADMIN_PASSWORD) or do not need it.
         app.prepare().await?;
         Ok(app)
     }

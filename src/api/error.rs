@@ -85,6 +85,7 @@ impl From<crate::error::Error> for ApiError {
             Error::Conflict(m) => ApiError::Conflict(m),
             Error::StaleReceipt(m) => ApiError::StaleReceipt(m),
             Error::TooLarge(m) => ApiError::TooLarge(m),
+            Error::Secret(e) => ApiError::Internal(e.into()),
             Error::Db(e) => e.into(),
         }
     }

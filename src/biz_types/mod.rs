@@ -1,8 +1,10 @@
 //! Biz types: one callback target each, with its own limits, retries, signing secret and
 //! API tokens (SPEC §5).
 
+pub mod secrets;
 mod tokens;
 
+pub use secrets::{SecretError, SigningSecret};
 pub use tokens::{TokenAuth, TokenInfo, authenticate, create_token, list_tokens, new_secret, revoke_token, rotate_secret};
 
 use chrono::{DateTime, Utc};
@@ -35,8 +37,10 @@ pub struct BizType {
     pub max_in_flight: i32,
     pub create_rate_limit: Option<f64>,
     pub paused: bool,
+    /// Opened with this process's keys as the row is read (`secrets`).
     #[serde(skip)]
-    pub signing_secret: String,
+    #[sqlx(flatten)]
+    pub signing_secret: SigningSecret,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -177,12 +181,14 @@ pub async fn create(pool: &PgPool, name: &str, settings: &Settings, hosts: Callb
     let mut tx = pool.begin().await?;
     // Insert a row of schema defaults (as `pull`, which needs no URL yet), then apply the
     // settings through the same path as an update, so that both validate alike.
+    let (clear, sealed) = secrets::keyring().store(name, &new_secret());
     let inserted = sqlx::query_as::<_, BizType>(
-        "INSERT INTO biz_types (name, mode, signing_secret) VALUES ($1, 'pull', $2)
+        "INSERT INTO biz_types (name, mode, signing_secret, signing_secret_sealed) VALUES ($1, 'pull', $2, $3)
          ON CONFLICT (name) DO NOTHING RETURNING *",
     )
     .bind(name)
-    .bind(new_secret())
+    .bind(clear)
+    .bind(sealed)
     .fetch_optional(&mut *tx)
     .await?
     .ok_or_else(|| Error::Conflict(format!("biz type `{name}` already exists")))?;
@@ -248,6 +254,56 @@ pub async fn by_name(pool: &PgPool, name: &str) -> Result<Option<BizType>, Error
         return Ok(None);
     }
     Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?)
+}
+
+/// What `reencrypt` did: secrets sealed that were in clear, re-sealed from an older key,
+/// and left as they were (sealed under the current key already).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reencrypted {
+    pub sealed: u64,
+    pub resealed: u64,
+    pub unchanged: u64,
+}
+
+/// Seals every signing secret under the current key (`chime secrets reencrypt`): those in
+/// clear, and those under an older key. Idempotent; all or nothing, so a secret that cannot
+/// be opened stops it with the biz type named. The values do not change, so the engines need
+/// not re-read them.
+pub async fn reencrypt(pool: &PgPool) -> Result<Reencrypted, Error> {
+    let keyring = secrets::keyring();
+    if !keyring.seals() {
+        return Err(Error::invalid("CHIME_SECRET_KEY", "is not set: set it (or CHIME_SECRET_KEY_FILE) to the key to encrypt with"));
+    }
+    let mut tx = pool.begin().await?;
+    let rows: Vec<(i32, String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT id, name, signing_secret, signing_secret_sealed FROM biz_types ORDER BY id FOR UPDATE")
+            .fetch_all(&mut *tx)
+            .await?;
+    let mut done = Reencrypted::default();
+    for (id, name, clear, sealed) in rows {
+        if clear.is_none() && sealed.as_deref().is_some_and(|s| keyring.is_current(s)) {
+            done.unchanged += 1;
+            continue;
+        }
+        let was_clear = clear.is_some();
+        let secret = keyring.open(&name, clear, sealed.as_deref());
+        let (clear, sealed) = keyring.store(&name, secret.expose()?);
+        sqlx::query("UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3 WHERE id = $1")
+            .bind(id)
+            .bind(clear)
+            .bind(sealed)
+            .execute(&mut *tx)
+            .await?;
+        if was_clear { done.sealed += 1 } else { done.resealed += 1 }
+    }
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// The signing secrets this process cannot open (sealed under a key it does not have), one
+/// error per biz type: a node refuses to start with any.
+pub async fn unopened_secrets(pool: &PgPool) -> Result<Vec<SecretError>, Error> {
+    Ok(list(pool).await?.into_iter().filter_map(|b| b.signing_secret.expose().err()).collect())
 }
 
 /// Whether a biz type of this name exists (a name that cannot be valid never does).

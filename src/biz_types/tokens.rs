@@ -89,12 +89,22 @@ pub async fn revoke_token(pool: &PgPool, biz_type_id: i32, id: Uuid) -> Result<S
 /// their settings, so callbacks are signed with it at once.
 pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Error> {
     let secret = new_secret();
+    // The name is the sealed value's associated data; names never change.
+    let name: String = sqlx::query_scalar("SELECT name FROM biz_types WHERE id = $1")
+        .bind(biz_type_id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no biz type with id {biz_type_id}")))?;
+    let (clear, sealed) = super::secrets::keyring().store(&name, &secret);
     sqlx::query(
-        "WITH rotated AS (UPDATE biz_types SET signing_secret = $2, updated_at = now() WHERE id = $1 RETURNING id)
+        "WITH rotated AS (
+            UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3, updated_at = now() WHERE id = $1 RETURNING id
+         )
          SELECT pg_notify('chime_wake', 'settings') FROM rotated",
     )
     .bind(biz_type_id)
-    .bind(&secret)
+    .bind(clear)
+    .bind(sealed)
     .execute(pool)
     .await?;
     Ok(secret)

@@ -184,7 +184,7 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
         Err(e) => return refused(&req, &session, None, form, e, vec![]),
     };
     audit::record(&state.pool, &session.actor(), "biz_type.create", "biz_type", &name, None, serde_json::to_value(&created).ok()).await?;
-    let secret = created.signing_secret.clone();
+    let secret = created.signing_secret.expose().map_err(Error::from)?.to_string();
     edit_page(&req, &session, &state, created, Some(("signing secret", secret))).await
 }
 

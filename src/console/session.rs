@@ -4,11 +4,11 @@
 //! the user and the session's CSRF token. Signing in always makes a new session (a
 //! session id planted before sign-in is worthless). The sign-in form itself is protected
 //! by a double-submit token: a random value in a cookie and in the form must match.
-//! Sign-in attempts are limited per client address and user name (`login_limits`); failed
-//! ones are logged and audited.
+//! Sign-in attempts are limited per client address (behind trusted proxies, the one they
+//! forwarded: `client_address`) and user name (`login_limits`); failed ones are logged and
+//! audited.
 
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
 use std::time::Instant;
 
@@ -27,6 +27,7 @@ use super::login_limits::LoginLimiter;
 use super::{ConsoleError, assets, see_other};
 use crate::api::AppState;
 use crate::audit;
+use crate::client_address::TrustedProxies;
 use crate::users::{self, User};
 
 const COOKIE: &str = "chime_session";
@@ -177,6 +178,7 @@ pub async fn login(
     req: HttpRequest,
     state: web::Data<AppState>,
     limiter: web::Data<LoginLimiter>,
+    proxies: web::Data<TrustedProxies>,
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     let form = form.into_inner();
@@ -186,7 +188,7 @@ pub async fn login(
         let error = "the sign-in form expired; please sign in again".to_string();
         return Ok(login_page(&req, StatusCode::FORBIDDEN, next, form.username, Some(error)));
     }
-    let address = req.peer_addr().map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+    let address = proxies.client(&req);
     let failures = match limiter.begin(address, &form.username, Instant::now()) {
         Ok(failures) => failures,
         Err(wait) => {

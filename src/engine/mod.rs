@@ -45,7 +45,7 @@ pub(crate) mod rate;
 pub use claim::{next_due, recover_expired_leases};
 pub use deliver::signature;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -55,6 +55,7 @@ use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
 use self::claim::{Outcome, Verdict};
+use crate::biz_types::{SecretError, SigningSecret};
 use crate::callback_hosts::CallbackHosts;
 use crate::lifecycle::Signal;
 use crate::{metrics, nodes};
@@ -90,7 +91,8 @@ pub struct BizTypeConfig {
     pub max_in_flight: i32,
     /// Callbacks per second across the cluster; None = unlimited.
     pub rate_limit: Option<f64>,
-    pub signing_secret: String,
+    #[sqlx(flatten)]
+    pub signing_secret: SigningSecret,
 }
 
 /// https callbacks go through rustls with the ring provider, which must be installed in
@@ -99,14 +101,18 @@ pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-async fn active_biz_types(pool: &PgPool) -> Result<Vec<BizTypeConfig>, sqlx::Error> {
-    sqlx::query_as(
+/// The biz types to deliver, and those left out because this node cannot open their signing
+/// secret (sealed under a key it was not given). Their tasks wait, pending, for a node that can.
+async fn active_biz_types(pool: &PgPool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, SecretError)>), sqlx::Error> {
+    let all: Vec<BizTypeConfig> = sqlx::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
-                max_in_flight, rate_limit, signing_secret
+                max_in_flight, rate_limit, signing_secret, signing_secret_sealed
            FROM biz_types WHERE mode = 'callback' AND NOT paused ORDER BY id",
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    let (usable, unopened): (Vec<_>, Vec<_>) = all.into_iter().partition(|b| b.signing_secret.expose().is_ok());
+    Ok((usable, unopened.into_iter().filter_map(|b| b.signing_secret.expose().err().map(|e| (b.id, e))).collect()))
 }
 
 /// What a delivery task hands the recorder.
@@ -153,6 +159,8 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Si
     // Shared with the callbacks in flight, so that starting one copies no settings.
     let mut biz_types: Vec<Arc<BizTypeConfig>> = Vec::new();
     let mut refreshed_at: Option<tokio::time::Instant> = None;
+    // Biz types left out for a secret this node cannot open, each reported once.
+    let mut unopened_reported: HashSet<i32> = HashSet::new();
     let failures = Arc::new(failures::FailureLog::default());
     tracing::info!(%node_id, "delivery engine started");
 
@@ -160,7 +168,13 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Si
         failures.flush(false);
         if settings_changed.swap(false, Ordering::Relaxed) || refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             match active_biz_types(&pool).await {
-                Ok(list) => {
+                Ok((list, unopened)) => {
+                    for (id, e) in &unopened {
+                        if unopened_reported.insert(*id) {
+                            tracing::error!("{e}; its tasks are not delivered by this node");
+                        }
+                    }
+                    unopened_reported.retain(|id| unopened.iter().any(|(u, _)| u == id));
                     biz_types = list.into_iter().map(Arc::new).collect();
                     refreshed_at = Some(tokio::time::Instant::now());
                 }

@@ -327,14 +327,22 @@ async fn tokens_and_passwords_are_stored_hashed_only() {
 
 /// A `chime serve` process logging at debug level, through a token created in the console, API
 /// calls with valid, revoked and wrong tokens, sign-ins with right and wrong passwords and a
-/// secret rotation: none of the tokens, passwords, secrets or session cookies is in its log.
+/// secret rotation (encrypted with CHIME_SECRET_KEY): none of the tokens, passwords, secrets,
+/// session cookies or the key is in its log.
 #[tokio::test]
 async fn tokens_passwords_and_secrets_never_reach_the_log() {
     let db_url = fresh_database().await;
     let log_path = std::env::temp_dir().join(format!("chime-authz-log-{}-{}.txt", std::process::id(), uuid::Uuid::new_v4()));
     let log = std::fs::File::create(&log_path).unwrap();
     // Everything at debug: CHIME_LOG adds to the default, which keeps access logs and SQL at warn.
-    let env = [("CHIME_LOG", "debug,chime::http=debug,sqlx=debug"), ("CHIME_ADMIN_PASSWORD", "log-test-admin-password"), ("CHIME_ENGINE", "false")];
+    // With secrets encrypted at rest: the key is not logged either.
+    let key = "bG9nLXRlc3Qta2V5LWxvZy10ZXN0LWtleS1sb2ctdGU=";
+    let env = [
+        ("CHIME_LOG", "debug,chime::http=debug,sqlx=debug"),
+        ("CHIME_ADMIN_PASSWORD", "log-test-admin-password"),
+        ("CHIME_ENGINE", "false"),
+        ("CHIME_SECRET_KEY", key),
+    ];
     let (mut child, address) = chime_process_logging(&db_url, &env, log).await;
     let pool = chime::db::connect(&db_url, 2).await.unwrap();
     let node = TestApp { address, pool, db_url, client: crate::helpers::client() };
@@ -373,6 +381,7 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
         secret.as_str(),
         &admin.session,
         &support.session,
+        key,
     ] {
         assert!(!log.contains(secret), "`{secret}` is in the log");
     }

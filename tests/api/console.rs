@@ -4,7 +4,9 @@
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use serde_json::json;
 
-use crate::helpers::{TestApp, chime_process_logging, fresh_database, spawn_app};
+use chime::config::ServeArgs;
+
+use crate::helpers::{TestApp, chime_process_logging, fresh_database, spawn_app, spawn_app_with};
 
 pub const ADMIN_PASSWORD: &str = "test-admin-password";
 
@@ -54,6 +56,11 @@ pub async fn sign_in_attempt(app: &TestApp, user: &str, password: &str) -> Page 
 /// Like `sign_in_attempt`, from another loopback address (127.0.0.2, …) and asking to go
 /// on to `next`.
 pub async fn sign_in_attempt_from(app: &TestApp, from: &str, user: &str, password: &str, next: &str) -> Page {
+    sign_in_attempt_forwarded(app, from, None, user, password, next).await
+}
+
+/// Like `sign_in_attempt_from`, as a proxy would send it: with `X-Forwarded-For`.
+pub async fn sign_in_attempt_forwarded(app: &TestApp, from: &str, forwarded_for: Option<&str>, user: &str, password: &str, next: &str) -> Page {
     crate::helpers::client();
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -63,13 +70,11 @@ pub async fn sign_in_attempt_from(app: &TestApp, from: &str, user: &str, passwor
     let form = client.get(format!("{}/console/login", app.address)).send().await.unwrap();
     let login_cookie = cookie(form.headers(), "chime_login").unwrap();
     let csrf = csrf_in(&form.text().await.unwrap());
-    let resp = client
-        .post(format!("{}/console/login", app.address))
-        .header(COOKIE, format!("chime_login={login_cookie}"))
-        .form(&[("username", user), ("password", password), ("csrf", &csrf), ("next", next)])
-        .send()
-        .await
-        .unwrap();
+    let mut request = client.post(format!("{}/console/login", app.address)).header(COOKIE, format!("chime_login={login_cookie}"));
+    if let Some(forwarded_for) = forwarded_for {
+        request = request.header("X-Forwarded-For", forwarded_for);
+    }
+    let resp = request.form(&[("username", user), ("password", password), ("csrf", &csrf), ("next", next)]).send().await.unwrap();
     Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
 }
 
@@ -187,6 +192,61 @@ async fn wrong_passwords_from_one_address_do_not_lock_admin_out_from_another() {
     let failed = ("address:127.0.0.2".to_string(), "user.sign_in_failed".to_string(), "admin".to_string());
     let signed_in = ("user:admin".to_string(), "user.sign_in".to_string(), "admin".to_string());
     assert_eq!(audited, [vec![failed; 5], vec![signed_in]].concat());
+}
+
+/// Behind a proxy (127.0.0.1, trusted by CHIME_TRUSTED_PROXIES) the sign-in limit keys on
+/// the client the proxy forwards: one client's failures make it wait, not another's, and the
+/// audit log names the client. Before, every client behind the proxy shared its address, so
+/// one script locked everyone out.
+#[tokio::test]
+async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_limit() {
+    let trusted = chime::client_address::TrustedProxies::parse("127.0.0.1").ok();
+    let app = spawn_app_with(ServeArgs { engine: false, trusted_proxies: trusted, ..ServeArgs::default() }).await;
+    let attempt = |forwarded: &'static str, password: &'static str| {
+        let app = &app;
+        async move { sign_in_attempt_forwarded(app, "127.0.0.1", Some(forwarded), "admin", password, "/console").await.status }
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        // What the client wrote is to the left of what the proxy appended.
+        statuses.push(attempt("10.9.9.9, 198.51.100.7", "guess").await);
+    }
+    assert_eq!(statuses, [401, 401, 401, 401, 401, 429], "the guessing client waits");
+    assert_eq!(attempt("203.0.113.9", "guess").await, 401, "another client behind the proxy does not wait");
+    assert_eq!(attempt("203.0.113.9", ADMIN_PASSWORD).await, 303, "and signs in");
+    let actors: Vec<String> = sqlx::query_scalar("SELECT DISTINCT actor FROM audit_log WHERE action = 'user.sign_in_failed' ORDER BY actor")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(actors, ["address:198.51.100.7", "address:203.0.113.9"], "the audit log names the clients, not the proxy");
+}
+
+/// Without CHIME_TRUSTED_PROXIES, X-Forwarded-For is ignored: a client that writes another
+/// address into it for each attempt still waits out its own limit.
+#[tokio::test]
+async fn without_trusted_proxies_a_forged_forwarded_header_does_not_escape_the_limit() {
+    let app = spawn_app().await;
+    let mut statuses = Vec::new();
+    for n in 0..6 {
+        let forged = format!("198.51.100.{n}");
+        statuses.push(sign_in_attempt_forwarded(&app, "127.0.0.3", Some(&forged), "admin", "guess", "/console").await.status);
+    }
+    assert_eq!(statuses, [401, 401, 401, 401, 401, 429], "the forged addresses were believed");
+    let forged = sign_in_attempt_forwarded(&app, "127.0.0.3", Some("203.0.113.9"), "admin", ADMIN_PASSWORD, "/console").await;
+    assert_eq!(forged.status, 429);
+    let actors: Vec<String> = sqlx::query_scalar("SELECT DISTINCT actor FROM audit_log WHERE action = 'user.sign_in_failed'").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(actors, ["address:127.0.0.3"]);
+}
+
+/// A CHIME_TRUSTED_PROXIES entry that is neither an address nor a range stops the start,
+/// naming it.
+#[tokio::test]
+async fn an_invalid_trusted_proxy_stops_the_start() {
+    let db_url = fresh_database().await;
+    let env = [("DATABASE_URL", db_url.as_str()), ("CHIME_LISTEN", "127.0.0.1:0"), ("CHIME_TRUSTED_PROXIES", "10.0.0.0/8, proxy.internal")];
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), crate::cli::chime(&env, &["serve"], None)).await.expect("chime serve started");
+    assert!(!out.ok, "{}", out.stderr);
+    assert!(out.stderr.contains("`proxy.internal` is not an IP address or a CIDR range (like 10.0.0.0/8 or 192.0.2.7, comma-separated)"), "{}", out.stderr);
 }
 
 /// A `chime serve` process's log, after sign-ins whose user names carry a newline, a

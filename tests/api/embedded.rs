@@ -51,16 +51,11 @@ async fn call(client: &reqwest::Client, token: &str, url: &str, body: Option<Val
     request.bearer_auth(token).send().await.unwrap().json().await.unwrap()
 }
 
-/// The API token a first start prints for the demo biz type.
-async fn printed_token(node: &mut Node) -> String {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(node.child.stdout.take().unwrap()).lines();
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if line.starts_with("chime_") {
-            return line;
-        }
-    }
-    panic!("no demo token printed");
+/// The API token a first start makes for the demo biz type: stdout is not a terminal here,
+/// so it is in the data directory's owner-only credentials file.
+async fn first_start_token(data_dir: &Path) -> String {
+    let text = crate::secrets::first_start_file(data_dir).await;
+    text.lines().find(|l| l.starts_with("chime_")).unwrap_or_else(|| panic!("no demo token in the file: {text}")).to_string()
 }
 
 fn postmaster_pid(data_dir: &Path) -> Option<i32> {
@@ -96,10 +91,10 @@ async fn embedded_database_survives_restarts_and_kills() {
     let client = crate::helpers::client();
     let env = [("CHIME_DATA_DIR", data_dir.to_str().unwrap())];
 
-    // First start creates the cluster and the quick start's `demo` biz type, whose token is
-    // printed; a demo task is delivered to the built-in receiver.
+    // First start creates the cluster and the quick start's `demo` biz type, whose token it
+    // hands over; a demo task is delivered to the built-in receiver.
     let mut node = start(&data_dir).await;
-    let demo_token = printed_token(&mut node).await;
+    let demo_token = first_start_token(&data_dir).await;
     let demo = call(&client, &demo_token, &format!("{}/api/v1/tasks", node.address), Some(json!({"biz_type": "demo", "payload": {"hello": "world"}}))).await;
     let mut status = Value::Null;
     for _ in 0..100 {

@@ -163,6 +163,8 @@ fn start_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::Stdio) 
         .env("DATABASE_URL", db_url)
         .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
         .env_remove("CHIME_CONFIG")
+        // A first start that made a password would write it into ./chime-data.
+        .env("CHIME_ADMIN_PASSWORD", "test-admin-password")
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(stderr)

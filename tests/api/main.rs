@@ -22,6 +22,7 @@ mod nodes;
 mod operating;
 mod pull;
 mod receiver;
+mod secrets;
 mod shutdown;
 mod tasks;
 mod timers;

@@ -121,7 +121,7 @@ async fn dry_run_prints_the_plan_and_changes_nothing() {
 
     assert!(chime(&env, &["apply", "-f", &file], None).await.ok);
     let before = updated_at(&app).await;
-    let changed = dir.write("chime.toml", &TWO.replace("max_attempts = 30", "max_attempts = 3"));
+    let changed = dir.write("changed.toml", &TWO.replace("max_attempts = 30", "max_attempts = 3"));
     let out = chime(&env, &["apply", "-f", &changed, "--dry-run", "--exit-code"], None).await;
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stdout.contains("update orders\n    max_attempts: 30 → 3\n"), "{}", out.stdout);

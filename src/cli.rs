@@ -6,9 +6,9 @@ use std::io::Read;
 use anyhow::Context;
 use sqlx::PgPool;
 
+use crate::biz_types::apply::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
 use crate::callback_hosts::CallbackHosts;
-use crate::biz_types::apply::{self, Action};
 use crate::config::{ApplyArgs, BizTypeCommand, BizTypeFlags, MigrateArgs, TokenCommand, UserCommand};
 use crate::db::{self, Schema};
 use crate::{audit, users};

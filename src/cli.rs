@@ -6,9 +6,10 @@ use std::io::Read;
 use anyhow::Context;
 use sqlx::PgPool;
 
+use crate::biz_types::apply::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
 use crate::callback_hosts::CallbackHosts;
-use crate::config::{BizTypeCommand, BizTypeFlags, MigrateArgs, SecretsCommand, TokenCommand, UserCommand};
+use crate::config::{ApplyArgs, BizTypeCommand, BizTypeFlags, MigrateArgs, SecretsCommand, TokenCommand, UserCommand};
 use crate::db::{self, Schema};
 use crate::{audit, users};
 
@@ -108,6 +109,26 @@ pub async fn biz_type(pool: &PgPool, command: BizTypeCommand, hosts: CallbackHos
         }
     }
     Ok(())
+}
+
+/// `chime apply`: prints the plan and what was done; returns whether the database differed
+/// from the file.
+pub async fn apply(pool: &PgPool, args: &ApplyArgs, hosts: CallbackHosts) -> anyhow::Result<bool> {
+    let path = &args.file;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    let desired = apply::load(&text, dir).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let plan = apply::run(pool, desired, hosts, args.dry_run).await?;
+    print!("{plan}");
+    let (created, updated) = (plan.count(Action::Create), plan.count(Action::Update));
+    if !plan.changes_anything() {
+        println!("no changes");
+    } else if args.dry_run {
+        println!("dry run: would create {created} and update {updated} biz type(s); nothing was changed");
+    } else {
+        println!("applied: created {created} and updated {updated} biz type(s)");
+    }
+    Ok(plan.changes_anything())
 }
 
 pub async fn token(pool: &PgPool, command: TokenCommand) -> anyhow::Result<()> {

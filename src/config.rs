@@ -139,6 +139,9 @@ pub enum Command {
     /// Manage the encryption of signing secrets at rest (CHIME_SECRET_KEY).
     #[command(subcommand)]
     Secrets(SecretsCommand),
+    /// Make biz types match a TOML file (chime as code): prints what it changes; with
+    /// --dry-run, only what it would change.
+    Apply(ApplyArgs),
     /// Measure chime: create rate, burst delivery, steady lateness, backlog independence.
     Bench(BenchArgs),
     /// Run a mixed load (creates, timers, failures, replays) against real nodes for a
@@ -156,6 +159,34 @@ pub struct MigrateArgs {
     /// Print the pending migrations' SQL, in order, for review; apply nothing.
     #[arg(long)]
     pub sql: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "The file has one table per biz type, with the settings of `chime biz-type create` \
+    and `paused`:\n\n\
+    [biz_types.orders]\n\
+    callback_url = \"https://orders.example.com/chime\"\n\
+    max_attempts = 30\n\
+    rate_limit = 50                                 # 0 = unlimited\n\
+    signing_secret = { env = \"ORDERS_SECRET\" }      # or { file = \"/run/secrets/orders\" }\n\n\
+    A setting left out is kept as it is (a new biz type gets the default). Secrets are never written in the \
+    file, only where to read them (a relative file path is read from the file's directory); without one, \
+    the secret is kept, or generated for a new biz type. Biz types not in the file are left as they are. \
+    Everything in the file is checked first, every problem reported, and the changes are made in one \
+    transaction, recorded in the audit log as `apply`. See \"Chime as code\" in the README.")]
+pub struct ApplyArgs {
+    /// The TOML file that describes the biz types.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Print what would change, and change nothing (reads only).
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Exit with status 2 when the database did not match the file (changes made, or to be
+    /// made with --dry-run): a drift check for CI.
+    #[arg(long)]
+    pub exit_code: bool,
 }
 
 #[derive(Debug, Clone, Args)]

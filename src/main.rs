@@ -9,13 +9,18 @@ use chime::{cli, config};
 
 #[tokio::main]
 async fn main() {
-    if let Err(e) = run().await {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    match run().await {
+        Ok(0) => {}
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-async fn run() -> anyhow::Result<()> {
+/// Returns the exit status: 0, or 2 from `apply --exit-code` when there was drift.
+async fn run() -> anyhow::Result<i32> {
     config::load_config_file()?;
     let args = Cli::parse();
     chime::logs::init(args.log.log.as_deref(), args.log.log_format)?;
@@ -30,11 +35,12 @@ async fn run() -> anyhow::Result<()> {
     let command = args.command.unwrap_or(Command::Serve(args.serve));
     if let Command::Bench(bench) = command {
         // The bench brings its own database (unless DATABASE_URL is given) and nodes.
-        return chime::bench::run(&args.db, bench).await;
+        return chime::bench::run(&args.db, bench).await.map(|()| 0);
     }
     if let Command::Soak(soak) = command {
-        return chime::bench::soak(&args.db, soak).await;
+        return chime::bench::soak(&args.db, soak).await.map(|()| 0);
     }
+    let mut exit_code = 0;
     let attach = !matches!(command, Command::Serve(_));
     let database = Database::open(&args.db, attach).await?;
     let result = async {
@@ -58,12 +64,17 @@ async fn run() -> anyhow::Result<()> {
             Command::Token(c) => cli::token(&database.pool, c).await,
             Command::User(c) => cli::user(&database.pool, c).await,
             Command::Secrets(c) => cli::secrets(&database.pool, c).await,
+            Command::Apply(a) => {
+                let drift = cli::apply(&database.pool, &a, callback_hosts).await?;
+                exit_code = if drift && a.exit_code { 2 } else { 0 };
+                Ok(())
+            }
             Command::Bench(_) | Command::Soak(_) => unreachable!("handled above"),
         }
     }
     .await;
     database.close().await;
-    result
+    result.map(|()| exit_code)
 }
 
 async fn serve(database: &Database, settings: &ServeArgs, db: &DbArgs) -> anyhow::Result<()> {

@@ -1,15 +1,19 @@
 //! Biz types: one callback target each, with its own limits, retries, signing secret and
 //! API tokens (SPEC §5).
 
+pub mod apply;
 pub mod secrets;
 mod tokens;
 
 pub use secrets::{SecretError, SigningSecret};
-pub use tokens::{TokenAuth, TokenInfo, authenticate, create_token, list_tokens, new_secret, revoke_token, rotate_secret};
+use tokens::set_signing_secret;
+pub use tokens::{
+    TokenAuth, TokenInfo, authenticate, create_token, list_tokens, new_secret, revoke_token, rotate_secret, validate_signing_secret,
+};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
@@ -77,34 +81,44 @@ pub fn validate_name(name: &str) -> Result<(), Error> {
 
 impl Settings {
     /// Checks each given setting on its own; cross-field rules (backoff_max_ms ≥
-    /// backoff_initial_ms) are checked against the merged result by `check_merged`.
+    /// backoff_initial_ms) are checked against the merged result by `BizType::with`.
     fn validate(&self, hosts: CallbackHosts) -> Result<(), Error> {
+        self.problems(hosts).into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every setting that fails its rule, each error naming its field (`apply` reports
+    /// them all at once).
+    fn problems(&self, hosts: CallbackHosts) -> Vec<Error> {
+        let mut problems = Vec::new();
         if let Some(url) = &self.callback_url {
-            validate_callback_url(url, hosts)?;
+            problems.extend(validate_callback_url(url, hosts).err());
         }
         if let Some(mode) = &self.mode
             && mode != "callback"
             && mode != "pull"
         {
-            return Err(Error::invalid("mode", "must be `callback` or `pull`"));
+            problems.push(Error::invalid("mode", "must be `callback` or `pull`"));
         }
         if let Some(d) = &self.description {
             if d.len() > 1000 {
-                return Err(Error::invalid("description", "must be at most 1000 bytes"));
+                problems.push(Error::invalid("description", "must be at most 1000 bytes"));
             }
             // PostgreSQL text cannot hold NUL.
             if d.contains('\0') {
-                return Err(Error::invalid("description", "must not contain NUL characters"));
+                problems.push(Error::invalid("description", "must not contain NUL characters"));
             }
         }
-        range("timeout_ms", self.timeout_ms, 1, 600_000)?;
-        range("max_attempts", self.max_attempts, 1, 1000)?;
-        range("backoff_initial_ms", self.backoff_initial_ms, 0, 86_400_000)?;
-        range("backoff_max_ms", self.backoff_max_ms, 0, 7 * 86_400_000)?;
-        range("max_in_flight", self.max_in_flight, 1, 100_000)?;
-        rate("rate_limit", self.rate_limit)?;
-        rate("create_rate_limit", self.create_rate_limit)?;
-        Ok(())
+        let checks = [
+            range("timeout_ms", self.timeout_ms, 1, 600_000),
+            range("max_attempts", self.max_attempts, 1, 1000),
+            range("backoff_initial_ms", self.backoff_initial_ms, 0, 86_400_000),
+            range("backoff_max_ms", self.backoff_max_ms, 0, 7 * 86_400_000),
+            range("max_in_flight", self.max_in_flight, 1, 100_000),
+            rate("rate_limit", self.rate_limit),
+            rate("create_rate_limit", self.create_rate_limit),
+        ];
+        problems.extend(checks.into_iter().filter_map(Result::err));
+        problems
     }
 }
 
@@ -142,15 +156,46 @@ pub fn validate_callback_url(raw: &str, hosts: CallbackHosts) -> Result<(), Erro
 }
 
 impl BizType {
+    /// What `create_in` makes of `settings`, without writing or checking: the schema's
+    /// column defaults (migrations 0001 and 0008) with the settings applied. `apply` plans
+    /// with it, and checks each row it creates against it.
+    fn planned(name: &str, settings: &Settings) -> BizType {
+        let defaults = BizType {
+            id: 0,
+            name: name.to_string(),
+            description: String::new(),
+            callback_url: String::new(),
+            mode: "pull".into(),
+            timeout_ms: 10_000,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff_initial_ms: DEFAULT_BACKOFF_INITIAL_MS,
+            backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
+            rate_limit: None,
+            max_in_flight: 100,
+            create_rate_limit: None,
+            paused: false,
+            signing_secret: SigningSecret::Open(String::new()),
+            created_at: DateTime::UNIX_EPOCH,
+            updated_at: DateTime::UNIX_EPOCH,
+        };
+        defaults.merged(&settings.for_create())
+    }
+
     /// This biz type with the given settings applied and checked as a whole.
     fn with(&self, s: &Settings) -> Result<BizType, Error> {
+        let b = self.merged(s);
+        b.problems().into_iter().next().map_or(Ok(b), Err)
+    }
+
+    /// This biz type with the given settings applied, not yet checked.
+    fn merged(&self, s: &Settings) -> BizType {
         // A rate of 0 means unlimited, stored as NULL.
         let rate = |new: Option<f64>, old: Option<f64>| match new {
             Some(r) if r == 0.0 => None,
             Some(r) => Some(r),
             None => old,
         };
-        let b = BizType {
+        BizType {
             description: s.description.clone().unwrap_or_else(|| self.description.clone()),
             callback_url: s.callback_url.clone().unwrap_or_else(|| self.callback_url.clone()),
             mode: s.mode.clone().unwrap_or_else(|| self.mode.clone()),
@@ -163,25 +208,48 @@ impl BizType {
             create_rate_limit: rate(s.create_rate_limit, self.create_rate_limit),
             paused: s.paused.unwrap_or(self.paused),
             ..self.clone()
-        };
-        if b.backoff_max_ms < b.backoff_initial_ms {
-            return Err(Error::invalid("backoff_max_ms", "must be at least backoff_initial_ms"));
         }
-        if b.mode == "callback" && b.callback_url.is_empty() {
-            return Err(Error::invalid("callback_url", "is required for a biz type in callback mode"));
+    }
+
+    /// The rules across settings that a biz type breaks.
+    fn problems(&self) -> Vec<Error> {
+        let mut problems = Vec::new();
+        if self.backoff_max_ms < self.backoff_initial_ms {
+            problems.push(Error::invalid("backoff_max_ms", "must be at least backoff_initial_ms"));
         }
-        Ok(b)
+        if self.mode == "callback" && self.callback_url.is_empty() {
+            problems.push(Error::invalid("callback_url", "is required for a biz type in callback mode"));
+        }
+        problems
     }
 }
 
 /// Creates a biz type; `hosts` is the install's rule for callback URLs.
 pub async fn create(pool: &PgPool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<BizType, Error> {
+    let mut tx = pool.begin().await?;
+    let biz_type = create_in(&mut tx, name, settings, None, hosts).await?;
+    tx.commit().await?;
+    Ok(biz_type)
+}
+
+/// `create` inside the caller's transaction, with the given signing secret or, when
+/// `None`, a new random one.
+pub async fn create_in(
+    conn: &mut PgConnection,
+    name: &str,
+    settings: &Settings,
+    signing_secret: Option<&str>,
+    hosts: CallbackHosts,
+) -> Result<BizType, Error> {
     validate_name(name)?;
     settings.validate(hosts)?;
-    let mut tx = pool.begin().await?;
+    if let Some(secret) = signing_secret {
+        validate_signing_secret(secret)?;
+    }
     // Insert a row of schema defaults (as `pull`, which needs no URL yet), then apply the
     // settings through the same path as an update, so that both validate alike.
-    let (clear, sealed) = secrets::keyring().store(name, &new_secret());
+    let secret = signing_secret.map_or_else(new_secret, str::to_string);
+    let (clear, sealed) = secrets::keyring().store(name, &secret);
     let inserted = sqlx::query_as::<_, BizType>(
         "INSERT INTO biz_types (name, mode, signing_secret, signing_secret_sealed) VALUES ($1, 'pull', $2, $3)
          ON CONFLICT (name) DO NOTHING RETURNING *",
@@ -189,32 +257,47 @@ pub async fn create(pool: &PgPool, name: &str, settings: &Settings, hosts: Callb
     .bind(name)
     .bind(clear)
     .bind(sealed)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut *conn)
     .await?
     .ok_or_else(|| Error::Conflict(format!("biz type `{name}` already exists")))?;
-    let settings = Settings { mode: Some(settings.mode.clone().unwrap_or_else(|| "callback".into())), ..settings.clone() };
-    let biz_type = store(&mut tx, &inserted.with(&settings)?).await?;
-    tx.commit().await?;
-    Ok(biz_type)
+    store(conn, &inserted.with(&settings.for_create())?).await
+}
+
+impl Settings {
+    /// A new biz type delivers by callback unless told otherwise.
+    fn for_create(&self) -> Settings {
+        Settings { mode: Some(self.mode.clone().unwrap_or_else(|| "callback".into())), ..self.clone() }
+    }
 }
 
 /// Applies the settings; returns the biz type before and after (for the audit log). A
 /// callback URL already stored is not re-checked against `hosts` unless it is given again.
 pub async fn update(pool: &PgPool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<(BizType, BizType), Error> {
-    settings.validate(hosts)?;
     let mut tx = pool.begin().await?;
+    let changed = update_in(&mut tx, name, settings, hosts).await?;
+    tx.commit().await?;
+    Ok(changed)
+}
+
+/// `update` inside the caller's transaction.
+pub async fn update_in(
+    conn: &mut PgConnection,
+    name: &str,
+    settings: &Settings,
+    hosts: CallbackHosts,
+) -> Result<(BizType, BizType), Error> {
+    settings.validate(hosts)?;
     let before = sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
         .bind(name)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut *conn)
         .await?
         .ok_or_else(|| Error::NotFound(format!("no biz type named `{name}`")))?;
-    let after = store(&mut tx, &before.with(settings)?).await?;
-    tx.commit().await?;
+    let after = store(conn, &before.with(settings)?).await?;
     Ok((before, after))
 }
 
-async fn store(tx: &mut sqlx::PgConnection, b: &BizType) -> Result<BizType, Error> {
-    notify_settings_changed(&mut *tx).await?;
+async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
+    notify_settings_changed(&mut *conn).await?;
     Ok(sqlx::query_as::<_, BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
@@ -234,13 +317,13 @@ async fn store(tx: &mut sqlx::PgConnection, b: &BizType) -> Result<BizType, Erro
     .bind(b.max_in_flight)
     .bind(b.create_rate_limit)
     .bind(b.paused)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut *conn)
     .await?)
 }
 
 /// Tells every node's engine to re-read the biz types now rather than at its next
 /// periodic refresh (sent on commit).
-async fn notify_settings_changed(conn: &mut sqlx::PgConnection) -> Result<(), Error> {
+async fn notify_settings_changed(conn: &mut PgConnection) -> Result<(), Error> {
     sqlx::query("SELECT pg_notify('chime_wake', 'settings')").execute(conn).await?;
     Ok(())
 }

@@ -5,7 +5,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::error::Error;
@@ -89,23 +89,45 @@ pub async fn revoke_token(pool: &PgPool, biz_type_id: i32, id: Uuid) -> Result<S
 /// their settings, so callbacks are signed with it at once.
 pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Error> {
     let secret = new_secret();
+    let mut tx = pool.begin().await?;
+    set_signing_secret(&mut tx, biz_type_id, &secret).await?;
+    tx.commit().await?;
+    Ok(secret)
+}
+
+/// Stores a signing secret (rotated, or given by `apply`) and wakes the engines on commit.
+/// Sealed with CHIME_SECRET_KEY when it is set (`secrets.rs`).
+pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32, secret: &str) -> Result<(), Error> {
+    validate_signing_secret(secret)?;
     // The name is the sealed value's associated data; names never change.
     let name: String = sqlx::query_scalar("SELECT name FROM biz_types WHERE id = $1")
         .bind(biz_type_id)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await?
         .ok_or_else(|| Error::NotFound(format!("no biz type with id {biz_type_id}")))?;
-    let (clear, sealed) = super::secrets::keyring().store(&name, &secret);
+    let (clear, sealed) = super::secrets::keyring().store(&name, secret);
     sqlx::query(
-        "WITH rotated AS (
+        "WITH changed AS (
             UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3, updated_at = now() WHERE id = $1 RETURNING id
          )
-         SELECT pg_notify('chime_wake', 'settings') FROM rotated",
+         SELECT pg_notify('chime_wake', 'settings') FROM changed",
     )
     .bind(biz_type_id)
     .bind(clear)
     .bind(sealed)
-    .execute(pool)
+    .execute(conn)
     .await?;
-    Ok(secret)
+    Ok(())
+}
+
+/// A secret given by the operator (chime's own are `whsec_` and 43 random characters): long
+/// enough not to be guessed, and text that a receiver's configuration can hold as is.
+pub fn validate_signing_secret(secret: &str) -> Result<(), Error> {
+    if secret.len() < 16 || secret.len() > 1000 {
+        return Err(Error::invalid("signing_secret", format!("must be 16 to 1000 bytes long, not {}", secret.len())));
+    }
+    if secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(Error::invalid("signing_secret", "must not contain spaces or control characters"));
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@ use crate::helpers::spawn_app;
 
 pub struct Output {
     pub ok: bool,
+    pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
 }
@@ -38,6 +39,7 @@ pub async fn chime(env: &[(&str, &str)], args: &[&str], stdin: Option<&str>) -> 
     let out = child.wait_with_output().await.unwrap();
     Output {
         ok: out.status.success(),
+        code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }

@@ -181,7 +181,7 @@ pub async fn update(pool: &PgPool, username: &str, changes: &UserChanges) -> Res
         return Err(Error::invalid("password", "must be at least 8 characters"));
     }
     let mut tx = pool.begin().await?;
-    let before = lock_user(&mut *tx, username).await?;
+    let before = lock_user(&mut tx, username).await?;
     let hash = changes.password.as_deref().map(hash_password);
     let after: UserInfo = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE users SET role = coalesce($2, role), password_hash = coalesce($3, password_hash), disabled = coalesce($4, disabled)
@@ -193,7 +193,7 @@ pub async fn update(pool: &PgPool, username: &str, changes: &UserChanges) -> Res
     .bind(changes.disabled)
     .fetch_one(&mut *tx)
     .await?;
-    keep_an_admin(&mut *tx, username).await?;
+    keep_an_admin(&mut tx, username).await?;
     if changes.password.is_some() || after.disabled {
         sqlx::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = $1)").bind(username).execute(&mut *tx).await?;
     }
@@ -204,9 +204,9 @@ pub async fn update(pool: &PgPool, username: &str, changes: &UserChanges) -> Res
 /// Deletes a user (and their sessions); returns it. Their entries in the audit log stay.
 pub async fn delete(pool: &PgPool, username: &str) -> Result<UserInfo, Error> {
     let mut tx = pool.begin().await?;
-    let user = lock_user(&mut *tx, username).await?;
+    let user = lock_user(&mut tx, username).await?;
     sqlx::query("DELETE FROM users WHERE username = $1").bind(username).execute(&mut *tx).await?;
-    keep_an_admin(&mut *tx, username).await?;
+    keep_an_admin(&mut tx, username).await?;
     tx.commit().await?;
     Ok(user)
 }

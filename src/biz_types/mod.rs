@@ -278,7 +278,7 @@ pub async fn archive(pool: &PgPool, name: &str) -> Result<(BizType, BizType, u64
     .bind(before.id)
     .fetch_one(&mut *tx)
     .await?;
-    notify_settings_changed(&mut *tx).await?;
+    notify_settings_changed(&mut tx).await?;
     tx.commit().await?;
     // After the commit: a task created meanwhile by a token not yet refused is pending
     // now and cancelled here (and any left later by the leader's sweep).

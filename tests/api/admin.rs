@@ -260,3 +260,30 @@ async fn the_admin_api_manages_console_users() {
     let rows: Vec<String> = sqlx::query_scalar("SELECT l::text FROM audit_log l").fetch_all(&app.pool).await.unwrap();
     assert!(rows.iter().all(|r| !r.contains("first-password") && !r.contains("second-password")), "{rows:#?}");
 }
+
+/// A task of an archived biz type that becomes pending again afterwards (here replayed, as
+/// support staff could in the console; a retry of a callback in flight at the archive is
+/// another way) is cancelled by the leader's sweep within its 10 s period, rather than
+/// waiting forever and keeping its partition from retention.
+#[tokio::test]
+async fn the_leader_cancels_tasks_left_pending_in_an_archived_biz_type() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
+    let id: uuid::Uuid = task["id"].as_str().unwrap().parse().unwrap();
+    let (_, archived, cancelled) = chime::biz_types::archive(&app.pool, "orders").await.unwrap();
+    assert_eq!(cancelled, 1);
+    let replayed = chime::tasks::replay(&app.pool, archived.id, id).await.unwrap();
+    assert_eq!(replayed.status, "pending");
+
+    let started = Instant::now();
+    let status = loop {
+        let status: String = sqlx::query_scalar("SELECT status FROM all_tasks WHERE id = $1").bind(id).fetch_one(&app.pool).await.unwrap();
+        if status != "pending" || started.elapsed() > Duration::from_secs(20) {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("the leader cancelled the replayed task after {:?}", started.elapsed());
+    assert_eq!(status, "cancelled", "still pending after {:?}", started.elapsed());
+}

@@ -399,7 +399,7 @@ async fn tokens_and_passwords_are_stored_hashed_only() {
 }
 
 /// A `chime serve` process logging at debug level, through a token created in the console, API
-/// calls with valid, revoked and wrong tokens, sign-ins with right and wrong passwords and a
+/// calls with valid, revoked and wrong tokens (admin tokens too), sign-ins with right and wrong passwords and a
 /// secret rotation: none of the tokens, passwords, secrets or session cookies is in its log.
 #[tokio::test]
 async fn tokens_passwords_and_secrets_never_reach_the_log() {
@@ -430,6 +430,10 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
     sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1").bind(&revoked[..12]).execute(&node.pool).await.unwrap();
     assert_eq!(node.get("/api/v1/tasks", &revoked).await.status, 401);
     assert_eq!(node.get("/api/v1/tasks", "chime_wrong-token-guess").await.status, 401);
+    let admin_token = chime::admin_tokens::create(&node.pool, "ci").await.unwrap().1;
+    assert_eq!(node.get("/api/v1/admin/users", &admin_token).await.status, 200);
+    assert_eq!(node.get("/api/v1/tasks", &admin_token).await.status, 403);
+    assert_eq!(node.get("/api/v1/admin/users", "chime_admin_wrong-guess").await.status, 401);
 
     child.kill().await.unwrap();
     let log = std::fs::read_to_string(&log_path).unwrap();
@@ -439,6 +443,8 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
         token.as_str(),
         &token[12..],
         &revoked[12..],
+        &admin_token[18..],
+        "chime_admin_wrong-guess",
         "chime_wrong-token-guess",
         "log-test-admin-password",
         "support-password",

@@ -217,15 +217,17 @@ pub async fn update(pool: &PgPool, name: &str, settings: &Settings, hosts: Callb
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(|| Error::NotFound(format!("no biz type named `{name}`")))?;
-    if before.archived_at.is_some() {
-        return Err(archived(name));
-    }
     let after = store(&mut tx, &before.with(settings)?).await?;
     tx.commit().await?;
     Ok((before, after))
 }
 
+/// Writes a biz type's settings: every create and update ends here, so an archived biz type
+/// is refused here.
 async fn store(tx: &mut sqlx::PgConnection, b: &BizType) -> Result<BizType, Error> {
+    if b.archived_at.is_some() {
+        return Err(archived(&b.name));
+    }
     notify_settings_changed(&mut *tx).await?;
     Ok(sqlx::query_as::<_, BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,

@@ -198,20 +198,23 @@ async fn archiving_from_the_command_line_refuses_tokens_on_running_nodes_at_once
     let env = [("DATABASE_URL", app.db_url.as_str())];
     let token = app.biz_type("orders").await;
     let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
+    // The node checks the token now, and would trust it for 5 s (its cache's TTL).
+    assert_eq!(app.get("/api/v1/tasks", &token).await.status, 200);
+    let cached_at = Instant::now();
 
     let out = chime(&env, &["biz-type", "archive", "orders"], None).await;
     assert!(out.ok, "{}", out.stderr);
     assert!(out.stdout.contains("1 pending tasks cancelled"), "{}", out.stdout);
-    let archived_at = Instant::now();
     let refused = loop {
         let reply = app.get("/api/v1/tasks", &token).await;
-        if reply.status != 200 || archived_at.elapsed() > Duration::from_secs(10) {
+        if reply.status != 200 || cached_at.elapsed() > Duration::from_secs(10) {
             break reply;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(refused.status, 403, "{}", refused.body);
-    assert!(archived_at.elapsed() < Duration::from_secs(2), "refused only after {:?}", archived_at.elapsed());
+    println!("refused {:?} after the token was checked (the command took part of it)", cached_at.elapsed());
+    assert!(cached_at.elapsed() < Duration::from_secs(5), "refused only when the cache expired, after {:?}", cached_at.elapsed());
     let status: String = sqlx::query_scalar("SELECT status FROM all_tasks WHERE id = $1::uuid").bind(task["id"].as_str().unwrap()).fetch_one(&app.pool).await.unwrap();
     assert_eq!(status, "cancelled");
     let list = chime(&env, &["biz-type", "list"], None).await;

@@ -198,6 +198,19 @@ async fn archiving_from_the_command_line_refuses_tokens_on_running_nodes_at_once
     let env = [("DATABASE_URL", app.db_url.as_str())];
     let token = app.biz_type("orders").await;
     let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
+    // The node hears of changes on its LISTEN session, opened as it starts.
+    for _ in 0..200 {
+        let listening: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%chime_wake%')",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        if listening {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // The node checks the token now, and would trust it for 5 s (its cache's TTL).
     assert_eq!(app.get("/api/v1/tasks", &token).await.status, 200);
     let cached_at = Instant::now();

@@ -9,9 +9,9 @@ use sqlx::PgPool;
 use crate::biz_types::apply::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
 use crate::callback_hosts::CallbackHosts;
-use crate::config::{ApplyArgs, BizTypeCommand, BizTypeFlags, MigrateArgs, SecretsCommand, TokenCommand, UserCommand};
+use crate::config::{AdminTokenCommand, ApplyArgs, BizTypeCommand, BizTypeFlags, MigrateArgs, SecretsCommand, TokenCommand, UserCommand};
 use crate::db::{self, Schema};
-use crate::{audit, users};
+use crate::{admin_tokens, audit, users};
 
 fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
     Settings {
@@ -35,7 +35,7 @@ fn describe(b: &BizType) -> String {
         "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}",
         name = b.name,
         mode = b.mode,
-        state = if b.paused { "paused" } else { "active" },
+        state = if b.archived_at.is_some() { "archived" } else if b.paused { "paused" } else { "active" },
         url = if b.callback_url.is_empty() { "-" } else { &b.callback_url },
         timeout = b.timeout_ms,
         attempts = b.max_attempts,
@@ -102,10 +102,18 @@ pub async fn biz_type(pool: &PgPool, command: BizTypeCommand, hosts: CallbackHos
             .await?;
             println!("updated biz type {}", describe(&after));
         }
-        BizTypeCommand::List => {
-            for b in biz_types::list(pool).await? {
+        BizTypeCommand::List { archived } => {
+            let list = if archived { biz_types::list_all(pool).await? } else { biz_types::list(pool).await? };
+            for b in list {
                 println!("{}", describe(&b));
             }
+        }
+        BizTypeCommand::Archive { name } => {
+            let (before, after, cancelled) = biz_types::archive(pool, &name).await?;
+            let mut record = serde_json::to_value(&after)?;
+            record["cancelled_tasks"] = cancelled.into();
+            audit::record(pool, "cli", "biz_type.archive", "biz_type", &name, Some(serde_json::to_value(&before)?), Some(record)).await?;
+            println!("archived biz type {name}: its tokens no longer work, {cancelled} pending tasks cancelled");
         }
     }
     Ok(())
@@ -155,6 +163,29 @@ pub async fn secrets(pool: &PgPool, command: SecretsCommand) -> anyhow::Result<(
                 "signing secrets: {} encrypted (were in clear), {} re-encrypted (were under an older key), {} already under the current key",
                 done.sealed, done.resealed, done.unchanged
             );
+        }
+    }
+    Ok(())
+}
+
+pub async fn admin_token(pool: &PgPool, command: AdminTokenCommand) -> anyhow::Result<()> {
+    match command {
+        AdminTokenCommand::Create { name } => {
+            let (info, token) = admin_tokens::create(pool, &name).await?;
+            audit::record(pool, "cli", "admin_token.create", "admin_token", &info.name, None, Some(info.prefix.clone().into())).await?;
+            println!("admin token {name} for /api/v1/admin/ (shown only this once; send it as `Authorization: Bearer <token>`):");
+            println!("{token}");
+        }
+        AdminTokenCommand::List => {
+            for t in admin_tokens::list(pool).await? {
+                let state = t.revoked_at.map_or("active".to_string(), |at| format!("revoked {}", at.format("%Y-%m-%d %H:%M:%S UTC")));
+                println!("{}\t{}…\t{}\tcreated {}\t{state}", t.id, t.prefix, t.name, t.created_at.format("%Y-%m-%d %H:%M:%S UTC"));
+            }
+        }
+        AdminTokenCommand::Revoke { token } => {
+            let t = admin_tokens::revoke(pool, &token).await?;
+            audit::record(pool, "cli", "admin_token.revoke", "admin_token", &t.name, None, Some(t.prefix.clone().into())).await?;
+            println!("revoked admin token {}… ({}); it is refused from now on", t.prefix, t.name);
         }
     }
     Ok(())

@@ -133,6 +133,9 @@ pub enum Command {
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Manage admin tokens, the credentials of the admin API (/api/v1/admin/).
+    #[command(subcommand)]
+    AdminToken(AdminTokenCommand),
     /// Manage console users.
     #[command(subcommand)]
     User(UserCommand),
@@ -490,7 +493,15 @@ pub enum BizTypeCommand {
         resume: bool,
     },
     /// List biz types and their settings.
-    List,
+    List {
+        /// Archived biz types too.
+        #[arg(long)]
+        archived: bool,
+    },
+    /// Archive (delete) a biz type: its API tokens stop working, its pending tasks are
+    /// cancelled, nothing more is delivered; its tasks stay readable until retention drops
+    /// them, and its name stays reserved.
+    Archive { name: String },
 }
 
 /// Biz type settings as flags; each is optional so that `update` changes only what is given.
@@ -545,6 +556,23 @@ pub enum SecretsCommand {
     /// those encrypted with a key in CHIME_SECRET_KEY_OLD; prints the counts. Safe to run
     /// again. Run it once every node runs this release: an older node cannot read them.
     Reencrypt,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminTokenCommand {
+    /// Create an admin token; prints it (only this once) as the last line.
+    Create {
+        /// Who or what holds it (a person, a CI job), as the audit log will name it.
+        #[arg(long, default_value = "admin")]
+        name: String,
+    },
+    /// List admin tokens (never the tokens themselves).
+    List,
+    /// Revoke an admin token, by id or by the prefix `list` shows; it is refused at once.
+    Revoke {
+        #[arg(value_name = "ID|PREFIX")]
+        token: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

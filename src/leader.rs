@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use crate::lifecycle::Signal;
 use crate::partitions::{self, Layout};
-use crate::{engine, metrics, timers};
+use crate::{engine, metrics, tasks, timers};
 
 /// The advisory lock whose holder leads.
 const LEADER_LOCK: i64 = 0x6368_696d_656c; // "chimel"
@@ -186,6 +186,11 @@ async fn housekeeping(pool: PgPool, s: Settings) {
             if let Err(e) = sweep(&pool).await {
                 tracing::warn!(error = %e, "fallback sweep failed");
             }
+            match tasks::cancel_archived(&pool, None).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(tasks = n, "cancelled tasks left pending in archived biz types"),
+                Err(e) => tracing::warn!(error = %e, "could not cancel the pending tasks of archived biz types"),
+            }
         }
         if due(retired, RETENTION_EVERY) {
             // Also after a failure: retiring takes short exclusive locks, not to be retried every tick.
@@ -240,7 +245,7 @@ async fn sweep(pool: &PgPool) -> Result<(), sqlx::Error> {
                 WHERE t.biz_type_id = b.id AND t.status = 'pending' AND t.run_at < now() - interval '1 minute'
                 ORDER BY run_at LIMIT 1
            ) o
-          WHERE b.mode = 'callback' AND NOT b.paused AND b.rate_limit IS NULL",
+          WHERE b.mode = 'callback' AND NOT b.paused AND b.rate_limit IS NULL AND b.archived_at IS NULL",
     )
     .fetch_all(pool)
     .await?;

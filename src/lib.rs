@@ -19,6 +19,8 @@ pub mod console;
 /// The domain error every operation returns.
 pub mod error;
 
+/// Admin tokens: the credentials of the admin API.
+pub mod admin_tokens;
 /// The REST API.
 pub mod api;
 /// The audit log.

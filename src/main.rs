@@ -62,6 +62,7 @@ async fn run() -> anyhow::Result<i32> {
             Command::Migrate(m) => cli::migrate(&database.pool, m).await,
             Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
+            Command::AdminToken(c) => cli::admin_token(&database.pool, c).await,
             Command::User(c) => cli::user(&database.pool, c).await,
             Command::Secrets(c) => cli::secrets(&database.pool, c).await,
             Command::Apply(a) => {

@@ -113,3 +113,100 @@ pub async fn verify(pool: &PgPool, username: &str, password: &str) -> Result<Opt
     .unwrap_or(false);
     Ok(row.filter(|_| ok).map(|(id, username, role, _)| User { id, username, role }))
 }
+
+/// A console user as lists show it (never the password hash).
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct UserInfo {
+    pub name: String,
+    pub role: String,
+    pub disabled: bool,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+const USER_COLUMNS: &str = "username AS name, role, disabled, created_at";
+
+pub async fn list(pool: &PgPool) -> Result<Vec<UserInfo>, Error> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users ORDER BY username"))).fetch_all(pool).await?)
+}
+
+/// Creates a user; returns it as lists show it.
+pub async fn create_user(pool: &PgPool, username: &str, role: &str, password: &str) -> Result<UserInfo, Error> {
+    create(pool, username, role, password).await?;
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1"))).bind(username).fetch_one(pool).await?)
+}
+
+/// A change to a user: `None` leaves it as it is.
+#[derive(Debug, Clone, Default)]
+pub struct UserChanges {
+    pub role: Option<String>,
+    pub password: Option<String>,
+    pub disabled: Option<bool>,
+}
+
+/// Locks the named user and every enabled admin, so that two changes cannot both take
+/// away the last admin; returns the user.
+async fn lock_user(tx: &mut sqlx::PgConnection, username: &str) -> Result<UserInfo, Error> {
+    sqlx::query("SELECT 1 FROM users WHERE role = 'admin' AND NOT disabled ORDER BY id FOR UPDATE").execute(&mut *tx).await?;
+    let user: Option<UserInfo> = if validate_username(username).is_ok() {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1 FOR UPDATE")))
+            .bind(username)
+            .fetch_optional(&mut *tx)
+            .await?
+    } else {
+        None
+    };
+    user.ok_or_else(|| Error::NotFound(format!("no user named `{}`", username.escape_debug())))
+}
+
+/// Refuses a change that leaves no enabled admin: nobody could then manage the console.
+async fn keep_an_admin(tx: &mut sqlx::PgConnection, username: &str) -> Result<(), Error> {
+    let admins: i64 = sqlx::query_scalar("SELECT count(*) FROM users WHERE role = 'admin' AND NOT disabled").fetch_one(&mut *tx).await?;
+    if admins == 0 {
+        return Err(Error::Conflict(format!("`{username}` is the last enabled admin; make another user an admin first")));
+    }
+    Ok(())
+}
+
+/// Changes a user's role, password or disabled flag; returns the user before and after. A
+/// new password or disabling signs the user out everywhere.
+pub async fn update(pool: &PgPool, username: &str, changes: &UserChanges) -> Result<(UserInfo, UserInfo), Error> {
+    if let Some(role) = &changes.role
+        && !ROLES.contains(&role.as_str())
+    {
+        return Err(Error::invalid("role", "must be admin or support"));
+    }
+    if let Some(password) = &changes.password
+        && password.chars().count() < 8
+    {
+        return Err(Error::invalid("password", "must be at least 8 characters"));
+    }
+    let mut tx = pool.begin().await?;
+    let before = lock_user(&mut tx, username).await?;
+    let hash = changes.password.as_deref().map(hash_password);
+    let after: UserInfo = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE users SET role = coalesce($2, role), password_hash = coalesce($3, password_hash), disabled = coalesce($4, disabled)
+          WHERE username = $1 RETURNING {USER_COLUMNS}"
+    )))
+    .bind(username)
+    .bind(&changes.role)
+    .bind(hash)
+    .bind(changes.disabled)
+    .fetch_one(&mut *tx)
+    .await?;
+    keep_an_admin(&mut tx, username).await?;
+    if changes.password.is_some() || after.disabled {
+        sqlx::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = $1)").bind(username).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok((before, after))
+}
+
+/// Deletes a user (and their sessions); returns it. Their entries in the audit log stay.
+pub async fn delete(pool: &PgPool, username: &str) -> Result<UserInfo, Error> {
+    let mut tx = pool.begin().await?;
+    let user = lock_user(&mut tx, username).await?;
+    sqlx::query("DELETE FROM users WHERE username = $1").bind(username).execute(&mut *tx).await?;
+    keep_an_admin(&mut tx, username).await?;
+    tx.commit().await?;
+    Ok(user)
+}

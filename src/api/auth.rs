@@ -1,4 +1,5 @@
-//! Bearer tokens: each one acts for exactly one biz type.
+//! Bearer tokens: an API token acts for exactly one biz type; an admin token acts only on
+//! `/api/v1/admin/`. Neither is accepted where the other belongs.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -9,7 +10,20 @@ use std::time::{Duration, Instant};
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 
 use super::{ApiError, AppState};
+use crate::admin_tokens::{self, AdminToken};
 use crate::biz_types::{self, TokenAuth};
+
+/// The bearer token of a request, or why there is none.
+fn bearer(req: &HttpRequest) -> Result<String, ApiError> {
+    match req.headers().get("Authorization").map(|v| v.to_str()) {
+        None => Err(ApiError::Unauthenticated("missing token: send `Authorization: Bearer <token>`".into())),
+        Some(Err(_)) => Err(ApiError::Unauthenticated("the Authorization header is not valid text".into())),
+        Some(Ok(h)) => match h.strip_prefix("Bearer ") {
+            Some(t) if !t.trim().is_empty() => Ok(t.trim().to_owned()),
+            _ => Err(ApiError::Unauthenticated("the Authorization header must be `Bearer <token>`".into())),
+        },
+    }
+}
 
 /// The authenticated caller of an API request.
 pub struct Caller(pub TokenAuth);
@@ -20,26 +34,30 @@ impl FromRequest for Caller {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>().cloned().expect("AppState is registered");
-        let header = req.headers().get("Authorization").map(|v| v.to_str().map(str::to_owned));
+        let token = bearer(req);
         Box::pin(async move {
-            let token = match header {
-                None => return Err(ApiError::Unauthenticated("missing token: send `Authorization: Bearer <token>`".into())),
-                Some(Err(_)) => return Err(ApiError::Unauthenticated("the Authorization header is not valid text".into())),
-                Some(Ok(h)) => match h.strip_prefix("Bearer ") {
-                    Some(t) if !t.trim().is_empty() => t.trim().to_owned(),
-                    _ => return Err(ApiError::Unauthenticated("the Authorization header must be `Bearer <token>`".into())),
+            let token = token?;
+            let auth = match state.tokens.get(&token) {
+                Some(auth) => auth,
+                None => match biz_types::authenticate(&state.pool, &token).await? {
+                    Some(auth) => {
+                        state.tokens.put(token, auth.clone());
+                        auth
+                    }
+                    None => {
+                        if admin_tokens::authenticate(&state.pool, &token).await?.is_some() {
+                            return Err(ApiError::Forbidden(
+                                "this is an admin token: it acts only on /api/v1/admin/; use an API token of the biz type".into(),
+                            ));
+                        }
+                        return Err(ApiError::Unauthenticated("the token is not valid or has been revoked".into()));
+                    }
                 },
             };
-            if let Some(auth) = state.tokens.get(&token) {
-                return Ok(Caller(auth));
+            if auth.archived {
+                return Err(ApiError::Forbidden(format!("biz type `{}` is archived: its tokens no longer work", auth.biz_type)));
             }
-            match biz_types::authenticate(&state.pool, &token).await? {
-                Some(auth) => {
-                    state.tokens.put(token, auth.clone());
-                    Ok(Caller(auth))
-                }
-                None => Err(ApiError::Unauthenticated("the token is not valid or has been revoked".into())),
-            }
+            Ok(Caller(auth))
         })
     }
 }
@@ -68,9 +86,35 @@ impl Caller {
     }
 }
 
+/// The admin token of a request to `/api/v1/admin/`.
+pub struct Admin(pub AdminToken);
+
+impl FromRequest for Admin {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned().expect("AppState is registered");
+        let token = bearer(req);
+        Box::pin(async move {
+            let token = token?;
+            if let Some(admin) = admin_tokens::authenticate(&state.pool, &token).await? {
+                return Ok(Admin(admin));
+            }
+            if biz_types::authenticate(&state.pool, &token).await?.is_some() {
+                return Err(ApiError::Forbidden(
+                    "this is a biz type's API token: the admin API needs an admin token (`chime admin-token create`)".into(),
+                ));
+            }
+            Err(ApiError::Unauthenticated("the admin token is not valid or has been revoked".into()))
+        })
+    }
+}
+
 /// Valid tokens seen lately, so that a busy client costs one token look-up every few
 /// seconds rather than one per request. A revoked token, or a changed create rate limit,
-/// takes effect within `TTL`.
+/// takes effect within `TTL`; an archived biz type at once (every node empties its cache
+/// when told that biz types changed).
 #[derive(Default)]
 pub struct TokenCache {
     entries: Mutex<HashMap<String, (TokenAuth, Instant)>>,
@@ -84,6 +128,10 @@ impl TokenCache {
     fn get(&self, token: &str) -> Option<TokenAuth> {
         let entries = self.entries.lock().expect("token cache lock");
         entries.get(token).filter(|(_, at)| at.elapsed() < Self::TTL).map(|(auth, _)| auth.clone())
+    }
+
+    pub fn clear(&self) {
+        self.entries.lock().expect("token cache lock").clear();
     }
 
     fn put(&self, token: String, auth: TokenAuth) {

@@ -1,6 +1,7 @@
 //! The REST API under `/api/v1` (SPEC §3), plus `/healthz` and `/readyz`.
 //! Handlers parse and authorise; the SQL lives in the domain modules.
 
+mod admin;
 mod auth;
 mod error;
 mod limits;
@@ -38,7 +39,7 @@ pub struct AppState {
     /// Which callback URLs biz types may be given (CHIME_DENY_PRIVATE_CALLBACKS).
     pub callback_hosts: CallbackHosts,
     create_limiter: CreateLimiter,
-    tokens: TokenCache,
+    tokens: Arc<TokenCache>,
     /// Woken by every `chime_wake` notification: reserves waiting for a due task.
     wake: Arc<Notify>,
     pull_limits: pull::PullLimits,
@@ -53,9 +54,18 @@ impl AppState {
     pub fn new(pool: PgPool, health: crate::db::Health, max_payload_bytes: usize, callback_hosts: CallbackHosts, lifecycle: Signal) -> Self {
         let wake = Arc::new(Notify::new());
         let waiters = wake.clone();
+        let tokens = Arc::new(TokenCache::default());
+        let cached = tokens.clone();
         // The LISTEN session breaks as soon as the server goes away: the first sign of it.
         let lost = health.clone();
-        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), move |_| waiters.notify_waiters(), move || lost.mark_down()));
+        let on_wake = move |payload: &str| {
+            // A biz type changed (perhaps archived): check tokens afresh.
+            if payload == "settings" {
+                cached.clear();
+            }
+            waiters.notify_waiters();
+        };
+        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), on_wake, move || lost.mark_down()));
         AppState {
             creates: crate::tasks::CreateBatcher::start(pool.clone()),
             pool,
@@ -63,11 +73,19 @@ impl AppState {
             max_payload_bytes,
             callback_hosts,
             create_limiter: CreateLimiter::default(),
-            tokens: TokenCache::default(),
+            tokens,
             wake,
             pull_limits: pull::PullLimits::default(),
             lifecycle,
         }
+    }
+}
+
+impl AppState {
+    /// Forgets the API tokens this node has checked lately, so that the next use of each is
+    /// checked again (after a biz type is archived; other nodes are told by notification).
+    pub fn forget_tokens(&self) {
+        self.tokens.clear();
     }
 }
 
@@ -110,6 +128,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .service(resource("/tasks/{id}/touch", "POST").route(web::post().to(pull::touch)))
                 .service(resource("/timers/{id}/activate", "POST").route(web::post().to(timers::activate)))
                 .service(resource("/timers/{id}/deactivate", "POST").route(web::post().to(timers::deactivate)))
+                .configure(admin::routes)
                 .default_service(web::to(not_found)),
         );
 }

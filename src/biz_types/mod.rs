@@ -8,8 +8,10 @@ mod tokens;
 pub use secrets::{SecretError, SigningSecret};
 use tokens::set_signing_secret;
 pub use tokens::{
-    TokenAuth, TokenInfo, authenticate, create_token, list_tokens, new_secret, revoke_token, rotate_secret, validate_signing_secret,
+    TokenAuth, TokenInfo, authenticate, create_token, list_tokens, mint_token, new_secret, revoke_token, rotate_secret,
+    validate_signing_secret,
 };
+pub(crate) use tokens::{hash as hash_token, random_base64};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -47,6 +49,9 @@ pub struct BizType {
     pub signing_secret: SigningSecret,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// When it was archived (deleted): its tokens no longer work, nothing is delivered, and
+    /// its name stays taken. None: in use.
+    pub archived_at: Option<DateTime<Utc>>,
 }
 
 /// A change to a biz type's settings: `None` leaves a setting as it is (on create, the
@@ -175,6 +180,7 @@ impl BizType {
             create_rate_limit: None,
             paused: false,
             signing_secret: SigningSecret::Open(String::new()),
+            archived_at: None,
             created_at: DateTime::UNIX_EPOCH,
             updated_at: DateTime::UNIX_EPOCH,
         };
@@ -224,6 +230,11 @@ impl BizType {
     }
 }
 
+/// The refusal of a change to an archived biz type (409).
+pub(crate) fn archived(name: &str) -> Error {
+    Error::Conflict(format!("biz type `{name}` is archived: it cannot be changed, and its name stays reserved"))
+}
+
 /// Creates a biz type; `hosts` is the install's rule for callback URLs.
 pub async fn create(pool: &PgPool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<BizType, Error> {
     let mut tx = pool.begin().await?;
@@ -258,8 +269,17 @@ pub async fn create_in(
     .bind(clear)
     .bind(sealed)
     .fetch_optional(&mut *conn)
-    .await?
-    .ok_or_else(|| Error::Conflict(format!("biz type `{name}` already exists")))?;
+    .await?;
+    let Some(inserted) = inserted else {
+        let archived_name: Option<bool> = sqlx::query_scalar("SELECT archived_at IS NOT NULL FROM biz_types WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+        return Err(match archived_name {
+            Some(true) => archived(name),
+            _ => Error::Conflict(format!("biz type `{name}` already exists")),
+        });
+    };
     store(conn, &inserted.with(&settings.for_create())?).await
 }
 
@@ -296,7 +316,12 @@ pub async fn update_in(
     Ok((before, after))
 }
 
+/// Writes a biz type's settings: every create and update ends here, so an archived biz type
+/// is refused here.
 async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
+    if b.archived_at.is_some() {
+        return Err(archived(&b.name));
+    }
     notify_settings_changed(&mut *conn).await?;
     Ok(sqlx::query_as::<_, BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
@@ -328,7 +353,42 @@ async fn notify_settings_changed(conn: &mut PgConnection) -> Result<(), Error> {
     Ok(())
 }
 
+/// Archives (deletes) the named biz type: its tokens stop working, its engines stop
+/// delivering it, its timers stop firing, and its pending tasks are cancelled; its tasks
+/// stay readable until retention drops them, and its name stays taken. Archiving again
+/// changes nothing but cancels any pending task left. Returns the biz type before and
+/// after, and how many tasks were cancelled.
+pub async fn archive(pool: &PgPool, name: &str) -> Result<(BizType, BizType, u64), Error> {
+    let not_found = || Error::NotFound(format!("no biz type named `{}`", name.escape_debug()));
+    validate_name(name).map_err(|_| not_found())?;
+    let mut tx = pool.begin().await?;
+    let before = sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(not_found)?;
+    let after = sqlx::query_as::<_, BizType>(
+        "UPDATE biz_types SET archived_at = coalesce(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
+          WHERE id = $1 RETURNING *",
+    )
+    .bind(before.id)
+    .fetch_one(&mut *tx)
+    .await?;
+    notify_settings_changed(&mut tx).await?;
+    tx.commit().await?;
+    // After the commit: a task created meanwhile by a token not yet refused is pending
+    // now and cancelled here (and any left later by the leader's sweep).
+    let cancelled = crate::tasks::cancel_archived(pool, Some(before.id)).await?;
+    Ok((before, after, cancelled))
+}
+
+/// The biz types in use (not archived), by name.
 pub async fn list(pool: &PgPool) -> Result<Vec<BizType>, Error> {
+    Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE archived_at IS NULL ORDER BY name").fetch_all(pool).await?)
+}
+
+/// Every biz type, archived ones included, by name.
+pub async fn list_all(pool: &PgPool) -> Result<Vec<BizType>, Error> {
     Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types ORDER BY name").fetch_all(pool).await?)
 }
 
@@ -389,7 +449,7 @@ pub async fn unopened_secrets(pool: &PgPool) -> Result<Vec<SecretError>, Error> 
     Ok(list(pool).await?.into_iter().filter_map(|b| b.signing_secret.expose().err()).collect())
 }
 
-/// Whether a biz type of this name exists (a name that cannot be valid never does).
+/// Whether a biz type of this name exists, archived or not (a name that cannot be valid never does).
 pub async fn exists(pool: &PgPool, name: &str) -> Result<bool, Error> {
     if validate_name(name).is_err() {
         return Ok(false);
@@ -397,7 +457,7 @@ pub async fn exists(pool: &PgPool, name: &str) -> Result<bool, Error> {
     Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types WHERE name = $1)").bind(name).fetch_one(pool).await?)
 }
 
-/// The id of the named biz type, or `NotFound`.
+/// The id of the named biz type (archived or not), or `NotFound`.
 pub async fn id_of(pool: &PgPool, name: &str) -> Result<i32, Error> {
     let id = match validate_name(name) {
         Ok(()) => sqlx::query_scalar::<_, i32>("SELECT id FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?,

@@ -16,51 +16,64 @@ pub struct TokenAuth {
     pub biz_type_id: i32,
     pub biz_type: String,
     pub create_rate_limit: Option<f64>,
-}
-
-fn random_base64(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    rand::rng().fill_bytes(&mut buf);
-    URL_SAFE_NO_PAD.encode(buf)
+    /// The biz type is archived: the token is genuine but grants nothing.
+    pub archived: bool,
 }
 
 pub fn new_secret() -> String {
     format!("whsec_{}", random_base64(32))
 }
 
-fn hash(token: &str) -> Vec<u8> {
+pub(crate) fn random_base64(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::rng().fill_bytes(&mut buf);
+    URL_SAFE_NO_PAD.encode(buf)
+}
+
+pub(crate) fn hash(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
 /// Creates a token for the named biz type and returns it; it cannot be shown again.
 pub async fn create_token(pool: &PgPool, biz_type: &str) -> Result<String, Error> {
+    Ok(mint_token(pool, biz_type).await?.1)
+}
+
+/// Creates a token for the named biz type (not an archived one): returns it as lists show
+/// it, and the token itself, which cannot be shown again.
+pub async fn mint_token(pool: &PgPool, biz_type: &str) -> Result<(TokenInfo, String), Error> {
     let biz_type_id = super::id_of(pool, biz_type).await?;
     let token = format!("chime_{}", random_base64(32));
-    sqlx::query("INSERT INTO api_tokens (id, biz_type_id, token_hash, prefix) VALUES ($1, $2, $3, $4)")
-        .bind(Uuid::now_v7())
-        .bind(biz_type_id)
-        .bind(hash(&token))
-        .bind(&token[..12])
-        .execute(pool)
-        .await?;
-    Ok(token)
+    let info = sqlx::query_as(
+        "INSERT INTO api_tokens (id, biz_type_id, token_hash, prefix)
+         SELECT $1, id, $3, $4 FROM biz_types WHERE id = $2 AND archived_at IS NULL
+         RETURNING id, prefix, created_at, revoked_at",
+    )
+    .bind(Uuid::now_v7())
+    .bind(biz_type_id)
+    .bind(hash(&token))
+    .bind(&token[..12])
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| super::archived(biz_type))?;
+    Ok((info, token))
 }
 
 /// The grant of an unrevoked token, or `None`.
 pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<TokenAuth>, sqlx::Error> {
-    let row: Option<(i32, String, Option<f64>)> = sqlx::query_as(
-        "SELECT b.id, b.name, b.create_rate_limit
+    let row: Option<(i32, String, Option<f64>, bool)> = sqlx::query_as(
+        "SELECT b.id, b.name, b.create_rate_limit, b.archived_at IS NOT NULL
            FROM api_tokens t JOIN biz_types b ON b.id = t.biz_type_id
           WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
     )
     .bind(hash(token))
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(biz_type_id, biz_type, create_rate_limit)| TokenAuth { biz_type_id, biz_type, create_rate_limit }))
+    Ok(row.map(|(biz_type_id, biz_type, create_rate_limit, archived)| TokenAuth { biz_type_id, biz_type, create_rate_limit, archived }))
 }
 
 /// A token as lists show it: never the token itself.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct TokenInfo {
     pub id: Uuid,
     pub prefix: String,
@@ -86,7 +99,7 @@ pub async fn revoke_token(pool: &PgPool, biz_type_id: i32, id: Uuid) -> Result<S
 }
 
 /// Gives the biz type a new signing secret and returns it; the engines are told to re-read
-/// their settings, so callbacks are signed with it at once.
+/// their settings, so callbacks are signed with it at once. An archived biz type's is kept.
 pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Error> {
     let secret = new_secret();
     let mut tx = pool.begin().await?;
@@ -100,15 +113,20 @@ pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Er
 pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32, secret: &str) -> Result<(), Error> {
     validate_signing_secret(secret)?;
     // The name is the sealed value's associated data; names never change.
-    let name: String = sqlx::query_scalar("SELECT name FROM biz_types WHERE id = $1")
+    let (name, archived): (String, bool) = sqlx::query_as("SELECT name, archived_at IS NOT NULL FROM biz_types WHERE id = $1")
         .bind(biz_type_id)
         .fetch_optional(&mut *conn)
         .await?
         .ok_or_else(|| Error::NotFound(format!("no biz type with id {biz_type_id}")))?;
+    if archived {
+        return Err(super::archived(&name));
+    }
     let (clear, sealed) = super::secrets::keyring().store(&name, secret);
+    // Locks the biz type's row until the caller commits; `archive` takes the same lock.
     sqlx::query(
         "WITH changed AS (
-            UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3, updated_at = now() WHERE id = $1 RETURNING id
+            UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3, updated_at = now()
+             WHERE id = $1 AND archived_at IS NULL RETURNING id
          )
          SELECT pg_notify('chime_wake', 'settings') FROM changed",
     )

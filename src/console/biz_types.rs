@@ -129,13 +129,18 @@ struct EditPage {
 }
 
 impl EditPage {
+    /// Admins may change a biz type that is not archived.
+    fn editable(&self) -> bool {
+        self.ctx.admin && self.biz_type.as_ref().is_none_or(|b| b.archived_at.is_none())
+    }
+
     fn error_for(&self, field: &str) -> &str {
         super::error_for(&self.error, field)
     }
 }
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
-    let page = ListPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_types: biz_types::list(&state.pool).await? };
+    let page = ListPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_types: biz_types::list_all(&state.pool).await? };
     render(StatusCode::OK, &page.ctx, &page)
 }
 
@@ -274,4 +279,17 @@ pub async fn revoke_token(
     let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
     audit::record(&state.pool, &session.actor(), "token.revoke", "biz_type", &name, None, Some(prefix.clone().into())).await?;
     Ok(done(&format!("/console/biz-types/{name}"), &format!("Token {prefix}… revoked; API calls with it are refused within seconds.")))
+}
+
+/// Archives the biz type (after the button's confirmation).
+pub async fn archive(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    session.admin_form(&form.csrf)?;
+    let (before, after, cancelled) = biz_types::archive(&state.pool, &name).await?;
+    state.forget_tokens();
+    let mut record = serde_json::to_value(&after).ok();
+    if let Some(serde_json::Value::Object(fields)) = &mut record {
+        fields.insert("cancelled_tasks".into(), cancelled.into());
+    }
+    audit::record(&state.pool, &session.actor(), "biz_type.archive", "biz_type", &name, serde_json::to_value(&before).ok(), record).await?;
+    Ok(done(&format!("/console/biz-types/{name}"), &format!("Archived: its tokens no longer work; {cancelled} pending tasks cancelled.")))
 }

@@ -64,6 +64,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/biz-types/{name}/pause", web::post().to(biz_types::pause))
                 .route("/biz-types/{name}/resume", web::post().to(biz_types::resume))
                 .route("/biz-types/{name}/rotate-secret", web::post().to(biz_types::rotate_secret))
+                .route("/biz-types/{name}/archive", web::post().to(biz_types::archive))
                 .route("/biz-types/{name}/tokens", web::post().to(biz_types::create_token))
                 .route("/biz-types/{name}/tokens/{id}/revoke", web::post().to(biz_types::revoke_token))
                 .route("/tasks", web::get().to(tasks::list))

@@ -2,7 +2,7 @@
 //! records what happened (SPEC §4, §6).
 //!
 //! Shape. One claim loop per node. Each turn it reads the biz types that deliver by
-//! callback and are not paused (re-read as soon as any node changes one, and every
+//! callback and are neither paused nor archived (re-read as soon as any node changes one, and every
 //! `SETTINGS_REFRESH` in case that notice was lost), and for each claims as many due tasks as it has free
 //! in-flight slots. A claimed task's callback starts at once, so a lease never waits
 //! behind other work: the lease is the biz type's timeout plus a margin. Outcomes go to a
@@ -107,7 +107,7 @@ async fn active_biz_types(pool: &PgPool) -> Result<(Vec<BizTypeConfig>, Vec<(i32
     let all: Vec<BizTypeConfig> = sqlx::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed
-           FROM biz_types WHERE mode = 'callback' AND NOT paused ORDER BY id",
+           FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
     )
     .fetch_all(pool)
     .await?;

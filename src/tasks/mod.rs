@@ -16,7 +16,7 @@ mod queries;
 pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, create_batch, request_hash};
 pub use payload::check_payload;
-pub use queries::{FailedFilter, ListFilter, Page, cancel, count_failed, find_by_key, get, get_by_key, list, replay, replay_failed, reschedule};
+pub use queries::{FailedFilter, ListFilter, Page, cancel, cancel_archived, count_failed, find_by_key, get, get_by_key, list, replay, replay_failed, reschedule};
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
 use serde::Serialize;

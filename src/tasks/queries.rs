@@ -316,6 +316,29 @@ pub async fn cancel(pool: &PgPool, owner: i32, id: Uuid) -> Result<Task, Error> 
     Ok(task)
 }
 
+/// Cancels the pending tasks of archived biz types (of the one given, or of all), hot and
+/// cold; returns how many. Archiving calls it, and the leader's sweep calls it again for
+/// what was left pending afterwards (a retry of a callback in flight, a create that passed
+/// its token check just before). Running tasks are left to finish.
+pub async fn cancel_archived(pool: &PgPool, biz_type_id: Option<i32>) -> Result<u64, Error> {
+    let cancelled: i64 = sqlx::query_scalar(
+        "WITH archived AS (
+             SELECT id FROM biz_types WHERE archived_at IS NOT NULL AND ($1::int IS NULL OR id = $1)
+         ), hot AS (
+             UPDATE tasks SET status = 'cancelled', finished_at = now(), updated_at = now()
+              WHERE status = 'pending' AND biz_type_id IN (SELECT id FROM archived) RETURNING 1
+         ), cold AS (
+             UPDATE tasks_cold SET status = 'cancelled', finished_at = now(), updated_at = now()
+              WHERE status = 'pending' AND biz_type_id IN (SELECT id FROM archived) RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM hot) + (SELECT count(*) FROM cold)",
+    )
+    .bind(biz_type_id)
+    .fetch_one(pool)
+    .await?;
+    Ok(cancelled as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

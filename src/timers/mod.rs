@@ -272,13 +272,15 @@ pub async fn delete(pool: &PgPool, owner: i32, id: Uuid) -> Result<Timer, Error>
     Ok(timer)
 }
 
-/// Writes occurrences for the active timers whose window is at least half used up.
+/// Writes occurrences for the active timers whose window is at least half used up (an
+/// archived biz type's timers write none).
 /// Returns how many occurrences were written.
 pub async fn materialize_due(pool: &PgPool, window: std::time::Duration) -> Result<u64, Error> {
     let window_ms = window.as_millis() as i64;
     let due: Vec<Uuid> = sqlx::query_scalar(
         "SELECT id FROM timers
           WHERE active AND (materialized_until < now() + $1 * interval '1 millisecond' OR materialized_until IS NULL)
+            AND biz_type_id NOT IN (SELECT id FROM biz_types WHERE archived_at IS NOT NULL)
           ORDER BY materialized_until NULLS FIRST LIMIT 100",
     )
     .bind(window_ms / 2)
@@ -304,7 +306,7 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
     let Some(Row { timer, now }) =
         sqlx::query_as(
             "SELECT t.*, b.name AS biz_type, now() AS now FROM timers t JOIN biz_types b ON b.id = t.biz_type_id
-              WHERE t.id = $1 AND t.active FOR UPDATE OF t",
+              WHERE t.id = $1 AND t.active AND b.archived_at IS NULL FOR UPDATE OF t",
         )
             .bind(id)
             .fetch_optional(&mut *tx)

@@ -47,6 +47,25 @@ const API: &[(&str, &str, &str, u16, u16)] = &[
     ("POST", "/api/v1/tasks/{touch}/touch", r#"{"receipt": "{touch_receipt}", "ttr_ms": 60000}"#, 200, 403),
 ];
 
+/// Every admin API call: (method, path, body, status with an admin token). Rows run in
+/// order: the biz type `{biz}` is archived last. Must list every route of `src/api/admin.rs`
+/// (compared with the OpenAPI document, as `API` is).
+const ADMIN: &[(&str, &str, &str, u16)] = &[
+    ("GET", "/api/v1/admin/biz-types", "", 200),
+    ("POST", "/api/v1/admin/biz-types", r#"{"name": "made", "mode": "pull"}"#, 201),
+    ("GET", "/api/v1/admin/biz-types/{biz}", "", 200),
+    ("PATCH", "/api/v1/admin/biz-types/{biz}", r#"{"description": "changed"}"#, 200),
+    ("POST", "/api/v1/admin/biz-types/{biz}/rotate-secret", "", 200),
+    ("GET", "/api/v1/admin/biz-types/{biz}/tokens", "", 200),
+    ("POST", "/api/v1/admin/biz-types/{biz}/tokens", "", 201),
+    ("DELETE", "/api/v1/admin/biz-types/{biz}/tokens/{token_id}", "", 204),
+    ("GET", "/api/v1/admin/users", "", 200),
+    ("POST", "/api/v1/admin/users", r#"{"name": "helen", "role": "support", "password": "support-password"}"#, 201),
+    ("PATCH", "/api/v1/admin/users/{user}", r#"{"role": "admin"}"#, 200),
+    ("DELETE", "/api/v1/admin/users/{user}", "", 204),
+    ("DELETE", "/api/v1/admin/biz-types/{biz}", "", 200),
+];
+
 /// A cron that never fires while the tests run, so the leader writes no occurrences.
 const NEVER: &str = "0 0 0 1 1 * 2099";
 
@@ -69,6 +88,7 @@ async fn snapshot(pool: &PgPool) -> Vec<String> {
         "SELECT u::text FROM users u ORDER BY id",
         "SELECT s::text FROM sessions s ORDER BY token_hash",
         "SELECT l::text FROM audit_log l ORDER BY id",
+        "SELECT a::text FROM admin_tokens a ORDER BY id",
     ] {
         rows.extend(sqlx::query_scalar::<_, String>(query).fetch_all(pool).await.unwrap());
     }
@@ -95,8 +115,9 @@ async fn the_api_matrix_lists_every_route() {
         .filter(|(key, _)| ["get", "post", "put", "patch", "delete"].contains(&key.as_str()))
         .map(|(method, path)| route(method, path))
         .collect();
-    let tested: BTreeSet<String> = API.iter().map(|(method, path, ..)| route(method, path)).collect();
-    assert_eq!(documented.difference(&tested).collect::<Vec<_>>(), Vec::<&String>::new(), "routes missing from authz::API");
+    let tested: BTreeSet<String> =
+        API.iter().map(|(method, path, ..)| route(method, path)).chain(ADMIN.iter().map(|(method, path, ..)| route(method, path))).collect();
+    assert_eq!(documented.difference(&tested).collect::<Vec<_>>(), Vec::<&String>::new(), "routes missing from authz::API or authz::ADMIN");
     assert_eq!(tested.difference(&documented).collect::<Vec<_>>(), Vec::<&String>::new(), "routes in authz::API but not documented");
 }
 
@@ -153,12 +174,16 @@ fn shows_nothing_of_jobs(reply: &Reply) -> bool {
 }
 
 /// No token, a malformed header, an unknown token and a revoked token get 401 everywhere;
-/// another biz type's token gets 403 (or an empty list); none of them changes anything;
-/// the owner's token is let through.
+/// another biz type's token gets 403 (or an empty list), and so do an admin token and the
+/// token of an archived biz type; none of them changes anything; the owner's token is let
+/// through.
 #[tokio::test]
 async fn every_api_endpoint_admits_only_its_own_biz_types_token() {
     let app = spawn_app().await;
     let ApiFixtures { ids, token, revoked, foreign } = api_fixtures(&app).await;
+    let admin = chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1;
+    let archived = app.biz_type("gone").await;
+    biz_types::archive(&app.pool, "gone").await.unwrap();
     let refused_credentials = [
         ("no token", None),
         ("a Basic header", Some(format!("Basic {token}"))),
@@ -183,10 +208,55 @@ async fn every_api_endpoint_admits_only_its_own_biz_types_token() {
         } else {
             assert!(shows_nothing_of_jobs(&reply), "{method} {path} with another biz type's token: {}", reply.body);
         }
+        for (what, credential, says) in [("an admin token", &admin, "admin token"), ("an archived biz type's token", &archived, "archived")] {
+            let reply = app.request(method, &path, Some(credential), body.clone()).await;
+            assert_eq!((reply.status, reply.code()), (403, "permission_denied"), "{method} {path} with {what}: {}", reply.body);
+            assert!(reply.message().contains(says), "{method} {path} with {what}: {}", reply.message());
+        }
         assert_eq!(snapshot(&app.pool).await, before, "{method} {path}: a refused request changed the database");
 
         let reply = app.request(method, &path, Some(&token), body).await;
         assert_eq!(reply.status, owner_status, "{method} {path} with its own token: {}", reply.body);
+    }
+}
+
+/// On every admin route: no token, a malformed header, an unknown or revoked admin token
+/// get 401; a biz type's API token (even of the biz type named) gets 403; none of them
+/// changes anything; an admin token is let through.
+#[tokio::test]
+async fn every_admin_endpoint_admits_only_admin_tokens() {
+    let app = spawn_app().await;
+    let api_token = app.biz_type("managed").await;
+    let admin = chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1;
+    let (revoked_info, revoked) = chime::admin_tokens::create(&app.pool, "old").await.unwrap();
+    chime::admin_tokens::revoke(&app.pool, &revoked_info.id.to_string()).await.unwrap();
+    let victim = biz_types::create_token(&app.pool, "managed").await.unwrap();
+    let token_id: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM api_tokens WHERE prefix = $1").bind(&victim[..12]).fetch_one(&app.pool).await.unwrap();
+    let ids = HashMap::from([("biz", "managed".to_string()), ("token_id", token_id.to_string()), ("user", "helen".to_string())]);
+    let refused_credentials = [
+        ("no token", None),
+        ("a Basic header", Some(format!("Basic {admin}"))),
+        ("an empty bearer token", Some("Bearer ".to_string())),
+        ("an unknown admin token", Some("Bearer chime_admin_not-a-real-token".to_string())),
+        ("a revoked admin token", Some(format!("Bearer {revoked}"))),
+    ];
+
+    for &(method, path, body, admin_status) in ADMIN {
+        let path = fill(path, &ids);
+        let body = (!body.is_empty()).then(|| fill(body, &ids).into_bytes());
+        let before = snapshot(&app.pool).await;
+        for (what, authorization) in &refused_credentials {
+            let reply = app.request_with_authorization(method, &path, authorization.as_deref(), body.clone()).await;
+            assert_eq!((reply.status, reply.code()), (401, "unauthenticated"), "{method} {path} with {what}: {}", reply.body);
+            assert_eq!(reply.headers["www-authenticate"], "Bearer");
+        }
+        let reply = app.request(method, &path, Some(&api_token), body.clone()).await;
+        assert_eq!((reply.status, reply.code()), (403, "permission_denied"), "{method} {path} with an API token: {}", reply.body);
+        assert_eq!(snapshot(&app.pool).await, before, "{method} {path}: a refused request changed the database");
+
+        let reply = app.request(method, &path, Some(&admin), body).await;
+        assert_eq!(reply.status, admin_status, "{method} {path} with an admin token: {}", reply.body);
     }
 }
 
@@ -231,6 +301,7 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     ("POST", "/console/timers/{timer}/deactivate", &[], Admin, 303),
     ("POST", "/console/timers/{timer}/activate", &[], Admin, 303),
     ("POST", "/console/timers/{timer}/delete", &[], Admin, 303),
+    ("POST", "/console/biz-types/{gone}/archive", &[], Admin, 303),
     ("POST", "/console/logout", &[], Staff, 303),
 ];
 
@@ -241,11 +312,13 @@ async fn console_fixtures(app: &TestApp, token: &str, user: &str) -> HashMap<&'s
     app.force_status(failed["id"].as_str().unwrap(), "failed").await;
     let timer = app.post("/api/v1/timers", token, json!({"biz_type": "orders", "key": format!("t-{user}"), "cron": NEVER})).await;
     let api_token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    app.biz_type(&format!("gone-{user}")).await;
     let token_id: uuid::Uuid =
         sqlx::query_scalar("SELECT id FROM api_tokens WHERE prefix = $1").bind(&api_token[..12]).fetch_one(&app.pool).await.unwrap();
     HashMap::from([
         ("biz", "orders".to_string()),
         ("new", format!("new-{user}")),
+        ("gone", format!("gone-{user}")),
         ("task", pending["id"].as_str().unwrap().to_string()),
         ("failed", failed["id"].as_str().unwrap().to_string()),
         ("timer", timer.body["id"].as_str().unwrap().to_string()),
@@ -326,9 +399,9 @@ async fn tokens_and_passwords_are_stored_hashed_only() {
 }
 
 /// A `chime serve` process logging at debug level, through a token created in the console, API
-/// calls with valid, revoked and wrong tokens, sign-ins with right and wrong passwords and a
-/// secret rotation (encrypted with CHIME_SECRET_KEY): none of the tokens, passwords, secrets,
-/// session cookies or the key is in its log.
+/// calls with valid, revoked and wrong tokens (admin tokens too), sign-ins with right and
+/// wrong passwords and a secret rotation (encrypted with CHIME_SECRET_KEY): none of the
+/// tokens, passwords, secrets, session cookies or the key is in its log.
 #[tokio::test]
 async fn tokens_passwords_and_secrets_never_reach_the_log() {
     let db_url = fresh_database().await;
@@ -365,6 +438,10 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
     sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1").bind(&revoked[..12]).execute(&node.pool).await.unwrap();
     assert_eq!(node.get("/api/v1/tasks", &revoked).await.status, 401);
     assert_eq!(node.get("/api/v1/tasks", "chime_wrong-token-guess").await.status, 401);
+    let admin_token = chime::admin_tokens::create(&node.pool, "ci").await.unwrap().1;
+    assert_eq!(node.get("/api/v1/admin/users", &admin_token).await.status, 200);
+    assert_eq!(node.get("/api/v1/tasks", &admin_token).await.status, 403);
+    assert_eq!(node.get("/api/v1/admin/users", "chime_admin_wrong-guess").await.status, 401);
 
     child.kill().await.unwrap();
     let log = std::fs::read_to_string(&log_path).unwrap();
@@ -374,6 +451,8 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
         token.as_str(),
         &token[12..],
         &revoked[12..],
+        &admin_token[18..],
+        "chime_admin_wrong-guess",
         "chime_wrong-token-guess",
         "log-test-admin-password",
         "support-password",

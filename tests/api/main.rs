@@ -1,5 +1,6 @@
 //! Integration tests: the real HTTP server, a real PostgreSQL, the real binary.
 
+mod admin;
 mod apply;
 mod auth;
 mod authz;

@@ -71,18 +71,36 @@ pub async fn current(pool: &PgPool) -> Result<Option<Uuid>, sqlx::Error> {
     .await
 }
 
+/// How long the election session may be refused before a warning says so.
+const REFUSED_WARN_AFTER: Duration = Duration::from_secs(10);
+
 /// Runs for the node's lifetime: waits for leadership, leads, and waits again if it loses
 /// it. When the node stops, a leader lets the lock go at once, so another node leads
 /// within a second (its next try) rather than after the lease.
 pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, node_metrics: Arc<metrics::Node>, mut stop: Signal) {
     node_metrics.leading(false);
     let mut session: Option<PgConnection> = None;
+    // Since when the election session cannot be opened, and whether that was said: a
+    // database that is briefly down is reported elsewhere, but a session refused for long
+    // (a setting the server rejects, too few connections) means no node may lead.
+    let mut refused_since: Option<(Instant, bool)> = None;
     loop {
         if session.is_none() {
             session = match connect(&pool, node_id, settings.lease).await {
-                Ok(conn) => Some(conn),
+                Ok(conn) => {
+                    if let Some((_, true)) = refused_since.take() {
+                        tracing::info!("the leader election session is open again");
+                    }
+                    Some(conn)
+                }
                 Err(e) => {
-                    tracing::debug!(error = %e, "cannot open the leader election session; retrying");
+                    let (since, said) = refused_since.get_or_insert((Instant::now(), false));
+                    if !*said && since.elapsed() >= REFUSED_WARN_AFTER {
+                        *said = true;
+                        tracing::warn!(error = %e, "cannot open the leader election session for {} s: this node cannot lead until it can; retrying", REFUSED_WARN_AFTER.as_secs());
+                    } else {
+                        tracing::debug!(error = %e, "cannot open the leader election session; retrying");
+                    }
                     None
                 }
             };

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use nix::sys::signal::{Signal, kill};
@@ -80,6 +82,11 @@ async fn the_readmes_kubernetes_example_matches_a_real_node() {
     env.insert("CHIME_LISTEN".into(), format!("127.0.0.1:{port}"));
     env.insert("CHIME_METRICS_LISTEN".into(), format!("127.0.0.1:{metrics_port}"));
     env.insert("CHIME_ADMIN_PASSWORD".into(), "operating-admin-password".into());
+    // The mounted Secret's key: 32 random bytes in base64, as `openssl rand -base64 32` makes.
+    let key_file = std::env::temp_dir().join(format!("chime-operating-key-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&key_file, STANDARD.encode([7u8; 32])).unwrap();
+    assert!(env.contains_key("CHIME_SECRET_KEY_FILE"), "the example mounts the secret key");
+    env.insert("CHIME_SECRET_KEY_FILE".into(), key_file.display().to_string());
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
         .arg("serve")
         .env("DATABASE_URL", &db_url)
@@ -130,4 +137,5 @@ async fn the_readmes_kubernetes_example_matches_a_real_node() {
     assert!(status.success(), "a clean stop exits 0: {status}");
     let task: String = sqlx::query_scalar("SELECT status FROM tasks").fetch_one(&pool).await.unwrap();
     assert_eq!(task, "succeeded", "the callback in flight was let finish and recorded");
+    std::fs::remove_file(&key_file).unwrap();
 }

@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use base64::Engine;
+
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use chrono::{DateTime, Utc};
@@ -20,6 +22,12 @@ use crate::receiver::{Answer, Receiver};
 
 /// The grace the stopping node is given, short for the test (the default is 20 s).
 const GRACE: Duration = Duration::from_secs(5);
+
+/// A secret key, as production sets one: without it a node warns at start (secrets in
+/// clear), and these tests count warnings.
+fn secret_key() -> String {
+    base64::engine::general_purpose::STANDARD.encode([7u8; 32])
+}
 
 fn sigterm(child: &tokio::process::Child) {
     kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
@@ -78,7 +86,8 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
     biz_types::create(&pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&pool, "orders").await.unwrap();
     // A leader lease far longer than the test: only a released lock lets B lead in time.
-    let env = [("CHIME_SHUTDOWN_GRACE_SECS", "5"), ("CHIME_LEADER_LEASE_SECS", "60")];
+    let key = secret_key();
+    let env = [("CHIME_SHUTDOWN_GRACE_SECS", "5"), ("CHIME_LEADER_LEASE_SECS", "60"), ("CHIME_SECRET_KEY", key.as_str())];
 
     let (log, log_path) = log_file("shutdown-a");
     let (mut a, a_address) = chime_process_logging(&db_url, &env, log).await;
@@ -206,7 +215,7 @@ async fn healthz_answers_while_the_database_is_migrated() {
     holder.lock().await.unwrap();
 
     let (log, log_path) = log_file("migrating");
-    let (mut node, address) = chime_process_live(&db_url, &[("CHIME_SHUTDOWN_GRACE_SECS", "5")], log).await;
+    let (mut node, address) = chime_process_live(&db_url, &[("CHIME_SHUTDOWN_GRACE_SECS", "5"), ("CHIME_SECRET_KEY", &secret_key())], log).await;
     let client = client();
     for _ in 0..5 {
         assert_eq!(client.get(format!("{address}/healthz")).send().await.unwrap().status(), 200);

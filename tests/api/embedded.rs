@@ -40,8 +40,6 @@ async fn start_logging(data_dir: &Path, log: std::process::Stdio) -> Node {
     Node { child, address }
 }
 
-/// Waits until the node at `address` answers /readyz with 200 (at most 60 s).
-
 /// GET (no body) or POST (a body) to the API with a token; the JSON answer.
 async fn call(client: &reqwest::Client, token: &str, url: &str, body: Option<Value>) -> Value {
     let request = match body {

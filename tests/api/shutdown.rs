@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use chrono::{DateTime, Utc};
@@ -32,6 +31,9 @@ fn secret_key() -> String {
 fn sigterm(child: &tokio::process::Child) {
     kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
 }
+
+/// A task held by a node: its id and `run_at`.
+type Held = (Uuid, DateTime<Utc>);
 
 /// A log file for a chime process, and its path.
 fn log_file(name: &str) -> (std::fs::File, std::path::PathBuf) {
@@ -108,8 +110,8 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
 
     // SIGTERM the moment A holds tasks claimed ahead, due 50 ms or more from now.
     let watching = Instant::now();
-    let (ahead, signalled, signalled_at): (Vec<(Uuid, DateTime<Utc>)>, Instant, DateTime<Utc>) = loop {
-        let ahead: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+    let (ahead, signalled, signalled_at): (Vec<Held>, Instant, DateTime<Utc>) = loop {
+        let ahead: Vec<Held> = sqlx::query_as(
             "SELECT id, run_at FROM tasks WHERE leased_by = $1 AND status = 'running' AND run_at > now() + interval '50 milliseconds'",
         )
         .bind(a_id)

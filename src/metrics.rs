@@ -285,9 +285,7 @@ impl Node {
             self.read_queue(&mut counted).await;
         } else {
             *counted = None;
-            for family in [&self.pending, &self.retrying, &self.failed] {
-                family.clear();
-            }
+            self.clear_counts();
             self.oldest_pending_age.clear();
         }
         let mut out = String::new();
@@ -296,6 +294,13 @@ impl Node {
         let _ = encode_registry(&mut out, &self.registry);
         let _ = encode_eof(&mut out);
         out
+    }
+
+    /// Drops the queue's counts, so that none is shown stale.
+    fn clear_counts(&self) {
+        for family in [&self.pending, &self.retrying, &self.failed] {
+            family.clear();
+        }
     }
 
     /// The age of the oldest due task at every scrape (an index probe per biz type), the
@@ -313,9 +318,7 @@ impl Node {
                 // stays within one query timeout, and no stale count shown.
                 tracing::warn!(error = %e, "could not read the oldest pending task's age for /metrics; the queue's metrics are left out of this scrape");
                 *counted = None;
-                for family in [&self.pending, &self.retrying, &self.failed] {
-                    family.clear();
-                }
+                self.clear_counts();
                 return;
             }
         }
@@ -324,9 +327,7 @@ impl Node {
         }
         // Also after a failure: a count that timed out is not retried at every scrape.
         *counted = Some(Instant::now());
-        for family in [&self.pending, &self.retrying, &self.failed] {
-            family.clear();
-        }
+        self.clear_counts();
         match within(backlog::counts(&self.pool, QUERY_TIMEOUT)).await {
             Ok(counts) => {
                 for c in counts {

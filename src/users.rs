@@ -36,19 +36,19 @@ fn validate(username: &str, role: &str, password: &str) -> Result<(), Error> {
     Ok(())
 }
 
-pub async fn create(pool: &PgPool, username: &str, role: &str, password: &str) -> Result<(), Error> {
+/// Creates a user; returns it as lists show it.
+pub async fn create(pool: &PgPool, username: &str, role: &str, password: &str) -> Result<UserInfo, Error> {
     validate(username, role, password)?;
-    let inserted = sqlx::query("INSERT INTO users (username, password_hash, role) VALUES ($1, $2, $3) ON CONFLICT (username) DO NOTHING")
-        .bind(username)
-        .bind(hash_password(password))
-        .bind(role)
-        .execute(pool)
-        .await?
-        .rows_affected();
-    if inserted == 0 {
-        return Err(Error::Conflict(format!("user `{username}` already exists")));
-    }
-    Ok(())
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO users (username, password_hash, role) VALUES ($1, $2, $3)
+         ON CONFLICT (username) DO NOTHING RETURNING {USER_COLUMNS}"
+    )))
+    .bind(username)
+    .bind(hash_password(password))
+    .bind(role)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| Error::Conflict(format!("user `{username}` already exists")))
 }
 
 /// Creates the `admin` account when there is no user at all. Returns the password when it
@@ -127,12 +127,6 @@ const USER_COLUMNS: &str = "username AS name, role, disabled, created_at";
 
 pub async fn list(pool: &PgPool) -> Result<Vec<UserInfo>, Error> {
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users ORDER BY username"))).fetch_all(pool).await?)
-}
-
-/// Creates a user; returns it as lists show it.
-pub async fn create_user(pool: &PgPool, username: &str, role: &str, password: &str) -> Result<UserInfo, Error> {
-    create(pool, username, role, password).await?;
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1"))).bind(username).fetch_one(pool).await?)
 }
 
 /// A change to a user: `None` leaves it as it is.

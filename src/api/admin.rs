@@ -209,7 +209,7 @@ struct NewUser {
 
 async fn create_user(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: NewUser = read(body).await?;
-    let user = users::create_user(&state.pool, &request.name, &request.role, &request.password).await?;
+    let user = users::create(&state.pool, &request.name, &request.role, &request.password).await?;
     audit::record(&state.pool, &admin.0.actor(), "user.create", "user", &user.name, None, snapshot(&user)).await?;
     Ok(HttpResponse::Created().json(user))
 }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-/// Pending (of which retrying) and failed tasks of one biz type.
+/// Pending (of which retrying) and failed tasks of one biz type in use (archived ones are
+/// left out, as from every list).
 #[derive(Debug, sqlx::FromRow)]
 pub struct Counts {
     pub biz_type: String,
@@ -41,7 +42,8 @@ pub async fn counts(pool: &PgPool, timeout: Duration) -> Result<Vec<Counts>, sql
                 SELECT count(*) AS pending, count(*) FILTER (WHERE t.attempt_count > 0) AS retrying
                   FROM tasks t
                  WHERE t.biz_type_id = b.id AND t.status = 'pending'
-          ) p",
+          ) p
+          WHERE b.archived_at IS NULL",
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -62,7 +64,8 @@ pub async fn oldest_pending_age(pool: &PgPool, timeout: Duration) -> Result<Vec<
                 SELECT t.run_at FROM tasks t
                  WHERE t.biz_type_id = b.id AND t.status = 'pending' AND t.run_at <= now()
                  ORDER BY t.run_at LIMIT 1
-           ) o ON true",
+           ) o ON true
+          WHERE b.archived_at IS NULL",
     )
     .fetch_all(&mut *tx)
     .await?;

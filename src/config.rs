@@ -40,8 +40,19 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
     /// PostgreSQL URL of an existing database. When unset, chime uses its embedded PostgreSQL.
+    /// libpq's forms, with several hosts tried in order:
+    /// `postgres://u@h1:5432,h2:5432/chime` or `host=h1,h2 port=5432 dbname=chime user=u`.
+    /// chime uses the first server that accepts writes, and moves to the promoted one after
+    /// a failover by itself.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
+
+    /// Pooler mode: when DATABASE_URL goes through a pooler in transaction mode (PgBouncer),
+    /// a direct (or session-pooled) URL of the same database, for what needs one server
+    /// session throughout: the leader's lock, LISTEN, migrations and the delivery engine.
+    /// Statements on DATABASE_URL then use no prepared statement across transactions.
+    #[arg(long, env = "CHIME_DIRECT_DATABASE_URL", global = true, hide_env_values = true, requires = "database_url")]
+    pub direct_database_url: Option<String>,
 
     /// Directory for the embedded PostgreSQL's data and chime's local state.
     #[arg(long, env = "CHIME_DATA_DIR", default_value = "./chime-data", global = true)]
@@ -607,6 +618,7 @@ pub fn load_config_file() -> anyhow::Result<()> {
 /// The settings a config file may hold, with the environment variable each one maps to.
 const FILE_KEYS: &[(&str, &str)] = &[
     ("database_url", "DATABASE_URL"),
+    ("direct_database_url", "CHIME_DIRECT_DATABASE_URL"),
     ("data_dir", "CHIME_DATA_DIR"),
     ("pg_bin_dir", "CHIME_PG_BIN_DIR"),
     ("db_pool_size", "CHIME_DB_POOL_SIZE"),

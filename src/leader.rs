@@ -77,7 +77,8 @@ const REFUSED_WARN_AFTER: Duration = Duration::from_secs(10);
 /// Runs for the node's lifetime: waits for leadership, leads, and waits again if it loses
 /// it. When the node stops, a leader lets the lock go at once, so another node leads
 /// within a second (its next try) rather than after the lease.
-pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, node_metrics: Arc<metrics::Node>, mut stop: Signal) {
+/// `sessions` is the pool for the election session (the direct URL's in pooler mode).
+pub async fn run(pool: PgPool, sessions: PgPool, node_id: Uuid, settings: Settings, node_metrics: Arc<metrics::Node>, mut stop: Signal) {
     node_metrics.leading(false);
     let mut session: Option<PgConnection> = None;
     // Since when the election session cannot be opened, and whether that was said: a
@@ -86,7 +87,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, node_metrics: 
     let mut refused_since: Option<(Instant, bool)> = None;
     loop {
         if session.is_none() {
-            session = match connect(&pool, node_id, settings.lease).await {
+            session = match connect(&sessions, node_id, settings.lease).await {
                 Ok(conn) => {
                     if let Some((_, true)) = refused_since.take() {
                         tracing::info!("the leader election session is open again");
@@ -106,8 +107,11 @@ pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, node_metrics: 
             };
         }
         if let Some(conn) = session.as_mut() {
-            match sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)").bind(LEADER_LOCK).fetch_one(&mut *conn).await {
-                Ok(true) => {
+            // Advisory locks work on a standby too: a node whose session outlived a demotion
+            // must not "lead" there while the primary has no leader.
+            let lock = "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_try_advisory_lock($1) END";
+            match sqlx::query_scalar::<_, Option<bool>>(lock).bind(LEADER_LOCK).fetch_one(&mut *conn).await {
+                Ok(Some(true)) => {
                     let conn = session.take().expect("session is open");
                     tracing::info!(%node_id, "this node is now the leader");
                     node_metrics.leading(true);
@@ -115,7 +119,11 @@ pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, node_metrics: 
                     node_metrics.leading(false);
                     tracing::info!(%node_id, reason, "this node no longer leads; the leader lock is released");
                 }
-                Ok(false) => {}
+                Ok(Some(false)) => {}
+                Ok(None) => {
+                    tracing::debug!("the leader election session is on a standby; reconnecting");
+                    session = None;
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "leader election session failed; reconnecting");
                     session = None;
@@ -133,13 +141,17 @@ pub async fn run(pool: PgPool, node_id: Uuid, settings: Settings, node_metrics: 
     tracing::info!(%node_id, "leader election stopped: the node is stopping");
 }
 
-async fn connect(pool: &PgPool, node_id: Uuid, lease: Duration) -> Result<PgConnection, sqlx::Error> {
-    let options = (*pool.connect_options())
-        .clone()
-        .application_name(&session_name(node_id))
-        // The server ends this session, releasing the lock, when the leader falls silent.
-        .options([("idle_session_timeout", lease.as_millis().to_string())]);
-    PgConnection::connect_with(&options).await
+/// A session of its own, taken from the sessions pool so that it goes to the server that
+/// accepts writes (the pool checks each new session), and kept out of the pool.
+async fn connect(sessions: &PgPool, node_id: Uuid, lease: Duration) -> Result<PgConnection, sqlx::Error> {
+    let mut conn = sessions.acquire().await?.detach();
+    // The server ends this session, releasing the lock, when the leader falls silent.
+    sqlx::query("SELECT set_config('application_name', $1, false), set_config('idle_session_timeout', $2, false)")
+        .bind(session_name(node_id))
+        .bind(lease.as_millis().to_string())
+        .execute(&mut conn)
+        .await?;
+    Ok(conn)
 }
 
 /// Leads until the session fails or the node stops; returns why it stopped.
@@ -154,8 +166,10 @@ async fn lead(mut session: PgConnection, pool: &PgPool, settings: &Settings, sto
     let reason = loop {
         tokio::select! {
             _ = ping.tick() => {
-                match tokio::time::timeout(settings.lease / 2, sqlx::query("SELECT 1").execute(&mut session)).await {
-                    Ok(Ok(_)) => {}
+                let ping = sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()").fetch_one(&mut session);
+                match tokio::time::timeout(settings.lease / 2, ping).await {
+                    Ok(Ok(false)) => {}
+                    Ok(Ok(true)) => break "its database server is in recovery (a standby now)",
                     Ok(Err(_)) => break "its database session failed",
                     Err(_) => break "its database session did not answer within half the leader lease",
                 }

@@ -41,6 +41,7 @@ pub struct Application {
     /// The HTTP servers, answering since `bind`: the API's, and `/metrics`'s when apart.
     servers: Vec<(ServerHandle, tokio::task::JoinHandle<std::io::Result<()>>)>,
     pool: PgPool,
+    health: Health,
     lifecycle: Lifecycle,
     settings: ServeArgs,
     leader: leader::Settings,
@@ -71,7 +72,7 @@ impl Application {
         let node_id = uuid::Uuid::now_v7();
         let node_metrics = web::Data::new(metrics::Node::new(node_id, pool.clone()));
         let signal = lifecycle.signal();
-        let state = web::Data::new(AppState::new(pool.clone(), health, settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
+        let state = web::Data::new(AppState::new(pool.clone(), health.clone(), settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
         let proxies = web::Data::new(settings.trusted_proxies.clone().unwrap_or_default());
         let metrics_here = settings.metrics_listen.is_none();
@@ -142,7 +143,7 @@ impl Application {
             servers.push(start(server));
         }
         let listen = format!("{}:{port}", settings.listen.ip());
-        Ok(Application { port, metrics_port, servers, pool, lifecycle, settings: settings.clone(), leader, listen, node_id, node_metrics })
+        Ok(Application { port, metrics_port, servers, pool, health, lifecycle, settings: settings.clone(), leader, listen, node_id, node_metrics })
     }
 
     /// Migrates the database (with CHIME_AUTO_MIGRATE=false, checks that it needs no
@@ -153,7 +154,7 @@ impl Application {
     pub async fn prepare(&self) -> anyhow::Result<Option<String>> {
         if self.settings.auto_migrate {
             self.lifecycle.enter(Phase::Migrating);
-            db::migrate(&self.pool).await?;
+            db::migrate(&self.health.sessions()).await?;
         } else {
             let schema = db::Schema::read(&self.pool).await?;
             schema.require_current().context("CHIME_AUTO_MIGRATE is false")?;
@@ -196,12 +197,12 @@ impl Application {
     /// which they are cut off and given back; the listener stays open for the linger and
     /// its requests then have what is left of the grace.
     pub async fn run_until(self, signals: impl Stream<Item = &'static str> + Send + 'static) -> std::io::Result<()> {
-        let Application { servers, pool, lifecycle, settings, leader, listen, node_id, node_metrics, .. } = self;
+        let Application { servers, pool, health, lifecycle, settings, leader, listen, node_id, node_metrics, .. } = self;
         let signal = lifecycle.signal();
         let node = nodes::Node { id: node_id, listen, delivers: settings.engine };
         let heartbeat = tokio::spawn(nodes::heartbeat(pool.clone(), node, signal.clone()));
-        let leader = tokio::spawn(leader::run(pool.clone(), node_id, leader, node_metrics.into_inner(), signal.clone()));
-        let engine = settings.engine.then(|| tokio::spawn(engine::run(pool, node_id, settings.callback_hosts(), signal.clone())));
+        let leader = tokio::spawn(leader::run(pool.clone(), health.sessions(), node_id, leader, node_metrics.into_inner(), signal.clone()));
+        let engine = settings.engine.then(|| tokio::spawn(engine::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));
 
         let mut signals = Box::pin(signals);
         let name = signals.next().await.unwrap_or("the end of the signals");

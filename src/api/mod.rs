@@ -65,7 +65,7 @@ impl AppState {
             }
             waiters.notify_waiters();
         };
-        tokio::spawn(crate::engine::listen_for_wakes(pool.clone(), on_wake, move || lost.mark_down()));
+        tokio::spawn(crate::engine::listen_for_wakes(health.sessions(), on_wake, move || lost.mark_down()));
         AppState {
             creates: crate::tasks::CreateBatcher::start(pool.clone()),
             pool,

@@ -51,12 +51,14 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
 use self::claim::{Outcome, Verdict};
 use crate::biz_types::{SecretError, SigningSecret};
 use crate::callback_hosts::CallbackHosts;
+use crate::db::{Health, Route};
 use crate::lifecycle::Signal;
 use crate::{metrics, nodes};
 
@@ -127,10 +129,11 @@ enum Report {
 
 /// Runs the engine until the node stops (`stop`), then gives back what it claimed ahead,
 /// waits for the callbacks in flight (until the grace is over) and records them.
-/// `hosts` decides which addresses callbacks may reach.
-pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Signal) {
+/// `hosts` decides which addresses callbacks may reach. While the database is down (or no
+/// host accepts writes) the engine waits for it rather than fail a claim a second.
+pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: Signal) {
     install_tls_provider();
-    let pool = hot_path_pool(&pool);
+    let pool = health.pool(Route::Sessions, POOL_SIZE, hot_path);
     let client = hosts
         .http_client()
         .pool_idle_timeout(Duration::from_secs(90))
@@ -152,7 +155,7 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Si
         }, || ()))
     };
     let unrecorded = Arc::new(AtomicUsize::new(0));
-    let recorder = tokio::spawn(record_outcomes(pool.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone(), stop.clone()));
+    let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone(), stop.clone()));
     let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
     let mut limiters = rate::Limiters::default();
     let mut delivering_nodes = 1;
@@ -166,6 +169,12 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Si
 
     while !stop.is_stopping() {
         failures.flush(false);
+        if health.is_down() {
+            tokio::select! {
+                () = health.came_up() => {}
+                () = stop.stopping() => break,
+            }
+        }
         if settings_changed.swap(false, Ordering::Relaxed) || refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             match active_biz_types(&pool).await {
                 Ok((list, unopened)) => {
@@ -217,7 +226,10 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Si
             let claimed = match claim::claim(&pool, biz.id, free, ahead_ms, lease_ms, node_id).await {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(biz_type = %biz.name, error = %e, "claim failed; retrying");
+                    // An unreachable database is reported once, by `health`.
+                    if !health.saw(&e) {
+                        tracing::warn!(biz_type = %biz.name, error = %e, "claim failed; retrying");
+                    }
                     continue;
                 }
             };
@@ -291,7 +303,9 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Si
             Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().saturating_sub(early).min(rate_wait),
             Ok(None) => rate_wait,
             Err(e) => {
-                tracing::warn!(error = %e, "could not ask for the next due task");
+                if !health.saw(&e) {
+                    tracing::warn!(error = %e, "could not ask for the next due task");
+                }
                 IDLE_POLL
             }
         };
@@ -324,15 +338,18 @@ pub async fn run(pool: PgPool, node_id: Uuid, hosts: CallbackHosts, mut stop: Si
     tracing::info!(finished = drained.finished, given_back = drained.given_back, cut_off = drained.cut_off, "delivery engine stopped");
 }
 
-/// The engine's own connections, on which the planner may not scan a partition
+/// The settings of the engine's own sessions, on which the planner may not scan a partition
 /// sequentially. Its statements touch a few rows by index; but a partition last analysed
 /// while nearly empty, then filled by a burst, makes a full scan look cheaper, and each
 /// claim and each recorded batch would then read the whole partition (measured: a 50,000
-/// task burst fell from 15,000 to 4,900 tasks/s).
-fn hot_path_pool(pool: &PgPool) -> PgPool {
-    let options = pool.connect_options().as_ref().clone().options([("jit", "off"), ("enable_seqscan", "off"), ("enable_bitmapscan", "off")]);
-    sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options)
+/// task burst fell from 15,000 to 4,900 tasks/s). Session settings: in pooler mode these
+/// sessions take the direct URL.
+fn hot_path(options: PgConnectOptions) -> PgConnectOptions {
+    options.options([("jit", "off"), ("enable_seqscan", "off"), ("enable_bitmapscan", "off")])
 }
+
+/// The engine's pool size.
+const POOL_SIZE: u32 = 4;
 
 /// What the recorder wrote once the node was stopping, for the engine's last log line.
 #[derive(Default)]
@@ -346,6 +363,7 @@ struct Drained {
 /// written goes into the next. Tasks given back unstarted are written the same way.
 async fn record_outcomes(
     pool: PgPool,
+    health: Health,
     node_id: Uuid,
     mut rx: mpsc::UnboundedReceiver<Report>,
     wake: Arc<Notify>,
@@ -394,7 +412,9 @@ async fn record_outcomes(
                 Err(e) => {
                     // The tasks stay running under our lease; keep trying rather than
                     // lose the outcome (if we die, the lease expires and they are retried).
-                    tracing::warn!(error = %e, outcomes = count, "could not record outcomes; retrying in 1 s");
+                    if !health.saw(&e) {
+                        tracing::warn!(error = %e, outcomes = count, "could not record outcomes; retrying in 1 s");
+                    }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }

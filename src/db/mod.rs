@@ -109,10 +109,11 @@ pub fn no_jit(options: PgConnectOptions) -> PgConnectOptions {
 
 /// Through a pooler in transaction mode (CHIME_DIRECT_DATABASE_URL set), a server session
 /// serves many clients, one transaction at a time: nothing may outlive a transaction.
-/// PgBouncer 1.18 refuses the `options` startup parameter (so `jit` is the role's setting,
-/// README) and keeps no prepared statement across transactions.
+/// PgBouncer 1.18 refuses the `options` and `extra_float_digits` startup parameters (so
+/// `jit` is the role's setting, README; PostgreSQL 12+ prints floats exactly without
+/// `extra_float_digits`) and keeps no prepared statement across transactions.
 fn pooled_statements(options: PgConnectOptions) -> PgConnectOptions {
-    options.statement_cache_capacity(0)
+    options.statement_cache_capacity(0).extra_float_digits(None)
 }
 
 /// Where a pool's sessions go: DATABASE_URL, or the direct URL in pooler mode (the same

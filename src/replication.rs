@@ -37,7 +37,9 @@ pub enum Address {
     /// `inet_server_addr()` and `inet_server_port()`.
     Tcp { host: String, port: i32 },
     /// Over a Unix socket both are NULL: the server's socket directories and port instead.
-    UnixSocket { directories: String, port: String },
+    /// The directories are `None` when chime's role may not read that setting (it lacks
+    /// `pg_monitor`, which includes `pg_read_all_settings`).
+    UnixSocket { directories: Option<Vec<String>>, port: String },
 }
 
 #[derive(Debug)]
@@ -79,7 +81,7 @@ impl Server {
 struct ServerRow {
     host: Option<String>,
     port: Option<i32>,
-    socket_directories: String,
+    socket_directories: Option<String>,
     port_setting: String,
     in_recovery: bool,
     version: String,
@@ -102,7 +104,9 @@ pub async fn read(pool: &PgPool) -> Result<Server, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let server: ServerRow = sqlx::query_as(
         "SELECT host(inet_server_addr()) AS host, inet_server_port() AS port,
-                current_setting('unix_socket_directories') AS socket_directories,
+                -- Not current_setting(), which raises an error for a role that may not
+                -- read it; pg_settings leaves it out instead.
+                (SELECT setting FROM pg_settings WHERE name = 'unix_socket_directories') AS socket_directories,
                 current_setting('port') AS port_setting,
                 pg_is_in_recovery() AS in_recovery,
                 current_setting('server_version') AS version,
@@ -125,7 +129,7 @@ pub async fn read(pool: &PgPool) -> Result<Server, sqlx::Error> {
     .await?;
     let address = match (server.host, server.port) {
         (Some(host), Some(port)) => Address::Tcp { host, port },
-        _ => Address::UnixSocket { directories: server.socket_directories, port: server.port_setting },
+        _ => Address::UnixSocket { directories: server.socket_directories.as_deref().map(setting_list), port: server.port_setting },
     };
     let standbys = rows
         .into_iter()
@@ -149,4 +153,39 @@ pub async fn read(pool: &PgPool) -> Result<Server, sqlx::Error> {
         synchronous_commit: server.synchronous_commit,
         standbys,
     })
+}
+
+/// The items of a list setting such as `unix_socket_directories`: separated by commas,
+/// each optionally in double quotes (which keep commas and spaces; `""` is a quote).
+fn setting_list(setting: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    let mut item = String::new();
+    let mut quoted = false;
+    let mut chars = setting.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                item.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => items.push(std::mem::take(&mut item).trim().to_string()),
+            c => item.push(c),
+        }
+    }
+    items.push(item.trim().to_string());
+    items.retain(|i| !i.is_empty());
+    items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::setting_list;
+
+    #[test]
+    fn list_settings_are_split_and_unquoted() {
+        assert_eq!(setting_list("/var/run/postgresql, /tmp"), ["/var/run/postgresql", "/tmp"]);
+        assert_eq!(setting_list(r#""/tmp/a, b""c""#), [r#"/tmp/a, b"c"#]);
+        assert!(setting_list("").is_empty());
+    }
 }

@@ -3,7 +3,6 @@
 //! WAL sender: `pg_receivewal` streaming from the test server, which PostgreSQL lists in
 //! `pg_stat_replication` like any standby.
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -43,7 +42,10 @@ impl WalReceiver {
             cmd.arg("--synchronous");
         }
         // Its complaints go to the test's output, should it fail to stream.
-        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).process_group(0).spawn().expect("starting pg_receivewal");
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).spawn().unwrap_or_else(|e| {
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("starting pg_receivewal: {e}")
+        });
         WalReceiver { child, dir }
     }
 

@@ -47,6 +47,8 @@ pub mod nodes;
 pub mod pull;
 /// Partitions, the hot horizon, moving cold tasks in, retention.
 pub mod partitions;
+/// What the database server reports about itself and its standbys.
+pub mod replication;
 /// Building a node's HTTP server.
 pub mod startup;
 /// Tasks: create, read, list, reschedule, cancel, replay.

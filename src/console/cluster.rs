@@ -1,4 +1,5 @@
-//! The cluster page: nodes and their heartbeats, the leader, partitions and cold storage.
+//! The cluster page: nodes and their heartbeats, the leader, the database server and its
+//! standbys, partitions and cold storage.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -9,6 +10,7 @@ use uuid::Uuid;
 use super::{ConsoleError, Ctx, Session, render};
 use crate::api::AppState;
 use crate::partitions;
+use crate::replication::{self, Address};
 
 #[derive(sqlx::FromRow)]
 pub struct NodeRow {
@@ -38,10 +40,25 @@ struct Page {
     ctx: Ctx,
     nodes: Vec<NodeRow>,
     leader: Option<Uuid>,
+    database: replication::Server,
     horizon: DateTime<Utc>,
     partitions: Vec<PartitionRow>,
     cold_rows: i64,
     cold_size: String,
+}
+
+impl Page {
+    /// WAL bytes as `pg_size_pretty` would put them.
+    fn bytes(&self, n: &i64) -> String {
+        let mut size = *n as f64;
+        for unit in ["bytes", "kB", "MB", "GB"] {
+            if size.abs() < 10240.0 {
+                return if unit == "bytes" { format!("{n} bytes") } else { format!("{size:.0} {unit}") };
+            }
+            size /= 1024.0;
+        }
+        format!("{size:.0} TB")
+    }
 }
 
 async fn estimate(pool: &sqlx::PgPool, table: &str) -> Result<(i64, String), sqlx::Error> {
@@ -76,6 +93,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
         ctx: Ctx::new(&session, &req, "cluster"),
         nodes,
         leader: crate::leader::current(pool).await?,
+        database: replication::read(pool).await?,
         horizon: sqlx::query_scalar("SELECT until FROM hot_horizon").fetch_one(pool).await?,
         partitions: rows,
         cold_rows,

@@ -107,7 +107,8 @@ pub async fn spawn_second_node(app: &TestApp) -> TestApp {
     spawn_on(app.db_url.clone(), ServeArgs::default()).await
 }
 
-async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
+/// The app on the database at `db_url` (another role or another server than the harness's).
+pub async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
     let pool = chime::db::connect(&db_url, 8).await.unwrap();
     settings.listen = "127.0.0.1:0".parse().unwrap();
     settings.http_workers = Some(1);

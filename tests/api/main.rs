@@ -24,6 +24,7 @@ mod nodes;
 mod operating;
 mod pull;
 mod receiver;
+mod replication;
 mod secrets;
 mod shutdown;
 mod tasks;

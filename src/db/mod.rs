@@ -17,8 +17,10 @@ use crate::config::DbArgs;
 use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
 
 pub mod hosts;
+mod pool;
 
 pub use hosts::{Hosts, NoWritableHost, Writable};
+pub use pool::{Pool, query, query_as, query_scalar};
 
 /// The migrations this binary knows. Applied migrations it does not know (a newer binary's)
 /// are let be: migrations are expand/contract (`migrations/README.md`), so this binary runs
@@ -34,7 +36,7 @@ pub static MIGRATOR: Migrator = {
 /// (restarted when it dies) and stopped when the command ends (`close`).
 pub struct Database {
     /// For statements: DATABASE_URL, perhaps through a pooler in transaction mode.
-    pub pool: PgPool,
+    pub pool: Pool,
     pub health: Health,
     embedded: Option<embedded_pg::Supervisor>,
 }
@@ -64,9 +66,10 @@ impl Database {
             let direct = args.direct_database_url.as_deref().map(|url| Hosts::parse(url, "CHIME_DIRECT_DATABASE_URL")).transpose()?;
             let health = Health::follow(statements, direct).await?;
             let pooled = health.pooled();
-            let pool = health.pool(Route::Statements, args.db_pool_size, if pooled { pooled_statements } else { no_jit });
-            let sessions = if pooled { health.pool(Route::Sessions, SESSIONS_POOL_SIZE, no_jit) } else { pool.clone() };
+            let statements = health.pool(Route::Statements, args.db_pool_size, if pooled { pooled_statements } else { no_jit });
+            let sessions = if pooled { health.pool(Route::Sessions, SESSIONS_POOL_SIZE, no_jit) } else { statements.clone() };
             let _ = health.inner.sessions.set(sessions);
+            let pool = if pooled { Pool::pooled(statements) } else { Pool::direct(statements) };
             check_server_version(&pool).await?;
             anyhow::Ok((pool, health))
         };
@@ -205,7 +208,8 @@ const PROBE_EVERY: Duration = Duration::from_millis(200);
 
 impl Health {
     /// For an existing pool on one host (tests): it is its own sessions pool.
-    pub fn new(pool: PgPool) -> Health {
+    pub fn new(pool: &Pool) -> Health {
+        let pool = pool.pg.clone();
         let target = Target::new(Hosts::single(pool.connect_options().as_ref().clone(), "DATABASE_URL"), 0);
         target.pools.lock().expect("not poisoned").push((pool.clone(), Arc::new(|o| o)));
         let health = Health::with_targets(target.clone(), target);
@@ -375,14 +379,15 @@ impl Health {
 
 /// A pool on `url` (its first host that accepts writes), for tools and tests; unlike
 /// `Database::open`'s pools it does not follow a failover.
-pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
+pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<Pool> {
     let hosts = Hosts::parse(url, "DATABASE_URL")?;
     let (i, conn) = find_at_start(&hosts).await?;
     let _ = conn.close().await;
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with(no_jit(hosts.hosts()[i].options.clone()));
+        .connect_lazy_with(no_jit(hosts.hosts()[i].options.clone()))
+        .into();
     check_server_version(&pool).await?;
     Ok(pool)
 }
@@ -411,8 +416,8 @@ async fn find_at_start(hosts: &Hosts) -> anyhow::Result<(usize, PgConnection)> {
     }
 }
 
-async fn check_server_version(pool: &PgPool) -> anyhow::Result<()> {
-    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+async fn check_server_version(pool: &Pool) -> anyhow::Result<()> {
+    let version: i32 = crate::db::query_scalar("SELECT current_setting('server_version_num')::int")
         .fetch_one(pool)
         .await
         .context("asking PostgreSQL for its version")?;
@@ -475,7 +480,7 @@ fn check_root_cert(hosts: &Hosts) -> anyhow::Result<()> {
 
 /// Applies the pending migrations on a connection of its own, whose session settings end
 /// with it, then warns about applied migrations newer than this binary.
-pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     // Waiting for another node's migrations, or a long one, is expected here: not a "slow
     // statement" warning.
     let options = pool.connect_options().as_ref().clone().disable_statement_logging();
@@ -495,7 +500,7 @@ pub async fn migrate_on(conn: &mut PgConnection) -> anyhow::Result<()> {
     // its table behind itself: give up instead, and let the next start try again. Session
     // wide (a no-transaction migration runs outside any transaction); the session ends here.
     let result = async {
-        sqlx::query("SET lock_timeout = '10s'").execute(&mut *conn).await?;
+        crate::db::query("SET lock_timeout = '10s'").execute(&mut *conn).await?;
         MIGRATOR.run(&mut *conn).await.context("applying database migrations")
     }
     .await;
@@ -510,15 +515,15 @@ pub struct Schema {
 
 impl Schema {
     /// Reads without creating anything: a database never migrated has applied nothing.
-    pub async fn read(pool: &PgPool) -> anyhow::Result<Schema> {
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+    pub async fn read(pool: &Pool) -> anyhow::Result<Schema> {
+        let exists: bool = crate::db::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
             .fetch_one(pool)
             .await
             .context("reading the applied migrations")?;
         if !exists {
             return Ok(Schema { applied: Vec::new() });
         }
-        let applied = sqlx::query_as("SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version")
+        let applied = crate::db::query_as("SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version")
             .fetch_all(pool)
             .await
             .context("reading the applied migrations")?;

@@ -132,13 +132,15 @@ type Customize = Arc<dyn Fn(PgConnectOptions) -> PgConnectOptions + Send + Sync>
 /// The hosts of one URL, the one in use, and the pools whose sessions go there.
 struct Target {
     hosts: Hosts,
+    /// How a probe connects: what the server (or pooler) at these hosts accepts.
+    probe: fn(PgConnectOptions) -> PgConnectOptions,
     current: Mutex<usize>,
     pools: Mutex<Vec<(PgPool, Customize)>>,
 }
 
 impl Target {
-    fn new(hosts: Hosts, current: usize) -> Arc<Target> {
-        Arc::new(Target { hosts, current: Mutex::new(current), pools: Mutex::new(Vec::new()) })
+    fn new(hosts: Hosts, probe: fn(PgConnectOptions) -> PgConnectOptions, current: usize) -> Arc<Target> {
+        Arc::new(Target { hosts, probe, current: Mutex::new(current), pools: Mutex::new(Vec::new()) })
     }
 
     fn current(&self) -> &hosts::Host {
@@ -168,7 +170,7 @@ impl Target {
 
     /// Finds the host that accepts writes now and points the pools there.
     async fn find(&self) -> Result<(), NoWritableHost> {
-        let (i, conn) = self.hosts.find_writable(&no_jit).await?;
+        let (i, conn) = self.hosts.find_writable(&self.probe).await?;
         let _ = conn.close().await;
         self.switch(i);
         Ok(())
@@ -210,7 +212,7 @@ impl Health {
     /// For an existing pool on one host (tests): it is its own sessions pool.
     pub fn new(pool: &Pool) -> Health {
         let pool = pool.pg.clone();
-        let target = Target::new(Hosts::single(pool.connect_options().as_ref().clone(), "DATABASE_URL"), 0);
+        let target = Target::new(Hosts::single(pool.connect_options().as_ref().clone(), "DATABASE_URL"), no_jit, 0);
         target.pools.lock().expect("not poisoned").push((pool.clone(), Arc::new(|o| o)));
         let health = Health::with_targets(target.clone(), target);
         let _ = health.inner.sessions.set(pool);
@@ -220,14 +222,15 @@ impl Health {
     /// Finds the server that accepts writes among each URL's hosts (waiting for one for
     /// the acquire timeout); `direct` is CHIME_DIRECT_DATABASE_URL's, for pooler mode.
     async fn follow(statements: Hosts, direct: Option<Hosts>) -> anyhow::Result<Health> {
-        let (i, conn) = find_at_start(&statements).await?;
+        let probe = if direct.is_some() { pooled_statements } else { no_jit };
+        let (i, conn) = find_at_start(&statements, probe).await?;
         let _ = conn.close().await;
-        let statements = Target::new(statements, i);
+        let statements = Target::new(statements, probe, i);
         let sessions = match direct {
             Some(direct) => {
-                let (i, conn) = find_at_start(&direct).await?;
+                let (i, conn) = find_at_start(&direct, no_jit).await?;
                 let _ = conn.close().await;
-                Target::new(direct, i)
+                Target::new(direct, no_jit, i)
             }
             None => statements.clone(),
         };
@@ -381,7 +384,7 @@ impl Health {
 /// `Database::open`'s pools it does not follow a failover.
 pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<Pool> {
     let hosts = Hosts::parse(url, "DATABASE_URL")?;
-    let (i, conn) = find_at_start(&hosts).await?;
+    let (i, conn) = find_at_start(&hosts, no_jit).await?;
     let _ = conn.close().await;
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
@@ -396,11 +399,11 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// At start a server may still be coming up (or being promoted): the hosts are tried
 /// again for the pool's acquire timeout before chime gives up, naming each host and why.
-async fn find_at_start(hosts: &Hosts) -> anyhow::Result<(usize, PgConnection)> {
+async fn find_at_start(hosts: &Hosts, customize: fn(PgConnectOptions) -> PgConnectOptions) -> anyhow::Result<(usize, PgConnection)> {
     check_root_cert(hosts)?;
     let deadline = Instant::now() + ACQUIRE_TIMEOUT;
     loop {
-        match hosts.find_writable(&no_jit).await {
+        match hosts.find_writable(&customize).await {
             Ok(found) => return Ok(found),
             Err(e) if Instant::now() >= deadline => {
                 let context = match hosts.hosts()[0].options.get_ssl_mode() {

@@ -23,6 +23,7 @@ mod helpers;
 mod leader;
 mod metrics;
 mod nodes;
+mod pooler;
 mod operating;
 mod pull;
 mod receiver;

@@ -44,7 +44,10 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
     crate::engine::install_tls_provider();
     let (url, embedded) = database(db_args).await?;
     let result = async {
-        let pool = db::connect(&url, 4).await?;
+        // The bench's own statements and migrations go straight to PostgreSQL (in pooler
+        // mode the nodes' statements go through DATABASE_URL's pooler).
+        let direct = db_args.direct_database_url.as_deref();
+        let pool = db::connect(direct.unwrap_or(&url), 4).await?;
         db::migrate(&pool).await?;
         let logs = std::env::temp_dir().join(format!("chime-bench-{}", std::process::id()));
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -54,7 +57,7 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
             None => Some(Receiver::start().context("starting the bench's receiver")?),
         };
         let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
-        let nodes = Nodes::new(&url, logs, receiver.is_some(), client.clone());
+        let nodes = Nodes::new(&url, direct, logs, receiver.is_some(), client.clone());
         let mut bench = Bench {
             client,
             pool,

@@ -56,7 +56,7 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     let (receiver_url, receiver) = start_receiver(ledger.clone())?;
     let client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).timeout(Duration::from_secs(30)).build()?;
     let tokens = create_biz_types(&pool, &receiver_url).await?;
-    let mut nodes = Nodes::new(url, logs, true, client.clone());
+    let mut nodes = Nodes::new(url, None, logs, true, client.clone());
     let outcome = async {
         nodes.ensure(args.nodes as usize).await?;
         let memory_start = memory(&nodes);

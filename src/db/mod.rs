@@ -281,17 +281,21 @@ impl Health {
                         return Ok(());
                     }
                     // The server stopped taking writes since the pool was pointed at it.
-                    match target.hosts.find_writable(&*customize).await {
-                        Ok((i, fresh)) => {
-                            target.switch(i);
-                            let _ = std::mem::replace(conn, fresh).close().await;
-                            Ok(())
-                        }
-                        Err(e) => {
+                    let found = match target.hosts.find_writable(&*customize).await {
+                        Ok(found) => Ok(found),
+                        Err(_) => {
+                            // Wait for the probe, as sqlx waits for a server that refuses:
+                            // the acquire's own timeout ends the wait (and an error here
+                            // would be logged by sqlx at every retry).
                             health.mark_down();
-                            Err(sqlx::Error::Configuration(e.into()))
+                            health.came_up().await;
+                            target.hosts.find_writable(&*customize).await
                         }
-                    }
+                    };
+                    let (i, fresh) = found.map_err(|e| sqlx::Error::Configuration(e.into()))?;
+                    target.switch(i);
+                    let _ = std::mem::replace(conn, fresh).close().await;
+                    Ok(())
                 })
             })
             .before_acquire(move |_, meta| {

@@ -202,6 +202,8 @@ struct HealthInner {
 }
 
 const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// An outage this long is said again, with each host's reason.
+const STILL_DOWN_AFTER: Duration = Duration::from_secs(10);
 
 impl Health {
     /// For an existing pool on one host (tests): it is its own sessions pool.
@@ -355,7 +357,8 @@ impl Health {
         tokio::spawn(async move {
             let inner = &health.inner;
             // The first try at once: a LISTEN session can also break with the server fine.
-            let mut last = String::new();
+            let since = Instant::now();
+            let mut said_why = false;
             loop {
                 if inner.statements.closed() {
                     return;
@@ -366,13 +369,17 @@ impl Health {
                 };
                 match found {
                     Ok(()) => break,
-                    Err(e) => last = e.to_string(),
+                    // Once, if it lasts: a failover takes seconds; longer needs a person.
+                    Err(e) if !said_why && since.elapsed() >= STILL_DOWN_AFTER => {
+                        said_why = true;
+                        tracing::warn!("still no server accepts writes after {} s: {e}", STILL_DOWN_AFTER.as_secs());
+                    }
+                    Err(_) => {}
                 }
                 tokio::time::sleep(PROBE_EVERY).await;
             }
             inner.down.send_replace(false);
-            tracing::info!(writing_to = health.writing_to(), "the database accepts writes again");
-            let _ = last;
+            tracing::info!(writing_to = health.writing_to(), secs = since.elapsed().as_secs_f64(), "the database accepts writes again");
         });
     }
 }

@@ -154,7 +154,8 @@ async fn a_failover_under_load_loses_no_acknowledged_task() {
 
 /// After a failover, the old primary comes back (its keeper runs again) and pg_auto_failover
 /// makes it a standby of the new one (pg_rewind): the nodes, which had sessions on it
-/// before it died, neither lead nor write there, and creates go on being delivered.
+/// before it died, neither lead nor write there, nor does a node started after it is back
+/// (it is first in DATABASE_URL), and creates go on being delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_old_primary_back_as_a_standby_gets_no_leader_and_no_writes() {
     let _turn = heavy().await;
@@ -183,7 +184,11 @@ async fn the_old_primary_back_as_a_standby_gets_no_leader_and_no_writes() {
     let old_port = formation.nodes[0].port;
     assert_eq!(in_recovery(old_port).await, Some(true), "the old primary is not in recovery");
 
-    // Load through both nodes while the old primary is back, first in DATABASE_URL.
+    // A node that starts now goes through DATABASE_URL's hosts from the first, the old
+    // primary: it must pass it by.
+    nodes.push(chime_node(&formation.url(), &[]).await);
+    let addresses: Vec<String> = nodes.iter().map(|(_, a)| a.clone()).collect();
+    // Load through the three nodes while the old primary is back, first in DATABASE_URL.
     let stop = Arc::new(AtomicBool::new(false));
     let running = tokio::spawn(load(addresses.clone(), token.clone(), stop.clone()));
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -163,5 +163,8 @@ async fn a_server_that_stops_taking_writes_gets_503s_and_the_node_resumes_by_its
     let down = log.matches("accepts no writes; answering 503").count();
     assert_eq!(down, 1, "the outage is said once:\n{log}");
     assert_eq!(log.matches("the database accepts writes again").count(), 1, "{log}");
+    // The outage outlasted the second node's start (10 s): said once more, with the reason.
+    let why = format!("still no server accepts writes after 10 s: the database in DATABASE_URL does not accept writes: 127.0.0.1:{port} accepts no writes");
+    assert_eq!(log.matches(&why).count(), 1, "{log}");
     assert!(!log.contains(" ERROR "), "{log}");
 }

@@ -75,6 +75,7 @@ async fn a_failover_under_load_loses_no_acknowledged_task() {
         receiver.received().iter().filter(|r| !r.json()["timer_id"].is_null()).count() >= 2
     })
     .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
 
     formation.kill(0);
     let killed = Instant::now();

@@ -165,6 +165,7 @@ impl Server {
         // trust covers replication connections from 127.0.0.1 in the default pg_hba.conf.
         initdb.args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"]).arg(dir.0.join("data"));
         run(initdb, &log);
+        // No crash here: fsync off for speed (the formation's servers keep it on).
         let conf = "wal_level = replica\nmax_wal_senders = 10\nhot_standby = on\nwal_log_hints = on\n\
                     fsync = off\nlog_min_messages = warning\n";
         append(&dir.0.join("data/postgresql.conf"), conf);
@@ -338,6 +339,16 @@ impl Formation {
             }
         }
         formation.wait_state(&[("node1", "primary"), ("node2", "secondary")], Duration::from_secs(120)).await;
+        // pg_auto_failover makes the secondary synchronous by itself (the formation's
+        // number_sync_standbys 0 with the node's replication quorum true gives
+        // `ANY 1 (pgautofailover_standby_2)`): what the zero-loss promise rests on.
+        let primary = formation.nodes[0].port;
+        wait_until("node2 a synchronous standby of node1", Duration::from_secs(30), || async {
+            let sync = "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')";
+            query_one::<i64>(primary, sync).await.unwrap_or(0) == 1
+                && query_one::<String>(primary, "SHOW synchronous_commit").await.ok().as_deref() == Some("on")
+        })
+        .await;
         formation
     }
 

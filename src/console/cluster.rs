@@ -41,6 +41,8 @@ struct Page {
     nodes: Vec<NodeRow>,
     leader: Option<Uuid>,
     database: replication::Server,
+    /// The host of DATABASE_URL the statements go to now.
+    writing_to: String,
     horizon: DateTime<Utc>,
     partitions: Vec<PartitionRow>,
     cold_rows: i64,
@@ -94,6 +96,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
         nodes,
         leader: crate::leader::current(pool).await?,
         database: replication::read(pool).await?,
+        writing_to: state.health.writing_to(),
         horizon: crate::db::query_scalar("SELECT until FROM hot_horizon").fetch_one(pool).await?,
         partitions: rows,
         cold_rows,

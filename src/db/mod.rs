@@ -207,6 +207,8 @@ struct HealthInner {
 }
 
 const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// An outage this long is said again, with each host's reason.
+const STILL_DOWN_AFTER: Duration = Duration::from_secs(10);
 
 impl Health {
     /// For an existing pool on one host (tests): it is its own sessions pool.
@@ -261,6 +263,13 @@ impl Health {
         self.inner.sessions.get().expect("the sessions pool is set when the pools are made").clone()
     }
 
+    fn target(&self, route: Route) -> Arc<Target> {
+        match route {
+            Route::Statements => self.inner.statements.clone(),
+            Route::Sessions => self.inner.sessions_target.clone(),
+        }
+    }
+
     /// The server the statements go to now, as DATABASE_URL names it.
     pub fn writing_to(&self) -> String {
         self.inner.statements.current().label.clone()
@@ -271,39 +280,44 @@ impl Health {
     /// replaced), and a session opened before the database was last marked down is
     /// closed rather than handed out. Sessions are opened when needed.
     pub fn pool(&self, route: Route, size: u32, customize: fn(PgConnectOptions) -> PgConnectOptions) -> PgPool {
-        let target = match route {
-            Route::Statements => self.inner.statements.clone(),
-            Route::Sessions => self.inner.sessions_target.clone(),
-        };
+        let target = self.target(route);
         let customize: Customize = Arc::new(customize);
-        let (health, checked) = (self.clone(), target.clone());
-        let (stale, opts) = (self.clone(), customize.clone());
+        // The pool's hooks hold the health weakly: the health holds the pool (to point it at
+        // another host), and a cycle would keep both, and their sessions, alive forever.
+        let (checking, stale, opts) = (Arc::downgrade(&self.inner), Arc::downgrade(&self.inner), customize.clone());
         let pool = PgPoolOptions::new()
             .max_connections(size)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .after_connect(move |conn, _| {
-                let (health, target, customize) = (health.clone(), checked.clone(), opts.clone());
+                let (health, customize) = (checking.upgrade().map(|inner| Health { inner }), opts.clone());
                 Box::pin(async move {
+                    let Some(health) = health else { return Ok(()) };
                     if hosts::writable(conn).await? == Writable::Yes {
                         return Ok(());
                     }
                     // The server stopped taking writes since the pool was pointed at it.
-                    match target.hosts.find_writable(&*customize).await {
-                        Ok((i, fresh)) => {
-                            target.switch(i);
-                            let _ = std::mem::replace(conn, fresh).close().await;
-                            Ok(())
-                        }
-                        Err(e) => {
+                    let target = health.target(route);
+                    let found = match target.hosts.find_writable(&*customize).await {
+                        Ok(found) => Ok(found),
+                        Err(_) => {
+                            // Wait for the probe, as sqlx waits for a server that refuses:
+                            // the acquire's own timeout ends the wait (and an error here
+                            // would be logged by sqlx at every retry).
                             health.mark_down();
-                            Err(sqlx::Error::Configuration(e.into()))
+                            health.came_up().await;
+                            target.hosts.find_writable(&*customize).await
                         }
-                    }
+                    };
+                    let (i, fresh) = found.map_err(|e| sqlx::Error::Configuration(e.into()))?;
+                    target.switch(i);
+                    let _ = std::mem::replace(conn, fresh).close().await;
+                    Ok(())
                 })
             })
             .before_acquire(move |_, meta| {
                 let opened = Instant::now().checked_sub(meta.age);
-                let reuse = match (*stale.inner.marked_down_at.lock().expect("not poisoned"), opened) {
+                let down = stale.upgrade().and_then(|inner| *inner.marked_down_at.lock().expect("not poisoned"));
+                let reuse = match (down, opened) {
                     (Some(down), Some(opened)) => opened > down,
                     _ => true,
                 };
@@ -358,7 +372,8 @@ impl Health {
         tokio::spawn(async move {
             let inner = &health.inner;
             // The first try at once: a LISTEN session can also break with the server fine.
-            let mut last = String::new();
+            let since = Instant::now();
+            let mut said_why = false;
             loop {
                 if inner.statements.closed() {
                     return;
@@ -369,13 +384,17 @@ impl Health {
                 };
                 match found {
                     Ok(()) => break,
-                    Err(e) => last = e.to_string(),
+                    // Once, if it lasts: a failover takes seconds; longer needs a person.
+                    Err(e) if !said_why && since.elapsed() >= STILL_DOWN_AFTER => {
+                        said_why = true;
+                        tracing::warn!("still no server accepts writes after {} s: {e}", STILL_DOWN_AFTER.as_secs());
+                    }
+                    Err(_) => {}
                 }
                 tokio::time::sleep(PROBE_EVERY).await;
             }
             inner.down.send_replace(false);
-            tracing::info!(writing_to = health.writing_to(), "the database accepts writes again");
-            let _ = last;
+            tracing::info!(writing_to = health.writing_to(), secs = since.elapsed().as_secs_f64(), "the database accepts writes again");
         });
     }
 }

@@ -15,6 +15,7 @@ mod callback_hosts;
 mod cli;
 mod console;
 mod console_browser;
+mod database_hosts;
 mod delivery;
 mod embedded;
 mod fuzz_input;

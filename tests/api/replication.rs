@@ -204,6 +204,7 @@ async fn cluster_page_shows_synchronous_replication_and_a_missing_sync_standby()
 
     let body = console.get("/console/cluster").await.body;
     assert!(body.contains(&format!("<dd id=\"db-server\"><code>127.0.0.1</code> port {port}</dd>")), "{body}");
+    assert!(body.contains(&format!("<dd id=\"db-host\"><code>127.0.0.1:{port}</code>")), "{body}");
     assert!(body.contains(&format!("<code>{standby}</code> (synchronous_commit local)")), "{body}");
     assert!(body.contains("No standby is streaming from this server"), "{body}");
     assert!(!body.contains("commits wait"), "with synchronous_commit local they do not:\n{body}");

@@ -114,7 +114,9 @@ pub fn no_jit(options: PgConnectOptions) -> PgConnectOptions {
 /// serves many clients, one transaction at a time: nothing may outlive a transaction.
 /// PgBouncer 1.18 refuses the `options` and `extra_float_digits` startup parameters (so
 /// `jit` is the role's setting, README; PostgreSQL 12+ prints floats exactly without
-/// `extra_float_digits`) and keeps no prepared statement across transactions.
+/// `extra_float_digits`). Statements are unnamed and each in a transaction (`pool.rs`);
+/// without a statement cache, a named one made by mistake fails ("already exists") rather
+/// than be run later on a server session where the name means another client's statement.
 fn pooled_statements(options: PgConnectOptions) -> PgConnectOptions {
     options.statement_cache_capacity(0).extra_float_digits(None)
 }

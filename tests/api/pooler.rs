@@ -12,7 +12,8 @@ use chime::callback_hosts::CallbackHosts;
 use chime::db::Pool;
 use serde_json::{Value, json};
 
-use crate::helpers::{chime_process_logging, client, fresh_database, free_port, node_of};
+use crate::console::sign_in;
+use crate::helpers::{TestApp, chime_process_logging, client, fresh_database, free_port, node_of};
 use crate::receiver::{Answer, Receiver};
 
 /// PgBouncer 1.18 in transaction mode in front of the harness's PostgreSQL, logging in as
@@ -104,7 +105,8 @@ impl Drop for PgBouncer {
 /// Creates, reads and deliveries from 20 clients at once through PgBouncer in transaction
 /// mode: every answer is right (a statement run with another client's parameters would
 /// show as a task whose payload is not its own), every task is delivered once with its own
-/// payload, a node leads on a direct session, an every-second timer fires, and a task due
+/// payload, the console signs in and shows its pages, a node leads on a direct session, an
+/// every-second timer fires, and a task due
 /// in 200 ms is delivered within milliseconds of its time (NOTIFY still wakes the engine).
 #[tokio::test]
 async fn every_statement_is_safe_through_pgbouncer_in_transaction_mode() {
@@ -200,6 +202,14 @@ async fn every_statement_is_safe_through_pgbouncer_in_transaction_mode() {
     assert!(pooled > 0, "statements went through PgBouncer");
     let fired = wait_matching(&receiver, |b| b["timer_id"] == timer_id.as_str(), 2, Duration::from_secs(10)).await.len();
     assert!(fired >= 2, "the every-second timer fired {fired} times");
+
+    // The console signs in and shows its pages through the pooler too.
+    let app = TestApp { address: addresses[0].clone(), pool: pool.clone(), db_url: pooled_url.clone(), client: client() };
+    let console = sign_in(&app, "admin", "test-admin-password").await;
+    for page in ["/console", "/console/tasks", "/console/timers", "/console/cluster"] {
+        let shown = console.get(page).await;
+        assert_eq!(shown.status, 200, "{page}: {}", shown.body);
+    }
 
     // A task due in 200 ms: the create's NOTIFY wakes the engine (its idle poll is 1 s).
     let mut lateness = Vec::new();

@@ -63,7 +63,7 @@ impl PgBouncer {
             nix::unistd::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();
             command.uid(user.uid.as_raw()).gid(user.gid.as_raw());
         }
-        let child = command.spawn().expect("starting /usr/sbin/pgbouncer");
+        let child = command.spawn().expect("starting /usr/sbin/pgbouncer (Debian: apt-get install pgbouncer)");
         let bouncer = PgBouncer { port, dir, child };
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

@@ -190,11 +190,15 @@ impl<'p> Executor<'p> for &'_ Pool {
         })
     }
 
-    /// A named statement: only for a direct pool (chime prepares none itself).
+    /// A named statement: only on a direct pool (chime prepares none itself); through a
+    /// pooler its name would outlive the server session it was made on.
     fn prepare_with<'e>(self, sql: SqlStr, parameters: &'e [PgTypeInfo]) -> BoxFuture<'e, Result<PgStatement, Error>>
     where
         'p: 'e,
     {
+        if self.pooled {
+            return Box::pin(async { Err(Error::Configuration("no prepared statements through a pooler in transaction mode".into())) });
+        }
         self.pg.prepare_with(sql, parameters)
     }
 

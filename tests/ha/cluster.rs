@@ -241,6 +241,14 @@ impl Server {
         }
     }
 
+    /// Promotes a standby (`pg_ctl promote`, waiting until it is done).
+    pub fn promote(&self) {
+        let log = self.dir.0.join("promote.log");
+        let mut promote = command("pg_ctl", &log);
+        promote.args(["promote", "-w", "-D"]).arg(self.pgdata());
+        run(promote, &log);
+    }
+
     /// kill -9 of the postmaster and its backends.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.postmaster.take() {
@@ -451,5 +459,59 @@ impl Drop for Formation {
         if let Some(mut child) = self.monitor.process.take() {
             kill_group(&mut child, &pgdata);
         }
+    }
+}
+
+/// HAProxy in TCP mode in front of a primary and its standby (the standby as a backup), as
+/// Patroni deployments put it: a health check every 200 ms, and the sessions of a server
+/// marked down cut. It knows nothing of roles: it sends new sessions to the standby while
+/// the primary is down, promoted or not. Killed on drop.
+pub struct Proxy {
+    pub port: u16,
+    dir: Dir,
+    process: Child,
+}
+
+impl Proxy {
+    pub async fn start(primary: &Server, standby: &Server) -> Proxy {
+        let dir = Dir::new("haproxy");
+        let port = free_port();
+        let config = dir.0.join("haproxy.cfg");
+        fs::write(
+            &config,
+            format!(
+                "defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n\
+                 listen postgres\n  bind 127.0.0.1:{port}\n\
+                   default-server inter 200ms fall 1 rise 1 on-marked-down shutdown-sessions\n\
+                   server primary 127.0.0.1:{} check\n  server standby 127.0.0.1:{} check backup\n",
+                primary.port, standby.port
+            ),
+        )
+        .unwrap();
+        let haproxy = Path::new("/usr/sbin/haproxy");
+        assert!(haproxy.exists(), "/usr/sbin/haproxy is missing: the HA tests need Debian's haproxy (see tests/ha/main.rs)");
+        let log = fs::File::create(dir.0.join("haproxy.log")).unwrap();
+        let process = Command::new(haproxy)
+            .args(["-db", "-f"])
+            .arg(&config)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let proxy = Proxy { port, dir, process };
+        wait_until("HAProxy passing sessions to the primary", Duration::from_secs(10), || async { in_recovery(port).await == Some(false) }).await;
+        proxy
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- HAProxy ---\n{}", tail(&self.dir.0.join("haproxy.log")));
+        }
+        let _ = killpg(Pid::from_raw(self.process.id() as i32), Signal::SIGKILL);
+        let _ = self.process.wait();
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! Needs, as root (each server runs as the `postgres` user): PostgreSQL 15 under
 //! /usr/lib/postgresql/15/bin and pg_auto_failover (Debian packages `postgresql-15`,
-//! `pg-auto-failover-cli`, `postgresql-15-auto-failover`; `.ci/run` installs them). Without
+//! `pg-auto-failover-cli`, `postgresql-15-auto-failover`, and `haproxy`; `.ci/run` installs them). Without
 //! them the tests fail, saying what is missing; they never skip.
 //!
 //! A binary of its own (`cargo test --test ha`), so that its load never runs beside the
@@ -23,6 +23,7 @@ mod receiver;
 
 mod cluster;
 mod failover;
+mod proxy;
 mod standby;
 
 use std::collections::HashMap;

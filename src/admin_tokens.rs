@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::biz_types::{hash_token, random_base64};
@@ -42,10 +42,10 @@ fn validate_name(name: &str) -> Result<(), Error> {
 
 /// Makes a token named `name` (who or what will hold it); returns it as lists show it and
 /// the token itself, which cannot be shown again.
-pub async fn create(pool: &PgPool, name: &str) -> Result<(AdminToken, String), Error> {
+pub async fn create(pool: &Pool, name: &str) -> Result<(AdminToken, String), Error> {
     validate_name(name)?;
     let token = format!("{PREFIX}{}", random_base64(32));
-    let info = sqlx::query_as(
+    let info = crate::db::query_as(
         "INSERT INTO admin_tokens (id, name, token_hash, prefix) VALUES ($1, $2, $3, $4)
          RETURNING id, name, prefix, created_at, revoked_at",
     )
@@ -58,20 +58,20 @@ pub async fn create(pool: &PgPool, name: &str) -> Result<(AdminToken, String), E
     Ok((info, token))
 }
 
-pub async fn list(pool: &PgPool) -> Result<Vec<AdminToken>, Error> {
-    Ok(sqlx::query_as("SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens ORDER BY created_at")
+pub async fn list(pool: &Pool) -> Result<Vec<AdminToken>, Error> {
+    Ok(crate::db::query_as("SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens ORDER BY created_at")
         .fetch_all(pool)
         .await?)
 }
 
 /// Revokes the token with this id, or the one whose prefix starts with this text (as lists
 /// show it); revoking twice is harmless. Returns it.
-pub async fn revoke(pool: &PgPool, id_or_prefix: &str) -> Result<AdminToken, Error> {
+pub async fn revoke(pool: &Pool, id_or_prefix: &str) -> Result<AdminToken, Error> {
     if id_or_prefix.is_empty() {
         return Err(Error::invalid("token", "give the token's id or prefix (`chime admin-token list`)"));
     }
     let id = id_or_prefix.parse::<Uuid>().ok();
-    let matches: Vec<AdminToken> = sqlx::query_as(
+    let matches: Vec<AdminToken> = crate::db::query_as(
         "SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens
           WHERE id = $1 OR ($1 IS NULL AND starts_with(prefix, $2))",
     )
@@ -90,7 +90,7 @@ pub async fn revoke(pool: &PgPool, id_or_prefix: &str) -> Result<AdminToken, Err
             )));
         }
     };
-    Ok(sqlx::query_as(
+    Ok(crate::db::query_as(
         "UPDATE admin_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
          RETURNING id, name, prefix, created_at, revoked_at",
     )
@@ -100,11 +100,11 @@ pub async fn revoke(pool: &PgPool, id_or_prefix: &str) -> Result<AdminToken, Err
 }
 
 /// The unrevoked admin token this is, or `None`. Not cached: a revoked token is refused at once.
-pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<AdminToken>, sqlx::Error> {
+pub async fn authenticate(pool: &Pool, token: &str) -> Result<Option<AdminToken>, sqlx::Error> {
     if !token.starts_with(PREFIX) {
         return Ok(None);
     }
-    sqlx::query_as(
+    crate::db::query_as(
         "SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
     )
     .bind(hash_token(token))

@@ -11,7 +11,7 @@ pub async fn record<'e>(
     before: Option<Value>,
     after: Option<Value>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO audit_log (actor, action, target_type, target, before, after) VALUES ($1, $2, $3, $4, $5, $6)")
+    crate::db::query("INSERT INTO audit_log (actor, action, target_type, target, before, after) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(actor)
         .bind(action)
         .bind(target_type)

@@ -4,7 +4,7 @@
 use std::io::Read;
 
 use anyhow::Context;
-use sqlx::PgPool;
+use crate::db::Pool;
 
 use crate::biz_types::apply::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
@@ -47,7 +47,7 @@ fn describe(b: &BizType) -> String {
     )
 }
 
-pub async fn migrate(pool: &PgPool, args: MigrateArgs) -> anyhow::Result<()> {
+pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {
     if !args.status && !args.sql {
         db::migrate(pool).await?;
         println!("migrations applied");
@@ -77,7 +77,7 @@ pub async fn migrate(pool: &PgPool, args: MigrateArgs) -> anyhow::Result<()> {
 }
 
 /// `hosts` is the install's rule for callback URLs, as `serve` applies it.
-pub async fn biz_type(pool: &PgPool, command: BizTypeCommand, hosts: CallbackHosts) -> anyhow::Result<()> {
+pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts) -> anyhow::Result<()> {
     match command {
         BizTypeCommand::Create { name, settings: flags } => {
             let created = biz_types::create(pool, &name, &settings(flags, None), hosts).await?;
@@ -121,7 +121,7 @@ pub async fn biz_type(pool: &PgPool, command: BizTypeCommand, hosts: CallbackHos
 
 /// `chime apply`: prints the plan and what was done; returns whether the database differed
 /// from the file.
-pub async fn apply(pool: &PgPool, args: &ApplyArgs, hosts: CallbackHosts) -> anyhow::Result<bool> {
+pub async fn apply(pool: &Pool, args: &ApplyArgs, hosts: CallbackHosts) -> anyhow::Result<bool> {
     let path = &args.file;
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
@@ -139,7 +139,7 @@ pub async fn apply(pool: &PgPool, args: &ApplyArgs, hosts: CallbackHosts) -> any
     Ok(plan.changes_anything())
 }
 
-pub async fn token(pool: &PgPool, command: TokenCommand) -> anyhow::Result<()> {
+pub async fn token(pool: &Pool, command: TokenCommand) -> anyhow::Result<()> {
     match command {
         TokenCommand::Create { biz_type } => {
             let token = biz_types::create_token(pool, &biz_type).await?;
@@ -151,7 +151,7 @@ pub async fn token(pool: &PgPool, command: TokenCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn secrets(pool: &PgPool, command: SecretsCommand) -> anyhow::Result<()> {
+pub async fn secrets(pool: &Pool, command: SecretsCommand) -> anyhow::Result<()> {
     match command {
         SecretsCommand::Reencrypt => {
             let done = biz_types::reencrypt(pool).await?;
@@ -168,7 +168,7 @@ pub async fn secrets(pool: &PgPool, command: SecretsCommand) -> anyhow::Result<(
     Ok(())
 }
 
-pub async fn admin_token(pool: &PgPool, command: AdminTokenCommand) -> anyhow::Result<()> {
+pub async fn admin_token(pool: &Pool, command: AdminTokenCommand) -> anyhow::Result<()> {
     match command {
         AdminTokenCommand::Create { name } => {
             let (info, token) = admin_tokens::create(pool, &name).await?;
@@ -191,7 +191,7 @@ pub async fn admin_token(pool: &PgPool, command: AdminTokenCommand) -> anyhow::R
     Ok(())
 }
 
-pub async fn user(pool: &PgPool, command: UserCommand) -> anyhow::Result<()> {
+pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
     match command {
         UserCommand::Create { name, role, password } => {
             let password = match password {

@@ -50,7 +50,7 @@ pub struct DbArgs {
     /// Pooler mode: when DATABASE_URL goes through a pooler in transaction mode (PgBouncer),
     /// a direct (or session-pooled) URL of the same database, for what needs one server
     /// session throughout: the leader's lock, LISTEN, migrations and the delivery engine.
-    /// Statements on DATABASE_URL then use no prepared statement across transactions.
+    /// Each statement on DATABASE_URL then runs unnamed, in a transaction of its own.
     #[arg(long, env = "CHIME_DIRECT_DATABASE_URL", global = true, hide_env_values = true, requires = "database_url")]
     pub direct_database_url: Option<String>,
 

@@ -3,7 +3,7 @@
 //! shows a delivery in the log without writing a receiver.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use sqlx::PgPool;
+use crate::db::Pool;
 
 use crate::api::AppState;
 use crate::biz_types::{self, Settings};
@@ -13,8 +13,8 @@ pub const PATH: &str = "/demo/callback";
 
 /// Creates the `demo` biz type and a token for it when there is no biz type at all.
 /// Returns the token when it was created here.
-pub async fn ensure(pool: &PgPool, callback_url: &str) -> Result<Option<String>, crate::error::Error> {
-    let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types)").fetch_one(pool).await?;
+pub async fn ensure(pool: &Pool, callback_url: &str) -> Result<Option<String>, crate::error::Error> {
+    let any: bool = crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types)").fetch_one(pool).await?;
     if any {
         return Ok(None);
     }

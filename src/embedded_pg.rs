@@ -687,16 +687,16 @@ impl EmbeddedPg {
     /// Returns the server version, for the log.
     async fn create_database(&self) -> Result<String, EmbeddedPgError> {
         let mut conn = sqlx::PgConnection::connect(&self.url("postgres")).await?;
-        let version: String = sqlx::query_scalar("SELECT current_setting('server_version')")
+        let version: String = crate::db::query_scalar("SELECT current_setting('server_version')")
             .fetch_one(&mut conn)
             .await?;
         let exists: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
                 .bind(DATABASE)
                 .fetch_one(&mut conn)
                 .await?;
         if !exists {
-            sqlx::query("CREATE DATABASE chime")
+            crate::db::query("CREATE DATABASE chime")
                 .execute(&mut conn)
                 .await?;
         }
@@ -985,7 +985,7 @@ mod tests {
     async fn throwaway_cluster_serves_queries() {
         let pg = start_throwaway().await.unwrap();
         let mut conn = sqlx::PgConnection::connect(&pg.url("chime")).await.unwrap();
-        let one: i32 = sqlx::query_scalar("SELECT 1")
+        let one: i32 = crate::db::query_scalar("SELECT 1")
             .fetch_one(&mut conn)
             .await
             .unwrap();

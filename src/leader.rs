@@ -17,7 +17,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection};
+use crate::db::Pool;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -55,9 +56,9 @@ fn session_name(node_id: Uuid) -> String {
 }
 
 /// The node holding the leader lock, if any.
-pub async fn current(pool: &PgPool) -> Result<Option<Uuid>, sqlx::Error> {
+pub async fn current(pool: &Pool) -> Result<Option<Uuid>, sqlx::Error> {
     // A bigint advisory key shows in pg_locks as classid (high half), objid (low half), objsubid 1.
-    sqlx::query_scalar(
+    crate::db::query_scalar(
         "SELECT split_part(a.application_name, ' ', 3)::uuid
            FROM pg_locks l
            JOIN pg_stat_activity a ON a.pid = l.pid
@@ -78,7 +79,7 @@ const REFUSED_WARN_AFTER: Duration = Duration::from_secs(10);
 /// it. When the node stops, a leader lets the lock go at once, so another node leads
 /// within a second (its next try) rather than after the lease.
 /// `sessions` is the pool for the election session (the direct URL's in pooler mode).
-pub async fn run(pool: PgPool, sessions: PgPool, node_id: Uuid, settings: Settings, node_metrics: Arc<metrics::Node>, mut stop: Signal) {
+pub async fn run(pool: Pool, sessions: sqlx::PgPool, node_id: Uuid, settings: Settings, node_metrics: Arc<metrics::Node>, mut stop: Signal) {
     node_metrics.leading(false);
     let mut session: Option<PgConnection> = None;
     // Since when the election session cannot be opened, and whether that was said: a
@@ -110,7 +111,7 @@ pub async fn run(pool: PgPool, sessions: PgPool, node_id: Uuid, settings: Settin
             // Advisory locks work on a standby too: a node whose session outlived a demotion
             // must not "lead" there while the primary has no leader.
             let lock = "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_try_advisory_lock($1) END";
-            match sqlx::query_scalar::<_, Option<bool>>(lock).bind(LEADER_LOCK).fetch_one(&mut *conn).await {
+            match crate::db::query_scalar::<Option<bool>>(lock).bind(LEADER_LOCK).fetch_one(&mut *conn).await {
                 Ok(Some(true)) => {
                     let conn = session.take().expect("session is open");
                     tracing::info!(%node_id, "this node is now the leader");
@@ -143,10 +144,10 @@ pub async fn run(pool: PgPool, sessions: PgPool, node_id: Uuid, settings: Settin
 
 /// A session of its own, taken from the sessions pool so that it goes to the server that
 /// accepts writes (the pool checks each new session), and kept out of the pool.
-async fn connect(sessions: &PgPool, node_id: Uuid, lease: Duration) -> Result<PgConnection, sqlx::Error> {
+async fn connect(sessions: &sqlx::PgPool, node_id: Uuid, lease: Duration) -> Result<PgConnection, sqlx::Error> {
     let mut conn = sessions.acquire().await?.detach();
     // The server ends this session, releasing the lock, when the leader falls silent.
-    sqlx::query("SELECT set_config('application_name', $1, false), set_config('idle_session_timeout', $2, false)")
+    crate::db::query("SELECT set_config('application_name', $1, false), set_config('idle_session_timeout', $2, false)")
         .bind(session_name(node_id))
         .bind(lease.as_millis().to_string())
         .execute(&mut conn)
@@ -155,7 +156,7 @@ async fn connect(sessions: &PgPool, node_id: Uuid, lease: Duration) -> Result<Pg
 }
 
 /// Leads until the session fails or the node stops; returns why it stopped.
-async fn lead(mut session: PgConnection, pool: &PgPool, settings: &Settings, stop: &mut Signal) -> &'static str {
+async fn lead(mut session: PgConnection, pool: &Pool, settings: &Settings, stop: &mut Signal) -> &'static str {
     // The migrator runs beside the other duties, so a large move never delays timers or
     // lease recovery.
     let duties = [
@@ -166,7 +167,7 @@ async fn lead(mut session: PgConnection, pool: &PgPool, settings: &Settings, sto
     let reason = loop {
         tokio::select! {
             _ = ping.tick() => {
-                let ping = sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()").fetch_one(&mut session);
+                let ping = crate::db::query_scalar::<bool>("SELECT pg_is_in_recovery()").fetch_one(&mut session);
                 match tokio::time::timeout(settings.lease / 2, ping).await {
                     Ok(Ok(false)) => {}
                     Ok(Ok(true)) => break "its database server is in recovery (a standby now)",
@@ -191,7 +192,7 @@ fn due(last: Option<Instant>, every: Duration) -> bool {
 }
 
 /// The leader's duties, each on its own period, until aborted.
-async fn housekeeping(pool: PgPool, s: Settings) {
+async fn housekeeping(pool: Pool, s: Settings) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut partitioned, mut retired, mut swept) = (None, None, None);
@@ -237,7 +238,7 @@ async fn housekeeping(pool: PgPool, s: Settings) {
 
 /// Moves cold tasks into the hot partitions as the horizon passes them, one batch per
 /// transaction, back to back while any are left.
-async fn migrate(pool: PgPool, batch: i64) {
+async fn migrate(pool: Pool, batch: i64) {
     loop {
         let started = Instant::now();
         let mut total = 0;
@@ -268,8 +269,8 @@ async fn migrate(pool: PgPool, batch: i64) {
 /// minute in a biz type that is delivered by callback and not paused. Logs it and wakes
 /// every engine (a lost notification would otherwise cost only the engine's poll, so a
 /// task this late means an engine is stuck or no node delivers).
-async fn sweep(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let overdue: Vec<(String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+async fn sweep(pool: &Pool) -> Result<(), sqlx::Error> {
+    let overdue: Vec<(String, chrono::DateTime<chrono::Utc>)> = crate::db::query_as(
         "SELECT b.name, o.run_at
            FROM biz_types b
            CROSS JOIN LATERAL (
@@ -285,7 +286,7 @@ async fn sweep(pool: &PgPool) -> Result<(), sqlx::Error> {
         for (biz_type, run_at) in &overdue {
             tracing::warn!(biz_type, oldest_due = %run_at, "pending tasks are more than a minute overdue; waking the engines");
         }
-        sqlx::query("SELECT pg_notify('chime_wake', '')").execute(pool).await?;
+        crate::db::query("SELECT pg_notify('chime_wake', '')").execute(pool).await?;
     }
     Ok(())
 }

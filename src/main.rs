@@ -59,7 +59,7 @@ async fn run() -> anyhow::Result<i32> {
                 }
                 serve(&database, &settings, &args.db).await
             }
-            Command::Migrate(m) => cli::migrate(&database.health.sessions(), m).await,
+            Command::Migrate(m) => cli::migrate(&database.health.sessions().into(), m).await,
             Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
             Command::Token(c) => cli::token(&database.pool, c).await,
             Command::AdminToken(c) => cli::admin_token(&database.pool, c).await,

@@ -27,7 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sqlx::PgPool;
+use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::tasks::backlog;
@@ -189,7 +189,7 @@ pub struct Node {
     /// The node's id, its label in `chime_leader`.
     id: Uuid,
     /// The node's pool: read for the pool gauges, and queried for the queue's metrics.
-    pool: PgPool,
+    pool: Pool,
     registry: Registry,
     requests: Family<Request, Counter>,
     request_seconds: SecondsFamily<Route>,
@@ -211,7 +211,7 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn new(id: Uuid, pool: PgPool) -> Node {
+    pub fn new(id: Uuid, pool: Pool) -> Node {
         let mut node = Node {
             id,
             pool,

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::lifecycle::Signal;
@@ -23,9 +23,9 @@ pub struct Node {
     pub delivers: bool,
 }
 
-async fn beat(pool: &PgPool, node: &Node) -> Result<(), sqlx::Error> {
+async fn beat(pool: &Pool, node: &Node) -> Result<(), sqlx::Error> {
     let hostname = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-    sqlx::query(
+    crate::db::query(
         "INSERT INTO nodes (id, hostname, pid, version, listen, delivers) VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()",
     )
@@ -37,7 +37,7 @@ async fn beat(pool: &PgPool, node: &Node) -> Result<(), sqlx::Error> {
     .bind(node.delivers)
     .execute(pool)
     .await?;
-    sqlx::query("DELETE FROM nodes WHERE heartbeat_at < now() - $1 * interval '1 second'")
+    crate::db::query("DELETE FROM nodes WHERE heartbeat_at < now() - $1 * interval '1 second'")
         .bind(DEAD_AFTER_SECS)
         .execute(pool)
         .await?;
@@ -45,7 +45,7 @@ async fn beat(pool: &PgPool, node: &Node) -> Result<(), sqlx::Error> {
 }
 
 /// Registers the node and heartbeats until it stops, then deregisters it.
-pub async fn heartbeat(pool: PgPool, node: Node, mut stop: Signal) {
+pub async fn heartbeat(pool: Pool, node: Node, mut stop: Signal) {
     let mut every = tokio::time::interval(HEARTBEAT);
     loop {
         tokio::select! {
@@ -65,13 +65,13 @@ pub async fn heartbeat(pool: PgPool, node: Node, mut stop: Signal) {
 }
 
 /// Removes the node's row: it says it left.
-async fn leave(pool: &PgPool, id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(pool).await.map(drop)
+async fn leave(pool: &Pool, id: Uuid) -> Result<(), sqlx::Error> {
+    crate::db::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(pool).await.map(drop)
 }
 
 /// How many live nodes deliver (at least 1: the one asking).
-pub async fn delivering(pool: &PgPool) -> Result<i64, sqlx::Error> {
-    let n: i64 = sqlx::query_scalar(
+pub async fn delivering(pool: &Pool) -> Result<i64, sqlx::Error> {
+    let n: i64 = crate::db::query_scalar(
         "SELECT count(*) FROM nodes WHERE delivers AND heartbeat_at > now() - $1 * interval '1 second'",
     )
     .bind(3 * HEARTBEAT.as_secs() as i64)

@@ -17,7 +17,8 @@
 //!   detached table. A partition that still holds an unfinished task is kept.
 
 use chrono::{DateTime, Duration, DurationRound, Utc};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe};
+use crate::db::Pool;
 
 /// Serialises partition DDL between nodes starting together.
 const PARTITION_LOCK: i64 = 0x6368_696d_6570; // "chimep"
@@ -69,7 +70,7 @@ pub struct Partition {
 pub async fn list<'c>(db: impl sqlx::PgExecutor<'c>, table: &str) -> Result<Vec<Partition>, sqlx::Error> {
     // The bounds are printed by pg_get_expr and parsed back in the same session, so the
     // session's TimeZone and DateStyle cannot confuse them.
-    sqlx::query_as(
+    crate::db::query_as(
         r#"SELECT c.relname::text AS name,
                   (regexp_match(b.expr, 'FROM \(''([^'']+)''\)'))[1]::timestamptz AS "from",
                   (regexp_match(b.expr, 'TO \(''([^'']+)''\)'))[1]::timestamptz AS "to"
@@ -114,13 +115,13 @@ pub fn partition_name(table: &str, from: DateTime<Utc>) -> String {
 
 /// Creates the partitions from a day ago to `hot_days` ahead and moves the hot horizon to
 /// their end. Safe on many nodes at once. Returns the horizon.
-pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sqlx::Error> {
+pub async fn ensure(pool: &Pool, layout: &Layout) -> Result<DateTime<Utc>, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(PARTITION_LOCK).execute(&mut *tx).await?;
+    crate::db::query("SELECT pg_advisory_xact_lock($1)").bind(PARTITION_LOCK).execute(&mut *tx).await?;
     // Creating a partition locks its parent for a moment; rather than queue behind a long
     // query (and hold up every claim queued behind us), fail and try again later.
-    sqlx::query("SET LOCAL lock_timeout = '5s'").execute(&mut *tx).await?;
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+    crate::db::query("SET LOCAL lock_timeout = '5s'").execute(&mut *tx).await?;
+    let now: DateTime<Utc> = crate::db::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
     let end = layout.align_down(now + Duration::days(i64::from(layout.hot_days))) + layout.width;
     let mut created = 0;
     for table in ["tasks", "attempts"] {
@@ -135,7 +136,7 @@ pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sql
             } else {
                 ""
             };
-            sqlx::query(AssertSqlSafe(format!(
+            crate::db::query(AssertSqlSafe(format!(
                 "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}'){storage}",
                 partition_name(table, from),
                 from.to_rfc3339(),
@@ -146,7 +147,7 @@ pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sql
             created += 1;
         }
     }
-    let horizon: DateTime<Utc> = sqlx::query_scalar("UPDATE hot_horizon SET until = greatest(until, $1) RETURNING until")
+    let horizon: DateTime<Utc> = crate::db::query_scalar("UPDATE hot_horizon SET until = greatest(until, $1) RETURNING until")
         .bind(end)
         .fetch_one(&mut *tx)
         .await?;
@@ -159,8 +160,8 @@ pub async fn ensure(pool: &PgPool, layout: &Layout) -> Result<DateTime<Utc>, sql
 
 /// Moves one batch of cold tasks due before the hot horizon into the hot partitions, in
 /// one statement. Returns how many moved; fewer than `batch` means none is left.
-pub async fn move_cold(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(
+pub async fn move_cold(pool: &Pool, batch: i64) -> Result<u64, sqlx::Error> {
+    Ok(crate::db::query(
         // The ids go to the DELETE as an array so that it always probes the primary key;
         // joined as a table, large batches tipped the planner into a hash join over a
         // scan of all of cold storage.
@@ -185,8 +186,8 @@ pub async fn move_cold(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
 /// Drops the partitions of `tasks` and `attempts` that ended more than `retention_days`
 /// ago, keeping any partition of `tasks` that holds an unfinished task. Returns the names
 /// of the partitions dropped.
-pub async fn retire(pool: &PgPool, layout: &Layout) -> Result<Vec<String>, sqlx::Error> {
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+pub async fn retire(pool: &Pool, layout: &Layout) -> Result<Vec<String>, sqlx::Error> {
+    let now: DateTime<Utc> = crate::db::query_scalar("SELECT now()").fetch_one(pool).await?;
     let cutoff = now - Duration::days(i64::from(layout.retention_days));
     for table in ["tasks", "attempts"] {
         for p in list(pool, table).await?.into_iter().filter(|p| p.to <= cutoff) {
@@ -197,15 +198,15 @@ pub async fn retire(pool: &PgPool, layout: &Layout) -> Result<Vec<String>, sqlx:
 }
 
 /// Detaches one old partition (renamed `retired_…`), unless it holds unfinished tasks.
-async fn detach(pool: &PgPool, table: &str, name: &str) -> Result<(), sqlx::Error> {
+async fn detach(pool: &Pool, table: &str, name: &str) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     // Detaching locks the parent table; waiting long would stall claims and creates
     // queued behind us. Better to try again at the next round.
-    sqlx::query("SET LOCAL lock_timeout = '1s'").execute(&mut *tx).await?;
-    sqlx::query(AssertSqlSafe(format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"))).execute(&mut *tx).await?;
+    crate::db::query("SET LOCAL lock_timeout = '1s'").execute(&mut *tx).await?;
+    crate::db::query(AssertSqlSafe(format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"))).execute(&mut *tx).await?;
     if table == "tasks" {
         // Under the lock no task can move in or change state; each probe uses a partial index.
-        let unfinished: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+        let unfinished: bool = crate::db::query_scalar(AssertSqlSafe(format!(
             "SELECT EXISTS (SELECT 1 FROM {name} WHERE status = 'pending')
                  OR EXISTS (SELECT 1 FROM {name} WHERE status = 'running')"
         )))
@@ -216,15 +217,15 @@ async fn detach(pool: &PgPool, table: &str, name: &str) -> Result<(), sqlx::Erro
             return Ok(());
         }
     }
-    sqlx::query(AssertSqlSafe(format!("ALTER TABLE {table} DETACH PARTITION {name}"))).execute(&mut *tx).await?;
-    sqlx::query(AssertSqlSafe(format!("ALTER TABLE {name} RENAME TO {RETIRED_PREFIX}{name}"))).execute(&mut *tx).await?;
+    crate::db::query(AssertSqlSafe(format!("ALTER TABLE {table} DETACH PARTITION {name}"))).execute(&mut *tx).await?;
+    crate::db::query(AssertSqlSafe(format!("ALTER TABLE {name} RENAME TO {RETIRED_PREFIX}{name}"))).execute(&mut *tx).await?;
     tx.commit().await
 }
 
 /// Finishes retiring detached partitions: removes the idempotency keys of their tasks, in
 /// batches, then drops them. Picks up where a leader that died left off.
-async fn drop_detached(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
-    let detached: Vec<String> = sqlx::query_scalar(
+async fn drop_detached(pool: &Pool) -> Result<Vec<String>, sqlx::Error> {
+    let detached: Vec<String> = crate::db::query_scalar(
         "SELECT relname::text FROM pg_class WHERE relkind = 'r' AND relname LIKE $1 || '%' AND relnamespace = current_schema()::regnamespace",
     )
     .bind(RETIRED_PREFIX)
@@ -236,7 +237,7 @@ async fn drop_detached(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
             // Walk the partition in id order (its primary key) so each batch starts where
             // the last ended; a key now held by another task is left alone.
             let mut after = uuid::Uuid::nil();
-            while let Some(last) = sqlx::query_scalar::<_, uuid::Uuid>(AssertSqlSafe(format!(
+            while let Some(last) = crate::db::query_scalar::<uuid::Uuid>(AssertSqlSafe(format!(
                 "WITH batch AS (
                      SELECT id, biz_type_id, key FROM {name} WHERE id > $1 AND key IS NOT NULL ORDER BY id LIMIT $2
                  ), removed AS (
@@ -253,7 +254,7 @@ async fn drop_detached(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
                 after = last;
             }
         }
-        sqlx::query(AssertSqlSafe(format!("DROP TABLE {name}"))).execute(pool).await?;
+        crate::db::query(AssertSqlSafe(format!("DROP TABLE {name}"))).execute(pool).await?;
         let original = name.trim_start_matches(RETIRED_PREFIX).to_string();
         tracing::info!(partition = %original, "dropped partition past retention");
         dropped.push(original);

@@ -17,7 +17,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::biz_types::BizType;
@@ -36,8 +36,8 @@ pub struct Reserved {
 }
 
 /// Leases up to `limit` due tasks of a pull biz type for `ttr_ms`.
-pub async fn reserve(pool: &PgPool, biz: &BizType, limit: i64, ttr_ms: i64) -> Result<Vec<Reserved>, Error> {
-    Ok(sqlx::query_as(
+pub async fn reserve(pool: &Pool, biz: &BizType, limit: i64, ttr_ms: i64) -> Result<Vec<Reserved>, Error> {
+    Ok(crate::db::query_as(
         "WITH due AS (
              SELECT id, run_at FROM tasks
               WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now()
@@ -64,8 +64,8 @@ pub async fn reserve(pool: &PgPool, biz: &BizType, limit: i64, ttr_ms: i64) -> R
 }
 
 /// How many tasks of the biz type are due, counting no further than `up_to`.
-pub async fn due_count(pool: &PgPool, biz_type_id: i32, up_to: i64) -> Result<i64, Error> {
-    Ok(sqlx::query_scalar(
+pub async fn due_count(pool: &Pool, biz_type_id: i32, up_to: i64) -> Result<i64, Error> {
+    Ok(crate::db::query_scalar(
         "SELECT count(*) FROM (
              SELECT 1 FROM tasks WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() LIMIT $2
          ) due",
@@ -77,8 +77,8 @@ pub async fn due_count(pool: &PgPool, biz_type_id: i32, up_to: i64) -> Result<i6
 }
 
 /// How many tasks of the biz type are reserved and not yet acked or nacked.
-pub async fn reserved_count(pool: &PgPool, biz_type_id: i32) -> Result<i64, Error> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND status = 'running'")
+pub async fn reserved_count(pool: &Pool, biz_type_id: i32) -> Result<i64, Error> {
+    Ok(crate::db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND status = 'running'")
         .bind(biz_type_id)
         .fetch_one(pool)
         .await?)
@@ -95,7 +95,7 @@ pub enum Verdict {
 /// task as it is now. A receipt that no longer holds the task (it was settled already, or
 /// its time to run passed and it went back to pending or to another consumer) answers
 /// StaleReceipt and changes nothing.
-pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, receipt: Uuid, verdict: Verdict) -> Result<Task, Error> {
+pub async fn settle(pool: &Pool, biz: &BizType, id: Uuid, receipt: Uuid, verdict: Verdict) -> Result<Task, Error> {
     let (ack, delay_ms, reason) = match verdict {
         Verdict::Ack => (true, None, None),
         Verdict::Nack { delay_ms, error } => (false, delay_ms, Some(format!("nacked{}", error.map(|e| format!(": {e}")).unwrap_or_default()))),
@@ -108,7 +108,7 @@ pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, receipt: Uuid, verdi
     // concurrent settle or touch waits; one that committed first is seen, as `FOR UPDATE`
     // reads the row's newest version. The receipt is compared on that locked row by the
     // UPDATE that settles, so no other reservation can begin between check and settle.
-    let settled: Option<Task> = sqlx::query_as(
+    let settled: Option<Task> = crate::db::query_as(
         "WITH old AS (
              SELECT id, run_at, status, biz_type_id, leased_by, attempt_count, updated_at AS reserved_at,
                     NOT $2 AND attempt_count >= $5 AS exhausted
@@ -154,7 +154,7 @@ pub async fn settle(pool: &PgPool, biz: &BizType, id: Uuid, receipt: Uuid, verdi
 
 /// Why a settle or touch changed nothing: no such task, another biz type's, or a receipt
 /// that no longer holds the task (said as the task is now).
-async fn refused(pool: &PgPool, biz: &BizType, id: Uuid) -> Result<Error, Error> {
+async fn refused(pool: &Pool, biz: &BizType, id: Uuid) -> Result<Error, Error> {
     let Some((task, _)) = crate::tasks::get(pool, id).await? else {
         return Ok(Error::NotFound(format!("no task with id {id}")));
     };
@@ -170,10 +170,10 @@ async fn refused(pool: &PgPool, biz: &BizType, id: Uuid) -> Result<Error, Error>
 }
 
 /// Extends the reservation of a task of `biz` held under `receipt` to `ttr_ms` from now.
-pub async fn touch(pool: &PgPool, biz: &BizType, id: Uuid, receipt: Uuid, ttr_ms: i64) -> Result<DateTime<Utc>, Error> {
+pub async fn touch(pool: &Pool, biz: &BizType, id: Uuid, receipt: Uuid, ttr_ms: i64) -> Result<DateTime<Utc>, Error> {
     // Locks the task's row; a settle or lease recovery that got there first is waited for,
     // and the WHERE is checked again on the row it left, whose receipt is cleared.
-    let until: Option<DateTime<Utc>> = sqlx::query_scalar(
+    let until: Option<DateTime<Utc>> = crate::db::query_scalar(
         "UPDATE tasks SET lease_until = now() + $3 * interval '1 millisecond'
           WHERE id = $1 AND biz_type_id = $2 AND status = 'running' AND leased_by = $4
          RETURNING lease_until",

@@ -3,15 +3,15 @@
 //! primary, its version, and the standbys streaming from it.
 //!
 //! Everything here is read from functions, settings and `pg_stat_replication`: it locks
-//! nothing and writes nothing. Both statements run on one connection, so the facts are of
-//! one server even when `DATABASE_URL` names several hosts.
+//! nothing and writes nothing. Both statements run in one transaction, so the facts are of
+//! one server even when `DATABASE_URL` names several hosts or goes through a pooler.
 //!
 //! `pg_stat_replication` lists every WAL sender to anyone, but only a superuser or a member
 //! of `pg_read_all_stats` (which `pg_monitor` includes) sees more than the application
 //! name: for other roles the address, state and positions are NULL, hence
 //! [`Standby::details`] is an `Option`.
 
-use sqlx::PgPool;
+use crate::db::Pool;
 
 /// The server chime's connections reach, as it describes itself.
 #[derive(Debug)]
@@ -100,9 +100,9 @@ struct StandbyRow {
 }
 
 /// Reads what the server reports about itself and the standbys streaming from it.
-pub async fn read(pool: &PgPool) -> Result<Server, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let server: ServerRow = sqlx::query_as(
+pub async fn read(pool: &Pool) -> Result<Server, sqlx::Error> {
+    let mut conn = pool.begin().await?;
+    let server: ServerRow = crate::db::query_as(
         "SELECT host(inet_server_addr()) AS host, inet_server_port() AS port,
                 -- Not current_setting(), which raises an error for a role that may not
                 -- read it; pg_settings leaves it out instead.
@@ -117,7 +117,7 @@ pub async fn read(pool: &PgPool) -> Result<Server, sqlx::Error> {
     .await?;
     // A standby has no current WAL position (the function raises an error there): its
     // cascading standbys are measured against what it has replayed itself.
-    let rows: Vec<StandbyRow> = sqlx::query_as(
+    let rows: Vec<StandbyRow> = crate::db::query_as(
         "SELECT application_name, host(client_addr) AS client_addr, state, sync_state,
                 extract(epoch FROM replay_lag)::float8 AS replay_lag_secs,
                 pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
@@ -127,6 +127,7 @@ pub async fn read(pool: &PgPool) -> Result<Server, sqlx::Error> {
     )
     .fetch_all(&mut *conn)
     .await?;
+    conn.commit().await?;
     let address = match (server.host, server.port) {
         (Some(host), Some(port)) => Address::Tcp { host, port },
         _ => Address::UnixSocket { directories: server.socket_directories.as_deref().map(setting_list), port: server.port_setting },

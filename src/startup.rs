@@ -12,7 +12,7 @@ use actix_web::middleware::from_fn;
 use actix_web::{App, HttpMessage, HttpServer, middleware, web};
 use anyhow::Context;
 use futures_util::{Stream, StreamExt};
-use sqlx::PgPool;
+use crate::db::Pool;
 use tokio::time::Instant;
 
 use crate::api::{self, AppState};
@@ -40,7 +40,7 @@ pub struct Application {
     metrics_port: Option<u16>,
     /// The HTTP servers, answering since `bind`: the API's, and `/metrics`'s when apart.
     servers: Vec<(ServerHandle, tokio::task::JoinHandle<std::io::Result<()>>)>,
-    pool: PgPool,
+    pool: Pool,
     health: Health,
     lifecycle: Lifecycle,
     settings: ServeArgs,
@@ -54,7 +54,7 @@ pub struct Application {
 impl Application {
     /// Binds the listeners and starts answering: `/healthz` 200 at once, `/readyz` and
     /// everything else 503 until `prepare` is done. Port 0 picks a free port (tests).
-    pub async fn bind(settings: &ServeArgs, pool: PgPool, health: Health) -> anyhow::Result<Application> {
+    pub async fn bind(settings: &ServeArgs, pool: Pool, health: Health) -> anyhow::Result<Application> {
         let layout = Layout::new(settings.partition_hours, settings.hot_days, settings.retention_days).map_err(anyhow::Error::msg)?;
         if u64::from(settings.timer_window_secs) >= u64::from(settings.hot_days) * 86_400 {
             anyhow::bail!("CHIME_TIMER_WINDOW_SECS must be shorter than CHIME_HOT_DAYS");
@@ -154,7 +154,7 @@ impl Application {
     pub async fn prepare(&self) -> anyhow::Result<Option<String>> {
         if self.settings.auto_migrate {
             self.lifecycle.enter(Phase::Migrating);
-            db::migrate(&self.health.sessions()).await?;
+            db::migrate(&self.health.sessions().into()).await?;
         } else {
             let schema = db::Schema::read(&self.pool).await?;
             schema.require_current().context("CHIME_AUTO_MIGRATE is false")?;
@@ -174,7 +174,7 @@ impl Application {
     }
 
     /// `bind` and `prepare`: a ready node.
-    pub async fn build(settings: &ServeArgs, pool: PgPool, health: Health) -> anyhow::Result<Application> {
+    pub async fn build(settings: &ServeArgs, pool: Pool, health: Health) -> anyhow::Result<Application> {
         let app = Application::bind(settings, pool, health).await?;
         // Tests choose the password (CHIME_ADMIN_PASSWORD) or do not need it.
         app.prepare().await?;

@@ -3,7 +3,7 @@
 use argon2::password_hash::{PasswordHasher, SaltString};
 use argon2::Argon2;
 use rand::{Rng, RngCore};
-use sqlx::PgPool;
+use crate::db::Pool;
 
 use crate::error::Error;
 
@@ -37,9 +37,9 @@ fn validate(username: &str, role: &str, password: &str) -> Result<(), Error> {
 }
 
 /// Creates a user; returns it as lists show it.
-pub async fn create(pool: &PgPool, username: &str, role: &str, password: &str) -> Result<UserInfo, Error> {
+pub async fn create(pool: &Pool, username: &str, role: &str, password: &str) -> Result<UserInfo, Error> {
     validate(username, role, password)?;
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO users (username, password_hash, role) VALUES ($1, $2, $3)
          ON CONFLICT (username) DO NOTHING RETURNING {USER_COLUMNS}"
     )))
@@ -53,10 +53,10 @@ pub async fn create(pool: &PgPool, username: &str, role: &str, password: &str) -
 
 /// Creates the `admin` account when there is no user at all. Returns the password when it
 /// was generated here (it must be shown to the operator once).
-pub async fn ensure_first_admin(pool: &PgPool, configured: Option<&str>) -> Result<Option<String>, Error> {
+pub async fn ensure_first_admin(pool: &Pool, configured: Option<&str>) -> Result<Option<String>, Error> {
     // Checked first so that a normal start does not pay for an argon2 hash; the INSERT
     // below still guards against two first starts racing.
-    let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM users)").fetch_one(pool).await?;
+    let any: bool = crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM users)").fetch_one(pool).await?;
     if any {
         return Ok(None);
     }
@@ -66,7 +66,7 @@ pub async fn ensure_first_admin(pool: &PgPool, configured: Option<&str>) -> Resu
     });
     let password = configured.or(generated.as_deref()).unwrap_or_default();
     validate("admin", "admin", password).map_err(|_| Error::invalid("CHIME_ADMIN_PASSWORD", "must be at least 8 characters"))?;
-    let created = sqlx::query(
+    let created = crate::db::query(
         "INSERT INTO users (username, password_hash, role)
          SELECT 'admin', $1, 'admin' WHERE NOT EXISTS (SELECT 1 FROM users)
          ON CONFLICT (username) DO NOTHING",
@@ -88,11 +88,11 @@ pub struct User {
 
 /// The user with this name and password, if the password is right and the user not
 /// disabled. A wrong name costs an argon2 hash too, so timing does not tell names apart.
-pub async fn verify(pool: &PgPool, username: &str, password: &str) -> Result<Option<User>, Error> {
+pub async fn verify(pool: &Pool, username: &str, password: &str) -> Result<Option<User>, Error> {
     use argon2::password_hash::{PasswordHash, PasswordVerifier};
     // A name no user can have (a NUL byte, 15 KB) is not looked up: PostgreSQL refuses NUL.
     let row: Option<(i32, String, String, String)> = if validate_username(username).is_ok() {
-        sqlx::query_as("SELECT id, username, role, password_hash FROM users WHERE username = $1 AND NOT disabled")
+        crate::db::query_as("SELECT id, username, role, password_hash FROM users WHERE username = $1 AND NOT disabled")
             .bind(username)
             .fetch_optional(pool)
             .await?
@@ -125,8 +125,8 @@ pub struct UserInfo {
 
 const USER_COLUMNS: &str = "username AS name, role, disabled, created_at";
 
-pub async fn list(pool: &PgPool) -> Result<Vec<UserInfo>, Error> {
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users ORDER BY username"))).fetch_all(pool).await?)
+pub async fn list(pool: &Pool) -> Result<Vec<UserInfo>, Error> {
+    Ok(crate::db::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users ORDER BY username"))).fetch_all(pool).await?)
 }
 
 /// A change to a user: `None` leaves it as it is.
@@ -140,9 +140,9 @@ pub struct UserChanges {
 /// Locks the named user and every enabled admin, so that two changes cannot both take
 /// away the last admin; returns the user.
 async fn lock_user(tx: &mut sqlx::PgConnection, username: &str) -> Result<UserInfo, Error> {
-    sqlx::query("SELECT 1 FROM users WHERE role = 'admin' AND NOT disabled ORDER BY id FOR UPDATE").execute(&mut *tx).await?;
+    crate::db::query("SELECT 1 FROM users WHERE role = 'admin' AND NOT disabled ORDER BY id FOR UPDATE").execute(&mut *tx).await?;
     let user: Option<UserInfo> = if validate_username(username).is_ok() {
-        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1 FOR UPDATE")))
+        crate::db::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1 FOR UPDATE")))
             .bind(username)
             .fetch_optional(&mut *tx)
             .await?
@@ -154,7 +154,7 @@ async fn lock_user(tx: &mut sqlx::PgConnection, username: &str) -> Result<UserIn
 
 /// Refuses a change that leaves no enabled admin: nobody could then manage the console.
 async fn keep_an_admin(tx: &mut sqlx::PgConnection, username: &str) -> Result<(), Error> {
-    let admins: i64 = sqlx::query_scalar("SELECT count(*) FROM users WHERE role = 'admin' AND NOT disabled").fetch_one(&mut *tx).await?;
+    let admins: i64 = crate::db::query_scalar("SELECT count(*) FROM users WHERE role = 'admin' AND NOT disabled").fetch_one(&mut *tx).await?;
     if admins == 0 {
         return Err(Error::Conflict(format!("`{username}` is the last enabled admin; make another user an admin first")));
     }
@@ -163,7 +163,7 @@ async fn keep_an_admin(tx: &mut sqlx::PgConnection, username: &str) -> Result<()
 
 /// Changes a user's role, password or disabled flag; returns the user before and after. A
 /// new password or disabling signs the user out everywhere.
-pub async fn update(pool: &PgPool, username: &str, changes: &UserChanges) -> Result<(UserInfo, UserInfo), Error> {
+pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Result<(UserInfo, UserInfo), Error> {
     if let Some(role) = &changes.role
         && !ROLES.contains(&role.as_str())
     {
@@ -177,7 +177,7 @@ pub async fn update(pool: &PgPool, username: &str, changes: &UserChanges) -> Res
     let mut tx = pool.begin().await?;
     let before = lock_user(&mut tx, username).await?;
     let hash = changes.password.as_deref().map(hash_password);
-    let after: UserInfo = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let after: UserInfo = crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE users SET role = coalesce($2, role), password_hash = coalesce($3, password_hash), disabled = coalesce($4, disabled)
           WHERE username = $1 RETURNING {USER_COLUMNS}"
     )))
@@ -189,17 +189,17 @@ pub async fn update(pool: &PgPool, username: &str, changes: &UserChanges) -> Res
     .await?;
     keep_an_admin(&mut tx, username).await?;
     if changes.password.is_some() || after.disabled {
-        sqlx::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = $1)").bind(username).execute(&mut *tx).await?;
+        crate::db::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = $1)").bind(username).execute(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok((before, after))
 }
 
 /// Deletes a user (and their sessions); returns it. Their entries in the audit log stay.
-pub async fn delete(pool: &PgPool, username: &str) -> Result<UserInfo, Error> {
+pub async fn delete(pool: &Pool, username: &str) -> Result<UserInfo, Error> {
     let mut tx = pool.begin().await?;
     let user = lock_user(&mut tx, username).await?;
-    sqlx::query("DELETE FROM users WHERE username = $1").bind(username).execute(&mut *tx).await?;
+    crate::db::query("DELETE FROM users WHERE username = $1").bind(username).execute(&mut *tx).await?;
     keep_an_admin(&mut tx, username).await?;
     tx.commit().await?;
     Ok(user)

@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde::de::value::MapDeserializer;
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use sqlx::PgPool;
+use crate::db::Pool;
 use tokio::sync::Notify;
 
 use self::auth::TokenCache;
@@ -32,7 +32,7 @@ use crate::callback_hosts::CallbackHosts;
 use crate::lifecycle::{Phase, Signal};
 
 pub struct AppState {
-    pub pool: PgPool,
+    pub pool: Pool,
     /// Whether the database is known to be down: API calls and `/readyz` then answer 503 at once.
     pub health: crate::db::Health,
     pub max_payload_bytes: usize,
@@ -51,7 +51,7 @@ pub struct AppState {
 
 impl AppState {
     /// Must be called inside the runtime: it starts listening for wake-ups.
-    pub fn new(pool: PgPool, health: crate::db::Health, max_payload_bytes: usize, callback_hosts: CallbackHosts, lifecycle: Signal) -> Self {
+    pub fn new(pool: Pool, health: crate::db::Health, max_payload_bytes: usize, callback_hosts: CallbackHosts, lifecycle: Signal) -> Self {
         let wake = Arc::new(Notify::new());
         let waiters = wake.clone();
         let tokens = Arc::new(TokenCache::default());
@@ -220,7 +220,7 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     // Migrations newer than this binary do not count: it runs on the schema they leave
     // (migrations/README.md), so a node of the previous release stays ready beside them.
     let known: Vec<i64> = crate::db::MIGRATOR.iter().map(|m| m.version).collect();
-    let query = sqlx::query_scalar("SELECT array_agg(version) FROM _sqlx_migrations WHERE success AND version = ANY($1)")
+    let query = crate::db::query_scalar("SELECT array_agg(version) FROM _sqlx_migrations WHERE success AND version = ANY($1)")
         .bind(&known)
         .fetch_one(&state.pool);
     let applied: Option<Vec<i64>> = tokio::select! {

@@ -38,7 +38,7 @@ impl PullLimits {
         {
             return n;
         }
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '15 seconds'")
+        let n: i64 = crate::db::query_scalar("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '15 seconds'")
             .fetch_one(&state.pool)
             .await
             .unwrap_or(1)

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, TimeDelta, Utc};
-use sqlx::PgPool;
+use crate::db::Pool;
 
 use self::nodes::Nodes;
 use self::receiver::{Arrival, Receiver};
@@ -44,7 +44,10 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
     crate::engine::install_tls_provider();
     let (url, embedded) = database(db_args).await?;
     let result = async {
-        let pool = db::connect(&url, 4).await?;
+        // The bench's own statements and migrations go straight to PostgreSQL (in pooler
+        // mode the nodes' statements go through DATABASE_URL's pooler).
+        let direct = db_args.direct_database_url.as_deref();
+        let pool = db::connect(direct.unwrap_or(&url), 4).await?;
         db::migrate(&pool).await?;
         let logs = std::env::temp_dir().join(format!("chime-bench-{}", std::process::id()));
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -54,7 +57,7 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
             None => Some(Receiver::start().context("starting the bench's receiver")?),
         };
         let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
-        let nodes = Nodes::new(&url, logs, receiver.is_some(), client.clone());
+        let nodes = Nodes::new(&url, direct, logs, receiver.is_some(), client.clone());
         let mut bench = Bench {
             client,
             pool,
@@ -106,7 +109,7 @@ struct Biz {
 
 struct Bench {
     args: BenchArgs,
-    pool: PgPool,
+    pool: Pool,
     client: reqwest::Client,
     receiver: Option<Receiver>,
     nodes: Nodes,
@@ -280,7 +283,7 @@ impl Bench {
     /// Leaves the dead rows to autovacuum, as in production. (A VACUUM ANALYZE here would
     /// record the partition as empty just before a burst fills it: see `engine::claim`.)
     async fn delete_tasks(&self, biz: &Biz) -> anyhow::Result<()> {
-        sqlx::query("DELETE FROM tasks WHERE biz_type_id = $1").bind(biz.id).execute(&self.pool).await?;
+        crate::db::query("DELETE FROM tasks WHERE biz_type_id = $1").bind(biz.id).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -346,7 +349,7 @@ impl Bench {
             }
         }
         let last_recorded = loop {
-            let (done, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+            let (done, last): (i64, Option<DateTime<Utc>>) = crate::db::query_as(
                 "SELECT count(*) FILTER (WHERE status = 'succeeded'), max(finished_at) FROM tasks WHERE biz_type_id = $1",
             )
             .bind(biz.id)
@@ -363,7 +366,7 @@ impl Bench {
         let arrivals = match &self.receiver {
             Some(receiver) => receiver.log.arrivals(&biz.name),
             None => {
-                let rows: Vec<(uuid::Uuid, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+                let rows: Vec<(uuid::Uuid, DateTime<Utc>, DateTime<Utc>)> = crate::db::query_as(
                     "SELECT a.task_id, t.run_at, a.started_at FROM attempts a JOIN tasks t ON t.id = a.task_id
                       WHERE a.biz_type_id = $1 ORDER BY a.started_at",
                 )
@@ -383,7 +386,7 @@ impl Bench {
     async fn fill_backlog(&mut self) -> anyhow::Result<()> {
         let biz = self.new_biz_type("backlog").await?;
         let payload = self.payload(0);
-        let horizon: DateTime<Utc> = sqlx::query_scalar("SELECT until FROM hot_horizon").fetch_one(&self.pool).await?;
+        let horizon: DateTime<Utc> = crate::db::query_scalar("SELECT until FROM hot_horizon").fetch_one(&self.pool).await?;
         let now = Utc::now();
         let parts = [
             ("future", self.args.backlog_future, now + TimeDelta::hours(1), horizon - TimeDelta::hours(1), false),
@@ -395,7 +398,7 @@ impl Bench {
             let mut written = 0u64;
             while written < count {
                 let n = (count - written).min(1_000_000);
-                sqlx::query(
+                crate::db::query(
                     "INSERT INTO tasks (id, biz_type_id, run_at, payload, status, attempt_count, finished_at)
                      SELECT gen_random_uuid(), $1, r.at, $5::jsonb,
                             CASE WHEN $6 THEN 'succeeded' ELSE 'pending' END, CASE WHEN $6 THEN 1 ELSE 0 END,
@@ -418,8 +421,8 @@ impl Bench {
             }
         }
         eprintln!("bench: backlog: VACUUM ANALYZE and CHECKPOINT, as autovacuum and time would have done");
-        sqlx::query("VACUUM ANALYZE tasks").execute(&self.pool).await?;
-        sqlx::query("CHECKPOINT").execute(&self.pool).await?;
+        crate::db::query("VACUUM ANALYZE tasks").execute(&self.pool).await?;
+        crate::db::query("CHECKPOINT").execute(&self.pool).await?;
         eprintln!("bench: backlog ready after {:.0} s", started.elapsed().as_secs_f64());
         Ok(())
     }

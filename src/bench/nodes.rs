@@ -14,6 +14,8 @@ pub struct Node {
 
 pub struct Nodes {
     database_url: String,
+    /// CHIME_DIRECT_DATABASE_URL, for a bench through a pooler.
+    direct_database_url: Option<String>,
     logs: PathBuf,
     /// Callbacks go to a receiver on loopback, which the deny list would refuse.
     loopback_receiver: bool,
@@ -24,8 +26,8 @@ pub struct Nodes {
 }
 
 impl Nodes {
-    pub fn new(database_url: &str, logs: PathBuf, loopback_receiver: bool, client: reqwest::Client) -> Nodes {
-        Nodes { database_url: database_url.to_string(), logs, loopback_receiver, client, nodes: Vec::new(), started: 0 }
+    pub fn new(database_url: &str, direct_database_url: Option<&str>, logs: PathBuf, loopback_receiver: bool, client: reqwest::Client) -> Nodes {
+        Nodes { database_url: database_url.to_string(), direct_database_url: direct_database_url.map(str::to_string), logs, loopback_receiver, client, nodes: Vec::new(), started: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -80,6 +82,9 @@ impl Nodes {
         }
         if self.loopback_receiver {
             command.env("CHIME_DENY_PRIVATE_CALLBACKS", "false");
+        }
+        if let Some(direct) = &self.direct_database_url {
+            command.env("CHIME_DIRECT_DATABASE_URL", direct);
         }
         let mut child = command.spawn().context("starting a chime node")?;
         let base = format!("http://127.0.0.1:{port}");

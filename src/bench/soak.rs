@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use crate::db::Pool;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
@@ -56,7 +56,7 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     let (receiver_url, receiver) = start_receiver(ledger.clone())?;
     let client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).timeout(Duration::from_secs(30)).build()?;
     let tokens = create_biz_types(&pool, &receiver_url).await?;
-    let mut nodes = Nodes::new(url, logs, true, client.clone());
+    let mut nodes = Nodes::new(url, None, logs, true, client.clone());
     let outcome = async {
         nodes.ensure(args.nodes as usize).await?;
         let memory_start = memory(&nodes);
@@ -94,7 +94,7 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn create_biz_types(pool: &PgPool, receiver_url: &str) -> anyhow::Result<HashMap<&'static str, String>> {
+async fn create_biz_types(pool: &Pool, receiver_url: &str) -> anyhow::Result<HashMap<&'static str, String>> {
     let mut tokens = HashMap::new();
     for name in [PLAIN, FLAKY, REPLAYED, TIMERS] {
         let settings = Settings {
@@ -233,7 +233,7 @@ impl Load {
     }
 
     /// Runs the load for `args.secs`, then waits for what is owed to be delivered.
-    async fn run(self: &Arc<Self>, pool: &PgPool, args: &SoakArgs, ledger: &Mutex<Ledger>, timers: &[String]) -> anyhow::Result<Report> {
+    async fn run(self: &Arc<Self>, pool: &Pool, args: &SoakArgs, ledger: &Mutex<Ledger>, timers: &[String]) -> anyhow::Result<Report> {
         let started = Instant::now();
         let (creating, replaying) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(true)));
         let singles = tokio::spawn(self.clone().singles(args.rate, creating.clone()));
@@ -252,10 +252,10 @@ impl Load {
         creating.store(false, Ordering::Relaxed);
         singles.await?;
         batches.await?;
-        let end: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+        let end: DateTime<Utc> = crate::db::query_scalar("SELECT now()").fetch_one(pool).await?;
         // Each timer owes every whole second after its creation up to the end; the ones
         // never written are lost too (counted before deactivation removes anything).
-        let unwritten: i64 = sqlx::query_scalar(
+        let unwritten: i64 = crate::db::query_scalar(
             "SELECT coalesce(sum(extract(epoch FROM date_trunc('second', $2::timestamptz) - date_trunc('second', t.created_at))::int8
                                  - (SELECT count(DISTINCT o.run_at) FROM all_tasks o
                                      WHERE o.timer_id = t.id AND o.run_at > t.created_at AND o.run_at <= $2)), 0)::int8
@@ -270,7 +270,7 @@ impl Load {
         }
         // Occurrences due before the end; deactivation removed the later ones (and any not
         // yet fired, which were never owed).
-        let occurrences: Vec<Uuid> = sqlx::query_scalar(
+        let occurrences: Vec<Uuid> = crate::db::query_scalar(
             "SELECT t.id FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id WHERE b.name = $1 AND t.run_at <= $2",
         )
         .bind(TIMERS)
@@ -294,7 +294,7 @@ impl Load {
         replayer.await?;
         eprintln!("soak: drained in {:.1} s", drain.elapsed().as_secs_f64());
 
-        let statuses: BTreeMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        let statuses: BTreeMap<String, i64> = crate::db::query_as::<(String, i64)>(
             "SELECT t.status, count(*) FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id
               WHERE b.name LIKE 'soak-%' GROUP BY 1",
         )

@@ -19,7 +19,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection};
+use crate::db::Pool;
 
 use super::{BizType, Settings, create_in, set_signing_secret, update_in, validate_name, validate_signing_secret};
 use crate::audit;
@@ -325,13 +326,13 @@ pub fn plan(desired: Vec<Desired>, current: &[BizType], hosts: CallbackHosts) ->
 
 /// Plans the file against the database and, unless `dry_run`, carries the plan out in
 /// one transaction. Returns the plan (what was, or would be, done).
-pub async fn run(pool: &PgPool, desired: Vec<Desired>, hosts: CallbackHosts, dry_run: bool) -> Result<Plan, Failure> {
+pub async fn run(pool: &Pool, desired: Vec<Desired>, hosts: CallbackHosts, dry_run: bool) -> Result<Plan, Failure> {
     let mut tx = pool.begin().await?;
     // A dry run only reads (a read-only database role can check for drift). A real one
     // locks every biz type until it commits, so that nothing changes one between the plan
     // and its writes, and two applies run one after the other.
     let query = if dry_run { "SELECT * FROM biz_types ORDER BY name" } else { "SELECT * FROM biz_types ORDER BY name FOR UPDATE" };
-    let current = sqlx::query_as::<_, BizType>(query).fetch_all(&mut *tx).await?;
+    let current = crate::db::query_as::<BizType>(query).fetch_all(&mut *tx).await?;
     let plan = plan(desired, &current, hosts)?;
     if dry_run || !plan.changes_anything() {
         return Ok(plan);

@@ -15,7 +15,8 @@ pub(crate) use tokens::{hash as hash_token, random_base64};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection};
+use crate::db::Pool;
 
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
@@ -236,7 +237,7 @@ pub(crate) fn archived(name: &str) -> Error {
 }
 
 /// Creates a biz type; `hosts` is the install's rule for callback URLs.
-pub async fn create(pool: &PgPool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<BizType, Error> {
+pub async fn create(pool: &Pool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<BizType, Error> {
     let mut tx = pool.begin().await?;
     let biz_type = create_in(&mut tx, name, settings, None, hosts).await?;
     tx.commit().await?;
@@ -261,7 +262,7 @@ pub async fn create_in(
     // settings through the same path as an update, so that both validate alike.
     let secret = signing_secret.map_or_else(new_secret, str::to_string);
     let (clear, sealed) = secrets::keyring().store(name, &secret);
-    let inserted = sqlx::query_as::<_, BizType>(
+    let inserted = crate::db::query_as::<BizType>(
         "INSERT INTO biz_types (name, mode, signing_secret, signing_secret_sealed) VALUES ($1, 'pull', $2, $3)
          ON CONFLICT (name) DO NOTHING RETURNING *",
     )
@@ -271,7 +272,7 @@ pub async fn create_in(
     .fetch_optional(&mut *conn)
     .await?;
     let Some(inserted) = inserted else {
-        let archived_name: Option<bool> = sqlx::query_scalar("SELECT archived_at IS NOT NULL FROM biz_types WHERE name = $1")
+        let archived_name: Option<bool> = crate::db::query_scalar("SELECT archived_at IS NOT NULL FROM biz_types WHERE name = $1")
             .bind(name)
             .fetch_optional(&mut *conn)
             .await?;
@@ -292,7 +293,7 @@ impl Settings {
 
 /// Applies the settings; returns the biz type before and after (for the audit log). A
 /// callback URL already stored is not re-checked against `hosts` unless it is given again.
-pub async fn update(pool: &PgPool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<(BizType, BizType), Error> {
+pub async fn update(pool: &Pool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<(BizType, BizType), Error> {
     let mut tx = pool.begin().await?;
     let changed = update_in(&mut tx, name, settings, hosts).await?;
     tx.commit().await?;
@@ -307,7 +308,7 @@ pub async fn update_in(
     hosts: CallbackHosts,
 ) -> Result<(BizType, BizType), Error> {
     settings.validate(hosts)?;
-    let before = sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
+    let before = crate::db::query_as::<BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
         .bind(name)
         .fetch_optional(&mut *conn)
         .await?
@@ -323,7 +324,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
         return Err(archived(&b.name));
     }
     notify_settings_changed(&mut *conn).await?;
-    Ok(sqlx::query_as::<_, BizType>(
+    Ok(crate::db::query_as::<BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
                 max_in_flight = $10, create_rate_limit = $11, paused = $12, updated_at = now()
@@ -349,7 +350,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
 /// Tells every node's engine to re-read the biz types now rather than at its next
 /// periodic refresh (sent on commit).
 async fn notify_settings_changed(conn: &mut PgConnection) -> Result<(), Error> {
-    sqlx::query("SELECT pg_notify('chime_wake', 'settings')").execute(conn).await?;
+    crate::db::query("SELECT pg_notify('chime_wake', 'settings')").execute(conn).await?;
     Ok(())
 }
 
@@ -358,16 +359,16 @@ async fn notify_settings_changed(conn: &mut PgConnection) -> Result<(), Error> {
 /// stay readable until retention drops them, and its name stays taken. Archiving again
 /// changes nothing but cancels any pending task left. Returns the biz type before and
 /// after, and how many tasks were cancelled.
-pub async fn archive(pool: &PgPool, name: &str) -> Result<(BizType, BizType, u64), Error> {
+pub async fn archive(pool: &Pool, name: &str) -> Result<(BizType, BizType, u64), Error> {
     let not_found = || Error::NotFound(format!("no biz type named `{}`", name.escape_debug()));
     validate_name(name).map_err(|_| not_found())?;
     let mut tx = pool.begin().await?;
-    let before = sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
+    let before = crate::db::query_as::<BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
         .bind(name)
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(not_found)?;
-    let after = sqlx::query_as::<_, BizType>(
+    let after = crate::db::query_as::<BizType>(
         "UPDATE biz_types SET archived_at = coalesce(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
           WHERE id = $1 RETURNING *",
     )
@@ -383,20 +384,20 @@ pub async fn archive(pool: &PgPool, name: &str) -> Result<(BizType, BizType, u64
 }
 
 /// The biz types in use (not archived), by name.
-pub async fn list(pool: &PgPool) -> Result<Vec<BizType>, Error> {
-    Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE archived_at IS NULL ORDER BY name").fetch_all(pool).await?)
+pub async fn list(pool: &Pool) -> Result<Vec<BizType>, Error> {
+    Ok(crate::db::query_as::<BizType>("SELECT * FROM biz_types WHERE archived_at IS NULL ORDER BY name").fetch_all(pool).await?)
 }
 
 /// Every biz type, archived ones included, by name.
-pub async fn list_all(pool: &PgPool) -> Result<Vec<BizType>, Error> {
-    Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types ORDER BY name").fetch_all(pool).await?)
+pub async fn list_all(pool: &Pool) -> Result<Vec<BizType>, Error> {
+    Ok(crate::db::query_as::<BizType>("SELECT * FROM biz_types ORDER BY name").fetch_all(pool).await?)
 }
 
-pub async fn by_name(pool: &PgPool, name: &str) -> Result<Option<BizType>, Error> {
+pub async fn by_name(pool: &Pool, name: &str) -> Result<Option<BizType>, Error> {
     if validate_name(name).is_err() {
         return Ok(None);
     }
-    Ok(sqlx::query_as::<_, BizType>("SELECT * FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?)
+    Ok(crate::db::query_as::<BizType>("SELECT * FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?)
 }
 
 /// What `reencrypt` did: secrets sealed that were in clear, re-sealed from an older key,
@@ -412,14 +413,14 @@ pub struct Reencrypted {
 /// clear, and those under an older key. Idempotent; all or nothing, so a secret that cannot
 /// be opened stops it with the biz type named. The values do not change, so the engines need
 /// not re-read them.
-pub async fn reencrypt(pool: &PgPool) -> Result<Reencrypted, Error> {
+pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
     let keyring = secrets::keyring();
     if !keyring.seals() {
         return Err(Error::invalid("CHIME_SECRET_KEY", "is not set: set it (or CHIME_SECRET_KEY_FILE) to the key to encrypt with"));
     }
     let mut tx = pool.begin().await?;
     let rows: Vec<(i32, String, Option<String>, Option<String>)> =
-        sqlx::query_as("SELECT id, name, signing_secret, signing_secret_sealed FROM biz_types ORDER BY id FOR UPDATE")
+        crate::db::query_as("SELECT id, name, signing_secret, signing_secret_sealed FROM biz_types ORDER BY id FOR UPDATE")
             .fetch_all(&mut *tx)
             .await?;
     let mut done = Reencrypted::default();
@@ -431,7 +432,7 @@ pub async fn reencrypt(pool: &PgPool) -> Result<Reencrypted, Error> {
         let was_clear = clear.is_some();
         let secret = keyring.open(&name, clear, sealed.as_deref());
         let (clear, sealed) = keyring.store(&name, secret.expose()?);
-        sqlx::query("UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3 WHERE id = $1")
+        crate::db::query("UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3 WHERE id = $1")
             .bind(id)
             .bind(clear)
             .bind(sealed)
@@ -445,22 +446,22 @@ pub async fn reencrypt(pool: &PgPool) -> Result<Reencrypted, Error> {
 
 /// The signing secrets this process cannot open (sealed under a key it does not have), one
 /// error per biz type: a node refuses to start with any.
-pub async fn unopened_secrets(pool: &PgPool) -> Result<Vec<SecretError>, Error> {
+pub async fn unopened_secrets(pool: &Pool) -> Result<Vec<SecretError>, Error> {
     Ok(list(pool).await?.into_iter().filter_map(|b| b.signing_secret.expose().err()).collect())
 }
 
 /// Whether a biz type of this name exists, archived or not (a name that cannot be valid never does).
-pub async fn exists(pool: &PgPool, name: &str) -> Result<bool, Error> {
+pub async fn exists(pool: &Pool, name: &str) -> Result<bool, Error> {
     if validate_name(name).is_err() {
         return Ok(false);
     }
-    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types WHERE name = $1)").bind(name).fetch_one(pool).await?)
+    Ok(crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types WHERE name = $1)").bind(name).fetch_one(pool).await?)
 }
 
 /// The id of the named biz type (archived or not), or `NotFound`.
-pub async fn id_of(pool: &PgPool, name: &str) -> Result<i32, Error> {
+pub async fn id_of(pool: &Pool, name: &str) -> Result<i32, Error> {
     let id = match validate_name(name) {
-        Ok(()) => sqlx::query_scalar::<_, i32>("SELECT id FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?,
+        Ok(()) => crate::db::query_scalar::<i32>("SELECT id FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?,
         Err(_) => None,
     };
     id.ok_or_else(|| Error::NotFound(format!("no biz type named `{}`", name.escape_debug())))

@@ -5,7 +5,8 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection};
+use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::error::Error;
@@ -35,16 +36,16 @@ pub(crate) fn hash(token: &str) -> Vec<u8> {
 }
 
 /// Creates a token for the named biz type and returns it; it cannot be shown again.
-pub async fn create_token(pool: &PgPool, biz_type: &str) -> Result<String, Error> {
+pub async fn create_token(pool: &Pool, biz_type: &str) -> Result<String, Error> {
     Ok(mint_token(pool, biz_type).await?.1)
 }
 
 /// Creates a token for the named biz type (not an archived one): returns it as lists show
 /// it, and the token itself, which cannot be shown again.
-pub async fn mint_token(pool: &PgPool, biz_type: &str) -> Result<(TokenInfo, String), Error> {
+pub async fn mint_token(pool: &Pool, biz_type: &str) -> Result<(TokenInfo, String), Error> {
     let biz_type_id = super::id_of(pool, biz_type).await?;
     let token = format!("chime_{}", random_base64(32));
-    let info = sqlx::query_as(
+    let info = crate::db::query_as(
         "INSERT INTO api_tokens (id, biz_type_id, token_hash, prefix)
          SELECT $1, id, $3, $4 FROM biz_types WHERE id = $2 AND archived_at IS NULL
          RETURNING id, prefix, created_at, revoked_at",
@@ -60,8 +61,8 @@ pub async fn mint_token(pool: &PgPool, biz_type: &str) -> Result<(TokenInfo, Str
 }
 
 /// The grant of an unrevoked token, or `None`.
-pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<TokenAuth>, sqlx::Error> {
-    let row: Option<(i32, String, Option<f64>, bool)> = sqlx::query_as(
+pub async fn authenticate(pool: &Pool, token: &str) -> Result<Option<TokenAuth>, sqlx::Error> {
+    let row: Option<(i32, String, Option<f64>, bool)> = crate::db::query_as(
         "SELECT b.id, b.name, b.create_rate_limit, b.archived_at IS NOT NULL
            FROM api_tokens t JOIN biz_types b ON b.id = t.biz_type_id
           WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
@@ -81,16 +82,16 @@ pub struct TokenInfo {
     pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-pub async fn list_tokens(pool: &PgPool, biz_type_id: i32) -> Result<Vec<TokenInfo>, Error> {
-    Ok(sqlx::query_as("SELECT id, prefix, created_at, revoked_at FROM api_tokens WHERE biz_type_id = $1 ORDER BY created_at DESC")
+pub async fn list_tokens(pool: &Pool, biz_type_id: i32) -> Result<Vec<TokenInfo>, Error> {
+    Ok(crate::db::query_as("SELECT id, prefix, created_at, revoked_at FROM api_tokens WHERE biz_type_id = $1 ORDER BY created_at DESC")
         .bind(biz_type_id)
         .fetch_all(pool)
         .await?)
 }
 
 /// Revokes a token of the biz type; returns its prefix. Revoking twice is harmless.
-pub async fn revoke_token(pool: &PgPool, biz_type_id: i32, id: Uuid) -> Result<String, Error> {
-    sqlx::query_scalar("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND biz_type_id = $2 RETURNING prefix")
+pub async fn revoke_token(pool: &Pool, biz_type_id: i32, id: Uuid) -> Result<String, Error> {
+    crate::db::query_scalar("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND biz_type_id = $2 RETURNING prefix")
         .bind(id)
         .bind(biz_type_id)
         .fetch_optional(pool)
@@ -100,7 +101,7 @@ pub async fn revoke_token(pool: &PgPool, biz_type_id: i32, id: Uuid) -> Result<S
 
 /// Gives the biz type a new signing secret and returns it; the engines are told to re-read
 /// their settings, so callbacks are signed with it at once. An archived biz type's is kept.
-pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Error> {
+pub async fn rotate_secret(pool: &Pool, biz_type_id: i32) -> Result<String, Error> {
     let secret = new_secret();
     let mut tx = pool.begin().await?;
     set_signing_secret(&mut tx, biz_type_id, &secret).await?;
@@ -113,7 +114,7 @@ pub async fn rotate_secret(pool: &PgPool, biz_type_id: i32) -> Result<String, Er
 pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32, secret: &str) -> Result<(), Error> {
     validate_signing_secret(secret)?;
     // The name is the sealed value's associated data; names never change.
-    let (name, archived): (String, bool) = sqlx::query_as("SELECT name, archived_at IS NOT NULL FROM biz_types WHERE id = $1")
+    let (name, archived): (String, bool) = crate::db::query_as("SELECT name, archived_at IS NOT NULL FROM biz_types WHERE id = $1")
         .bind(biz_type_id)
         .fetch_optional(&mut *conn)
         .await?
@@ -123,7 +124,7 @@ pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32
     }
     let (clear, sealed) = super::secrets::keyring().store(&name, secret);
     // Locks the biz type's row until the caller commits; `archive` takes the same lock.
-    sqlx::query(
+    crate::db::query(
         "WITH changed AS (
             UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3, updated_at = now()
              WHERE id = $1 AND archived_at IS NULL RETURNING id

@@ -88,7 +88,7 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
         Err(e) => return Err(e.into()),
     };
     let like = |s: &str| (!s.trim().is_empty()).then(|| format!("%{}%", s.trim().replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
-    let entries: Vec<Entry> = sqlx::query_as(
+    let entries: Vec<Entry> = crate::db::query_as(
         "SELECT id, at, actor, action, target_type, target, before, after FROM audit_log
           WHERE ($1::text IS NULL OR actor ILIKE $1) AND ($2::text IS NULL OR action ILIKE $2)
             AND ($3::text IS NULL OR target ILIKE $3) AND ($4::bigint IS NULL OR id < $4)

@@ -63,8 +63,8 @@ impl Page {
     }
 }
 
-async fn estimate(pool: &sqlx::PgPool, table: &str) -> Result<(i64, String), sqlx::Error> {
-    sqlx::query_as(
+async fn estimate(pool: &crate::db::Pool, table: &str) -> Result<(i64, String), sqlx::Error> {
+    crate::db::query_as(
         "SELECT greatest(coalesce(s.n_live_tup, 0), 0)::bigint, pg_size_pretty(pg_total_relation_size(c.oid))
            FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
           WHERE c.oid = $1::regclass",
@@ -76,7 +76,7 @@ async fn estimate(pool: &sqlx::PgPool, table: &str) -> Result<(i64, String), sql
 
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
     let pool = &state.pool;
-    let nodes: Vec<NodeRow> = sqlx::query_as(
+    let nodes: Vec<NodeRow> = crate::db::query_as(
         "SELECT id, hostname, pid, version, listen, delivers, started_at,
                 extract(epoch FROM now() - heartbeat_at)::float8 AS silent_secs
            FROM nodes ORDER BY started_at",
@@ -97,7 +97,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
         leader: crate::leader::current(pool).await?,
         database: replication::read(pool).await?,
         writing_to: state.health.writing_to(),
-        horizon: sqlx::query_scalar("SELECT until FROM hot_horizon").fetch_one(pool).await?,
+        horizon: crate::db::query_scalar("SELECT until FROM hot_horizon").fetch_one(pool).await?,
         partitions: rows,
         cold_rows,
         cold_size,

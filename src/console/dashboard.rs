@@ -46,7 +46,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     // their cost follows the queue, not the finished history.
     // Each count stops at COUNT_CAP (shown as "100000+"), so a huge backlog cannot make
     // the page slow.
-    let counts: Vec<(i32, String, bool, i64, i64, i64, i64)> = sqlx::query_as(
+    let counts: Vec<(i32, String, bool, i64, i64, i64, i64)> = crate::db::query_as(
         "SELECT b.id, b.name, b.paused,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending' LIMIT $1) c),
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending'
@@ -59,7 +59,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     .fetch_all(pool)
     .await?;
     // The last hour of attempts, per biz type and minute (0 = this minute).
-    let minutes: Vec<(i32, i32, i64, i64)> = sqlx::query_as(
+    let minutes: Vec<(i32, i32, i64, i64)> = crate::db::query_as(
         "SELECT biz_type_id,
                 (extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', started_at)) / 60)::int AS ago,
                 count(*) FILTER (WHERE status_code BETWEEN 200 AND 299),
@@ -70,7 +70,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     )
     .fetch_all(pool)
     .await?;
-    let lateness: HashMap<i32, (Option<i32>, Option<i32>)> = sqlx::query_as::<_, (i32, Option<i32>, Option<i32>)>(
+    let lateness: HashMap<i32, (Option<i32>, Option<i32>)> = crate::db::query_as::<(i32, Option<i32>, Option<i32>)>(
         "SELECT biz_type_id,
                 percentile_disc(0.5) WITHIN GROUP (ORDER BY lateness_ms),
                 percentile_disc(0.99) WITHIN GROUP (ORDER BY lateness_ms)
@@ -110,7 +110,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
         })
         .collect();
     let leader = crate::leader::current(pool).await?;
-    let nodes: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '30 seconds'").fetch_one(pool).await?;
+    let nodes: i64 = crate::db::query_scalar("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '30 seconds'").fetch_one(pool).await?;
     let page = Page { ctx: Ctx::new(&session, &req, "dashboard"), rows, leader, nodes };
     render(StatusCode::OK, &page.ctx, &page)
 }

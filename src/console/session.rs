@@ -100,7 +100,7 @@ impl FromRequest for Session {
             let state = state.ok_or_else(|| ConsoleError::Internal("no application state".into()))?;
             let sign_in = || ConsoleError::SignIn { next: next.clone() };
             let token = token.ok_or_else(sign_in)?;
-            let row: Option<(i32, String, String, String)> = sqlx::query_as(
+            let row: Option<(i32, String, String, String)> = crate::db::query_as(
                 "SELECT u.id, u.username, u.role, s.csrf_token
                    FROM sessions s JOIN users u ON u.id = s.user_id
                   WHERE s.token_hash = $1 AND s.expires_at > now() AND NOT u.disabled",
@@ -212,8 +212,8 @@ pub async fn login(
     limiter.succeeded(address, &form.username);
     // A fresh session on every sign-in; expired ones are cleared on the way.
     let token = random_token();
-    sqlx::query("DELETE FROM sessions WHERE expires_at < now()").execute(&state.pool).await?;
-    sqlx::query(
+    crate::db::query("DELETE FROM sessions WHERE expires_at < now()").execute(&state.pool).await?;
+    crate::db::query(
         "INSERT INTO sessions (token_hash, user_id, csrf_token, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 hour')",
     )
     .bind(hash(&token))
@@ -223,7 +223,7 @@ pub async fn login(
     .execute(&state.pool)
     .await?;
     if let Some(old) = req.cookie(COOKIE) {
-        sqlx::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(old.value())).execute(&state.pool).await?;
+        crate::db::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(old.value())).execute(&state.pool).await?;
     }
     audit::record(&state.pool, &format!("user:{}", user.username), "user.sign_in", "user", &user.username, None, None).await?;
     tracing::info!(user = %user.username, %address, "console: signed in");
@@ -266,7 +266,7 @@ pub struct CsrfForm {
 pub async fn logout(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     if let Some(cookie) = req.cookie(COOKIE) {
-        sqlx::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(cookie.value())).execute(&state.pool).await?;
+        crate::db::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(cookie.value())).execute(&state.pool).await?;
     }
     let mut gone = Cookie::build(COOKIE, "").path("/").finish();
     gone.make_removal();

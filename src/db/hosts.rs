@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 /// How long one host may take to accept a session, unless `connect_timeout` says otherwise:
 /// a host that drops packets gives no answer at all.
@@ -182,11 +182,12 @@ impl std::fmt::Display for Writable {
     }
 }
 
-/// Asks the session's server. Without parameters sqlx sends it as a simple query, which a
-/// pooler in transaction mode passes through as it is.
+/// Asks the session's server. As a simple query (one message, text results), which a
+/// pooler in transaction mode passes through whole: a statement with parameters takes two
+/// rounds, between which the pooler may hand the server session to another client.
 pub async fn writable(conn: &mut PgConnection) -> Result<Writable, sqlx::Error> {
-    let (recovery, read_only): (bool, bool) =
-        sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'").fetch_one(conn).await?;
+    let row = sqlx::raw_sql("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'").fetch_one(conn).await?;
+    let (recovery, read_only): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
     Ok(match (recovery, read_only) {
         (true, _) => Writable::Standby,
         (false, true) => Writable::ReadOnly,

@@ -17,8 +17,10 @@ use crate::config::DbArgs;
 use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
 
 pub mod hosts;
+mod pool;
 
 pub use hosts::{Hosts, NoWritableHost, Writable};
+pub use pool::{Pool, query, query_as, query_scalar};
 
 /// The migrations this binary knows. Applied migrations it does not know (a newer binary's)
 /// are let be: migrations are expand/contract (`migrations/README.md`), so this binary runs
@@ -34,7 +36,7 @@ pub static MIGRATOR: Migrator = {
 /// (restarted when it dies) and stopped when the command ends (`close`).
 pub struct Database {
     /// For statements: DATABASE_URL, perhaps through a pooler in transaction mode.
-    pub pool: PgPool,
+    pub pool: Pool,
     pub health: Health,
     embedded: Option<embedded_pg::Supervisor>,
 }
@@ -64,9 +66,10 @@ impl Database {
             let direct = args.direct_database_url.as_deref().map(|url| Hosts::parse(url, "CHIME_DIRECT_DATABASE_URL")).transpose()?;
             let health = Health::follow(statements, direct).await?;
             let pooled = health.pooled();
-            let pool = health.pool(Route::Statements, args.db_pool_size, if pooled { pooled_statements } else { no_jit });
-            let sessions = if pooled { health.pool(Route::Sessions, SESSIONS_POOL_SIZE, no_jit) } else { pool.clone() };
+            let statements = health.pool(Route::Statements, args.db_pool_size, if pooled { pooled_statements } else { no_jit });
+            let sessions = if pooled { health.pool(Route::Sessions, SESSIONS_POOL_SIZE, no_jit) } else { statements.clone() };
             let _ = health.inner.sessions.set(sessions);
+            let pool = if pooled { Pool::pooled(statements) } else { Pool::direct(statements) };
             check_server_version(&pool).await?;
             anyhow::Ok((pool, health))
         };
@@ -111,7 +114,9 @@ pub fn no_jit(options: PgConnectOptions) -> PgConnectOptions {
 /// serves many clients, one transaction at a time: nothing may outlive a transaction.
 /// PgBouncer 1.18 refuses the `options` and `extra_float_digits` startup parameters (so
 /// `jit` is the role's setting, README; PostgreSQL 12+ prints floats exactly without
-/// `extra_float_digits`) and keeps no prepared statement across transactions.
+/// `extra_float_digits`). Statements are unnamed and each in a transaction (`pool.rs`);
+/// without a statement cache, a named one made by mistake fails ("already exists") rather
+/// than be run later on a server session where the name means another client's statement.
 fn pooled_statements(options: PgConnectOptions) -> PgConnectOptions {
     options.statement_cache_capacity(0).extra_float_digits(None)
 }
@@ -129,13 +134,15 @@ type Customize = Arc<dyn Fn(PgConnectOptions) -> PgConnectOptions + Send + Sync>
 /// The hosts of one URL, the one in use, and the pools whose sessions go there.
 struct Target {
     hosts: Hosts,
+    /// How a probe connects: what the server (or pooler) at these hosts accepts.
+    probe: fn(PgConnectOptions) -> PgConnectOptions,
     current: Mutex<usize>,
     pools: Mutex<Vec<(PgPool, Customize)>>,
 }
 
 impl Target {
-    fn new(hosts: Hosts, current: usize) -> Arc<Target> {
-        Arc::new(Target { hosts, current: Mutex::new(current), pools: Mutex::new(Vec::new()) })
+    fn new(hosts: Hosts, probe: fn(PgConnectOptions) -> PgConnectOptions, current: usize) -> Arc<Target> {
+        Arc::new(Target { hosts, probe, current: Mutex::new(current), pools: Mutex::new(Vec::new()) })
     }
 
     fn current(&self) -> &hosts::Host {
@@ -165,7 +172,7 @@ impl Target {
 
     /// Finds the host that accepts writes now and points the pools there.
     async fn find(&self) -> Result<(), NoWritableHost> {
-        let (i, conn) = self.hosts.find_writable(&no_jit).await?;
+        let (i, conn) = self.hosts.find_writable(&self.probe).await?;
         let _ = conn.close().await;
         self.switch(i);
         Ok(())
@@ -207,8 +214,9 @@ const STILL_DOWN_AFTER: Duration = Duration::from_secs(10);
 
 impl Health {
     /// For an existing pool on one host (tests): it is its own sessions pool.
-    pub fn new(pool: PgPool) -> Health {
-        let target = Target::new(Hosts::single(pool.connect_options().as_ref().clone(), "DATABASE_URL"), 0);
+    pub fn new(pool: &Pool) -> Health {
+        let pool = pool.pg.clone();
+        let target = Target::new(Hosts::single(pool.connect_options().as_ref().clone(), "DATABASE_URL"), no_jit, 0);
         target.pools.lock().expect("not poisoned").push((pool.clone(), Arc::new(|o| o)));
         let health = Health::with_targets(target.clone(), target);
         let _ = health.inner.sessions.set(pool);
@@ -218,14 +226,15 @@ impl Health {
     /// Finds the server that accepts writes among each URL's hosts (waiting for one for
     /// the acquire timeout); `direct` is CHIME_DIRECT_DATABASE_URL's, for pooler mode.
     async fn follow(statements: Hosts, direct: Option<Hosts>) -> anyhow::Result<Health> {
-        let (i, conn) = find_at_start(&statements).await?;
+        let probe = if direct.is_some() { pooled_statements } else { no_jit };
+        let (i, conn) = find_at_start(&statements, probe).await?;
         let _ = conn.close().await;
-        let statements = Target::new(statements, i);
+        let statements = Target::new(statements, probe, i);
         let sessions = match direct {
             Some(direct) => {
-                let (i, conn) = find_at_start(&direct).await?;
+                let (i, conn) = find_at_start(&direct, no_jit).await?;
                 let _ = conn.close().await;
-                Target::new(direct, i)
+                Target::new(direct, no_jit, i)
             }
             None => statements.clone(),
         };
@@ -394,14 +403,15 @@ impl Health {
 
 /// A pool on `url` (its first host that accepts writes), for tools and tests; unlike
 /// `Database::open`'s pools it does not follow a failover.
-pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
+pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<Pool> {
     let hosts = Hosts::parse(url, "DATABASE_URL")?;
-    let (i, conn) = find_at_start(&hosts).await?;
+    let (i, conn) = find_at_start(&hosts, no_jit).await?;
     let _ = conn.close().await;
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with(no_jit(hosts.hosts()[i].options.clone()));
+        .connect_lazy_with(no_jit(hosts.hosts()[i].options.clone()))
+        .into();
     check_server_version(&pool).await?;
     Ok(pool)
 }
@@ -410,11 +420,11 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// At start a server may still be coming up (or being promoted): the hosts are tried
 /// again for the pool's acquire timeout before chime gives up, naming each host and why.
-async fn find_at_start(hosts: &Hosts) -> anyhow::Result<(usize, PgConnection)> {
+async fn find_at_start(hosts: &Hosts, customize: fn(PgConnectOptions) -> PgConnectOptions) -> anyhow::Result<(usize, PgConnection)> {
     check_root_cert(hosts)?;
     let deadline = Instant::now() + ACQUIRE_TIMEOUT;
     loop {
-        match hosts.find_writable(&no_jit).await {
+        match hosts.find_writable(&customize).await {
             Ok(found) => return Ok(found),
             Err(e) if Instant::now() >= deadline => {
                 let context = match hosts.hosts()[0].options.get_ssl_mode() {
@@ -430,8 +440,8 @@ async fn find_at_start(hosts: &Hosts) -> anyhow::Result<(usize, PgConnection)> {
     }
 }
 
-async fn check_server_version(pool: &PgPool) -> anyhow::Result<()> {
-    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+async fn check_server_version(pool: &Pool) -> anyhow::Result<()> {
+    let version: i32 = crate::db::query_scalar("SELECT current_setting('server_version_num')::int")
         .fetch_one(pool)
         .await
         .context("asking PostgreSQL for its version")?;
@@ -494,7 +504,7 @@ fn check_root_cert(hosts: &Hosts) -> anyhow::Result<()> {
 
 /// Applies the pending migrations on a connection of its own, whose session settings end
 /// with it, then warns about applied migrations newer than this binary.
-pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     // Waiting for another node's migrations, or a long one, is expected here: not a "slow
     // statement" warning.
     let options = pool.connect_options().as_ref().clone().disable_statement_logging();
@@ -514,7 +524,7 @@ pub async fn migrate_on(conn: &mut PgConnection) -> anyhow::Result<()> {
     // its table behind itself: give up instead, and let the next start try again. Session
     // wide (a no-transaction migration runs outside any transaction); the session ends here.
     let result = async {
-        sqlx::query("SET lock_timeout = '10s'").execute(&mut *conn).await?;
+        crate::db::query("SET lock_timeout = '10s'").execute(&mut *conn).await?;
         MIGRATOR.run(&mut *conn).await.context("applying database migrations")
     }
     .await;
@@ -529,15 +539,15 @@ pub struct Schema {
 
 impl Schema {
     /// Reads without creating anything: a database never migrated has applied nothing.
-    pub async fn read(pool: &PgPool) -> anyhow::Result<Schema> {
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+    pub async fn read(pool: &Pool) -> anyhow::Result<Schema> {
+        let exists: bool = crate::db::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
             .fetch_one(pool)
             .await
             .context("reading the applied migrations")?;
         if !exists {
             return Ok(Schema { applied: Vec::new() });
         }
-        let applied = sqlx::query_as("SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version")
+        let applied = crate::db::query_as("SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version")
             .fetch_all(pool)
             .await
             .context("reading the applied migrations")?;

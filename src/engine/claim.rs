@@ -2,7 +2,7 @@
 //! statements: one round trip per claimed batch, one per recorded batch.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use crate::db::Pool;
 use uuid::Uuid;
 
 /// A task this node holds a lease on.
@@ -40,14 +40,14 @@ pub struct Claimed {
 /// range instead (50,000 rows read when all were due at one instant). The cost is a probe
 /// of 200 ids in each retained partition, well under a millisecond each.
 pub async fn claim(
-    pool: &PgPool,
+    pool: &Pool,
     biz_type_id: i32,
     limit: i64,
     ahead_ms: i64,
     lease_ms: i64,
     node_id: Uuid,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    sqlx::query_as(
+    crate::db::query_as(
         "WITH due AS (
              SELECT id, run_at FROM tasks
               WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() + $5 * interval '1 millisecond'
@@ -72,10 +72,10 @@ pub async fn claim(
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).
-pub async fn next_due(pool: &PgPool, biz_type_ids: &[i32]) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+pub async fn next_due(pool: &Pool, biz_type_ids: &[i32]) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
     // One index probe per biz type: min(run_at) of each is the first entry of its part of
     // tasks_claim_idx.
-    sqlx::query_scalar(
+    crate::db::query_scalar(
         "SELECT min(next) FROM unnest($1::int[]) AS b(id)
            CROSS JOIN LATERAL (
                SELECT run_at AS next FROM tasks
@@ -122,7 +122,7 @@ pub enum Verdict {
 /// took the task, its state is that node's to record (the attempt is still kept). A retry
 /// moves the task to its new `run_at`, kept inside the hot horizon so that it never needs
 /// a partition that does not exist.
-pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
+pub async fn record(pool: &Pool, node_id: Uuid, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
     let mut ids = Vec::with_capacity(outcomes.len());
     let mut run_ats = Vec::with_capacity(outcomes.len());
     let mut statuses = Vec::with_capacity(outcomes.len());
@@ -151,7 +151,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
         biz_type_ids.push(o.biz_type_id);
     }
     let mut tx = pool.begin().await?;
-    sqlx::query(
+    crate::db::query(
         "UPDATE tasks t
             SET status = o.status,
                 run_at = CASE WHEN o.status = 'pending'
@@ -173,7 +173,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     .bind(node_id)
     .execute(&mut *tx)
     .await?;
-    sqlx::query(
+    crate::db::query(
         "INSERT INTO attempts (task_id, number, started_at, duration_ms, status_code, error, response_excerpt, node_id,
                                biz_type_id, lateness_ms, redirected_to)
          SELECT a.task_id, a.number, a.started_at, a.duration_ms, a.status_code, a.error, a.response_excerpt, $8,
@@ -200,7 +200,7 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
     // than let it wait for their poll.
     let now = Utc::now();
     if outcomes.iter().any(|o| matches!(o.verdict, Verdict::RetryAt(at) if at <= now)) {
-        sqlx::query("SELECT pg_notify('chime_wake', '')").execute(&mut *tx).await?;
+        crate::db::query("SELECT pg_notify('chime_wake', '')").execute(&mut *tx).await?;
     }
     tx.commit().await
 }
@@ -209,9 +209,9 @@ pub async fn record(pool: &PgPool, node_id: Uuid, outcomes: &[Outcome]) -> Resul
 /// because it is stopping: pending again as if never claimed (their attempt is not
 /// counted), so that another node, woken now, takes them without waiting for the lease to
 /// run out. Only tasks still leased to this node are touched; returns how many.
-pub async fn give_back(pool: &PgPool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>)]) -> Result<u64, sqlx::Error> {
+pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>)]) -> Result<u64, sqlx::Error> {
     let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().copied().unzip();
-    let given = sqlx::query(
+    let given = crate::db::query(
         "UPDATE tasks t
             SET status = 'pending', lease_until = NULL, leased_by = NULL,
                 attempt_count = t.attempt_count - 1, updated_at = now()
@@ -225,7 +225,7 @@ pub async fn give_back(pool: &PgPool, node_id: Uuid, tasks: &[(Uuid, DateTime<Ut
     .await?
     .rows_affected();
     if given > 0 {
-        sqlx::query("SELECT pg_notify('chime_wake', '')").execute(pool).await?;
+        crate::db::query("SELECT pg_notify('chime_wake', '')").execute(pool).await?;
     }
     Ok(given)
 }
@@ -233,11 +233,11 @@ pub async fn give_back(pool: &PgPool, node_id: Uuid, tasks: &[(Uuid, DateTime<Ut
 /// Puts back to pending the tasks whose lease ran out (their node died or lost the
 /// database before recording a result), recording the lost attempt. Safe on every node at
 /// once: rows being recovered elsewhere are skipped.
-pub async fn recover_expired_leases(pool: &PgPool) -> Result<u64, sqlx::Error> {
+pub async fn recover_expired_leases(pool: &Pool) -> Result<u64, sqlx::Error> {
     // A callback lease runs out when its node died: not the task's fault, so it is simply
     // pending again. A pull reservation runs out when the consumer did not ack within the
     // time to run: a failed attempt, which may be the last one.
-    let recovered = sqlx::query(
+    let recovered = crate::db::query(
         "WITH expired AS (
              SELECT t.id, t.biz_type_id, t.run_at, t.attempt_count, t.leased_by, t.updated_at,
                     b.mode = 'pull' AS pull, b.mode = 'pull' AND t.attempt_count >= b.max_attempts AS exhausted

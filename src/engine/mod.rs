@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
@@ -105,8 +105,8 @@ pub fn install_tls_provider() {
 
 /// The biz types to deliver, and those left out because this node cannot open their signing
 /// secret (sealed under a key it was not given). Their tasks wait, pending, for a node that can.
-async fn active_biz_types(pool: &PgPool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, SecretError)>), sqlx::Error> {
-    let all: Vec<BizTypeConfig> = sqlx::query_as(
+async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, SecretError)>), sqlx::Error> {
+    let all: Vec<BizTypeConfig> = crate::db::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
@@ -133,7 +133,8 @@ enum Report {
 /// host accepts writes) the engine waits for it rather than fail a claim a second.
 pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: Signal) {
     install_tls_provider();
-    let pool = health.pool(Route::Sessions, POOL_SIZE, hot_path);
+    let sessions = health.pool(Route::Sessions, POOL_SIZE, hot_path);
+    let pool = Pool::direct(sessions.clone());
     let client = hosts
         .http_client()
         .pool_idle_timeout(Duration::from_secs(90))
@@ -147,7 +148,7 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
     let listener = {
         let wake = wake.clone();
         let settings_changed = settings_changed.clone();
-        tokio::spawn(listen_for_wakes(pool.clone(), move |payload| {
+        tokio::spawn(listen_for_wakes(sessions, move |payload| {
             if payload == "settings" {
                 settings_changed.store(true, Ordering::Relaxed);
             }
@@ -362,7 +363,7 @@ struct Drained {
 /// Writes outcomes in batches: whatever has arrived by the time the previous batch is
 /// written goes into the next. Tasks given back unstarted are written the same way.
 async fn record_outcomes(
-    pool: PgPool,
+    pool: Pool,
     health: Health,
     node_id: Uuid,
     mut rx: mpsc::UnboundedReceiver<Report>,
@@ -429,7 +430,7 @@ async fn record_outcomes(
 /// soon, `settings` for a changed biz type. When its session breaks it calls `on_lost` and
 /// reconnects; notifications sent while it was away are lost, which the loop's `IDLE_POLL` and
 /// `SETTINGS_REFRESH` cover.
-pub async fn listen_for_wakes(pool: PgPool, on_wake: impl Fn(&str), on_lost: impl Fn()) {
+pub async fn listen_for_wakes(pool: sqlx::PgPool, on_wake: impl Fn(&str), on_lost: impl Fn()) {
     // Until the node shuts down (its pool closes).
     while !pool.is_closed() {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {

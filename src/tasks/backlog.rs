@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 
 /// Pending (of which retrying) and failed tasks of one biz type in use (archived ones are
 /// left out, as from every list).
@@ -31,10 +31,10 @@ pub struct Counts {
 /// (half due), 1,000,000 succeeded and 20,000 failed, over 5 biz types: 0.84 to 1.4 s
 /// (warm cache); the pending count alone 0.28 s, the failed one 9 ms. Hence the caller's
 /// cache and this timeout.
-pub async fn counts(pool: &PgPool, timeout: Duration) -> Result<Vec<Counts>, sqlx::Error> {
+pub async fn counts(pool: &Pool, timeout: Duration) -> Result<Vec<Counts>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     set_statement_timeout(&mut tx, timeout).await?;
-    let counts = sqlx::query_as(
+    let counts = crate::db::query_as(
         "SELECT b.name AS biz_type, p.pending, p.retrying,
                 (SELECT count(*) FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'failed') AS failed
            FROM biz_types b
@@ -54,10 +54,10 @@ pub async fn counts(pool: &PgPool, timeout: Duration) -> Result<Vec<Counts>, sql
 /// Per biz type, how long its oldest due and undelivered task has waited (now − run_at),
 /// 0 when none is due. One index probe per biz type and partition (the first entry of
 /// `tasks_claim_idx` for it): 3.4 ms with the backlog measured above.
-pub async fn oldest_pending_age(pool: &PgPool, timeout: Duration) -> Result<Vec<(String, f64)>, sqlx::Error> {
+pub async fn oldest_pending_age(pool: &Pool, timeout: Duration) -> Result<Vec<(String, f64)>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     set_statement_timeout(&mut tx, timeout).await?;
-    let ages = sqlx::query_as(
+    let ages = crate::db::query_as(
         "SELECT b.name, coalesce(extract(epoch FROM now() - o.run_at), 0)::float8
            FROM biz_types b
            LEFT JOIN LATERAL (
@@ -74,6 +74,6 @@ pub async fn oldest_pending_age(pool: &PgPool, timeout: Duration) -> Result<Vec<
 }
 
 async fn set_statement_timeout(tx: &mut sqlx::PgConnection, timeout: Duration) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT set_config('statement_timeout', $1, true)").bind(format!("{}ms", timeout.as_millis())).execute(tx).await?;
+    crate::db::query("SELECT set_config('statement_timeout', $1, true)").bind(format!("{}ms", timeout.as_millis())).execute(tx).await?;
     Ok(())
 }

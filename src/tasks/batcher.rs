@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::{CreateOutcome, NewTask, create_batch};
@@ -32,7 +32,7 @@ pub struct CreateBatcher {
 impl CreateBatcher {
     /// Starts the writers; must be called inside the runtime. They stop when every
     /// `CreateBatcher` clone is dropped.
-    pub fn start(pool: PgPool) -> CreateBatcher {
+    pub fn start(pool: Pool) -> CreateBatcher {
         let (queue, rx) = mpsc::unbounded_channel();
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..WRITERS {
@@ -54,7 +54,7 @@ fn stopped() -> Error {
     Error::Db(sqlx::Error::PoolClosed)
 }
 
-async fn write(pool: PgPool, rx: Arc<Mutex<mpsc::UnboundedReceiver<Request>>>) {
+async fn write(pool: Pool, rx: Arc<Mutex<mpsc::UnboundedReceiver<Request>>>) {
     let mut queued = Vec::new();
     loop {
         // One writer at a time takes what is queued; the others wait their turn here.
@@ -71,7 +71,7 @@ async fn write(pool: PgPool, rx: Arc<Mutex<mpsc::UnboundedReceiver<Request>>>) {
     }
 }
 
-async fn write_group(pool: &PgPool, group: Vec<Request>) {
+async fn write_group(pool: &Pool, group: Vec<Request>) {
     let biz_type = group[0].biz_type.clone();
     let biz_type_id = group[0].biz_type_id;
     let (mut tasks, replies): (Vec<NewTask>, Vec<_>) = group.into_iter().map(|r| (r.task, r.reply)).unzip();

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use crate::db::Pool;
 use uuid::Uuid;
 
 use super::{Task, When, check_payload, validate_key};
@@ -71,7 +71,7 @@ pub enum CreateOutcome {
 /// Inserts the tasks of one biz type in one statement (plus one more only when a key was
 /// already taken), returning one outcome per input, in order. The created tasks' payloads
 /// are moved out of `items` into the outcomes; on an error, `items` are as they were.
-pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items: &mut [NewTask]) -> Result<Vec<CreateOutcome>, Error> {
+pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: &mut [NewTask]) -> Result<Vec<CreateOutcome>, Error> {
     // A key repeated inside the batch is answered from its first occurrence.
     let mut first_with_key: HashMap<&str, usize> = HashMap::new();
     let mut repeat_of: Vec<Option<usize>> = vec![None; items.len()];
@@ -107,7 +107,7 @@ pub async fn create_batch(pool: &PgPool, biz_type_id: i32, biz_type: &str, items
     // Keys are claimed in `task_keys` first; an item whose key was already taken is not
     // inserted (ON CONFLICT DO NOTHING) and is answered below. Each task goes to the hot
     // partitions or to cold storage by the horizon read in this same statement.
-    let created: Vec<Task> = sqlx::query_as(
+    let created: Vec<Task> = crate::db::query_as(
         "WITH input AS (
              SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
                     i.payload::jsonb AS payload, i.request_hash
@@ -201,7 +201,7 @@ fn key_conflict(item: &NewTask) -> Error {
 }
 
 /// The tasks holding these keys, with the hash of the request that created each.
-async fn existing_by_key(pool: &PgPool, biz_type_id: i32, keys: &[String]) -> Result<HashMap<String, (Vec<u8>, Task)>, Error> {
+async fn existing_by_key(pool: &Pool, biz_type_id: i32, keys: &[String]) -> Result<HashMap<String, (Vec<u8>, Task)>, Error> {
     if keys.is_empty() {
         return Ok(HashMap::new());
     }
@@ -211,7 +211,7 @@ async fn existing_by_key(pool: &PgPool, biz_type_id: i32, keys: &[String]) -> Re
         #[sqlx(flatten)]
         task: Task,
     }
-    let rows: Vec<Row> = sqlx::query_as(
+    let rows: Vec<Row> = crate::db::query_as(
         "SELECT k.request_hash, t.*, b.name AS biz_type
            FROM task_keys k
            JOIN all_tasks t ON t.id = k.task_id

@@ -3,7 +3,8 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, QueryBuilder};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, QueryBuilder};
+use crate::db::Pool;
 use uuid::Uuid;
 
 use super::{Attempt, Task, When};
@@ -12,15 +13,15 @@ use crate::error::Error;
 const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id";
 
 /// One task with its attempts, or `None`.
-pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, Error> {
-    let Some(task) = sqlx::query_as::<_, Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1")))
+pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, Error> {
+    let Some(task) = crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1")))
         .bind(id)
         .fetch_optional(pool)
         .await?
     else {
         return Ok(None);
     };
-    let attempts = sqlx::query_as::<_, Attempt>(
+    let attempts = crate::db::query_as::<Attempt>(
         "SELECT number, started_at, duration_ms, status_code, error, response_excerpt, redirected_to
            FROM attempts WHERE task_id = $1 ORDER BY started_at, number",
     )
@@ -30,8 +31,8 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>
     Ok(Some((task, attempts)))
 }
 
-pub async fn get_by_key(pool: &PgPool, biz_type_id: i32, key: &str) -> Result<Option<Task>, Error> {
-    Ok(sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+pub async fn get_by_key(pool: &Pool, biz_type_id: i32, key: &str) -> Result<Option<Task>, Error> {
+    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "{SELECT_TASK} JOIN task_keys k ON k.task_id = t.id WHERE k.biz_type_id = $1 AND k.key = $2"
     )))
     .bind(biz_type_id)
@@ -59,7 +60,7 @@ pub struct Page {
 /// Tasks of one biz type (or of all, for the console) in (run_at, id) order, a page at a
 /// time. The cursor is the last row's (run_at, id), so pages stay stable while tasks are
 /// added (keyset pagination).
-pub async fn list(pool: &PgPool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<Page, Error> {
+pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<Page, Error> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     // Built per call rather than with `$n IS NULL OR …` so that each filter combination
     // gets a plan that walks an index in (run_at, id) order: tasks_claim_idx holds a biz
@@ -122,8 +123,8 @@ pub async fn list(pool: &PgPool, biz_type_id: Option<i32>, filter: &ListFilter) 
 }
 
 /// Tasks holding this client key, in any biz type (the console's search box).
-pub async fn find_by_key(pool: &PgPool, key: &str) -> Result<Vec<Task>, Error> {
-    Ok(sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+pub async fn find_by_key(pool: &Pool, key: &str) -> Result<Vec<Task>, Error> {
+    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "{SELECT_TASK} JOIN task_keys k ON k.task_id = t.id AND k.biz_type_id = t.biz_type_id WHERE k.key = $1"
     )))
     .bind(key)
@@ -140,8 +141,8 @@ pub struct FailedFilter {
 }
 
 /// How many failed tasks match (failed tasks are never in cold storage).
-pub async fn count_failed(pool: &PgPool, f: &FailedFilter) -> Result<i64, Error> {
-    Ok(sqlx::query_scalar(
+pub async fn count_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
+    Ok(crate::db::query_scalar(
         "SELECT count(*) FROM tasks
           WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
             AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)",
@@ -155,8 +156,8 @@ pub async fn count_failed(pool: &PgPool, f: &FailedFilter) -> Result<i64, Error>
 
 /// Replays every failed task matching the filter (as `replay` does one), in one
 /// statement; returns how many.
-pub async fn replay_failed(pool: &PgPool, f: &FailedFilter) -> Result<i64, Error> {
-    Ok(sqlx::query_scalar(
+pub async fn replay_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
+    Ok(crate::db::query_scalar(
         "WITH old AS (
              DELETE FROM tasks
               WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
@@ -197,7 +198,7 @@ fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), Error> {
 async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(String, bool), Error> {
     for (table, cold) in [("tasks", false), ("tasks_cold", true)] {
         let row: Option<(i32, String)> =
-            sqlx::query_as(AssertSqlSafe(format!("SELECT biz_type_id, status FROM {table} WHERE id = $1 FOR UPDATE")))
+            crate::db::query_as(AssertSqlSafe(format!("SELECT biz_type_id, status FROM {table} WHERE id = $1 FOR UPDATE")))
                 .bind(id)
                 .fetch_optional(&mut *tx)
                 .await?;
@@ -225,7 +226,7 @@ async fn requeue(
 ) -> Result<Task, Error> {
     let source = if cold { "tasks_cold" } else { "tasks" };
     let (run_at, delay_ms) = when.map(When::binds).unwrap_or_default();
-    let task = sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+    let task = crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "WITH old AS (
              DELETE FROM {source} WHERE id = $1 RETURNING *
          ), new AS (
@@ -265,7 +266,7 @@ async fn requeue(
 
 /// Changes the run time and/or payload of a pending task.
 pub async fn reschedule(
-    pool: &PgPool,
+    pool: &Pool,
     owner: i32,
     id: Uuid,
     when: Option<When>,
@@ -283,7 +284,7 @@ pub async fn reschedule(
 
 /// Puts a finished task (failed, succeeded or cancelled) back to pending, due now. Its
 /// attempts stay in the history.
-pub async fn replay(pool: &PgPool, owner: i32, id: Uuid) -> Result<Task, Error> {
+pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;
     if !matches!(status.as_str(), "failed" | "succeeded" | "cancelled") {
@@ -295,14 +296,14 @@ pub async fn replay(pool: &PgPool, owner: i32, id: Uuid) -> Result<Task, Error> 
 }
 
 /// Cancels a pending task. A running or finished task cannot be cancelled.
-pub async fn cancel(pool: &PgPool, owner: i32, id: Uuid) -> Result<Task, Error> {
+pub async fn cancel(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;
     if status != "pending" {
         return Err(Error::Conflict(format!("only a pending task can be cancelled; this one is {status}")));
     }
     let table = if cold { "tasks_cold" } else { "tasks" };
-    let task = sqlx::query_as::<_, Task>(AssertSqlSafe(format!(
+    let task = crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "WITH t AS (
              UPDATE {table} SET status = 'cancelled', finished_at = now(), updated_at = now()
               WHERE id = $1 RETURNING *
@@ -320,8 +321,8 @@ pub async fn cancel(pool: &PgPool, owner: i32, id: Uuid) -> Result<Task, Error> 
 /// cold; returns how many. Archiving calls it, and the leader's sweep calls it again for
 /// what was left pending afterwards (a retry of a callback in flight, a create that passed
 /// its token check just before). Running tasks are left to finish.
-pub async fn cancel_archived(pool: &PgPool, biz_type_id: Option<i32>) -> Result<u64, Error> {
-    let cancelled: i64 = sqlx::query_scalar(
+pub async fn cancel_archived(pool: &Pool, biz_type_id: Option<i32>) -> Result<u64, Error> {
+    let cancelled: i64 = crate::db::query_scalar(
         "WITH archived AS (
              SELECT id FROM biz_types WHERE archived_at IS NOT NULL AND ($1::int IS NULL OR id = $1)
          ), hot AS (

@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
+use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::error::Error;
@@ -140,8 +141,8 @@ fn validate_schedule(cron: &str, timezone: &str) -> Result<Schedule, Error> {
 
 const SELECT: &str = "SELECT t.*, b.name AS biz_type FROM timers t JOIN biz_types b ON b.id = t.biz_type_id";
 
-pub async fn create(pool: &PgPool, biz_type_id: i32, request: CreateTimer) -> Result<Timer, Error> {
-    let timer: Option<Timer> = sqlx::query_as(
+pub async fn create(pool: &Pool, biz_type_id: i32, request: CreateTimer) -> Result<Timer, Error> {
+    let timer: Option<Timer> = crate::db::query_as(
         "WITH t AS (
              INSERT INTO timers (id, biz_type_id, key, cron, timezone, payload, active, catch_up, materialized_until)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
@@ -163,14 +164,14 @@ pub async fn create(pool: &PgPool, biz_type_id: i32, request: CreateTimer) -> Re
     timer.ok_or_else(|| Error::Conflict(format!("a timer with key `{}` already exists in this biz type", request.key)))
 }
 
-pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Timer>, Error> {
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE t.id = $1"))).bind(id).fetch_optional(pool).await?)
+pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<Timer>, Error> {
+    Ok(crate::db::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE t.id = $1"))).bind(id).fetch_optional(pool).await?)
 }
 
 /// A biz type's timers (or all, for the console) by biz type and key, `limit` of them;
 /// with a biz type, those after `after_key`.
-pub async fn list(pool: &PgPool, biz_type_id: Option<i32>, after_key: Option<&str>, limit: i64) -> Result<Vec<Timer>, Error> {
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+pub async fn list(pool: &Pool, biz_type_id: Option<i32>, after_key: Option<&str>, limit: i64) -> Result<Vec<Timer>, Error> {
+    Ok(crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "{SELECT} WHERE ($1::int IS NULL OR t.biz_type_id = $1) AND ($2::text IS NULL OR t.key > $2)
           ORDER BY b.name, t.key LIMIT $3"
     )))
@@ -183,7 +184,7 @@ pub async fn list(pool: &PgPool, biz_type_id: Option<i32>, after_key: Option<&st
 
 /// Locks a timer of biz type `owner` for a change (404 if missing, 403 if another's).
 async fn lock(tx: &mut Transaction<'_, Postgres>, owner: i32, id: Uuid) -> Result<Timer, Error> {
-    let timer: Timer = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE t.id = $1 FOR UPDATE OF t")))
+    let timer: Timer = crate::db::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE t.id = $1 FOR UPDATE OF t")))
         .bind(id)
         .fetch_optional(&mut **tx)
         .await?
@@ -196,7 +197,7 @@ async fn lock(tx: &mut Transaction<'_, Postgres>, owner: i32, id: Uuid) -> Resul
 
 /// Removes the occurrences of a timer that have not fired: pending and never attempted.
 async fn remove_unfired(tx: &mut Transaction<'_, Postgres>, timer: &Timer) -> Result<u64, Error> {
-    let removed: i64 = sqlx::query_scalar(
+    let removed: i64 = crate::db::query_scalar(
         "WITH hot AS (
              DELETE FROM tasks WHERE timer_id = $1 AND status = 'pending' AND attempt_count = 0 RETURNING id, key
          ), cold AS (
@@ -216,7 +217,7 @@ async fn remove_unfired(tx: &mut Transaction<'_, Postgres>, timer: &Timer) -> Re
 }
 
 /// Applies `changes` to a timer of biz type `owner`; returns the timer before and after.
-pub async fn update(pool: &PgPool, owner: i32, id: Uuid, changes: TimerChanges, max_payload_bytes: usize) -> Result<(Timer, Timer), Error> {
+pub async fn update(pool: &Pool, owner: i32, id: Uuid, changes: TimerChanges, max_payload_bytes: usize) -> Result<(Timer, Timer), Error> {
     let mut tx = pool.begin().await?;
     let before = lock(&mut tx, owner, id).await?;
     let cron = changes.cron.as_deref().unwrap_or(&before.cron);
@@ -234,7 +235,7 @@ pub async fn update(pool: &PgPool, owner: i32, id: Uuid, changes: TimerChanges, 
     if restart {
         remove_unfired(&mut tx, &before).await?;
     }
-    let after: Timer = sqlx::query_as(
+    let after: Timer = crate::db::query_as(
         "WITH t AS (
              UPDATE timers SET cron = $2, timezone = $3, payload = $4, active = $5, catch_up = $6, updated_at = now(),
                     materialized_until = CASE WHEN $7 THEN now() ELSE materialized_until END
@@ -263,11 +264,11 @@ fn same_json(a: &RawValue, b: &RawValue) -> bool {
 }
 
 /// Deletes a timer of biz type `owner` and its occurrences that have not fired.
-pub async fn delete(pool: &PgPool, owner: i32, id: Uuid) -> Result<Timer, Error> {
+pub async fn delete(pool: &Pool, owner: i32, id: Uuid) -> Result<Timer, Error> {
     let mut tx = pool.begin().await?;
     let timer = lock(&mut tx, owner, id).await?;
     remove_unfired(&mut tx, &timer).await?;
-    sqlx::query("DELETE FROM timers WHERE id = $1").bind(id).execute(&mut *tx).await?;
+    crate::db::query("DELETE FROM timers WHERE id = $1").bind(id).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(timer)
 }
@@ -275,9 +276,9 @@ pub async fn delete(pool: &PgPool, owner: i32, id: Uuid) -> Result<Timer, Error>
 /// Writes occurrences for the active timers whose window is at least half used up (an
 /// archived biz type's timers write none).
 /// Returns how many occurrences were written.
-pub async fn materialize_due(pool: &PgPool, window: std::time::Duration) -> Result<u64, Error> {
+pub async fn materialize_due(pool: &Pool, window: std::time::Duration) -> Result<u64, Error> {
     let window_ms = window.as_millis() as i64;
-    let due: Vec<Uuid> = sqlx::query_scalar(
+    let due: Vec<Uuid> = crate::db::query_scalar(
         "SELECT id FROM timers
           WHERE active AND (materialized_until < now() + $1 * interval '1 millisecond' OR materialized_until IS NULL)
             AND biz_type_id NOT IN (SELECT id FROM biz_types WHERE archived_at IS NOT NULL)
@@ -295,7 +296,7 @@ pub async fn materialize_due(pool: &PgPool, window: std::time::Duration) -> Resu
 
 /// Writes a timer's occurrences up to `window` ahead of the database clock, in one
 /// transaction with its new `materialized_until`. Returns how many were written.
-pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -> Result<u64, Error> {
+pub async fn materialize(pool: &Pool, id: Uuid, window: std::time::Duration) -> Result<u64, Error> {
     let mut tx = pool.begin().await?;
     #[derive(sqlx::FromRow)]
     struct Row {
@@ -304,7 +305,7 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
         now: DateTime<Utc>,
     }
     let Some(Row { timer, now }) =
-        sqlx::query_as(
+        crate::db::query_as(
             "SELECT t.*, b.name AS biz_type, now() AS now FROM timers t JOIN biz_types b ON b.id = t.biz_type_id
               WHERE t.id = $1 AND t.active AND b.archived_at IS NULL FOR UPDATE OF t",
         )
@@ -350,7 +351,7 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
     let keys: Vec<String> = occurrences.iter().map(|(fire, _)| occurrence_key(&timer.key, *fire)).collect();
     let run_ats: Vec<DateTime<Utc>> = occurrences.iter().map(|o| o.1).collect();
     let hash = Sha256::digest(format!("timer {id}")).to_vec();
-    let written: i64 = sqlx::query_scalar(
+    let written: i64 = crate::db::query_scalar(
         "WITH input AS (
              SELECT * FROM unnest($3::uuid[], $4::text[], $5::timestamptz[]) AS i(id, key, run_at)
          ), taken AS (
@@ -386,7 +387,7 @@ pub async fn materialize(pool: &PgPool, id: Uuid, window: std::time::Duration) -
         tracing::warn!(timer = %id, key = %timer.key, skipped = occurrences.len() - written as usize,
             "some occurrence keys were already taken (by a task created with the same key); those occurrences are skipped");
     }
-    sqlx::query("UPDATE timers SET materialized_until = $2 WHERE id = $1")
+    crate::db::query("UPDATE timers SET materialized_until = $2 WHERE id = $1")
         .bind(id)
         .bind(materialized_until)
         .execute(&mut *tx)

@@ -9,7 +9,7 @@ use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use reqwest::header::{COOKIE, LOCATION};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use chime::db::Pool;
 
 use crate::console::{ADMIN_PASSWORD, Console, no_redirects, sign_in, sign_in_attempt, support_user};
 use crate::helpers::{Reply, TestApp, chime_process_logging, fresh_database, spawn_app};
@@ -75,7 +75,7 @@ fn fill(text: &str, values: &HashMap<&str, String>) -> String {
 }
 
 /// Everything a request could change, as text: compared before and after refused requests.
-async fn snapshot(pool: &PgPool) -> Vec<String> {
+async fn snapshot(pool: &Pool) -> Vec<String> {
     let mut rows = Vec::new();
     for query in [
         "SELECT t::text FROM all_tasks t ORDER BY id",

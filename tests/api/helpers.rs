@@ -10,7 +10,8 @@ use chime::config::ServeArgs;
 use chime::embedded_pg::{self, EmbeddedPg};
 use chime::startup::Application;
 use serde_json::Value;
-use sqlx::{Connection, Executor, PgConnection, PgPool};
+use sqlx::{Connection, Executor, PgConnection};
+use chime::db::Pool;
 use uuid::Uuid;
 use tokio::sync::OnceCell;
 
@@ -83,7 +84,7 @@ pub fn client() -> reqwest::Client {
 
 pub struct TestApp {
     pub address: String,
-    pub pool: PgPool,
+    pub pool: Pool,
     pub db_url: String,
     pub client: reqwest::Client,
 }
@@ -113,7 +114,7 @@ pub async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
     settings.listen = "127.0.0.1:0".parse().unwrap();
     settings.http_workers = Some(1);
     settings.admin_password.get_or_insert_with(|| "test-admin-password".into());
-    let app = Application::build(&settings, pool.clone(), chime::db::Health::new(pool.clone())).await.expect("building the app");
+    let app = Application::build(&settings, pool.clone(), chime::db::Health::new(&pool)).await.expect("building the app");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until(futures_util::stream::pending()));
     TestApp { address, pool, db_url, client: client() }
@@ -305,7 +306,7 @@ pub async fn wait_ready(address: &str) {
 }
 
 /// The node id of a chime process, from its registration.
-pub async fn node_of(pool: &PgPool, child: &tokio::process::Child) -> Uuid {
+pub async fn node_of(pool: &Pool, child: &tokio::process::Child) -> Uuid {
     let pid = child.id().unwrap() as i32;
     for _ in 0..100 {
         if let Some(id) = sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap() {

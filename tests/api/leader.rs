@@ -8,22 +8,22 @@ use chime::callback_hosts::CallbackHosts;
 use chime::partitions::{self, Layout};
 use chime::{leader, timers};
 use chrono::{DateTime, Days, Utc};
-use sqlx::PgPool;
+use chime::db::Pool;
 use uuid::Uuid;
 
 use crate::helpers::{chime_process, fresh_database, node_of, spawn_app, spawn_second_node};
 
-async fn pool(db_url: &str) -> PgPool {
+async fn pool(db_url: &str) -> Pool {
     chime::db::connect(db_url, 4).await.unwrap()
 }
 
-async fn biz_type_id(pool: &PgPool, name: &str) -> i32 {
+async fn biz_type_id(pool: &Pool, name: &str) -> i32 {
     let settings = Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() };
     biz_types::create(pool, name, &settings, CallbackHosts::Any).await.unwrap().id
 }
 
 /// Waits until `node` leads; returns how long that took.
-async fn wait_leader(pool: &PgPool, node: Uuid, within: Duration) -> Duration {
+async fn wait_leader(pool: &Pool, node: Uuid, within: Duration) -> Duration {
     let started = Instant::now();
     while started.elapsed() < within {
         if leader::current(pool).await.unwrap() == Some(node) {

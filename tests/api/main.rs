@@ -1,4 +1,6 @@
 //! Integration tests: the real HTTP server, a real PostgreSQL, the real binary.
+// The tests' own statements go straight to PostgreSQL: sqlx's query functions are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod admin;
 mod apply;
@@ -22,6 +24,7 @@ mod helpers;
 mod leader;
 mod metrics;
 mod nodes;
+mod pooler;
 mod operating;
 mod pull;
 mod receiver;

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use chime::config::ServeArgs;
 use chime::embedded_pg;
-use sqlx::{Connection, Executor, PgConnection, PgPool};
+use sqlx::{Connection, Executor, PgConnection};
+use chime::db::Pool;
 
 use crate::console::{ADMIN_PASSWORD, Console, sign_in};
 use crate::helpers::{free_port, spawn_app, spawn_on};
@@ -90,7 +91,7 @@ async fn cluster_page_until(console: &Console, what: &str, done: impl Fn(&str) -
 }
 
 /// What the server says about where this session reached it, as the page should put it.
-async fn server_address(pool: &PgPool) -> String {
+async fn server_address(pool: &Pool) -> String {
     let (host, port, directories, port_setting): (Option<String>, Option<i32>, String, String) = sqlx::query_as(
         "SELECT host(inet_server_addr()), inet_server_port(), current_setting('unix_socket_directories'), current_setting('port')",
     )

@@ -8,7 +8,7 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::json;
-use sqlx::PgPool;
+use chime::db::Pool;
 
 use crate::cli::{Output, chime};
 use crate::helpers::{TestApp, chime_node, chime_process_logging, client, free_port, fresh_database, wait_ready};
@@ -20,7 +20,7 @@ fn key(byte: u8) -> String {
 }
 
 /// The stored forms of the biz type's secret: (in clear, sealed).
-async fn stored(pool: &PgPool, name: &str) -> (Option<String>, Option<String>) {
+async fn stored(pool: &Pool, name: &str) -> (Option<String>, Option<String>) {
     sqlx::query_as("SELECT signing_secret, signing_secret_sealed FROM biz_types WHERE name = $1").bind(name).fetch_one(pool).await.unwrap()
 }
 

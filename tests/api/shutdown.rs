@@ -13,7 +13,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use sqlx::migrate::Migrate;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection};
+use chime::db::Pool;
 use uuid::Uuid;
 
 use crate::helpers::{TestApp, chime_process_live, chime_process_logging, client, fresh_database, node_of, wait_ready};
@@ -61,7 +62,7 @@ async fn wait_until<F: std::future::Future<Output = bool>>(within: Duration, mut
     None
 }
 
-async fn count(pool: &PgPool, sql: &'static str, node: Uuid) -> i64 {
+async fn count(pool: &Pool, sql: &'static str, node: Uuid) -> i64 {
     sqlx::query_scalar(sql).bind(node).fetch_one(pool).await.unwrap()
 }
 

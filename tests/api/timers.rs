@@ -5,7 +5,7 @@ use std::time::Duration;
 use chime::timers;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use chime::db::Pool;
 
 use crate::helpers::{TestApp, spawn_app};
 
@@ -18,7 +18,7 @@ async fn create_timer(app: &TestApp, token: &str, body: Value) -> Value {
 }
 
 /// (key, run_at, status) of a timer's occurrences, by run_at.
-async fn occurrences(pool: &PgPool, timer_id: &str) -> Vec<(String, DateTime<Utc>, String)> {
+async fn occurrences(pool: &Pool, timer_id: &str) -> Vec<(String, DateTime<Utc>, String)> {
     sqlx::query_as("SELECT key, run_at, status FROM all_tasks WHERE timer_id = $1::uuid ORDER BY run_at")
         .bind(timer_id)
         .fetch_all(pool)
@@ -27,7 +27,7 @@ async fn occurrences(pool: &PgPool, timer_id: &str) -> Vec<(String, DateTime<Utc
 }
 
 /// Waits until the leader has written a timer's occurrences.
-async fn wait_materialized(pool: &PgPool, timer_id: &str) -> Vec<(String, DateTime<Utc>, String)> {
+async fn wait_materialized(pool: &Pool, timer_id: &str) -> Vec<(String, DateTime<Utc>, String)> {
     for _ in 0..100 {
         let found = occurrences(pool, timer_id).await;
         if !found.is_empty() {
@@ -249,7 +249,7 @@ async fn changing_a_timer_replaces_its_unfired_occurrences() {
     assert!(again >= 4, "{again}");
 }
 
-async fn wait_materialized_pending(pool: &PgPool, id: &str) -> i64 {
+async fn wait_materialized_pending(pool: &Pool, id: &str) -> i64 {
     for _ in 0..100 {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE timer_id = $1::uuid AND status = 'pending'")
             .bind(id)

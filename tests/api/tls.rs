@@ -8,7 +8,8 @@ use std::process::Command;
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use chime::embedded_pg::{self, EmbeddedPg};
-use sqlx::{Connection, Executor, PgConnection, PgPool};
+use sqlx::{Connection, Executor, PgConnection};
+use chime::db::Pool;
 use tokio::sync::OnceCell;
 
 use crate::cli::chime;
@@ -106,7 +107,7 @@ async fn connect_error(url: &str) -> String {
 }
 
 /// Connects through chime's own `db::connect` and checks the session is encrypted.
-async fn connect_over_tls(url: &str) -> PgPool {
+async fn connect_over_tls(url: &str) -> Pool {
     let pool = chime::db::connect(url, 1).await.unwrap_or_else(|e| panic!("{url}: {e:#}"));
     let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
     assert!(ssl, "{url}: the session is not encrypted");

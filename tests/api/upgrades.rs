@@ -5,13 +5,13 @@ use std::time::Duration;
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use serde_json::json;
-use sqlx::PgPool;
+use chime::db::Pool;
 
 use crate::cli::chime;
 use crate::helpers::{TestApp, chime_process_logging, client, empty_database, free_port, fresh_database};
 use crate::receiver::{Answer, Receiver};
 
-async fn has_migrations_table(pool: &PgPool) -> bool {
+async fn has_migrations_table(pool: &Pool) -> bool {
     sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await.unwrap()
 }
 

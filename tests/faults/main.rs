@@ -5,6 +5,8 @@
 //!
 //! A test binary of its own, so that this load never runs beside the timing-sensitive
 //! tests in `tests/api`; within it, the heavy tests take turns (`heavy()`).
+// The tests' own statements go straight to PostgreSQL: sqlx's query functions are fine here.
+#![allow(clippy::disallowed_methods)]
 
 #[path = "../api/helpers.rs"]
 #[allow(dead_code)]
@@ -26,7 +28,7 @@ use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use chime::db::Pool;
 
 use crate::receiver::Received;
 
@@ -37,7 +39,7 @@ async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
 }
 
 /// Creates a biz type whose callbacks go to `url`; returns an API token for it.
-async fn biz_type(pool: &PgPool, name: &str, url: &str, settings: Settings) -> String {
+async fn biz_type(pool: &Pool, name: &str, url: &str, settings: Settings) -> String {
     let settings = Settings { callback_url: Some(url.to_string()), ..settings };
     biz_types::create(pool, name, &settings, CallbackHosts::Any).await.unwrap();
     biz_types::create_token(pool, name).await.unwrap()
@@ -65,12 +67,12 @@ async fn create_tasks(address: &str, token: &str, tasks: Vec<Value>) -> Vec<Stri
     ids
 }
 
-async fn db_now(pool: &PgPool) -> DateTime<Utc> {
+async fn db_now(pool: &Pool) -> DateTime<Utc> {
     sqlx::query_scalar("SELECT now()").fetch_one(pool).await.unwrap()
 }
 
 /// How many tasks are in each status.
-async fn statuses(pool: &PgPool) -> HashMap<String, i64> {
+async fn statuses(pool: &Pool) -> HashMap<String, i64> {
     sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status")
         .fetch_all(pool)
         .await
@@ -80,7 +82,7 @@ async fn statuses(pool: &PgPool) -> HashMap<String, i64> {
 }
 
 /// Waits until no task is pending or running (at most `within`); returns the statuses.
-async fn wait_all_finished(pool: &PgPool, within: Duration) -> HashMap<String, i64> {
+async fn wait_all_finished(pool: &Pool, within: Duration) -> HashMap<String, i64> {
     let started = Instant::now();
     loop {
         let now = statuses(pool).await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sqlx::PgPool;
+use chime::db::Pool;
 
 use crate::cluster::{Formation, advisory_locks, chime_sessions, in_recovery, query_one, url, wait_until};
 use crate::helpers::{chime_node, client};
@@ -35,7 +35,7 @@ async fn wait_promoted(formation: &Formation) -> (Instant, Instant) {
 }
 
 /// Waits until a node leads on the server of `pool` (at most 30 s).
-async fn wait_leader(pool: &PgPool, server: &str) {
+async fn wait_leader(pool: &Pool, server: &str) {
     wait_until(&format!("a leader on {server}"), Duration::from_secs(30), || async {
         chime::leader::current(pool).await.ok().flatten().is_some()
     })

@@ -11,6 +11,8 @@
 //!
 //! A binary of its own (`cargo test --test ha`), so that its load never runs beside the
 //! timing-sensitive tests; within it the tests take turns (`heavy()`).
+// The tests' own statements go straight to PostgreSQL: sqlx's query functions are fine here.
+#![allow(clippy::disallowed_methods)]
 
 #[path = "../api/helpers.rs"]
 #[allow(dead_code)]
@@ -32,7 +34,7 @@ use std::time::{Duration, Instant};
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use chime::db::Pool;
 
 use crate::helpers::client;
 use crate::receiver::Received;
@@ -45,7 +47,7 @@ async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
 
 /// Migrates the database and creates the biz type `orders`, whose callbacks go to `url`;
 /// returns an API token for it.
-async fn orders(pool: &PgPool, url: &str) -> String {
+async fn orders(pool: &Pool, url: &str) -> String {
     chime::db::migrate(pool).await.unwrap();
     let settings = Settings { callback_url: Some(url.to_string()), timeout_ms: Some(2000), backoff_initial_ms: Some(200), ..Default::default() };
     biz_types::create(pool, "orders", &settings, CallbackHosts::Any).await.unwrap();

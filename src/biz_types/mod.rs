@@ -376,10 +376,13 @@ pub async fn archive(pool: &Pool, name: &str) -> Result<(BizType, BizType, u64),
     .fetch_one(&mut *tx)
     .await?;
     notify_settings_changed(&mut tx).await?;
+    // In the transaction, so that the count is of every task pending until now: once the
+    // archive is committed, the leader's sweep may cancel them too.
+    let mut cancelled = crate::tasks::cancel_archived(&mut *tx, Some(before.id)).await?;
     tx.commit().await?;
     // After the commit: a task created meanwhile by a token not yet refused is pending
     // now and cancelled here (and any left later by the leader's sweep).
-    let cancelled = crate::tasks::cancel_archived(pool, Some(before.id)).await?;
+    cancelled += crate::tasks::cancel_archived(pool, Some(before.id)).await?;
     Ok((before, after, cancelled))
 }
 

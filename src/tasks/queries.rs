@@ -321,7 +321,7 @@ pub async fn cancel(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
 /// cold; returns how many. Archiving calls it, and the leader's sweep calls it again for
 /// what was left pending afterwards (a retry of a callback in flight, a create that passed
 /// its token check just before). Running tasks are left to finish.
-pub async fn cancel_archived(pool: &Pool, biz_type_id: Option<i32>) -> Result<u64, Error> {
+pub async fn cancel_archived<'e>(executor: impl sqlx::PgExecutor<'e>, biz_type_id: Option<i32>) -> Result<u64, Error> {
     let cancelled: i64 = crate::db::query_scalar(
         "WITH archived AS (
              SELECT id FROM biz_types WHERE archived_at IS NOT NULL AND ($1::int IS NULL OR id = $1)
@@ -335,7 +335,7 @@ pub async fn cancel_archived(pool: &Pool, biz_type_id: Option<i32>) -> Result<u6
          SELECT (SELECT count(*) FROM hot) + (SELECT count(*) FROM cold)",
     )
     .bind(biz_type_id)
-    .fetch_one(pool)
+    .fetch_one(executor)
     .await?;
     Ok(cancelled as u64)
 }

@@ -82,12 +82,30 @@ fn tail(log: &Path) -> String {
 }
 
 /// Kills a process group, and the postmaster of `pgdata` in case it left the group.
+/// Its children too: a background worker that does not watch for the postmaster's death
+/// (pg_auto_failover's health check) would otherwise outlive it.
 fn kill_group(child: &mut Child, pgdata: &Path) {
+    let postmaster = postmaster_pid(pgdata);
+    let children = postmaster.map(children_of).unwrap_or_default();
     let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-    if let Some(pid) = postmaster_pid(pgdata) {
+    for pid in postmaster.into_iter().chain(children) {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     let _ = child.wait();
+}
+
+/// The processes whose parent is `parent`, from /proc.
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| {
+            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command name in parentheses: state, then the parent's pid.
+            let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }
 
 /// The postmaster's pid, from the first line of postmaster.pid.

@@ -5,7 +5,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use crate::db::Pool;
 
-use crate::api::AppState;
+use crate::state::AppState;
 use crate::biz_types::{self, Settings};
 use crate::callback_hosts::CallbackHosts;
 

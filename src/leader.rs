@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use crate::lifecycle::Signal;
 use crate::partitions::{self, Layout};
-use crate::{engine, metrics, tasks, timers};
+use crate::{metrics, tasks, timers};
 
 /// The advisory lock whose holder leads.
 const LEADER_LOCK: i64 = 0x6368_696d_656c; // "chimel"
@@ -209,7 +209,7 @@ async fn housekeeping(pool: Pool, s: Settings) {
             Ok(n) => metrics::housekeeping(0, n, 0),
             Err(e) => tracing::warn!(error = %e, "could not write timer occurrences; retrying"),
         }
-        match engine::recover_expired_leases(&pool).await {
+        match tasks::lease::recover_expired_leases(&pool).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(tasks = n, "recovered tasks whose lease expired; they will be delivered again"),
             Err(e) => tracing::warn!(error = %e, "could not recover expired leases"),
@@ -243,7 +243,7 @@ async fn migrate(pool: Pool, batch: i64) {
         let started = Instant::now();
         let mut total = 0;
         let outcome = loop {
-            match partitions::move_cold(&pool, batch).await {
+            match tasks::placement::move_cold(&pool, batch).await {
                 Ok(moved) => {
                     total += moved;
                     if moved < batch as u64 {
@@ -270,23 +270,12 @@ async fn migrate(pool: Pool, batch: i64) {
 /// every engine (a lost notification would otherwise cost only the engine's poll, so a
 /// task this late means an engine is stuck or no node delivers).
 async fn sweep(pool: &Pool) -> Result<(), sqlx::Error> {
-    let overdue: Vec<(String, chrono::DateTime<chrono::Utc>)> = crate::db::query_as(
-        "SELECT b.name, o.run_at
-           FROM biz_types b
-           CROSS JOIN LATERAL (
-               SELECT run_at FROM tasks t
-                WHERE t.biz_type_id = b.id AND t.status = 'pending' AND t.run_at < now() - interval '1 minute'
-                ORDER BY run_at LIMIT 1
-           ) o
-          WHERE b.mode = 'callback' AND NOT b.paused AND b.rate_limit IS NULL AND b.archived_at IS NULL",
-    )
-    .fetch_all(pool)
-    .await?;
+    let overdue = tasks::stats::overdue(pool).await?;
     if !overdue.is_empty() {
         for (biz_type, run_at) in &overdue {
             tracing::warn!(biz_type, oldest_due = %run_at, "pending tasks are more than a minute overdue; waking the engines");
         }
-        crate::db::query("SELECT pg_notify('chime_wake', '')").execute(pool).await?;
+        tasks::wake::notify(pool, tasks::wake::Wake::Due).await?;
     }
     Ok(())
 }

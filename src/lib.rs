@@ -51,6 +51,8 @@ pub mod partitions;
 pub mod replication;
 /// Building a node's HTTP server.
 pub mod startup;
+/// What every request handler of a node shares.
+pub mod state;
 /// Tasks: create, read, list, reschedule, cancel, replay.
 pub mod tasks;
 /// Timers: cron schedules whose occurrences become tasks.

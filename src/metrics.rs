@@ -7,7 +7,7 @@
 //!   dropped) and whether each node leads. One per process: the engine reports through the
 //!   free functions below, and the nodes a test runs in one process share it.
 //! * a node's (`Node`): its HTTP requests by route and status, its database pool, and, on
-//!   the leader only, the queue read from the database (`tasks::backlog`): pending,
+//!   the leader only, the queue read from the database (`tasks::stats`): pending,
 //!   retrying and failed tasks and the age of the oldest due one per biz type. Every node
 //!   would read the same numbers; the leader alone reading them keeps their cost to one
 //!   reader per cluster, and alert rules take `max by (biz_type)` so that two nodes
@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 use crate::db::Pool;
 use uuid::Uuid;
 
-use crate::tasks::backlog;
+use crate::tasks::stats;
 
 /// Bucket bounds in seconds, shared by the latency and lateness histograms: from 1 ms
 /// (on-time firing is judged in milliseconds) to 10 minutes (retries after an outage).
@@ -307,7 +307,7 @@ impl Node {
     /// counts at most every `COUNT_EVERY` (they walk the queue).
     async fn read_queue(&self, counted: &mut Option<Instant>) {
         self.oldest_pending_age.clear();
-        match within(backlog::oldest_pending_age(&self.pool, QUERY_TIMEOUT)).await {
+        match within(stats::oldest_pending_age(&self.pool, QUERY_TIMEOUT)).await {
             Ok(ages) => {
                 for (name, age) in ages {
                     self.oldest_pending_age.get_or_create(&biz_type(&name)).set(age);
@@ -328,7 +328,7 @@ impl Node {
         // Also after a failure: a count that timed out is not retried at every scrape.
         *counted = Some(Instant::now());
         self.clear_counts();
-        match within(backlog::counts(&self.pool, QUERY_TIMEOUT)).await {
+        match within(stats::counts(&self.pool, QUERY_TIMEOUT)).await {
             Ok(counts) => {
                 for c in counts {
                     let b = biz_type(&c.biz_type);

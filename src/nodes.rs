@@ -13,6 +13,10 @@ use uuid::Uuid;
 use crate::lifecycle::Signal;
 
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// A node is live while its last heartbeat is younger than this: three beats, so that one
+/// slow or lost beat does not count it out. The one definition used by the engine's and
+/// pull's shares of a cluster-wide rate and by the dashboard.
+pub const LIVE_WITHIN: Duration = Duration::from_secs(3 * HEARTBEAT.as_secs());
 /// A node silent for this long is taken for dead and removed (by any other node).
 const DEAD_AFTER_SECS: i64 = 60;
 
@@ -69,13 +73,46 @@ async fn leave(pool: &Pool, id: Uuid) -> Result<(), sqlx::Error> {
     crate::db::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(pool).await.map(drop)
 }
 
-/// How many live nodes deliver (at least 1: the one asking).
+/// How many live nodes deliver by callback (at least 1: the one asking).
 pub async fn delivering(pool: &Pool) -> Result<i64, sqlx::Error> {
-    let n: i64 = crate::db::query_scalar(
-        "SELECT count(*) FROM nodes WHERE delivers AND heartbeat_at > now() - $1 * interval '1 second'",
+    Ok(count_live(pool, true).await?.max(1))
+}
+
+/// How many nodes are live (`LIVE_WITHIN`).
+pub async fn live(pool: &Pool) -> Result<i64, sqlx::Error> {
+    count_live(pool, false).await
+}
+
+async fn count_live(pool: &Pool, delivering_only: bool) -> Result<i64, sqlx::Error> {
+    crate::db::query_scalar("SELECT count(*) FROM nodes WHERE (delivers OR NOT $2) AND heartbeat_at > now() - $1 * interval '1 second'")
+        .bind(LIVE_WITHIN.as_secs() as i64)
+        .bind(delivering_only)
+        .fetch_one(pool)
+        .await
+}
+
+/// A registered node, as the console's Cluster page shows it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Registered {
+    pub id: Uuid,
+    pub hostname: String,
+    pub pid: i32,
+    pub version: String,
+    /// The address its HTTP server listens on.
+    pub listen: String,
+    pub delivers: bool,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// Seconds since its last heartbeat.
+    pub silent_secs: f64,
+}
+
+/// Every registered node, oldest first (dead ones until they age out).
+pub async fn list(pool: &Pool) -> Result<Vec<Registered>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT id, hostname, pid, version, listen, delivers, started_at,
+                extract(epoch FROM now() - heartbeat_at)::float8 AS silent_secs
+           FROM nodes ORDER BY started_at",
     )
-    .bind(3 * HEARTBEAT.as_secs() as i64)
-    .fetch_one(pool)
-    .await?;
-    Ok(n.max(1))
+    .fetch_all(pool)
+    .await
 }

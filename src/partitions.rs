@@ -9,7 +9,7 @@
 //!   from a day ago (a task may be created up to a day in the past) to `hot_days` ahead,
 //!   and moves the hot horizon to their end. Tasks due beyond the horizon go to
 //!   `tasks_cold`.
-//! * `move_cold` (the leader's migrator) moves cold tasks that now fall before the horizon into the
+//! * `tasks::placement::move_cold` (the leader's migrator) moves cold tasks that now fall before the horizon into the
 //!   hot partitions, one batch per statement: the DELETE from cold and the INSERT into hot
 //!   commit together or not at all, so a leader dying mid-move loses and doubles nothing.
 //! * `retire` (the leader) drops partitions past retention, by detaching them first (a
@@ -19,6 +19,7 @@
 use chrono::{DateTime, Duration, DurationRound, Utc};
 use sqlx::{AssertSqlSafe};
 use crate::db::Pool;
+use crate::tasks::placement;
 
 /// Serialises partition DDL between nodes starting together.
 const PARTITION_LOCK: i64 = 0x6368_696d_6570; // "chimep"
@@ -158,29 +159,22 @@ pub async fn ensure(pool: &Pool, layout: &Layout) -> Result<DateTime<Utc>, sqlx:
     Ok(horizon)
 }
 
-/// Moves one batch of cold tasks due before the hot horizon into the hot partitions, in
-/// one statement. Returns how many moved; fewer than `batch` means none is left.
-pub async fn move_cold(pool: &Pool, batch: i64) -> Result<u64, sqlx::Error> {
-    Ok(crate::db::query(
-        // The ids go to the DELETE as an array so that it always probes the primary key;
-        // joined as a table, large batches tipped the planner into a hash join over a
-        // scan of all of cold storage.
-        "WITH moved AS (
-             DELETE FROM tasks_cold
-              WHERE id = ANY(ARRAY(
-                  SELECT id FROM tasks_cold
-                   WHERE run_at < (SELECT until FROM hot_horizon)
-                   ORDER BY run_at
-                   LIMIT $1
-                   FOR UPDATE SKIP LOCKED))
-             RETURNING *
-         )
-         INSERT INTO tasks SELECT * FROM moved",
+/// The hot horizon: tasks due before it are in the partitions, later ones in cold storage.
+pub async fn horizon(pool: &Pool) -> Result<DateTime<Utc>, sqlx::Error> {
+    crate::db::query_scalar("SELECT until FROM hot_horizon").fetch_one(pool).await
+}
+
+/// A table's (or partition's) estimated rows, from the statistics, and its size on disk
+/// with its indexes, as PostgreSQL prints it.
+pub async fn estimate(pool: &Pool, table: &str) -> Result<(i64, String), sqlx::Error> {
+    crate::db::query_as(
+        "SELECT greatest(coalesce(s.n_live_tup, 0), 0)::bigint, pg_size_pretty(pg_total_relation_size(c.oid))
+           FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+          WHERE c.oid = $1::regclass",
     )
-    .bind(batch)
-    .execute(pool)
-    .await?
-    .rows_affected())
+    .bind(table)
+    .fetch_one(pool)
+    .await
 }
 
 /// Drops the partitions of `tasks` and `attempts` that ended more than `retention_days`
@@ -205,14 +199,7 @@ async fn detach(pool: &Pool, table: &str, name: &str) -> Result<(), sqlx::Error>
     crate::db::query("SET LOCAL lock_timeout = '1s'").execute(&mut *tx).await?;
     crate::db::query(AssertSqlSafe(format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"))).execute(&mut *tx).await?;
     if table == "tasks" {
-        // Under the lock no task can move in or change state; each probe uses a partial index.
-        let unfinished: bool = crate::db::query_scalar(AssertSqlSafe(format!(
-            "SELECT EXISTS (SELECT 1 FROM {name} WHERE status = 'pending')
-                 OR EXISTS (SELECT 1 FROM {name} WHERE status = 'running')"
-        )))
-        .fetch_one(&mut *tx)
-        .await?;
-        if unfinished {
+        if placement::holds_unfinished(&mut tx, name).await? {
             tracing::info!(partition = name, "partition is past retention but holds unfinished tasks; keeping it");
             return Ok(());
         }
@@ -234,23 +221,8 @@ async fn drop_detached(pool: &Pool) -> Result<Vec<String>, sqlx::Error> {
     let mut dropped = Vec::new();
     for name in detached {
         if name.starts_with(&format!("{RETIRED_PREFIX}tasks_")) {
-            // Walk the partition in id order (its primary key) so each batch starts where
-            // the last ended; a key now held by another task is left alone.
             let mut after = uuid::Uuid::nil();
-            while let Some(last) = crate::db::query_scalar::<uuid::Uuid>(AssertSqlSafe(format!(
-                "WITH batch AS (
-                     SELECT id, biz_type_id, key FROM {name} WHERE id > $1 AND key IS NOT NULL ORDER BY id LIMIT $2
-                 ), removed AS (
-                     DELETE FROM task_keys k USING batch b
-                      WHERE k.biz_type_id = b.biz_type_id AND k.key = b.key AND k.task_id = b.id
-                 )
-                 SELECT id FROM batch ORDER BY id DESC LIMIT 1"
-            )))
-            .bind(after)
-            .bind(KEY_BATCH)
-            .fetch_optional(pool)
-            .await?
-            {
+            while let Some(last) = placement::forget_keys(pool, &name, after, KEY_BATCH).await? {
                 after = last;
             }
         }

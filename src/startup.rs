@@ -15,7 +15,8 @@ use futures_util::{Stream, StreamExt};
 use crate::db::Pool;
 use tokio::time::Instant;
 
-use crate::api::{self, AppState};
+use crate::api;
+use crate::state::AppState;
 use crate::config::ServeArgs;
 use crate::db::{self, Health};
 use crate::lifecycle::{Lifecycle, Phase};

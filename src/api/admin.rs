@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::auth::Admin;
-use super::{ApiError, AppState, from_raw, parse_query, raw_json, read_raw_body, resource};
+use super::{ApiError, from_raw, parse_query, raw_json, read_raw_body, resource};
+use crate::state::AppState;
 use crate::biz_types::{self, BizType, Settings};
 use crate::users::{self, UserChanges, UserInfo};
 use crate::{audit, error::Error};

@@ -1,15 +1,13 @@
 //! Bearer tokens: an API token acts for exactly one biz type; an admin token acts only on
 //! `/api/v1/admin/`. Neither is accepted where the other belongs.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 
-use super::{ApiError, AppState};
+use super::ApiError;
+use crate::state::AppState;
 use crate::admin_tokens::{self, AdminToken};
 use crate::biz_types::{self, TokenAuth};
 
@@ -108,37 +106,5 @@ impl FromRequest for Admin {
             }
             Err(ApiError::Unauthenticated("the admin token is not valid or has been revoked".into()))
         })
-    }
-}
-
-/// Valid tokens seen lately, so that a busy client costs one token look-up every few
-/// seconds rather than one per request. A revoked token, or a changed create rate limit,
-/// takes effect within `TTL`; an archived biz type at once (every node empties its cache
-/// when told that biz types changed).
-#[derive(Default)]
-pub struct TokenCache {
-    entries: Mutex<HashMap<String, (TokenAuth, Instant)>>,
-}
-
-impl TokenCache {
-    const TTL: Duration = Duration::from_secs(5);
-    /// Beyond this many tokens the cache starts afresh rather than grow without bound.
-    const MAX_ENTRIES: usize = 10_000;
-
-    fn get(&self, token: &str) -> Option<TokenAuth> {
-        let entries = self.entries.lock().expect("token cache lock");
-        entries.get(token).filter(|(_, at)| at.elapsed() < Self::TTL).map(|(auth, _)| auth.clone())
-    }
-
-    pub fn clear(&self) {
-        self.entries.lock().expect("token cache lock").clear();
-    }
-
-    fn put(&self, token: String, auth: TokenAuth) {
-        let mut entries = self.entries.lock().expect("token cache lock");
-        if entries.len() >= Self::MAX_ENTRIES {
-            entries.clear();
-        }
-        entries.insert(token, (auth, Instant::now()));
     }
 }

@@ -4,7 +4,6 @@
 mod admin;
 mod auth;
 mod error;
-mod limits;
 mod pull;
 mod tasks;
 mod timers;
@@ -12,7 +11,6 @@ mod timers;
 pub use error::ApiError;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -23,71 +21,9 @@ use serde::Deserialize;
 use serde::de::value::MapDeserializer;
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use crate::db::Pool;
-use tokio::sync::Notify;
 
-use self::auth::TokenCache;
-use self::limits::CreateLimiter;
-use crate::callback_hosts::CallbackHosts;
-use crate::lifecycle::{Phase, Signal};
-
-pub struct AppState {
-    pub pool: Pool,
-    /// Whether the database is known to be down: API calls and `/readyz` then answer 503 at once.
-    pub health: crate::db::Health,
-    pub max_payload_bytes: usize,
-    /// Which callback URLs biz types may be given (CHIME_DENY_PRIVATE_CALLBACKS).
-    pub callback_hosts: CallbackHosts,
-    create_limiter: CreateLimiter,
-    tokens: Arc<TokenCache>,
-    /// Woken by every `chime_wake` notification: reserves waiting for a due task.
-    wake: Arc<Notify>,
-    pull_limits: pull::PullLimits,
-    /// Single creates, written together when they arrive together.
-    creates: crate::tasks::CreateBatcher,
-    /// The node's phase: `/readyz` answers 200 only while it is ready.
-    lifecycle: Signal,
-}
-
-impl AppState {
-    /// Must be called inside the runtime: it starts listening for wake-ups.
-    pub fn new(pool: Pool, health: crate::db::Health, max_payload_bytes: usize, callback_hosts: CallbackHosts, lifecycle: Signal) -> Self {
-        let wake = Arc::new(Notify::new());
-        let waiters = wake.clone();
-        let tokens = Arc::new(TokenCache::default());
-        let cached = tokens.clone();
-        // The LISTEN session breaks as soon as the server goes away: the first sign of it.
-        let lost = health.clone();
-        let on_wake = move |payload: &str| {
-            // A biz type changed (perhaps archived): check tokens afresh.
-            if payload == "settings" {
-                cached.clear();
-            }
-            waiters.notify_waiters();
-        };
-        tokio::spawn(crate::engine::listen_for_wakes(health.sessions(), on_wake, move || lost.mark_down()));
-        AppState {
-            creates: crate::tasks::CreateBatcher::start(pool.clone()),
-            pool,
-            health,
-            max_payload_bytes,
-            callback_hosts,
-            create_limiter: CreateLimiter::default(),
-            tokens,
-            wake,
-            pull_limits: pull::PullLimits::default(),
-            lifecycle,
-        }
-    }
-}
-
-impl AppState {
-    /// Forgets the API tokens this node has checked lately, so that the next use of each is
-    /// checked again (after a biz type is archived; other nodes are told by notification).
-    pub fn forget_tokens(&self) {
-        self.tokens.clear();
-    }
-}
+use crate::lifecycle::Phase;
+use crate::state::AppState;
 
 const OPENAPI: &str = include_str!("openapi.json");
 

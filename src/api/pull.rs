@@ -1,6 +1,5 @@
 //! Pull delivery endpoints: reserve (long-polling), ack, nack, touch.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
@@ -10,9 +9,9 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_json, read_optional_json};
+use super::{ApiError, from_json, read_optional_json};
+use crate::state::AppState;
 use crate::biz_types::{self, BizType};
-use crate::engine::rate::Limiters;
 use crate::pull::{self, Verdict};
 
 const MAX_RESERVE: i64 = 100;
@@ -21,39 +20,6 @@ const MAX_TTR_MS: i64 = 24 * 3600 * 1000;
 /// Longest a waiting reserve sleeps without looking, in case a wake-up was missed.
 const POLL_FALLBACK: Duration = Duration::from_secs(1);
 const BODY_LIMIT: usize = 16 * 1024;
-
-/// Pull rate limits of this node: each node hands out its share of a biz type's
-/// cluster-wide rate (the rate divided by the live nodes, counted every few seconds).
-#[derive(Default)]
-pub struct PullLimits {
-    limiters: Mutex<Limiters>,
-    nodes: Mutex<Option<(Instant, i64)>>,
-}
-
-impl PullLimits {
-    async fn live_nodes(&self, state: &AppState) -> i64 {
-        let cached = *self.nodes.lock().expect("pull limits lock");
-        if let Some((at, n)) = cached
-            && at.elapsed() < Duration::from_secs(5)
-        {
-            return n;
-        }
-        let n: i64 = crate::db::query_scalar("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '15 seconds'")
-            .fetch_one(&state.pool)
-            .await
-            .unwrap_or(1)
-            .max(1);
-        *self.nodes.lock().expect("pull limits lock") = Some((Instant::now(), n));
-        n
-    }
-
-    /// How many of `want` tasks may be handed out now, and if fewer, how long until more.
-    async fn take(&self, state: &AppState, biz: &BizType, want: i64) -> (i64, Option<Duration>) {
-        let Some(rate) = biz.rate_limit else { return (want, None) };
-        let share = rate / self.live_nodes(state).await as f64;
-        self.limiters.lock().expect("pull limits lock").take(biz.id, Some(share), want)
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,7 +82,7 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
                 // Permits are not given back: ask only for as many as are due.
                 want = want.min(pull::due_count(&state.pool, biz.id, want).await?);
             }
-            let (permitted, rate_wait) = state.pull_limits.take(&state, &biz, want).await;
+            let (permitted, rate_wait) = state.pull_limits.take(&state.pool, &biz, want).await;
             if permitted > 0 {
                 let tasks = pull::reserve(&state.pool, &biz, permitted, ttr_ms).await?;
                 if !tasks.is_empty() {
@@ -126,7 +92,7 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
             if let Some(wait) = rate_wait {
                 sleep_for = sleep_for.min(wait);
             }
-            if let Some(next) = crate::engine::next_due(&state.pool, &[biz.id]).await? {
+            if let Some(next) = crate::tasks::lease::next_due(&state.pool, &[biz.id]).await? {
                 let until_due = (next - chrono::Utc::now()).to_std().unwrap_or_default();
                 sleep_for = sleep_for.min(until_due.max(Duration::from_millis(1)));
             }

@@ -11,7 +11,8 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
+use super::{ApiError, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
+use crate::state::AppState;
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
 use crate::{audit, biz_types};
 
@@ -240,12 +241,10 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
     if let Some(name) = &query.biz_type {
         caller.require(&state, name).await?;
     }
-    if let Some(status) = &query.status {
-        tasks::validate_status(status)?;
-    }
+    let status = query.status.as_deref().map(tasks::Status::parse).transpose()?;
     let limit = parse_limit(query.limit.as_deref())?;
     let filter = ListFilter {
-        status: query.status,
+        status,
         from: parse_time("from", query.from.as_deref())?,
         to: parse_time("to", query.to.as_deref())?,
         cursor: query.cursor,

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, AppState, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
+use super::{ApiError, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
+use crate::state::AppState;
 use crate::audit;
 use crate::tasks::validate_key;
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};

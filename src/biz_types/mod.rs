@@ -2,13 +2,15 @@
 //! API tokens (SPEC §5).
 
 pub mod apply;
+mod create_limits;
 pub mod secrets;
 mod tokens;
 
+pub use create_limits::CreateLimiter;
 pub use secrets::{SecretError, SigningSecret};
 use tokens::set_signing_secret;
 pub use tokens::{
-    TokenAuth, TokenInfo, authenticate, create_token, list_tokens, mint_token, new_secret, revoke_token, rotate_secret,
+    TokenAuth, TokenCache, TokenInfo, authenticate, create_token, list_tokens, mint_token, new_secret, revoke_token, rotate_secret,
     validate_signing_secret,
 };
 pub(crate) use tokens::{hash as hash_token, random_base64};
@@ -20,6 +22,7 @@ use crate::db::Pool;
 
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
+use crate::tasks::wake::{self, Wake};
 
 /// A new biz type's retries (the schema's column defaults, from migration 0008): 1 s
 /// doubling to an hour, for at least 24 hours even with the jitter at its least, so that a
@@ -350,7 +353,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
 /// Tells every node's engine to re-read the biz types now rather than at its next
 /// periodic refresh (sent on commit).
 async fn notify_settings_changed(conn: &mut PgConnection) -> Result<(), Error> {
-    crate::db::query("SELECT pg_notify('chime_wake', 'settings')").execute(conn).await?;
+    wake::notify(conn, Wake::Settings).await?;
     Ok(())
 }
 

@@ -1,6 +1,10 @@
 //! API tokens and signing secrets. A token is shown once when created; only its SHA-256 is
 //! stored, so a leaked database does not leak working tokens.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
@@ -129,11 +133,13 @@ pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32
             UPDATE biz_types SET signing_secret = $2, signing_secret_sealed = $3, updated_at = now()
              WHERE id = $1 AND archived_at IS NULL RETURNING id
          )
-         SELECT pg_notify('chime_wake', 'settings') FROM changed",
+         SELECT pg_notify($4, $5) FROM changed",
     )
     .bind(biz_type_id)
     .bind(clear)
     .bind(sealed)
+    .bind(crate::tasks::wake::CHANNEL)
+    .bind(crate::tasks::wake::Wake::Settings.payload())
     .execute(conn)
     .await?;
     Ok(())
@@ -149,4 +155,36 @@ pub fn validate_signing_secret(secret: &str) -> Result<(), Error> {
         return Err(Error::invalid("signing_secret", "must not contain spaces or control characters"));
     }
     Ok(())
+}
+
+/// Valid tokens seen lately, so that a busy client costs one token look-up every few
+/// seconds rather than one per request. A revoked token, or a changed create rate limit,
+/// takes effect within `TTL`; an archived biz type at once (every node empties its cache
+/// when told that biz types changed).
+#[derive(Default)]
+pub struct TokenCache {
+    entries: Mutex<HashMap<String, (TokenAuth, Instant)>>,
+}
+
+impl TokenCache {
+    const TTL: Duration = Duration::from_secs(5);
+    /// Beyond this many tokens the cache starts afresh rather than grow without bound.
+    const MAX_ENTRIES: usize = 10_000;
+
+    pub fn get(&self, token: &str) -> Option<TokenAuth> {
+        let entries = self.entries.lock().expect("token cache lock");
+        entries.get(token).filter(|(_, at)| at.elapsed() < Self::TTL).map(|(auth, _)| auth.clone())
+    }
+
+    pub fn clear(&self) {
+        self.entries.lock().expect("token cache lock").clear();
+    }
+
+    pub fn put(&self, token: String, auth: TokenAuth) {
+        let mut entries = self.entries.lock().expect("token cache lock");
+        if entries.len() >= Self::MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(token, (auth, Instant::now()));
+    }
 }

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::{ConsoleError, Ctx, Session, render};
-use crate::api::AppState;
+use crate::state::AppState;
 use crate::error::Error;
 
 const PAGE_SIZE: i64 = 100;

@@ -8,22 +8,11 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{ConsoleError, Ctx, Session, render};
-use crate::api::AppState;
+use crate::state::AppState;
 use crate::partitions;
 use crate::replication::{self, Address};
 
 #[derive(sqlx::FromRow)]
-pub struct NodeRow {
-    pub id: Uuid,
-    pub hostname: String,
-    pub pid: i32,
-    pub version: String,
-    pub listen: String,
-    pub delivers: bool,
-    pub started_at: DateTime<Utc>,
-    pub silent_secs: f64,
-}
-
 pub struct PartitionRow {
     pub name: String,
     pub from: DateTime<Utc>,
@@ -38,7 +27,7 @@ pub struct PartitionRow {
 #[template(path = "cluster.html")]
 struct Page {
     ctx: Ctx,
-    nodes: Vec<NodeRow>,
+    nodes: Vec<crate::nodes::Registered>,
     leader: Option<Uuid>,
     database: replication::Server,
     /// The host of DATABASE_URL the statements go to now.
@@ -63,41 +52,24 @@ impl Page {
     }
 }
 
-async fn estimate(pool: &crate::db::Pool, table: &str) -> Result<(i64, String), sqlx::Error> {
-    crate::db::query_as(
-        "SELECT greatest(coalesce(s.n_live_tup, 0), 0)::bigint, pg_size_pretty(pg_total_relation_size(c.oid))
-           FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-          WHERE c.oid = $1::regclass",
-    )
-    .bind(table)
-    .fetch_one(pool)
-    .await
-}
-
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
     let pool = &state.pool;
-    let nodes: Vec<NodeRow> = crate::db::query_as(
-        "SELECT id, hostname, pid, version, listen, delivers, started_at,
-                extract(epoch FROM now() - heartbeat_at)::float8 AS silent_secs
-           FROM nodes ORDER BY started_at",
-    )
-    .fetch_all(pool)
-    .await?;
+    let nodes = crate::nodes::list(pool).await?;
     let mut rows = Vec::new();
     for table in ["tasks", "attempts"] {
         for p in partitions::list(pool, table).await?.into_iter().rev() {
-            let (count, size) = estimate(pool, &p.name).await?;
+            let (count, size) = partitions::estimate(pool, &p.name).await?;
             rows.push(PartitionRow { name: p.name, from: p.from, to: p.to, rows: count, size });
         }
     }
-    let (cold_rows, cold_size) = estimate(pool, "tasks_cold").await?;
+    let (cold_rows, cold_size) = partitions::estimate(pool, "tasks_cold").await?;
     let page = Page {
         ctx: Ctx::new(&session, &req, "cluster"),
         nodes,
         leader: crate::leader::current(pool).await?,
         database: replication::read(pool).await?,
         writing_to: state.health.writing_to(),
-        horizon: crate::db::query_scalar("SELECT until FROM hot_horizon").fetch_one(pool).await?,
+        horizon: partitions::horizon(pool).await?,
         partitions: rows,
         cold_rows,
         cold_size,

@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::login_limits::LoginLimiter;
 use super::{ConsoleError, assets, see_other};
-use crate::api::AppState;
+use crate::state::AppState;
 use crate::audit;
 use crate::client_address::TrustedProxies;
 use crate::users::{self, User};

@@ -9,11 +9,11 @@ use uuid::Uuid;
 
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Session, done, parse_local_time, render, see_other};
-use crate::api::AppState;
+use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
 use crate::error::Error;
-use crate::tasks::{self, Attempt, FailedFilter, ListFilter, STATUSES, Task, When};
+use crate::tasks::{self, Attempt, FailedFilter, ListFilter, Status, Task, When};
 
 const PAGE_SIZE: i64 = 50;
 
@@ -59,7 +59,7 @@ struct ListPage {
     ctx: Ctx,
     filter: Filter,
     biz_types: Vec<BizType>,
-    statuses: &'static [&'static str],
+    statuses: &'static [Status],
     tasks: Vec<Task>,
     next: Option<String>,
     searched: bool,
@@ -89,11 +89,8 @@ async fn search(state: &AppState, filter: &Filter) -> Result<(Vec<Task>, Option<
         tasks::validate_key(q)?;
         return Ok((tasks::find_by_key(&state.pool, q).await?, None));
     }
-    if !filter.status.is_empty() {
-        tasks::validate_status(&filter.status)?;
-    }
     let list = ListFilter {
-        status: Some(filter.status.clone()).filter(|s| !s.is_empty()),
+        status: Some(filter.status.as_str()).filter(|s| !s.is_empty()).map(Status::parse).transpose()?,
         from: parse_local_time("from", &filter.from)?,
         to: parse_local_time("to", &filter.to)?,
         cursor: Some(filter.cursor.clone()).filter(|c| !c.is_empty()),
@@ -120,7 +117,7 @@ async fn list_page(
         searched: !filter.q.trim().is_empty(),
         filter,
         biz_types: biz_types::list(&state.pool).await?,
-        statuses: &STATUSES,
+        statuses: &Status::ALL,
         tasks,
         next,
         error,

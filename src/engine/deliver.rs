@@ -2,15 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
-use rand::Rng;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sha2::Sha256;
 use uuid::Uuid;
 
-use super::claim::{Claimed, Outcome, Verdict};
+use crate::tasks::lease::{Claimed, Outcome, RetryPolicy, Verdict};
 use super::BizTypeConfig;
 use crate::callback_hosts::CallbackHosts;
 
@@ -40,20 +39,6 @@ pub fn signature(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
     mac.update(b".");
     mac.update(body);
     format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
-}
-
-/// Delay before retry number `attempt + 1`: exponential from the initial backoff, capped,
-/// with jitter over the upper half so that a burst of failures does not retry in step.
-pub fn backoff(initial_ms: i32, max_ms: i32, attempt: i32) -> Duration {
-    let (least, most) = backoff_range_ms(initial_ms, max_ms, attempt);
-    Duration::from_millis(rand::rng().random_range(least..=most))
-}
-
-/// The shortest and longest `backoff`.
-fn backoff_range_ms(initial_ms: i32, max_ms: i32, attempt: i32) -> (u64, u64) {
-    let doublings = (attempt - 1).clamp(0, 30) as u32;
-    let full = (initial_ms.max(0) as u64).saturating_mul(1 << doublings).min(max_ms.max(0) as u64);
-    (full / 2, full)
 }
 
 pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, task: Claimed) -> Outcome {
@@ -259,11 +244,8 @@ fn failure(e: &reqwest::Error, timeout_ms: i32) -> String {
 }
 
 fn retry(biz: &BizTypeConfig, attempt: i32, retry_after: Option<Duration>) -> Verdict {
-    if attempt >= biz.max_attempts {
-        return Verdict::GiveUp;
-    }
-    let wait = retry_after.filter(|d| *d <= MAX_RETRY_AFTER).unwrap_or_else(|| backoff(biz.backoff_initial_ms, biz.backoff_max_ms, attempt));
-    Verdict::RetryAt(Utc::now() + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX))
+    let policy = RetryPolicy { max_attempts: biz.max_attempts, backoff_initial_ms: biz.backoff_initial_ms, backoff_max_ms: biz.backoff_max_ms };
+    Verdict::after_failure(attempt, policy, retry_after.filter(|d| *d <= MAX_RETRY_AFTER), Utc::now())
 }
 
 /// `Retry-After` as seconds or as an HTTP date (RFC 9110 §10.2.3).
@@ -293,6 +275,7 @@ mod tests {
     use actix_web::{App, HttpResponse, HttpServer, web};
 
     use super::*;
+    use crate::tasks::lease::{backoff, backoff_range_ms};
 
     fn biz(initial: i32, max: i32) -> BizTypeConfig {
         BizTypeConfig {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::claim::{Outcome, Verdict};
+use crate::tasks::lease::{Outcome, Verdict};
 
 /// Failed attempts of one biz type logged one by one in an interval.
 const LOUD: u32 = 5;

@@ -37,12 +37,10 @@
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
 //! stays pending in the database, where any node can take it, rather than queueing here.
 
-mod claim;
 pub(crate) mod deliver;
 mod failures;
 pub(crate) mod rate;
 
-pub use claim::{next_due, recover_expired_leases};
 pub use deliver::signature;
 
 use std::collections::{HashMap, HashSet};
@@ -55,7 +53,8 @@ use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
-use self::claim::{Outcome, Verdict};
+use crate::tasks::lease::{self, Outcome, Verdict};
+use crate::tasks::wake::{self, Wake};
 use crate::biz_types::{SecretError, SigningSecret};
 use crate::callback_hosts::CallbackHosts;
 use crate::db::{Health, Route};
@@ -148,8 +147,8 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
     let listener = {
         let wake = wake.clone();
         let settings_changed = settings_changed.clone();
-        tokio::spawn(listen_for_wakes(sessions, move |payload| {
-            if payload == "settings" {
+        tokio::spawn(wake::listen(sessions, move |why| {
+            if why == Wake::Settings {
                 settings_changed.store(true, Ordering::Relaxed);
             }
             wake.notify_one();
@@ -224,7 +223,7 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
-            let claimed = match claim::claim(&pool, biz.id, free, ahead_ms, lease_ms, node_id).await {
+            let claimed = match lease::claim(&pool, biz.id, free, ahead_ms, lease_ms, node_id).await {
                 Ok(c) => c,
                 Err(e) => {
                     // An unreachable database is reported once, by `health`.
@@ -300,7 +299,7 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
         // Wake when the next task is half the claim-ahead window away: each claim then
         // takes half a window of tasks, and none waits for its claim.
         let early = if claims_ahead { CLAIM_AHEAD / 2 } else { Duration::ZERO };
-        let sleep = match claim::next_due(&pool, &caught_up).await {
+        let sleep = match lease::next_due(&pool, &caught_up).await {
             Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().saturating_sub(early).min(rate_wait),
             Ok(None) => rate_wait,
             Err(e) => {
@@ -399,11 +398,11 @@ async fn record_outcomes(
         loop {
             let written = async {
                 if !batch.is_empty() {
-                    claim::record(&pool, node_id, &batch).await?;
+                    lease::record(&pool, node_id, &batch).await?;
                     batch.clear();
                 }
                 if !unstarted.is_empty() {
-                    claim::give_back(&pool, node_id, &unstarted).await?;
+                    lease::give_back(&pool, node_id, &unstarted).await?;
                 }
                 Ok::<_, sqlx::Error>(())
             }
@@ -426,42 +425,3 @@ async fn record_outcomes(
     drained
 }
 
-/// Passes each `chime_wake` notification's payload to `on_wake`: empty for a task due
-/// soon, `settings` for a changed biz type. When its session breaks it calls `on_lost` and
-/// reconnects; notifications sent while it was away are lost, which the loop's `IDLE_POLL` and
-/// `SETTINGS_REFRESH` cover.
-pub async fn listen_for_wakes(pool: sqlx::PgPool, on_wake: impl Fn(&str), on_lost: impl Fn()) {
-    // Until the node shuts down (its pool closes).
-    while !pool.is_closed() {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
-            Ok(l) => l,
-            Err(_) if pool.is_closed() => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot LISTEN for new tasks; polling meanwhile");
-                tokio::time::sleep(IDLE_POLL).await;
-                continue;
-            }
-        };
-        if let Err(e) = listener.listen("chime_wake").await {
-            tracing::warn!(error = %e, "cannot LISTEN for new tasks; polling meanwhile");
-            tokio::time::sleep(IDLE_POLL).await;
-            continue;
-        }
-        // A lost connection is reported (`None`) before reconnecting, which can take the
-        // pool's acquire timeout.
-        listener.eager_reconnect(false);
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(notification)) => on_wake(notification.payload()),
-                Err(_) if pool.is_closed() => return,
-                lost => {
-                    on_lost();
-                    let error = lost.err().map_or("closed".to_string(), |e| e.to_string());
-                    tracing::warn!(error, "lost the LISTEN connection; reconnecting");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    break;
-                }
-            }
-        }
-    }
-}

@@ -59,6 +59,64 @@ pub fn request_hash(request: &RawValue) -> Vec<u8> {
     Sha256::digest(serde_json::to_vec(&value).unwrap_or_default()).to_vec()
 }
 
+/// New tasks for `insert`, column by column, as the statement takes them.
+#[derive(Default)]
+pub struct Rows<'a> {
+    ids: Vec<Uuid>,
+    keys: Vec<Option<String>>,
+    run_ats: Vec<Option<DateTime<Utc>>>,
+    delays: Vec<Option<i64>>,
+    /// JSON text, parsed by the database.
+    payloads: Vec<&'a str>,
+    request_hashes: Vec<Vec<u8>>,
+}
+
+impl<'a> Rows<'a> {
+    pub fn push(&mut self, id: Uuid, key: Option<String>, when: When, payload: &'a str, request_hash: Vec<u8>) {
+        let (run_at, delay) = when.binds();
+        self.ids.push(id);
+        self.keys.push(key);
+        self.run_ats.push(run_at);
+        self.delays.push(delay);
+        self.payloads.push(payload);
+        self.request_hashes.push(request_hash);
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Inserts tasks of one biz type, occurrences of `timer_id` or of none, in one statement
+/// (`sql/insert.sql`): the one way a task row is made. Returns the tasks created, their
+/// payloads left out (the caller has them); a row whose key was already taken is not
+/// created, and the caller tells a repeat from a conflict.
+pub async fn insert<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    biz_type_id: i32,
+    biz_type: &str,
+    timer_id: Option<Uuid>,
+    rows: &Rows<'_>,
+) -> Result<Vec<Task>, sqlx::Error> {
+    crate::db::query_as(include_str!("sql/insert.sql"))
+        .bind(biz_type_id)
+        .bind(&rows.ids)
+        .bind(&rows.keys)
+        .bind(&rows.run_ats)
+        .bind(&rows.delays)
+        .bind(&rows.payloads)
+        .bind(&rows.request_hashes)
+        .bind(timer_id)
+        .bind(biz_type)
+        .bind(super::wake::CHANNEL)
+        .fetch_all(db)
+        .await
+}
+
 #[derive(Debug)]
 pub enum CreateOutcome {
     /// A new task (201).
@@ -86,75 +144,16 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
         }
     }
 
-    let mut ids = Vec::new();
-    let (mut keys, mut run_ats, mut delays, mut payloads, mut hashes) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut rows = Rows::default();
     let mut id_of_item: Vec<Uuid> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let id = Uuid::now_v7();
         id_of_item.push(id);
-        if repeat_of[i].is_some() {
-            continue;
+        if repeat_of[i].is_none() {
+            rows.push(id, item.key.clone(), item.when, item.payload.get(), item.request_hash.clone());
         }
-        let (run_at, delay) = item.when.binds();
-        ids.push(id);
-        keys.push(item.key.clone());
-        run_ats.push(run_at);
-        delays.push(delay);
-        payloads.push(item.payload.get());
-        hashes.push(item.request_hash.clone());
     }
-
-    // Keys are claimed in `task_keys` first; an item whose key was already taken is not
-    // inserted (ON CONFLICT DO NOTHING) and is answered below. Each task goes to the hot
-    // partitions or to cold storage by the horizon read in this same statement.
-    let created: Vec<Task> = crate::db::query_as(
-        "WITH input AS (
-             SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
-                    i.payload::jsonb AS payload, i.request_hash
-               FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[], $7::bytea[])
-                    AS i(id, key, run_at, delay_ms, payload, request_hash)
-         ), taken AS (
-             INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
-             SELECT $1, key, id, request_hash FROM input WHERE key IS NOT NULL
-             ON CONFLICT DO NOTHING
-             RETURNING task_id
-         ), fresh AS (
-             SELECT * FROM input WHERE key IS NULL OR id IN (SELECT task_id FROM taken)
-         ), hot AS (
-             INSERT INTO tasks (id, biz_type_id, key, run_at, payload)
-             SELECT id, $1, key, run_at, payload FROM fresh
-              WHERE run_at < (SELECT until FROM hot_horizon)
-             RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
-         ), cold AS (
-             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload)
-             SELECT id, $1, key, run_at, payload FROM fresh
-              WHERE run_at >= (SELECT until FROM hot_horizon)
-             RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
-         ), wake AS (
-             -- Engines sleep until the next due task, at most the engine's IDLE_POLL (1 s); one due
-             -- sooner must wake them (delivered on commit, on every node).
-             SELECT pg_notify('chime_wake', '') FROM fresh
-              WHERE run_at <= now() + interval '1 second' LIMIT 1
-         )
-         -- The payloads are not sent back: the caller has them. The join only makes the
-         -- `wake` CTE run: an unreferenced CTE is not evaluated, and a LEFT JOIN to it
-         -- would be removed by the planner (it adds no column and at most one row).
-         SELECT t.id, $1 AS biz_type_id, $8::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
-                t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at
-           FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t
-           CROSS JOIN (SELECT count(*) FROM wake) w",
-    )
-    .bind(biz_type_id)
-    .bind(&ids)
-    .bind(&keys)
-    .bind(&run_ats)
-    .bind(&delays)
-    .bind(&payloads)
-    .bind(&hashes)
-    .bind(biz_type)
-    .fetch_all(pool)
-    .await?;
-
+    let created = insert(pool, biz_type_id, biz_type, None, &rows).await?;
     let mut created: HashMap<Uuid, Task> = created.into_iter().map(|t| (t.id, t)).collect();
     let taken_keys: Vec<String> = items
         .iter()

@@ -1,22 +1,57 @@
-//! Tasks: one scheduled callback each (SPEC §1, §3). This module validates what clients
-//! ask for and owns every statement that creates, reads or changes a task outside the
-//! engine's hot path.
+//! The task store: a task is one scheduled callback (SPEC §1, §3). This module validates
+//! what clients ask for and owns every statement that inserts, moves, leases, settles or
+//! deletes a row of `tasks`, `tasks_cold`, `task_keys` and `attempts`. Nothing outside it
+//! writes those tables; "where is a task row changed?" is answered by this folder.
+//!
+//! States (`Status`, mirroring the schema's CHECK) and who moves a task between them:
+//!
+//! ```text
+//!            insert                 claim / reserve (lease)
+//!   (new) ──────────► pending ─────────────────────────────► running
+//!                      ▲  │ cancel                │   │ record: retry at T
+//!    requeue: replay,  │  ▼                       │   └──────────► pending
+//!    reschedule ──────►│ cancelled                │ record / settle
+//!                      │                          ▼
+//!                      └──── replay ◄──── succeeded | failed
+//! ```
+//!
+//! * `insert` (`create.rs`, `sql/insert.sql`) is the one way a row is made: API creates,
+//!   batches and timer occurrences. A key is claimed in `task_keys` in the same statement.
+//! * `lease.rs` is the one way out of `pending` and back: the engine's claim and pull's
+//!   reserve lease a task (`running`, with a holder and a `lease_until`); `record` settles
+//!   it (succeeded, failed, or pending again at a retry time, the backoff computed once for
+//!   callbacks and nacks), with its attempt; lease recovery puts back what a dead holder
+//!   left. Only the current holder can settle.
+//! * `queries.rs`: reads and lists, and the changes a client or support person asks for:
+//!   `cancel` (pending only), and `requeue`, "back to pending at T", shared by reschedule
+//!   (pending only), replay (finished only) and bulk replay.
+//! * `placement.rs`: where a row lives (below), moving cold rows in, and the keys of
+//!   retired partitions. `stats.rs`: counts for `/metrics` and the dashboard.
+//!   `wake.rs`: the notification that wakes sleeping engines and reserves.
 //!
 //! Where a task lives: due before the hot horizon (`hot_horizon.until`), in the partitioned
 //! `tasks`; due later, in `tasks_cold`, until the migrator moves it. Statements that write a
 //! task read the horizon in the same statement, so they never disagree with it; a row that
 //! lands in cold storage just as the horizon moves past it is picked up by the next sweep.
+//! A cold task is pending, or cancelled there; it is never leased (a retry is kept below
+//! the horizon), so leases, records and the counts read the partitions alone.
 
-pub mod backlog;
 mod batcher;
 mod create;
+pub mod lease;
 mod payload;
+pub mod placement;
 mod queries;
+pub mod stats;
+pub mod wake;
 
 pub use batcher::CreateBatcher;
-pub use create::{CreateOutcome, CreateTask, NewTask, create_batch, request_hash};
+pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};
 pub use payload::check_payload;
-pub use queries::{FailedFilter, ListFilter, Page, cancel, cancel_archived, count_failed, find_by_key, get, get_by_key, list, replay, replay_failed, reschedule};
+pub use queries::{
+    FailedFilter, ListFilter, Page, cancel, cancel_archived, count_failed, find_by_key, get, get_by_key, list, read, remove_unfired, replay,
+    replay_failed, reschedule,
+};
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
 use serde::Serialize;
@@ -24,7 +59,77 @@ use uuid::Uuid;
 
 use crate::error::Error;
 
-pub const STATUSES: [&str; 5] = ["pending", "running", "succeeded", "failed", "cancelled"];
+/// A task's state, mirroring the CHECK on `tasks.status` (see the module's comment for
+/// who moves a task from one to the next).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Waiting for its `run_at` (or for a free slot, its rate, a resumed biz type).
+    Pending,
+    /// Leased: a node is calling back, or a consumer holds a reservation.
+    Running,
+    Succeeded,
+    /// Its attempts are used up, or its receiver answered a permanent error.
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub const ALL: [Status; 5] = [Status::Pending, Status::Running, Status::Succeeded, Status::Failed, Status::Cancelled];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Running => "running",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// A status as a client names it in a filter.
+    pub fn parse(status: &str) -> Result<Status, Error> {
+        Status::ALL.into_iter().find(|s| s.as_str() == status).ok_or_else(|| {
+            let names: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+            Error::invalid("status", format!("must be one of {}", names.join(", ")))
+        })
+    }
+
+    /// Succeeded, failed or cancelled: may be replayed.
+    pub const fn is_finished(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed | Status::Cancelled)
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// Stored as text (the schema's CHECK keeps it to these five), so encoded and decoded as text.
+impl sqlx::Type<sqlx::Postgres> for Status {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Status {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Status::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| format!("unknown task status {text:?}").into())
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for Status {
+    fn encode_by_ref(&self, buf: &mut sqlx::postgres::PgArgumentBuffer) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<sqlx::Postgres>>::encode_by_ref(&self.as_str(), buf)
+    }
+}
 
 /// Longest client key, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
@@ -43,7 +148,7 @@ pub struct Task {
     pub run_at: DateTime<Utc>,
     /// As PostgreSQL prints it, passed through to the answer without parsing.
     pub payload: Box<serde_json::value::RawValue>,
-    pub status: String,
+    pub status: Status,
     pub attempt_count: i32,
     pub timer_id: Option<Uuid>,
     pub last_error: Option<String>,
@@ -133,14 +238,6 @@ pub fn check_time(field: &str, t: DateTime<Utc>) -> Result<DateTime<Utc>, Error>
     match (latest_local, earliest_local) {
         (Some(latest), Some(earliest)) if latest >= 0 && earliest <= 9999 => Ok(t),
         _ => Err(Error::invalid(field, "must be between the years 0000 and 9999")),
-    }
-}
-
-pub fn validate_status(status: &str) -> Result<(), Error> {
-    if STATUSES.contains(&status) {
-        Ok(())
-    } else {
-        Err(Error::invalid("status", format!("must be one of {}", STATUSES.join(", "))))
     }
 }
 

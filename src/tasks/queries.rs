@@ -7,18 +7,14 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, QueryBuilder};
 use crate::db::Pool;
 use uuid::Uuid;
 
-use super::{Attempt, Task, When};
+use super::{Attempt, Status, Task, When};
 use crate::error::Error;
 
 const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id";
 
 /// One task with its attempts, or `None`.
 pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, Error> {
-    let Some(task) = crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1")))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?
-    else {
+    let Some(task) = read(&mut *pool.acquire().await?, id).await? else {
         return Ok(None);
     };
     let attempts = crate::db::query_as::<Attempt>(
@@ -29,6 +25,11 @@ pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, 
     .fetch_all(pool)
     .await?;
     Ok(Some((task, attempts)))
+}
+
+/// One task, without its attempts, read on the caller's connection (inside its transaction).
+pub async fn read(conn: &mut PgConnection, id: Uuid) -> Result<Option<Task>, Error> {
+    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1"))).bind(id).fetch_optional(conn).await?)
 }
 
 pub async fn get_by_key(pool: &Pool, biz_type_id: i32, key: &str) -> Result<Option<Task>, Error> {
@@ -43,7 +44,7 @@ pub async fn get_by_key(pool: &Pool, biz_type_id: i32, key: &str) -> Result<Opti
 
 #[derive(Debug, Default)]
 pub struct ListFilter {
-    pub status: Option<String>,
+    pub status: Option<Status>,
     /// run_at ≥ from
     pub from: Option<DateTime<Utc>>,
     /// run_at < to
@@ -76,9 +77,8 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     // Each walk's status condition, written out rather than bound: a partial index serves a
     // statement only if its condition provably implies the index's, which a parameter
     // never does in a generic plan.
-    let walks: Vec<String> = match filter.status.as_deref() {
-        Some(status) if super::STATUSES.contains(&status) => vec![format!("t.status = '{status}'")],
-        Some(status) => return Err(Error::invalid("status", format!("unknown status {status:?}"))),
+    let walks: Vec<String> = match filter.status {
+        Some(status) => vec![format!("t.status = '{status}'")],
         None => vec!["t.status = 'pending'".into(), "t.status <> 'pending'".into()],
     };
     let merged = walks.len() > 1;
@@ -154,29 +154,35 @@ pub async fn count_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
     .await?)
 }
 
-/// Replays every failed task matching the filter (as `replay` does one), in one
-/// statement; returns how many.
+/// Failed tasks replayed per transaction by `replay_failed`.
+const REPLAY_BATCH: i64 = 1000;
+
+/// Replays every failed task matching the filter, as `replay` does one, a batch per
+/// transaction; returns how many. Failed tasks are never in cold storage.
 pub async fn replay_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
-    Ok(crate::db::query_scalar(
-        "WITH old AS (
-             DELETE FROM tasks
+    let mut replayed = 0;
+    loop {
+        let mut tx = pool.begin().await?;
+        // Locks the batch; a replayed task is pending, so the next batch does not see it.
+        let ids: Vec<Uuid> = crate::db::query_scalar(
+            "SELECT id FROM tasks
               WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
                 AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)
-             RETURNING *
-         ), new AS (
-             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id, created_at)
-             SELECT id, biz_type_id, key, now(), payload, timer_id, created_at FROM old
-             RETURNING 1
-         ), wake AS (
-             SELECT pg_notify('chime_wake', '') WHERE EXISTS (SELECT 1 FROM old)
-         )
-         SELECT count(*) + 0 * (SELECT count(*) FROM wake) FROM new",
-    )
-    .bind(f.biz_type_id)
-    .bind(f.from)
-    .bind(f.to)
-    .fetch_one(pool)
-    .await?)
+              LIMIT $4
+                FOR UPDATE SKIP LOCKED",
+        )
+        .bind(f.biz_type_id)
+        .bind(f.from)
+        .bind(f.to)
+        .bind(REPLAY_BATCH)
+        .fetch_all(&mut *tx)
+        .await?;
+        replayed += requeue(&mut tx, false, &ids, Some(When::After { delay_ms: 0 }), None, true).await?.len() as i64;
+        tx.commit().await?;
+        if (ids.len() as i64) < REPLAY_BATCH {
+            return Ok(replayed);
+        }
+    }
 }
 
 fn encode_cursor(run_at: DateTime<Utc>, id: Uuid) -> String {
@@ -195,9 +201,9 @@ fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), Error> {
 
 /// Locks the task wherever it lives and checks that the caller's biz type owns it.
 /// Returns its status and whether it is in cold storage.
-async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(String, bool), Error> {
+async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(Status, bool), Error> {
     for (table, cold) in [("tasks", false), ("tasks_cold", true)] {
-        let row: Option<(i32, String)> =
+        let row: Option<(i32, Status)> =
             crate::db::query_as(AssertSqlSafe(format!("SELECT biz_type_id, status FROM {table} WHERE id = $1 FOR UPDATE")))
                 .bind(id)
                 .fetch_optional(&mut *tx)
@@ -212,23 +218,28 @@ async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(String, bo
     Err(Error::NotFound(format!("no task with id {id}")))
 }
 
-/// Rewrites a locked task as pending with a new `run_at` (none: keep it) and optionally a
-/// new payload,
-/// moving it to whichever of the hot partitions or cold storage its new time belongs in.
-/// `fresh_start` also clears the attempt count and last error (a replay).
+/// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
+/// keep it), optionally with a new payload, each moved to whichever of the hot partitions
+/// or cold storage its time belongs in. `fresh_start` also clears the attempt count and
+/// last error (a replay). The one statement reschedule, replay and bulk replay share; a
+/// lease's retry stays in place (`lease::record`). The tasks must be locked by the caller
+/// and all in cold storage (`cold`) or all not.
 async fn requeue(
     tx: &mut PgConnection,
     cold: bool,
-    id: Uuid,
+    ids: &[Uuid],
     when: Option<When>,
     payload: Option<&serde_json::value::RawValue>,
     fresh_start: bool,
-) -> Result<Task, Error> {
+) -> Result<Vec<Task>, Error> {
+    if ids.is_empty() {
+        return Ok(vec![]);
+    }
     let source = if cold { "tasks_cold" } else { "tasks" };
     let (run_at, delay_ms) = when.map(When::binds).unwrap_or_default();
-    let task = crate::db::query_as::<Task>(AssertSqlSafe(format!(
+    let tasks = crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "WITH old AS (
-             DELETE FROM {source} WHERE id = $1 RETURNING *
+             DELETE FROM {source} WHERE id = ANY($1) RETURNING *
          ), new AS (
              SELECT id, biz_type_id, key,
                     coalesce($2::timestamptz, now() + $3::bigint * interval '1 millisecond', run_at) AS run_at,
@@ -247,21 +258,27 @@ async fn requeue(
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (
-             -- As on create: wake the engines if the task is now due within a second.
-             SELECT pg_notify('chime_wake', '') FROM new WHERE run_at <= now() + interval '1 second'
+             -- As on create: wake the engines if a task is now due within a second.
+             SELECT pg_notify($6, '') FROM new WHERE run_at <= now() + interval '1 second' LIMIT 1
          )
          SELECT t.*, b.name AS biz_type
            FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t JOIN biz_types b ON b.id = t.biz_type_id
            CROSS JOIN (SELECT count(*) FROM wake) w"
     )))
-    .bind(id)
+    .bind(ids)
     .bind(run_at)
     .bind(delay_ms)
     .bind(payload)
     .bind(fresh_start)
-    .fetch_one(&mut *tx)
+    .bind(super::wake::CHANNEL)
+    .fetch_all(&mut *tx)
     .await?;
-    Ok(task)
+    Ok(tasks)
+}
+
+/// The one task a statement on one locked id returned.
+fn one(mut tasks: Vec<Task>) -> Result<Task, Error> {
+    tasks.pop().ok_or(Error::Db(sqlx::Error::RowNotFound))
 }
 
 /// Changes the run time and/or payload of a pending task.
@@ -274,10 +291,10 @@ pub async fn reschedule(
 ) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;
-    if status != "pending" {
+    if status != Status::Pending {
         return Err(Error::Conflict(format!("only a pending task can be changed; this one is {status}")));
     }
-    let task = requeue(&mut tx, cold, id, when, payload, false).await?;
+    let task = one(requeue(&mut tx, cold, &[id], when, payload, false).await?)?;
     tx.commit().await?;
     Ok(task)
 }
@@ -287,10 +304,10 @@ pub async fn reschedule(
 pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;
-    if !matches!(status.as_str(), "failed" | "succeeded" | "cancelled") {
+    if !status.is_finished() {
         return Err(Error::Conflict(format!("only a finished task can be replayed; this one is {status}")));
     }
-    let task = requeue(&mut tx, cold, id, Some(When::After { delay_ms: 0 }), None, true).await?;
+    let task = one(requeue(&mut tx, cold, &[id], Some(When::After { delay_ms: 0 }), None, true).await?)?;
     tx.commit().await?;
     Ok(task)
 }
@@ -299,7 +316,7 @@ pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
 pub async fn cancel(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;
-    if status != "pending" {
+    if status != Status::Pending {
         return Err(Error::Conflict(format!("only a pending task can be cancelled; this one is {status}")));
     }
     let table = if cold { "tasks_cold" } else { "tasks" };
@@ -338,6 +355,29 @@ pub async fn cancel_archived<'e>(executor: impl sqlx::PgExecutor<'e>, biz_type_i
     .fetch_one(executor)
     .await?;
     Ok(cancelled as u64)
+}
+
+/// Removes the occurrences of timer `timer_id` (of biz type `biz_type_id`) that have not
+/// fired, pending and never attempted, with their keys; returns how many. The caller holds
+/// the timer's row lock, so the leader writes no occurrence of it meanwhile.
+pub async fn remove_unfired(tx: &mut PgConnection, timer_id: Uuid, biz_type_id: i32) -> Result<u64, Error> {
+    let removed: i64 = crate::db::query_scalar(
+        "WITH hot AS (
+             DELETE FROM tasks WHERE timer_id = $1 AND status = 'pending' AND attempt_count = 0 RETURNING id, key
+         ), cold AS (
+             DELETE FROM tasks_cold WHERE timer_id = $1 AND status = 'pending' AND attempt_count = 0 RETURNING id, key
+         ), gone AS (
+             SELECT * FROM hot UNION ALL SELECT * FROM cold
+         ), keys AS (
+             DELETE FROM task_keys k USING gone g WHERE k.biz_type_id = $2 AND k.key = g.key AND k.task_id = g.id
+         )
+         SELECT count(*) FROM gone",
+    )
+    .bind(timer_id)
+    .bind(biz_type_id)
+    .fetch_one(tx)
+    .await?;
+    Ok(removed as u64)
 }
 
 #[cfg(test)]

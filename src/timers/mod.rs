@@ -195,27 +195,6 @@ async fn lock(tx: &mut Transaction<'_, Postgres>, owner: i32, id: Uuid) -> Resul
     Ok(timer)
 }
 
-/// Removes the occurrences of a timer that have not fired: pending and never attempted.
-async fn remove_unfired(tx: &mut Transaction<'_, Postgres>, timer: &Timer) -> Result<u64, Error> {
-    let removed: i64 = crate::db::query_scalar(
-        "WITH hot AS (
-             DELETE FROM tasks WHERE timer_id = $1 AND status = 'pending' AND attempt_count = 0 RETURNING id, key
-         ), cold AS (
-             DELETE FROM tasks_cold WHERE timer_id = $1 AND status = 'pending' AND attempt_count = 0 RETURNING id, key
-         ), gone AS (
-             SELECT * FROM hot UNION ALL SELECT * FROM cold
-         ), keys AS (
-             DELETE FROM task_keys k USING gone g WHERE k.biz_type_id = $2 AND k.key = g.key AND k.task_id = g.id
-         )
-         SELECT count(*) FROM gone",
-    )
-    .bind(timer.id)
-    .bind(timer.biz_type_id)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(removed as u64)
-}
-
 /// Applies `changes` to a timer of biz type `owner`; returns the timer before and after.
 pub async fn update(pool: &Pool, owner: i32, id: Uuid, changes: TimerChanges, max_payload_bytes: usize) -> Result<(Timer, Timer), Error> {
     let mut tx = pool.begin().await?;
@@ -233,7 +212,7 @@ pub async fn update(pool: &Pool, owner: i32, id: Uuid, changes: TimerChanges, ma
     // Anything that changes what or when it fires starts the schedule again from now.
     let restart = cron != before.cron || timezone != before.timezone || !same_json(payload, &before.payload) || active != before.active;
     if restart {
-        remove_unfired(&mut tx, &before).await?;
+        crate::tasks::remove_unfired(&mut tx, before.id, before.biz_type_id).await?;
     }
     let after: Timer = crate::db::query_as(
         "WITH t AS (
@@ -267,7 +246,7 @@ fn same_json(a: &RawValue, b: &RawValue) -> bool {
 pub async fn delete(pool: &Pool, owner: i32, id: Uuid) -> Result<Timer, Error> {
     let mut tx = pool.begin().await?;
     let timer = lock(&mut tx, owner, id).await?;
-    remove_unfired(&mut tx, &timer).await?;
+    crate::tasks::remove_unfired(&mut tx, timer.id, timer.biz_type_id).await?;
     crate::db::query("DELETE FROM timers WHERE id = $1").bind(id).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(timer)
@@ -347,44 +326,15 @@ pub async fn materialize(pool: &Pool, id: Uuid, window: std::time::Duration) -> 
     // When cut short, the next pass resumes after the last occurrence written.
     let materialized_until = if occurrences.len() >= MAX_PER_PASS { occurrences.last().map_or(until, |o| o.0) } else { until };
 
-    let ids: Vec<Uuid> = occurrences.iter().map(|_| Uuid::now_v7()).collect();
-    let keys: Vec<String> = occurrences.iter().map(|(fire, _)| occurrence_key(&timer.key, *fire)).collect();
-    let run_ats: Vec<DateTime<Utc>> = occurrences.iter().map(|o| o.1).collect();
     let hash = Sha256::digest(format!("timer {id}")).to_vec();
-    let written: i64 = crate::db::query_scalar(
-        "WITH input AS (
-             SELECT * FROM unnest($3::uuid[], $4::text[], $5::timestamptz[]) AS i(id, key, run_at)
-         ), taken AS (
-             INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
-             SELECT $1, key, id, $6 FROM input
-             ON CONFLICT DO NOTHING
-             RETURNING task_id
-         ), fresh AS (
-             SELECT * FROM input WHERE id IN (SELECT task_id FROM taken)
-         ), hot AS (
-             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id)
-             SELECT id, $1, key, run_at, $7, $2 FROM fresh WHERE run_at < (SELECT until FROM hot_horizon)
-             RETURNING 1
-         ), cold AS (
-             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id)
-             SELECT id, $1, key, run_at, $7, $2 FROM fresh WHERE run_at >= (SELECT until FROM hot_horizon)
-             RETURNING 1
-         ), wake AS (
-             SELECT pg_notify('chime_wake', '') FROM fresh WHERE run_at <= now() + interval '1 second' LIMIT 1
-         )
-         SELECT (SELECT count(*) FROM hot) + (SELECT count(*) FROM cold) + 0 * (SELECT count(*) FROM wake)",
-    )
-    .bind(timer.biz_type_id)
-    .bind(id)
-    .bind(&ids)
-    .bind(&keys)
-    .bind(&run_ats)
-    .bind(&hash)
-    .bind(&timer.payload)
-    .fetch_one(&mut *tx)
-    .await?;
-    if (written as usize) < occurrences.len() {
-        tracing::warn!(timer = %id, key = %timer.key, skipped = occurrences.len() - written as usize,
+    let mut rows = crate::tasks::Rows::default();
+    for (fire, run_at) in &occurrences {
+        let key = occurrence_key(&timer.key, *fire);
+        rows.push(Uuid::now_v7(), Some(key), crate::tasks::When::At(*run_at), timer.payload.get(), hash.clone());
+    }
+    let written = crate::tasks::insert(&mut *tx, timer.biz_type_id, &timer.biz_type, Some(id), &rows).await?.len();
+    if written < occurrences.len() {
+        tracing::warn!(timer = %id, key = %timer.key, skipped = occurrences.len() - written,
             "some occurrence keys were already taken (by a task created with the same key); those occurrences are skipped");
     }
     crate::db::query("UPDATE timers SET materialized_until = $2 WHERE id = $1")

@@ -250,7 +250,7 @@ async fn a_far_task_moves_into_the_hot_partitions_as_the_horizon_reaches_it() {
     let wide = Layout { hot_days: 40, ..Layout::default() };
     let horizon = partitions::ensure(&app.pool, &wide).await.unwrap();
     assert!(horizon > run_at);
-    while partitions::move_cold(&app.pool, 1000).await.unwrap() > 0 {}
+    while chime::tasks::placement::move_cold(&app.pool, 1000).await.unwrap() > 0 {}
     assert_eq!(app.table_of(id).await, partitions::partition_name("tasks", run_at.date_naive().and_hms_opt(0, 0, 0).unwrap().and_utc()));
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["run_at"], task["run_at"]);
 }

@@ -1,4 +1,4 @@
-//! The per-biz-type create rate limit (API calls per second), enforced on each node.
+//! A biz type's create rate limit (API calls per second), enforced on each node.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;

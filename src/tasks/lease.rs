@@ -1,0 +1,345 @@
+//! Leases: the one way a task leaves `pending`, and the one way it comes back. The engine
+//! (callbacks) and pull (consumers) are two holders of the same kind of lease:
+//!
+//! * `claim` (engine) and `reserve` (pull) move due tasks to `running`, each with a holder
+//!   in `leased_by` (the node, or a receipt per reserved task) and a `lease_until`;
+//! * `record` settles leases: succeeded, failed, or pending again at a retry time (backoff
+//!   computed here, once, for both), with one attempt each; `touch` extends a reservation,
+//!   `give_back` returns tasks a stopping node claimed ahead and never started;
+//! * `recover_expired_leases` (the leader, or any node) puts back what a dead holder left.
+//!
+//! Every statement that changes a lease compares the holder on the locked row, so a holder
+//! whose lease ran out can never settle the task of the one that holds it now. The
+//! statements are whole `.sql` files under `sql/`, each opening with what it locks and why.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use rand::Rng;
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{Task, wake};
+use crate::db::Pool;
+
+/// A task this node holds a lease on.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub key: Option<String>,
+    pub run_at: DateTime<Utc>,
+    /// The payload as stored, passed through to the callback body without parsing.
+    pub payload: String,
+    /// This delivery's number (1 for the first try since creation or replay).
+    pub attempt_count: i32,
+    pub timer_id: Option<Uuid>,
+    /// The database clock as the row was returned: with `run_at`, tells how long to wait
+    /// before calling back, whatever this node's own clock says.
+    pub db_now: DateTime<Utc>,
+}
+
+/// Leases up to `limit` tasks of one biz type to node `node_id`: those due now, and those
+/// due within the next `ahead_ms`, which the caller holds until they are due.
+pub async fn claim(
+    pool: &Pool,
+    biz_type_id: i32,
+    limit: i64,
+    ahead_ms: i64,
+    lease_ms: i64,
+    node_id: Uuid,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    crate::db::query_as(include_str!("sql/claim.sql"))
+        .bind(biz_type_id)
+        .bind(limit)
+        .bind(lease_ms + ahead_ms)
+        .bind(node_id)
+        .bind(ahead_ms)
+        .fetch_all(pool)
+        .await
+}
+
+/// When the next pending task of these biz types is due (None: nothing pending).
+pub async fn next_due(pool: &Pool, biz_type_ids: &[i32]) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    // One index probe per biz type: min(run_at) of each is the first entry of its part of
+    // tasks_claim_idx.
+    crate::db::query_scalar(
+        "SELECT min(next) FROM unnest($1::int[]) AS b(id)
+           CROSS JOIN LATERAL (
+               SELECT run_at AS next FROM tasks
+                WHERE biz_type_id = b.id AND status = 'pending'
+                ORDER BY run_at LIMIT 1
+           ) n",
+    )
+    .bind(biz_type_ids)
+    .fetch_one(pool)
+    .await
+}
+
+/// A reserved task: the task, until when the consumer holds it, and the receipt that
+/// settles this reservation.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Reserved {
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub task: Task,
+    pub reserved_until: DateTime<Utc>,
+    pub receipt: Uuid,
+}
+
+/// Leases up to `limit` due tasks of a pull biz type for `ttr_ms`, each under a receipt of
+/// its own.
+pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, ttr_ms: i64) -> Result<Vec<Reserved>, sqlx::Error> {
+    crate::db::query_as(include_str!("sql/reserve.sql"))
+        .bind(biz_type_id)
+        .bind(limit)
+        .bind(ttr_ms)
+        .bind(biz_type)
+        .fetch_all(pool)
+        .await
+}
+
+/// How many tasks of the biz type are due, counting no further than `up_to`.
+pub async fn due_count(pool: &Pool, biz_type_id: i32, up_to: i64) -> Result<i64, sqlx::Error> {
+    crate::db::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT 1 FROM tasks WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() LIMIT $2
+         ) due",
+    )
+    .bind(biz_type_id)
+    .bind(up_to)
+    .fetch_one(pool)
+    .await
+}
+
+/// How many tasks of the biz type are leased (reserved and not yet acked or nacked).
+pub async fn leased_count(pool: &Pool, biz_type_id: i32) -> Result<i64, sqlx::Error> {
+    crate::db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND status = 'running'")
+        .bind(biz_type_id)
+        .fetch_one(pool)
+        .await
+}
+
+/// A reservation locked for settling, as `hold` found it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Held {
+    pub run_at: DateTime<Utc>,
+    /// This reservation's attempt number.
+    pub attempt_count: i32,
+    pub reserved_at: DateTime<Utc>,
+    /// The database clock, to measure the reservation by.
+    pub db_now: DateTime<Utc>,
+}
+
+/// Locks the task `id` of `biz_type_id` if `holder` still holds its lease (None: it does
+/// not, or there is no such task). A settle or lease recovery that got there first is
+/// waited for, and the condition is checked again on the row it left.
+pub async fn hold(tx: &mut PgConnection, biz_type_id: i32, id: Uuid, holder: Uuid) -> Result<Option<Held>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT run_at, attempt_count, updated_at AS reserved_at, now() AS db_now FROM tasks
+          WHERE id = $1 AND biz_type_id = $2 AND status = 'running' AND leased_by = $3
+            FOR UPDATE",
+    )
+    .bind(id)
+    .bind(biz_type_id)
+    .bind(holder)
+    .fetch_optional(tx)
+    .await
+}
+
+/// Extends the lease of task `id` of `biz_type_id` held by `holder` to `ttr_ms` from now;
+/// None if `holder` no longer holds it.
+pub async fn touch(pool: &Pool, biz_type_id: i32, id: Uuid, holder: Uuid, ttr_ms: i64) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    // Locks the task's row; a settle or lease recovery that got there first is waited for,
+    // and the WHERE is checked again on the row it left, whose holder is cleared.
+    crate::db::query_scalar(
+        "UPDATE tasks SET lease_until = now() + $3 * interval '1 millisecond'
+          WHERE id = $1 AND biz_type_id = $2 AND status = 'running' AND leased_by = $4
+         RETURNING lease_until",
+    )
+    .bind(id)
+    .bind(biz_type_id)
+    .bind(ttr_ms)
+    .bind(holder)
+    .fetch_optional(pool)
+    .await
+}
+
+/// What one delivery attempt came to.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub task_id: Uuid,
+    pub biz_type_id: i32,
+    pub run_at: DateTime<Utc>,
+    pub attempt: i32,
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: i32,
+    pub status_code: Option<i16>,
+    pub error: Option<String>,
+    pub response_excerpt: Option<String>,
+    /// Where a 307 or 308 sent the callback, if one did.
+    pub redirected_to: Option<String>,
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    Delivered,
+    RetryAt(DateTime<Utc>),
+    GiveUp,
+}
+
+/// How a biz type retries: its attempts and backoff.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub max_attempts: i32,
+    pub backoff_initial_ms: i32,
+    pub backoff_max_ms: i32,
+}
+
+impl Verdict {
+    /// After attempt number `attempt` failed: given up once the attempts are used up, else
+    /// a retry after `wait` (a receiver's `Retry-After`, a consumer's nack delay) or the
+    /// backoff, counted from `now`.
+    pub fn after_failure(attempt: i32, policy: RetryPolicy, wait: Option<Duration>, now: DateTime<Utc>) -> Verdict {
+        if attempt >= policy.max_attempts {
+            return Verdict::GiveUp;
+        }
+        let wait = wait.unwrap_or_else(|| backoff(policy.backoff_initial_ms, policy.backoff_max_ms, attempt));
+        Verdict::RetryAt(now + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX))
+    }
+}
+
+/// Delay before retry number `attempt + 1`: exponential from the initial backoff, capped,
+/// with jitter over the upper half so that a burst of failures does not retry in step.
+pub fn backoff(initial_ms: i32, max_ms: i32, attempt: i32) -> Duration {
+    let (least, most) = backoff_range_ms(initial_ms, max_ms, attempt);
+    Duration::from_millis(rand::rng().random_range(least..=most))
+}
+
+/// The shortest and longest `backoff`.
+pub(crate) fn backoff_range_ms(initial_ms: i32, max_ms: i32, attempt: i32) -> (u64, u64) {
+    let doublings = (attempt - 1).clamp(0, 30) as u32;
+    let full = (initial_ms.max(0) as u64).saturating_mul(1 << doublings).min(max_ms.max(0) as u64);
+    (full / 2, full)
+}
+
+/// Records a batch of outcomes of leases held by node `node_id`, in one transaction.
+pub async fn record(pool: &Pool, node_id: Uuid, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    record_in(&mut tx, node_id, Some(node_id), outcomes).await?;
+    tx.commit().await
+}
+
+/// Records a batch of outcomes of leases held by `holder`: one statement for the tasks,
+/// one for the attempts (made by `node`, None for a pull consumer). Only tasks `holder`
+/// still holds are changed; every attempt is kept.
+pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
+    let mut ids = Vec::with_capacity(outcomes.len());
+    let mut run_ats = Vec::with_capacity(outcomes.len());
+    let mut statuses = Vec::with_capacity(outcomes.len());
+    let mut retry_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(outcomes.len());
+    let mut errors = Vec::with_capacity(outcomes.len());
+    let (mut numbers, mut started, mut durations, mut codes, mut excerpts) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut redirects = Vec::with_capacity(outcomes.len());
+    let mut biz_type_ids = Vec::with_capacity(outcomes.len());
+    for o in outcomes {
+        ids.push(o.task_id);
+        run_ats.push(o.run_at);
+        let (status, retry_at) = match o.verdict {
+            Verdict::Delivered => (super::Status::Succeeded, None),
+            Verdict::RetryAt(at) => (super::Status::Pending, Some(at)),
+            Verdict::GiveUp => (super::Status::Failed, None),
+        };
+        statuses.push(status.as_str());
+        retry_ats.push(retry_at);
+        errors.push(o.error.as_deref());
+        numbers.push(o.attempt);
+        started.push(o.started_at);
+        durations.push(o.duration_ms);
+        codes.push(o.status_code);
+        excerpts.push(o.response_excerpt.as_deref());
+        redirects.push(o.redirected_to.as_deref());
+        biz_type_ids.push(o.biz_type_id);
+    }
+    crate::db::query(include_str!("sql/record_tasks.sql"))
+        .bind(&ids)
+        .bind(&run_ats)
+        .bind(&statuses)
+        .bind(&retry_ats)
+        .bind(&errors)
+        .bind(holder)
+        .execute(&mut *tx)
+        .await?;
+    crate::db::query(include_str!("sql/record_attempts.sql"))
+        .bind(&ids)
+        .bind(&numbers)
+        .bind(&started)
+        .bind(&durations)
+        .bind(&codes)
+        .bind(&errors)
+        .bind(&excerpts)
+        .bind(node)
+        .bind(&biz_type_ids)
+        .bind(&run_ats)
+        .bind(&redirects)
+        .execute(&mut *tx)
+        .await?;
+    // A task given back by a node that stopped, or nacked without a delay, is due now:
+    // wake the other nodes rather than let it wait for their poll.
+    let now = Utc::now();
+    if outcomes.iter().any(|o| matches!(o.verdict, Verdict::RetryAt(at) if at <= now)) {
+        wake::notify(&mut *tx, wake::Wake::Due).await?;
+    }
+    Ok(())
+}
+
+/// Gives back tasks this node claimed ahead of their due time but never called back,
+/// because it is stopping: pending again as if never claimed (their attempt is not
+/// counted), so that another node, woken now, takes them without waiting for the lease to
+/// run out. Only tasks still leased to this node are touched; returns how many.
+pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>)]) -> Result<u64, sqlx::Error> {
+    let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().copied().unzip();
+    let given = crate::db::query(
+        "UPDATE tasks t
+            SET status = 'pending', lease_until = NULL, leased_by = NULL,
+                attempt_count = t.attempt_count - 1, updated_at = now()
+           FROM unnest($1::uuid[], $2::timestamptz[]) AS g(id, run_at)
+          WHERE t.id = g.id AND t.run_at = g.run_at AND t.status = 'running' AND t.leased_by = $3",
+    )
+    .bind(&ids)
+    .bind(&run_ats)
+    .bind(node_id)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if given > 0 {
+        wake::notify(pool, wake::Wake::Due).await?;
+    }
+    Ok(given)
+}
+
+/// Puts back to pending the tasks whose lease ran out (their holder died, lost the
+/// database, or a consumer let its time to run pass), recording the lost attempt. Safe on
+/// every node at once. Returns how many (at most 1,000 a call).
+pub async fn recover_expired_leases(pool: &Pool) -> Result<u64, sqlx::Error> {
+    Ok(crate::db::query(include_str!("sql/recover_leases.sql")).execute(pool).await?.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_retries_until_the_attempts_are_used_up() {
+        let policy = RetryPolicy { max_attempts: 3, backoff_initial_ms: 1_000, backoff_max_ms: 10_000 };
+        let now: DateTime<Utc> = "2026-11-24T12:00:00Z".parse().unwrap();
+        assert_eq!(Verdict::after_failure(3, policy, None, now), Verdict::GiveUp);
+        assert_eq!(Verdict::after_failure(4, policy, Some(Duration::ZERO), now), Verdict::GiveUp);
+        assert_eq!(Verdict::after_failure(1, policy, Some(Duration::from_secs(7)), now), Verdict::RetryAt(now + TimeDelta::seconds(7)));
+        match Verdict::after_failure(2, policy, None, now) {
+            Verdict::RetryAt(at) => assert!(at >= now + TimeDelta::seconds(1) && at <= now + TimeDelta::seconds(2), "{at}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

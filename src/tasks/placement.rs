@@ -1,0 +1,48 @@
+//! Where a task row lives. Due before the hot horizon (`hot_horizon.until`), in the
+//! partitioned `tasks`; due later, in `tasks_cold`, until the migrator moves it in. The
+//! partitions themselves (their DDL, the horizon, retention) are `partitions`' business;
+//! the rows in them are the task store's, so the statements that move rows between the
+//! two, and that clean up after a retired partition, are here.
+
+use sqlx::{AssertSqlSafe, PgConnection};
+use uuid::Uuid;
+
+use crate::db::Pool;
+
+/// Moves one batch of cold tasks due before the hot horizon into the hot partitions, in
+/// one statement. Returns how many moved; fewer than `batch` means none is left.
+pub async fn move_cold(pool: &Pool, batch: i64) -> Result<u64, sqlx::Error> {
+    Ok(crate::db::query(include_str!("sql/move_cold.sql")).bind(batch).execute(pool).await?.rows_affected())
+}
+
+/// Whether the partition `name` of `tasks` holds an unfinished (pending or running) task.
+/// The caller holds the partition's lock, so no task can move in or change state; each
+/// probe uses a partial index.
+pub async fn holds_unfinished(tx: &mut PgConnection, name: &str) -> Result<bool, sqlx::Error> {
+    crate::db::query_scalar(AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM {name} WHERE status = 'pending')
+             OR EXISTS (SELECT 1 FROM {name} WHERE status = 'running')"
+    )))
+    .fetch_one(tx)
+    .await
+}
+
+/// Removes the idempotency keys of up to `batch` tasks of the detached partition `table`
+/// with ids after `after`, in id order (its primary key), so each batch starts where the
+/// last ended; a key now held by another task is left alone. Returns the last id seen
+/// (None: no task left).
+pub async fn forget_keys(pool: &Pool, table: &str, after: Uuid, batch: i64) -> Result<Option<Uuid>, sqlx::Error> {
+    crate::db::query_scalar(AssertSqlSafe(format!(
+        "WITH batch AS (
+             SELECT id, biz_type_id, key FROM {table} WHERE id > $1 AND key IS NOT NULL ORDER BY id LIMIT $2
+         ), removed AS (
+             DELETE FROM task_keys k USING batch b
+              WHERE k.biz_type_id = b.biz_type_id AND k.key = b.key AND k.task_id = b.id
+         )
+         SELECT id FROM batch ORDER BY id DESC LIMIT 1"
+    )))
+    .bind(after)
+    .bind(batch)
+    .fetch_optional(pool)
+    .await
+}

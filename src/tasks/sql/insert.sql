@@ -1,0 +1,45 @@
+-- Inserts tasks of biz type $1, given column by column as arrays ($2 to $7: id, key, run_at
+-- or delay in ms, payload as JSON text, hash of the request), as occurrences of timer $8
+-- or of none. Used by single creates (batched), batch creates and timer occurrences.
+--
+-- Keys are claimed in task_keys first; an item whose key is taken is not inserted (ON
+-- CONFLICT DO NOTHING; a concurrent insert of the same key is waited for until it commits
+-- or rolls back) and the caller answers it. Each task goes to the hot partitions or to
+-- cold storage by the horizon read in this same statement, so it never disagrees with
+-- the horizon; a row that lands in cold storage just as the horizon moves past it is
+-- picked up by the migrator's next sweep. Locks nothing but the new rows and keys.
+WITH input AS (
+    SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
+           i.payload::jsonb AS payload, i.request_hash
+      FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[], $7::bytea[])
+           AS i(id, key, run_at, delay_ms, payload, request_hash)
+), taken AS (
+    INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
+    SELECT $1, key, id, request_hash FROM input WHERE key IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING task_id
+), fresh AS (
+    SELECT * FROM input WHERE key IS NULL OR id IN (SELECT task_id FROM taken)
+), hot AS (
+    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id)
+    SELECT id, $1, key, run_at, payload, $8 FROM fresh
+     WHERE run_at < (SELECT until FROM hot_horizon)
+    RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
+), cold AS (
+    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id)
+    SELECT id, $1, key, run_at, payload, $8 FROM fresh
+     WHERE run_at >= (SELECT until FROM hot_horizon)
+    RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
+), wake AS (
+    -- Engines sleep until the next due task, at most a second; one due sooner must wake
+    -- them (sent on commit, to every node).
+    SELECT pg_notify($10, '') FROM fresh
+     WHERE run_at <= now() + interval '1 second' LIMIT 1
+)
+-- The payloads are not sent back: the caller has them. The join only makes the wake CTE
+-- run: an unreferenced CTE is not evaluated, and a LEFT JOIN to it would be removed by the
+-- planner (it adds no column and at most one row).
+SELECT t.id, $1 AS biz_type_id, $9::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
+       t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at
+  FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t
+  CROSS JOIN (SELECT count(*) FROM wake) w

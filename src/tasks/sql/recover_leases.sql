@@ -1,0 +1,32 @@
+-- Puts back the tasks whose lease ran out, 1,000 at a time, recording the lost attempt.
+--
+-- A callback lease runs out when its node died: not the task's fault, so it is simply
+-- pending again. A pull reservation runs out when the consumer did not ack within the
+-- time to run: a failed attempt, which may be the last one.
+--
+-- Locks: the expired rows, FOR UPDATE SKIP LOCKED, so that this is safe on every node at
+-- once (rows being recovered elsewhere, or settled by their holder right now, are skipped).
+WITH expired AS (
+    SELECT t.id, t.biz_type_id, t.run_at, t.attempt_count, t.leased_by, t.updated_at,
+           b.mode = 'pull' AS pull, b.mode = 'pull' AND t.attempt_count >= b.max_attempts AS exhausted
+      FROM tasks t JOIN biz_types b ON b.id = t.biz_type_id
+     WHERE t.status = 'running' AND t.lease_until < now()
+     LIMIT 1000
+     FOR UPDATE OF t SKIP LOCKED
+), why AS (
+    SELECT e.*, CASE WHEN pull THEN 'time to run passed without an ack or nack'
+                     ELSE 'lease expired: the node delivering it stopped before recording a result' END AS error
+      FROM expired e
+), requeued AS (
+    UPDATE tasks t
+       SET status = CASE WHEN w.exhausted THEN 'failed' ELSE 'pending' END,
+           finished_at = CASE WHEN w.exhausted THEN now() END,
+           lease_until = NULL, leased_by = NULL, updated_at = now(), last_error = w.error
+      FROM why w
+     WHERE t.id = w.id AND t.run_at = w.run_at
+)
+INSERT INTO attempts (task_id, number, started_at, duration_ms, error, node_id, biz_type_id)
+SELECT id, attempt_count, CASE WHEN pull THEN updated_at ELSE now() END,
+       CASE WHEN pull THEN (extract(epoch FROM now() - updated_at) * 1000)::int ELSE 0 END,
+       error, CASE WHEN pull THEN NULL ELSE leased_by END, biz_type_id
+  FROM why

@@ -153,21 +153,13 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if state.health.is_down() {
         return Err(down());
     }
-    // Migrations newer than this binary do not count: it runs on the schema they leave
-    // (migrations/README.md), so a node of the previous release stays ready beside them.
-    let known: Vec<i64> = crate::db::MIGRATOR.iter().map(|m| m.version).collect();
-    let query = crate::db::query_scalar("SELECT array_agg(version) FROM _sqlx_migrations WHERE success AND version = ANY($1)")
-        .bind(&known)
-        .fetch_one(&state.pool);
-    let applied: Option<Vec<i64>> = tokio::select! {
-        applied = query => applied.map_err(|e| {
+    let pending = tokio::select! {
+        pending = crate::db::unapplied(&state.pool) => pending.map_err(|e| {
             state.health.mark_down();
             not_ready(format!("database unreachable ({e})"))
         })?,
         () = state.health.went_down() => return Err(down()),
     };
-    let applied = applied.unwrap_or_default();
-    let pending: Vec<_> = known.iter().filter(|v| !applied.contains(v)).collect();
     if !pending.is_empty() {
         return Err(not_ready(format!("migrations pending: {pending:?} (run `chime migrate`)")));
     }

@@ -3,11 +3,11 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
-use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::{ConsoleError, Ctx, Session, render};
 use crate::state::AppState;
+use crate::audit::{self, Entry};
 use crate::error::Error;
 
 const PAGE_SIZE: i64 = 100;
@@ -40,32 +40,6 @@ impl Filter {
     }
 }
 
-#[derive(sqlx::FromRow)]
-pub struct Entry {
-    pub id: i64,
-    pub at: DateTime<Utc>,
-    pub actor: String,
-    pub action: String,
-    pub target_type: String,
-    pub target: String,
-    pub before: Option<serde_json::Value>,
-    pub after: Option<serde_json::Value>,
-}
-
-impl Entry {
-    /// The settings that changed, as `name: before → after`.
-    pub fn changes(&self) -> Vec<String> {
-        let (Some(serde_json::Value::Object(before)), Some(serde_json::Value::Object(after))) = (&self.before, &self.after) else {
-            return self.after.iter().map(|a| a.to_string()).collect();
-        };
-        after
-            .iter()
-            .filter(|(k, v)| before.get(*k) != Some(*v) && *k != "updated_at")
-            .map(|(k, v)| format!("{k}: {} → {v}", before.get(k).map(|b| b.to_string()).unwrap_or_else(|| "—".into())))
-            .collect()
-    }
-}
-
 #[derive(Template)]
 #[template(path = "audit.html")]
 struct Page {
@@ -87,20 +61,8 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
         }
         Err(e) => return Err(e.into()),
     };
-    let like = |s: &str| (!s.trim().is_empty()).then(|| format!("%{}%", s.trim().replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
-    let entries: Vec<Entry> = crate::db::query_as(
-        "SELECT id, at, actor, action, target_type, target, before, after FROM audit_log
-          WHERE ($1::text IS NULL OR actor ILIKE $1) AND ($2::text IS NULL OR action ILIKE $2)
-            AND ($3::text IS NULL OR target ILIKE $3) AND ($4::bigint IS NULL OR id < $4)
-          ORDER BY id DESC LIMIT $5",
-    )
-    .bind(like(&filter.actor))
-    .bind(like(&filter.action))
-    .bind(like(&filter.target))
-    .bind(before)
-    .bind(PAGE_SIZE)
-    .fetch_all(&state.pool)
-    .await?;
+    let search = audit::Search { actor: &filter.actor, action: &filter.action, target: &filter.target, before };
+    let entries = audit::list(&state.pool, &search, PAGE_SIZE).await?;
     let next = (entries.len() as i64 == PAGE_SIZE).then(|| {
         let query = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("actor", &filter.actor)

@@ -255,7 +255,7 @@ pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<
     let failed = match (parse_local_time("from", &form.from), parse_local_time("to", &form.to)) {
         (Ok(from), Ok(to)) => FailedFilter { biz_type_id: filter.biz_type_id(&state).await?, from, to },
         (Err(Error::Invalid { field, message }), _) | (_, Err(Error::Invalid { field, message })) => {
-            let filter = Filter { status: "failed".into(), ..filter };
+            let filter = Filter { status: Status::Failed.to_string(), ..filter };
             return list_page(&req, &session, &state, filter, vec![], None, Some((field, message))).await;
         }
         (Err(e), _) | (_, Err(e)) => return Err(e.into()),
@@ -268,6 +268,6 @@ pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<
     let replayed = tasks::replay_failed(&state.pool, &failed).await?;
     let scope = serde_json::json!({"biz_type": form.biz_type, "from": form.from, "to": form.to, "replayed": replayed});
     audit::record(&state.pool, &session.actor(), "task.bulk_replay", "task", "failed tasks", None, Some(scope)).await?;
-    let back = format!("/console/tasks?{}", Filter { status: "pending".into(), ..filter }.query());
+    let back = format!("/console/tasks?{}", Filter { status: Status::Pending.to_string(), ..filter }.query());
     Ok(done(&back, &format!("Replayed {replayed} failed tasks: they are pending and due now.")))
 }

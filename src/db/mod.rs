@@ -532,6 +532,21 @@ pub async fn migrate_on(conn: &mut PgConnection) -> anyhow::Result<()> {
     result
 }
 
+/// This binary's migrations the database does not record as applied, by version: one
+/// statement, for `/readyz`. Migrations newer than this binary do not count: it runs on the
+/// schema they leave (migrations/README.md), so a node of the previous release stays ready
+/// beside them.
+pub async fn unapplied(pool: &Pool) -> Result<Vec<i64>, sqlx::Error> {
+    let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    let applied: Option<Vec<i64>> =
+        crate::db::query_scalar("SELECT array_agg(version) FROM _sqlx_migrations WHERE success AND version = ANY($1)")
+            .bind(&known)
+            .fetch_one(pool)
+            .await?;
+    let applied = applied.unwrap_or_default();
+    Ok(known.into_iter().filter(|v| !applied.contains(v)).collect())
+}
+
 /// The migrations the database records as applied, against the ones this binary knows.
 pub struct Schema {
     pub applied: Vec<(i64, String)>,

@@ -40,6 +40,7 @@ const MIGRATE_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Partition width, how far ahead they are made (the hot horizon) and retention.
     pub layout: Layout,
     /// How long a silent leader keeps the lock.
     pub lease: Duration,

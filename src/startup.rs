@@ -36,17 +36,25 @@ const LINGER: Duration = Duration::from_secs(5);
 const AFTER_GRACE: Duration = Duration::from_secs(3);
 
 pub struct Application {
+    /// The port the API and console answer on (the one bound, when asked for port 0).
     port: u16,
     /// `/metrics` on an address of its own (CHIME_METRICS_LISTEN): its port.
     metrics_port: Option<u16>,
     /// The HTTP servers, answering since `bind`: the API's, and `/metrics`'s when apart.
     servers: Vec<(ServerHandle, tokio::task::JoinHandle<std::io::Result<()>>)>,
+    /// The node's general pool (the engine and the leader open their own sessions).
     pool: Pool,
+    /// Whether the database takes writes; which host of DATABASE_URL is the primary.
     health: Health,
+    /// The node's phase, from Starting to Leaving; every loop stops on its signal.
     lifecycle: Lifecycle,
+    /// What the operator configured (flags, environment, file), as validated at start.
     settings: ServeArgs,
+    /// The leader's duties' settings, derived from `settings`.
     leader: leader::Settings,
+    /// The address this node registers as listening on (shown on the Cluster page).
     listen: String,
+    /// This process's identity as a node: its heartbeat row, its leases, its leader session.
     node_id: uuid::Uuid,
     /// This node's metrics: HTTP requests, the pool, and (while it leads) the queue.
     node_metrics: web::Data<metrics::Node>,

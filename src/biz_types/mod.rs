@@ -33,19 +33,33 @@ pub const DEFAULT_BACKOFF_MAX_MS: i32 = 3_600_000;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct BizType {
+    /// The row's key, which tasks, timers and tokens refer to; never shown.
     #[serde(skip)]
     pub id: i32,
+    /// `[a-z0-9][a-z0-9_-]{0,63}`, fixed at creation: clients name the biz type by it.
     pub name: String,
+    /// Free text for the console.
     pub description: String,
+    /// Where callbacks go (mode `callback`); empty for a pull biz type.
     pub callback_url: String,
+    /// `callback` (the engine calls back) or `pull` (consumers reserve the tasks).
     pub mode: String,
+    /// How long a callback may take before it counts as failed; a pull reservation's
+    /// default time to run. Also sizes the engine's lease (timeout plus a margin).
     pub timeout_ms: i32,
+    /// Attempts before a task is failed for good (a replay starts counting afresh).
     pub max_attempts: i32,
+    /// The first retry's delay; each later one doubles, up to `backoff_max_ms`, with jitter.
     pub backoff_initial_ms: i32,
     pub backoff_max_ms: i32,
+    /// Callbacks (or reservations) per second across the cluster, shared by the live
+    /// nodes; None: unlimited.
     pub rate_limit: Option<f64>,
+    /// Callbacks in flight (or tasks reserved) at once, per node.
     pub max_in_flight: i32,
+    /// Create calls per second through the API, per node; None: unlimited.
     pub create_rate_limit: Option<f64>,
+    /// Its tasks stay pending (and are still accepted) until it is resumed.
     pub paused: bool,
     /// Opened with this process's keys as the row is read (`secrets`).
     #[serde(skip)]

@@ -82,6 +82,8 @@ const LEASE_MARGIN_MS: i64 = 5_000;
 /// The settings of a biz type the engine needs, as last read.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct BizTypeConfig {
+    /// The fields below are the biz type's (`biz_types::BizType` says what each is for),
+    /// as last read: every `SETTINGS_REFRESH`, and at once when any node changes one.
     pub id: i32,
     pub name: String,
     pub callback_url: String,

@@ -140,30 +140,46 @@ pub const MAX_AHEAD: TimeDelta = TimeDelta::days(3660);
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Task {
+    /// A UUIDv7, made by chime at creation; kept through reschedules and replays.
     pub id: Uuid,
     #[serde(skip)]
     pub biz_type_id: i32,
+    /// The owning biz type's name (joined in; the row holds `biz_type_id`).
     pub biz_type: String,
+    /// The client's key, unique per biz type while the task is retained; a timer's
+    /// occurrence has `<timer key>@<fire time>`.
     pub key: Option<String>,
+    /// When it is due. Changed by a reschedule, a replay (now) and a retry (the backoff);
+    /// decides its partition, or cold storage beyond the hot horizon.
     pub run_at: DateTime<Utc>,
     /// As PostgreSQL prints it, passed through to the answer without parsing.
     pub payload: Box<serde_json::value::RawValue>,
     pub status: Status,
+    /// Attempts since creation or the last replay; the claim counts the one it starts.
     pub attempt_count: i32,
+    /// The timer whose occurrence this is, if any.
     pub timer_id: Option<Uuid>,
+    /// The last failed attempt's error, kept while the task retries; a replay clears it.
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// Any change of the row, a lease included.
     pub updated_at: DateTime<Utc>,
+    /// When it succeeded, failed or was cancelled; None while unfinished.
     pub finished_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Attempt {
+    /// The task's `attempt_count` when it was made (numbers restart after a replay).
     pub number: i32,
+    /// When the callback was sent, or the pull reservation made.
     pub started_at: DateTime<Utc>,
     pub duration_ms: i32,
+    /// The receiver's HTTP status; None when it did not answer (and for pull).
     pub status_code: Option<i16>,
+    /// Why it failed: timeout, connection error, the receiver's status, a nack's reason.
     pub error: Option<String>,
+    /// The first 512 bytes of the receiver's answer ("acked" for a pull ack).
     pub response_excerpt: Option<String>,
     /// Where a 307 or 308 sent the callback (null: not redirected).
     pub redirected_to: Option<String>,

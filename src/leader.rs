@@ -196,44 +196,104 @@ fn due(last: Option<Instant>, every: Duration) -> bool {
 async fn housekeeping(pool: Pool, s: Settings) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut partitioned, mut retired, mut swept) = (None, None, None);
+    let mut duties = Duties::new(pool, s);
     loop {
         tick.tick().await;
-        if due(partitioned, PARTITIONS_EVERY) {
-            partitioned = Some(Instant::now());
-            if let Err(e) = partitions::ensure(&pool, &s.layout).await {
-                tracing::warn!(error = %e, "could not create partitions; will retry in a minute");
-            }
+        duties.run_once().await;
+    }
+}
+
+/// The housekeeping duties and when each last ran. The leader runs them once a tick
+/// (`run_once`); a test can run one tick, or call a single duty, whenever it likes. Each
+/// duty logs its own failure and carries on: the next tick (or period) retries it.
+pub struct Duties {
+    pool: Pool,
+    settings: Settings,
+    /// When partitions were last ensured (`PARTITIONS_EVERY`); `None`: at the next tick.
+    partitioned: Option<Instant>,
+    /// When partitions past retention were last dropped (`RETENTION_EVERY`).
+    retired: Option<Instant>,
+    /// When the fallback sweep last ran (`SWEEP_EVERY`).
+    swept: Option<Instant>,
+}
+
+impl Duties {
+    /// Duties that have never run: the first tick runs every one of them.
+    pub fn new(pool: Pool, settings: Settings) -> Duties {
+        Duties { pool, settings, partitioned: None, retired: None, swept: None }
+    }
+
+    /// One tick: timers and lease recovery every time, the other duties when their period
+    /// has passed. Moving cold tasks is not among them: it runs beside the tick (`move_cold`).
+    pub async fn run_once(&mut self) {
+        let (pool, s) = (&self.pool, &self.settings);
+        if due(self.partitioned, PARTITIONS_EVERY) {
+            self.partitioned = Some(Instant::now());
+            ensure_partitions(pool, &s.layout).await;
         }
-        match timers::materialize_due(&pool, s.timer_window).await {
-            Ok(0) => {}
-            Ok(n) => metrics::housekeeping(0, n, 0),
-            Err(e) => tracing::warn!(error = %e, "could not write timer occurrences; retrying"),
+        materialize_timers(pool, s.timer_window).await;
+        recover_leases(pool).await;
+        if due(self.swept, SWEEP_EVERY) {
+            self.swept = Some(Instant::now());
+            sweep_and_cancel_archived(pool).await;
         }
-        match tasks::lease::recover_expired_leases(&pool).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(tasks = n, "recovered tasks whose lease expired; they will be delivered again"),
-            Err(e) => tracing::warn!(error = %e, "could not recover expired leases"),
-        }
-        if due(swept, SWEEP_EVERY) {
-            swept = Some(Instant::now());
-            if let Err(e) = sweep(&pool).await {
-                tracing::warn!(error = %e, "fallback sweep failed");
-            }
-            match tasks::cancel_archived(&pool, None).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(tasks = n, "cancelled tasks left pending in archived biz types"),
-                Err(e) => tracing::warn!(error = %e, "could not cancel the pending tasks of archived biz types"),
-            }
-        }
-        if due(retired, RETENTION_EVERY) {
+        if due(self.retired, RETENTION_EVERY) {
             // Also after a failure: retiring takes short exclusive locks, not to be retried every tick.
-            retired = Some(Instant::now());
-            match partitions::retire(&pool, &s.layout).await {
-                Ok(dropped) => metrics::housekeeping(0, 0, dropped.len() as u64),
-                Err(e) => tracing::warn!(error = %e, "could not drop partitions past retention; will retry in 10 minutes"),
-            }
+            self.retired = Some(Instant::now());
+            retire_partitions(pool, &s.layout).await;
         }
+    }
+}
+
+/// Creates the partitions up to the horizon (every `PARTITIONS_EVERY`).
+pub async fn ensure_partitions(pool: &Pool, layout: &Layout) {
+    if let Err(e) = partitions::ensure(pool, layout).await {
+        tracing::warn!(error = %e, "could not create partitions; will retry in a minute");
+    }
+}
+
+/// Writes the timers' occurrences due within `window` as tasks (every tick).
+pub async fn materialize_timers(pool: &Pool, window: Duration) {
+    match timers::materialize_due(pool, window).await {
+        Ok(0) => {}
+        Ok(n) => metrics::housekeeping(0, n, 0),
+        Err(e) => tracing::warn!(error = %e, "could not write timer occurrences; retrying"),
+    }
+}
+
+/// Puts running tasks whose lease expired back to pending (every tick); returns how many.
+pub async fn recover_leases(pool: &Pool) -> u64 {
+    match tasks::lease::recover_expired_leases(pool).await {
+        Ok(0) => 0,
+        Ok(n) => {
+            tracing::warn!(tasks = n, "recovered tasks whose lease expired; they will be delivered again");
+            n
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not recover expired leases");
+            0
+        }
+    }
+}
+
+/// The fallback sweep (`sweep`), then the pending tasks of archived biz types cancelled
+/// (every `SWEEP_EVERY`).
+pub async fn sweep_and_cancel_archived(pool: &Pool) {
+    if let Err(e) = sweep(pool).await {
+        tracing::warn!(error = %e, "fallback sweep failed");
+    }
+    match tasks::cancel_archived(pool, None).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(tasks = n, "cancelled tasks left pending in archived biz types"),
+        Err(e) => tracing::warn!(error = %e, "could not cancel the pending tasks of archived biz types"),
+    }
+}
+
+/// Drops the partitions past retention whose tasks are all finished (every `RETENTION_EVERY`).
+pub async fn retire_partitions(pool: &Pool, layout: &Layout) {
+    match partitions::retire(pool, layout).await {
+        Ok(dropped) => metrics::housekeeping(0, 0, dropped.len() as u64),
+        Err(e) => tracing::warn!(error = %e, "could not drop partitions past retention; will retry in 10 minutes"),
     }
 }
 
@@ -241,29 +301,36 @@ async fn housekeeping(pool: Pool, s: Settings) {
 /// transaction, back to back while any are left.
 async fn migrate(pool: Pool, batch: i64) {
     loop {
-        let started = Instant::now();
-        let mut total = 0;
-        let outcome = loop {
-            match tasks::placement::move_cold(&pool, batch).await {
-                Ok(moved) => {
-                    total += moved;
-                    if moved < batch as u64 {
-                        break Ok(());
-                    }
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        if total > 0 {
-            metrics::housekeeping(total, 0, 0);
-            let secs = started.elapsed().as_secs_f64();
-            tracing::info!(tasks = total, secs, per_sec = (total as f64 / secs) as u64, "moved cold tasks into the hot partitions");
-        }
-        if let Err(e) = outcome {
-            tracing::warn!(error = %e, "could not move cold tasks into the hot partitions; retrying");
-        }
+        move_cold(&pool, batch).await;
         tokio::time::sleep(MIGRATE_EVERY).await;
     }
+}
+
+/// One pass of the migrator: moves the cold tasks inside the horizon, `batch` per
+/// transaction, until none is left; returns how many moved.
+pub async fn move_cold(pool: &Pool, batch: i64) -> u64 {
+    let started = Instant::now();
+    let mut total = 0;
+    let outcome = loop {
+        match tasks::placement::move_cold(pool, batch).await {
+            Ok(moved) => {
+                total += moved;
+                if moved < batch as u64 {
+                    break Ok(());
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    if total > 0 {
+        metrics::housekeeping(total, 0, 0);
+        let secs = started.elapsed().as_secs_f64();
+        tracing::info!(tasks = total, secs, per_sec = (total as f64 / secs) as u64, "moved cold tasks into the hot partitions");
+    }
+    if let Err(e) = outcome {
+        tracing::warn!(error = %e, "could not move cold tasks into the hot partitions; retrying");
+    }
+    total
 }
 
 /// The fallback for what should never happen: a pending task overdue by more than a

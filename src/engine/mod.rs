@@ -11,7 +11,7 @@
 //!
 //! Sleeping. When a turn claims nothing, the loop sleeps until the next pending task is
 //! about to fall due (asked of the database), until a callback finishes or an outcome is
-//! recorded (a slot is free, a retry may be due), until a `chime_wake` notification
+//! recorded (a slot is free, a retry may be due), until a wake-up notification (`tasks::wake`)
 //! arrives (any node created or replayed a task due within `IDLE_POLL`), or at most
 //! `IDLE_POLL`, whichever comes first. The poll is the fallback for a lost notification.
 //!
@@ -32,6 +32,10 @@
 //! attempt is recorded as cut off and the task is pending again at once, rather than
 //! after its lease (the receiver may have acted on it: at least once).
 //!
+//! One turn at a time. The loop's state lives in `Engine`, and one turn is `Engine::turn`:
+//! `run` takes turns and sleeps between them, while a test can take single turns and wait
+//! for the callbacks they started (`Engine::settled`) instead of sleeping.
+//!
 //! Rate limits. A biz type's rate is for the whole cluster; each node takes its share,
 //! the rate divided by the live delivering nodes (re-counted with the settings). A node
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
@@ -51,6 +55,7 @@ use std::time::Duration;
 use crate::db::Pool;
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::tasks::lease::{self, Outcome, Verdict};
@@ -132,70 +137,163 @@ enum Report {
 /// waits for the callbacks in flight (until the grace is over) and records them.
 /// `hosts` decides which addresses callbacks may reach. While the database is down (or no
 /// host accepts writes) the engine waits for it rather than fail a claim a second.
-pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: Signal) {
-    install_tls_provider();
-    let sessions = health.pool(Route::Sessions, POOL_SIZE, hot_path);
-    let pool = Pool::direct(sessions.clone());
-    let client = hosts
-        .http_client()
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build()
-        .expect("an HTTP client with the ring TLS provider");
-    let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Report>();
-    // Woken by: a callback finishing, an outcome recorded, a `chime_wake` notification.
-    let wake = Arc::new(Notify::new());
-    // Set by a biz type's change on any node: re-read the settings now.
-    let settings_changed = Arc::new(AtomicBool::new(false));
-    let listener = {
-        let wake = wake.clone();
-        let settings_changed = settings_changed.clone();
-        tokio::spawn(wake::listen(sessions, move |why| {
-            if why == Wake::Settings {
-                settings_changed.store(true, Ordering::Relaxed);
-            }
-            wake.notify_one();
-        }, || ()))
-    };
-    let unrecorded = Arc::new(AtomicUsize::new(0));
-    let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone(), stop.clone()));
-    let mut in_flight: HashMap<i32, Arc<AtomicI32>> = HashMap::new();
-    let mut limiters = rate::Limiters::default();
-    let mut delivering_nodes = 1;
-    // Shared with the callbacks in flight, so that starting one copies no settings.
-    let mut biz_types: Vec<Arc<BizTypeConfig>> = Vec::new();
-    let mut refreshed_at: Option<tokio::time::Instant> = None;
-    // Biz types left out for a secret this node cannot open, each reported once.
-    let mut unopened_reported: HashSet<i32> = HashSet::new();
-    let failures = Arc::new(failures::FailureLog::default());
-    tracing::info!(%node_id, "delivery engine started");
+pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Signal) {
+    Engine::start(health, node_id, hosts, stop).run().await
+}
 
-    while !stop.is_stopping() {
-        failures.flush(false);
-        if health.is_down() {
-            tokio::select! {
-                () = health.came_up() => {}
-                () = stop.stopping() => break,
-            }
-        }
-        if settings_changed.swap(false, Ordering::Relaxed) || refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
-            match active_biz_types(&pool).await {
-                Ok((list, unopened)) => {
-                    for (id, e) in &unopened {
-                        if unopened_reported.insert(*id) {
-                            tracing::error!("{e}; its tasks are not delivered by this node");
-                        }
-                    }
-                    unopened_reported.retain(|id| unopened.iter().any(|(u, _)| u == id));
-                    biz_types = list.into_iter().map(Arc::new).collect();
-                    refreshed_at = Some(tokio::time::Instant::now());
+/// What one turn of the engine did, and when the loop should take the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// Tasks claimed in this turn; their callbacks have started (or wait for their due time).
+    pub claimed: usize,
+    /// How long to sleep before the next turn, unless woken; `None` when more is due at
+    /// once (a biz type took a full claim with every slot free).
+    pub sleep: Option<Duration>,
+}
+
+/// One node's engine: what the claim loop keeps from one turn to the next. `run` takes turns
+/// until the node stops; a test can build one and take single turns (`turn`), then wait for
+/// what they started (`settled`).
+pub struct Engine {
+    /// The engine's own sessions (`hot_path` settings), for claims and recording.
+    pool: Pool,
+    health: Health,
+    /// Written into each attempt and each lease.
+    node_id: Uuid,
+    /// Which addresses callbacks may reach.
+    hosts: CallbackHosts,
+    client: reqwest::Client,
+    /// To the recorder; each delivery task holds a clone until it has reported.
+    outcomes_tx: mpsc::UnboundedSender<Report>,
+    /// Woken by: a callback finishing, an outcome recorded, a wake-up notification.
+    wake: Arc<Notify>,
+    /// Set by a biz type's change on any node: re-read the settings at the next turn.
+    settings_changed: Arc<AtomicBool>,
+    listener: JoinHandle<()>,
+    recorder: JoinHandle<Drained>,
+    /// Outcomes sent to the recorder and not yet written (`MAX_UNRECORDED`).
+    unrecorded: Arc<AtomicUsize>,
+    /// Callbacks in flight (or waiting for their due time) per biz type id.
+    in_flight: HashMap<i32, Arc<AtomicI32>>,
+    limiters: rate::Limiters,
+    /// Live delivering nodes, re-counted with the settings: a rate limit's divisor.
+    delivering_nodes: i64,
+    /// Shared with the callbacks in flight, so that starting one copies no settings.
+    biz_types: Vec<Arc<BizTypeConfig>>,
+    /// When the settings were last read; `None` until the first turn (or `reread_settings`).
+    refreshed_at: Option<tokio::time::Instant>,
+    /// Biz types left out for a secret this node cannot open, each reported once.
+    unopened_reported: HashSet<i32>,
+    failures: Arc<failures::FailureLog>,
+    stop: Signal,
+}
+
+impl Engine {
+    /// Opens the engine's sessions and starts its listener and recorder; claims nothing
+    /// until the first turn.
+    pub fn start(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Signal) -> Engine {
+        install_tls_provider();
+        let sessions = health.pool(Route::Sessions, POOL_SIZE, hot_path);
+        let pool = Pool::direct(sessions.clone());
+        let client = hosts
+            .http_client()
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .expect("an HTTP client with the ring TLS provider");
+        let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Report>();
+        let wake = Arc::new(Notify::new());
+        let settings_changed = Arc::new(AtomicBool::new(false));
+        let listener = {
+            let wake = wake.clone();
+            let settings_changed = settings_changed.clone();
+            tokio::spawn(wake::listen(sessions, move |why| {
+                if why == Wake::Settings {
+                    settings_changed.store(true, Ordering::Relaxed);
                 }
-                Err(e) => tracing::warn!(error = %e, "could not read biz types; retrying"),
+                wake.notify_one();
+            }, || ()))
+        };
+        let unrecorded = Arc::new(AtomicUsize::new(0));
+        let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone(), stop.clone()));
+        tracing::info!(%node_id, "delivery engine started");
+        Engine {
+            pool,
+            health,
+            node_id,
+            hosts,
+            client,
+            outcomes_tx,
+            wake,
+            settings_changed,
+            listener,
+            recorder,
+            unrecorded,
+            in_flight: HashMap::new(),
+            limiters: rate::Limiters::default(),
+            delivering_nodes: 1,
+            biz_types: Vec::new(),
+            refreshed_at: None,
+            unopened_reported: HashSet::new(),
+            failures: Arc::new(failures::FailureLog::default()),
+            stop,
+        }
+    }
+
+    /// Takes turns until the node stops, sleeping between them as each turn says (or until
+    /// woken); then drains (`finish`).
+    pub async fn run(mut self) {
+        while !self.stop.is_stopping() {
+            self.failures.flush(false);
+            if self.health.is_down() {
+                tokio::select! {
+                    () = self.health.came_up() => {}
+                    () = self.stop.stopping() => break,
+                }
             }
-            match nodes::delivering(&pool).await {
-                Ok(n) => delivering_nodes = n,
-                Err(e) => tracing::warn!(error = %e, "could not count the live nodes"),
+            let Some(sleep) = self.turn().await.sleep else {
+                continue;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(sleep) => {}
+                _ = self.wake.notified() => {}
+                _ = self.stop.stopping() => {}
             }
         }
+        self.finish().await
+    }
+
+    /// Makes the next turn re-read the biz types and the live nodes, as a `settings`
+    /// notification does (which reaches the engine when its listener gets to it).
+    pub fn reread_settings(&mut self) {
+        self.refreshed_at = None;
+    }
+
+    /// Callbacks started and not yet recorded, over all biz types.
+    pub fn unsettled(&self) -> usize {
+        let in_flight: i32 = self.in_flight.values().map(|n| n.load(Ordering::Relaxed)).sum();
+        in_flight.max(0) as usize + self.unrecorded.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every callback started so far has finished and its outcome is written.
+    pub async fn settled(&self) {
+        loop {
+            // A wake between the look and the wait leaves a permit (`notify_one`): not lost.
+            let woken = self.wake.notified();
+            if self.unsettled() == 0 {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// One turn: re-reads the settings if they changed or are old, then, for each biz type
+    /// with free slots, claims what is due (or due within `CLAIM_AHEAD`) and starts its
+    /// callbacks. Says how long the loop may sleep before the next turn.
+    pub async fn turn(&mut self) -> Turn {
+        if self.settings_changed.swap(false, Ordering::Relaxed) || self.refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
+            self.refresh_settings().await;
+        }
+        let mut claimed_in_turn = 0;
         let mut more_due = false;
         // Biz types with free slots that claimed all that was due: the next due time of
         // these decides the sleep. A biz type with no free slot is woken by a finishing
@@ -204,19 +302,19 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
         // Whether all of those claim ahead (else waking early would find nothing to claim).
         let mut claims_ahead = true;
         let mut rate_wait = IDLE_POLL;
-        let recording_behind = unrecorded.load(Ordering::Relaxed) >= MAX_UNRECORDED;
-        for biz in biz_types.iter().filter(|_| !recording_behind) {
+        let recording_behind = self.unrecorded.load(Ordering::Relaxed) >= MAX_UNRECORDED;
+        for biz in self.biz_types.iter().filter(|_| !recording_behind) {
             // No claim starts once the node is stopping.
-            if stop.is_stopping() {
+            if self.stop.is_stopping() {
                 break;
             }
-            let counter = in_flight.entry(biz.id).or_default().clone();
+            let counter = self.in_flight.entry(biz.id).or_default().clone();
             let slots = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
             if slots <= 0 {
                 continue;
             }
-            let share = biz.rate_limit.map(|r| r / delivering_nodes as f64);
-            let (free, wait) = limiters.take(biz.id, share, slots);
+            let share = biz.rate_limit.map(|r| r / self.delivering_nodes as f64);
+            let (free, wait) = self.limiters.take(biz.id, share, slots);
             if free == 0 {
                 rate_wait = rate_wait.min(wait.unwrap_or(IDLE_POLL));
                 continue;
@@ -225,11 +323,11 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
-            let claimed = match lease::claim(&pool, biz.id, free, ahead_ms, lease_ms, node_id).await {
+            let claimed = match lease::claim(&self.pool, biz.id, free, ahead_ms, lease_ms, self.node_id).await {
                 Ok(c) => c,
                 Err(e) => {
                     // An unreachable database is reported once, by `health`.
-                    if !health.saw(&e) {
+                    if !self.health.saw(&e) {
                         tracing::warn!(biz_type = %biz.name, error = %e, "claim failed; retrying");
                     }
                     continue;
@@ -247,18 +345,20 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
             if !claimed.is_empty() {
                 metrics::claimed(&biz.name, claimed.len());
             }
+            claimed_in_turn += claimed.len();
             let received = tokio::time::Instant::now();
             for task in claimed {
                 counter.fetch_add(1, Ordering::Relaxed);
-                let (client, biz, outcomes_tx, counter, wake, unrecorded, failures, mut stop) = (
-                    client.clone(),
+                let (client, hosts, biz, outcomes_tx, counter, wake, unrecorded, failures, mut stop) = (
+                    self.client.clone(),
+                    self.hosts,
                     biz.clone(),
-                    outcomes_tx.clone(),
+                    self.outcomes_tx.clone(),
                     counter.clone(),
-                    wake.clone(),
-                    unrecorded.clone(),
-                    failures.clone(),
-                    stop.clone(),
+                    self.wake.clone(),
+                    self.unrecorded.clone(),
+                    self.failures.clone(),
+                    self.stop.clone(),
                 );
                 let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
                 tokio::spawn(async move {
@@ -296,48 +396,71 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, mut stop: 
             }
         }
         if more_due {
-            continue;
+            return Turn { claimed: claimed_in_turn, sleep: None };
         }
         // Wake when the next task is half the claim-ahead window away: each claim then
         // takes half a window of tasks, and none waits for its claim.
         let early = if claims_ahead { CLAIM_AHEAD / 2 } else { Duration::ZERO };
-        let sleep = match lease::next_due(&pool, &caught_up).await {
+        let sleep = match lease::next_due(&self.pool, &caught_up).await {
             Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().saturating_sub(early).min(rate_wait),
             Ok(None) => rate_wait,
             Err(e) => {
-                if !health.saw(&e) {
+                if !self.health.saw(&e) {
                     tracing::warn!(error = %e, "could not ask for the next due task");
                 }
                 IDLE_POLL
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(sleep) => {}
-            _ = wake.notified() => {}
-            _ = stop.stopping() => {}
+        Turn { claimed: claimed_in_turn, sleep: Some(sleep) }
+    }
+
+    /// Re-reads the biz types to deliver and the live delivering nodes.
+    async fn refresh_settings(&mut self) {
+        match active_biz_types(&self.pool).await {
+            Ok((list, unopened)) => {
+                for (id, e) in &unopened {
+                    if self.unopened_reported.insert(*id) {
+                        tracing::error!("{e}; its tasks are not delivered by this node");
+                    }
+                }
+                self.unopened_reported.retain(|id| unopened.iter().any(|(u, _)| u == id));
+                self.biz_types = list.into_iter().map(Arc::new).collect();
+                self.refreshed_at = Some(tokio::time::Instant::now());
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read biz types; retrying"),
+        }
+        match nodes::delivering(&self.pool).await {
+            Ok(n) => self.delivering_nodes = n,
+            Err(e) => tracing::warn!(error = %e, "could not count the live nodes"),
         }
     }
 
-    let held: i32 = in_flight.values().map(|n| n.load(Ordering::Relaxed)).sum();
-    tracing::info!(
-        tasks = held,
-        "delivery engine stopping: the node is stopping, so no claim and no callback starts; \
-         tasks claimed ahead go back to pending, callbacks in flight may finish within the grace"
-    );
-    listener.abort();
-    drop(outcomes_tx);
-    // The recorder ends when every delivery task has sent its report and dropped its sender.
-    let drained = recorder.await.unwrap_or_default();
-    failures.flush(true);
-    pool.close().await;
-    if drained.cut_off > 0 {
-        tracing::warn!(
-            cut_off = drained.cut_off,
-            "callbacks still in flight when the shutdown grace ran out were cut off; their tasks are pending \
-             again for another node (raise CHIME_SHUTDOWN_GRACE_SECS above the slowest receiver's answer time)"
+    /// The end of the engine's life: claims no more, lets each delivery task give back or
+    /// finish its task (cut off once the grace is over), and waits until every outcome is
+    /// recorded. Call it once the node is stopping (`run` does), or delivery tasks still
+    /// waiting for their due time keep it waiting.
+    pub async fn finish(self) {
+        let held: i32 = self.in_flight.values().map(|n| n.load(Ordering::Relaxed)).sum();
+        tracing::info!(
+            tasks = held,
+            "delivery engine stopping: the node is stopping, so no claim and no callback starts; \
+             tasks claimed ahead go back to pending, callbacks in flight may finish within the grace"
         );
+        self.listener.abort();
+        drop(self.outcomes_tx);
+        // The recorder ends when every delivery task has sent its report and dropped its sender.
+        let drained = self.recorder.await.unwrap_or_default();
+        self.failures.flush(true);
+        self.pool.close().await;
+        if drained.cut_off > 0 {
+            tracing::warn!(
+                cut_off = drained.cut_off,
+                "callbacks still in flight when the shutdown grace ran out were cut off; their tasks are pending \
+                 again for another node (raise CHIME_SHUTDOWN_GRACE_SECS above the slowest receiver's answer time)"
+            );
+        }
+        tracing::info!(finished = drained.finished, given_back = drained.given_back, cut_off = drained.cut_off, "delivery engine stopped");
     }
-    tracing::info!(finished = drained.finished, given_back = drained.given_back, cut_off = drained.cut_off, "delivery engine stopped");
 }
 
 /// The settings of the engine's own sessions, on which the planner may not scan a partition

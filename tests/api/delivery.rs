@@ -6,7 +6,7 @@ use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, chime_process_logging, fresh_database, spawn_node};
+use crate::helpers::{TestApp, chime_process_logging, engine, fresh_database, spawn_app, spawn_node};
 use crate::receiver::{Answer, Receiver};
 
 /// Creates a delivering biz type pointed at the receiver; returns its token.
@@ -158,13 +158,20 @@ async fn retry_after_is_honoured() {
 /// A 4xx other than 408/429 fails the task at once.
 #[tokio::test]
 async fn a_permanent_4xx_fails_at_once() {
-    let app = spawn_node().await;
+    let app = spawn_app().await;
+    let mut engine = engine(&app);
     let receiver = Receiver::start(vec![], Answer::status(404)).await;
     let token = biz_type(&app, "orders", &receiver, fast_retries()).await;
     let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
+    assert_eq!(engine.turn().await.claimed, 1);
+    engine.settled().await;
     let done = wait_for_status(&app, &token, &id, "failed").await;
     assert_eq!(done["last_error"], "HTTP 404");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing is left to retry (no task pending or running), and no callback is in flight.
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status IN ('pending', 'running')").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(open, 0);
+    assert_eq!(engine.turn().await.claimed, 0);
+    engine.settled().await;
     assert_eq!(receiver.received().len(), 1, "not retried");
 }
 
@@ -256,15 +263,21 @@ async fn timeouts_exhaust_attempts_and_replay_delivers() {
 /// A paused biz type's tasks wait; on resume they are delivered.
 #[tokio::test]
 async fn paused_biz_types_wait_until_resumed() {
-    let app = spawn_node().await;
+    let app = spawn_app().await;
+    let mut engine = engine(&app);
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let token = biz_type(&app, "orders", &receiver, Settings { paused: Some(true), ..Default::default() }).await;
     let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The first turn reads the settings; the task is due, and nothing is claimed.
+    assert_eq!(engine.turn().await.claimed, 0);
+    engine.settled().await;
     assert!(receiver.received().is_empty());
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["status"], "pending");
 
     biz_types::update(&app.pool, "orders", &Settings { paused: Some(false), ..Default::default() }, CallbackHosts::Any).await.unwrap();
+    engine.reread_settings();
+    assert_eq!(engine.turn().await.claimed, 1);
+    engine.settled().await;
     wait_for_status(&app, &token, &id, "succeeded").await;
     assert_eq!(receiver.received().len(), 1);
 }
@@ -334,15 +347,24 @@ async fn metrics_count_deliveries_per_biz_type() {
     let items: Vec<Value> = (0..3).map(|i| json!({"biz_type": "metrics-check", "payload": i})).collect();
     app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
     receiver.wait_for(4, Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let b = r#"{biz_type="metrics-check"}"#;
+    // A callback's metrics are counted once its answer is read, just after the receiver
+    // saw it: read /metrics until the fourth is (at most 10 s).
+    let finished = format!("chime_delivery_seconds_count{b} 4");
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+        if text.lines().any(|l| l == finished) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let value = |series: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
     };
-    let b = r#"{biz_type="metrics-check"}"#;
     assert_eq!(value(&format!("chime_tasks_claimed_total{b}")), 4.0);
     assert_eq!(value(&format!("chime_tasks_delivered_total{b}")), 3.0);
     assert_eq!(value(&format!("chime_tasks_retried_total{b}")), 1.0);
@@ -376,7 +398,13 @@ async fn https_callbacks_verify_the_certificate() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until s_server accepts connections (at most 10 s).
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let settings = Settings { callback_url: Some(format!("https://127.0.0.1:{port}/hook")), max_attempts: Some(1), ..Default::default() };
     biz_types::create(&app.pool, "secure", &settings, CallbackHosts::Any).await.unwrap();

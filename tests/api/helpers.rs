@@ -103,6 +103,57 @@ pub async fn spawn_app_with(settings: ServeArgs) -> TestApp {
     spawn_on(fresh_database().await, settings).await
 }
 
+/// A delivery engine on `app`'s database, with a node id of its own, that the test drives
+/// one turn at a time (`Engine::turn`, `Engine::settled`) instead of the node's loop.
+pub fn engine(app: &TestApp) -> TestEngine {
+    let lifecycle = chime::lifecycle::Lifecycle::default();
+    let health = chime::db::Health::new(&app.pool);
+    let engine = chime::engine::Engine::start(health, Uuid::new_v4(), CallbackHosts::Any, lifecycle.signal());
+    TestEngine { engine, lifecycle: lifecycle }
+}
+
+/// An engine driven by the test, and the phase it listens to (a dropped sender would read
+/// as "stopping").
+pub struct TestEngine {
+    engine: chime::engine::Engine,
+    lifecycle: chime::lifecycle::Lifecycle,
+}
+
+impl TestEngine {
+    /// Runs the engine's own loop (`Engine::run`) from here on, until `RunningEngine::stop`.
+    pub fn spawn(self) -> RunningEngine {
+        RunningEngine { task: tokio::spawn(self.engine.run()), lifecycle: self.lifecycle }
+    }
+}
+
+/// An engine running its loop in a task of its own.
+pub struct RunningEngine {
+    task: tokio::task::JoinHandle<()>,
+    lifecycle: chime::lifecycle::Lifecycle,
+}
+
+impl RunningEngine {
+    /// Stops the engine as its node would (SPEC §14) and waits until it has stopped: every
+    /// callback in flight finished and recorded, every task claimed ahead given back.
+    pub async fn stop(self) {
+        self.lifecycle.enter(chime::lifecycle::Phase::Draining);
+        self.task.await.expect("the engine's loop ended without panicking");
+    }
+}
+
+impl std::ops::Deref for TestEngine {
+    type Target = chime::engine::Engine;
+    fn deref(&self) -> &Self::Target {
+        &self.engine
+    }
+}
+
+impl std::ops::DerefMut for TestEngine {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.engine
+    }
+}
+
 /// Another node on the same database as `app`.
 pub async fn spawn_second_node(app: &TestApp) -> TestApp {
     spawn_on(app.db_url.clone(), ServeArgs::default()).await

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
+use chime::config::ServeArgs;
 use serde_json::{Value, json};
 
-use crate::helpers::{chime_process, spawn_app, spawn_node, spawn_second_node};
+use crate::helpers::{TestEngine, chime_process, engine, spawn_app, spawn_node, spawn_on, spawn_second_node};
 use crate::receiver::{Answer, Receiver};
 
 /// A running node registers itself with a heartbeat.
@@ -33,19 +34,29 @@ async fn nodes_register_themselves() {
 /// Two nodes deliver one backlog between them, and no task twice.
 #[tokio::test]
 async fn two_nodes_share_work_without_duplicates() {
-    let a = spawn_node().await;
-    let b = spawn_second_node(&a).await;
+    let a = spawn_app().await;
+    let b = spawn_on(a.db_url.clone(), ServeArgs { engine: false, ..ServeArgs::default() }).await;
     let receiver = Receiver::start(vec![], Answer { delay: Duration::from_millis(300), ..Answer::status(200) }).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(100), ..Default::default() };
     biz_types::create(&a.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&a.pool, "orders").await.unwrap();
-    // Due after both engines have re-read the biz types (every 2 s), so both compete.
-    let due = (chrono::Utc::now() + chrono::Duration::seconds(3)).to_rfc3339();
+    // Each node's engine, its own loop running, both knowing the biz type (their first turn
+    // read it) before the backlog falls due, so both compete.
+    let mut engines = [engine(&a), engine(&b)];
+    for engine in &mut engines {
+        assert_eq!(engine.turn().await.claimed, 0);
+    }
+    let engines: Vec<_> = engines.into_iter().map(TestEngine::spawn).collect();
+    let due = (chrono::Utc::now() + chrono::Duration::seconds(1)).to_rfc3339();
     let items: Vec<Value> = (0..500).map(|i| json!({"biz_type": "orders", "run_at": due, "payload": i})).collect();
     assert_eq!(b.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await.status, 200);
 
     let received = receiver.wait_for(500, Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Stopped, each engine first finishes and records its callbacks in flight: no request
+    // arrives after this.
+    for engine in engines {
+        engine.stop().await;
+    }
     let received = receiver.received().len().max(received.len());
     assert_eq!(received, 500, "each task delivered exactly once");
     let ids: HashSet<String> =

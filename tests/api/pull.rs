@@ -182,6 +182,9 @@ async fn reserve_waits_for_a_task_to_become_due() {
     let app = spawn_app().await;
     let token = pull_biz_type(&app, "jobs", Settings::default()).await;
     let started = Instant::now();
+    // Due 1 s after the reserve starts: the waiting reserve answers when it is due, long
+    // before its 10 s wait, whether the task is created before it first looks or after.
+    let due = chrono::Utc::now() + chrono::Duration::milliseconds(1000);
     let waiter = {
         let (address, token) = (app.address.clone(), token.clone());
         tokio::spawn(async move {
@@ -189,9 +192,7 @@ async fn reserve_waits_for_a_task_to_become_due() {
             (reply, Instant::now())
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Due in 700 ms: the waiting reserve answers when it is due, long before its 10 s wait.
-    app.create_task(&token, json!({"biz_type": "jobs", "delay_ms": 700, "payload": "soon"})).await;
+    app.create_task(&token, json!({"biz_type": "jobs", "run_at": due.to_rfc3339(), "payload": "soon"})).await;
     let (reply, answered) = waiter.await.unwrap();
     assert_eq!(reply["tasks"][0]["payload"], "soon");
     let waited = answered - started;
@@ -239,7 +240,12 @@ async fn touch_extends_the_time_to_run() {
     assert_eq!(touched.status, 200);
     let extended: chrono::DateTime<chrono::Utc> = touched.body["reserved_until"].as_str().unwrap().parse().unwrap();
     assert!(extended > until + chrono::Duration::seconds(30));
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // Once the first time to run is over by the database's clock, the leader's lease
+    // recovery leaves the task held, and so does a reserve.
+    while !sqlx::query_scalar::<_, bool>("SELECT now() > $1").bind(until).fetch_one(&app.pool).await.unwrap() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(chime::leader::recover_leases(&app.pool).await, 0, "recovered while touched");
     assert!(reserve(&app, &token, json!({})).await.is_empty(), "still held after the first time to run");
     assert_eq!(app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({"receipt": receipt})).await.body["status"], "succeeded");
     let again = app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({"receipt": receipt})).await;

@@ -83,6 +83,7 @@ async fn a_database_crash_under_load_loses_nothing() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(load(addresses.clone(), token, stop.clone()));
+    // A sleep on purpose: three seconds of load before the crash, so that it cuts work in flight.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     pg.crash().await.unwrap();
@@ -91,6 +92,8 @@ async fn a_database_crash_under_load_loses_nothing() {
         wait_readyz(address, 503, Duration::from_secs(10)).await;
         println!("{address}: not ready {:?} after the crash", crashed.elapsed());
     }
+    // A sleep on purpose: what is proved is that nothing happens (no node exits) while the
+    // database stays down for 5 s.
     tokio::time::sleep(Duration::from_secs(5).saturating_sub(crashed.elapsed())).await;
     for (child, address) in &mut nodes {
         assert!(child.try_wait().unwrap().is_none(), "{address} exited while the database was down");
@@ -110,6 +113,7 @@ async fn a_database_crash_under_load_loses_nothing() {
     }
     assert!(leader.is_some(), "no node leads 30 s after the restart");
     println!("a leader again {:?} after the restart", restarted.elapsed());
+    // A sleep on purpose: three more seconds of load after the recovery (a span, not an event).
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let load = load.await.unwrap();

@@ -33,6 +33,7 @@ async fn a_receiver_down_for_a_minute_gets_every_task_when_back() {
     let tasks = (0..TASKS).map(|i| json!({"biz_type": "orders", "delay_ms": i.saturating_sub(TASKS / 2) * 1000})).collect();
     let ids = create_tasks(&address, &token, tasks).await;
 
+    // A sleep on purpose: the minute the receiver stays away is the scenario itself.
     tokio::time::sleep(Duration::from_secs(60)).await;
     let (attempts, refused): (i64, i64) =
         sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE error LIKE 'could not connect%') FROM attempts")

@@ -75,6 +75,8 @@ async fn a_failover_under_load_loses_no_acknowledged_task() {
         receiver.received().iter().filter(|r| !r.json()["timer_id"].is_null()).count() >= 2
     })
     .await;
+    // A sleep on purpose: three more seconds of load, so that the kill cuts writes in flight
+    // (a span of traffic, not a wait for an event).
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     formation.kill(0);
@@ -99,7 +101,8 @@ async fn a_failover_under_load_loses_no_acknowledged_task() {
     })
     .await;
     let first_on_time = receiver.received().iter().filter(|r| on_time(r)).map(|r| r.at).min().unwrap();
-    // More load on the new primary, then every acknowledged task must arrive.
+    // More load on the new primary, then every acknowledged task must arrive. A sleep on
+    // purpose: the load's duration, not a wait for an event.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let load = running.await.unwrap();
@@ -192,6 +195,7 @@ async fn the_old_primary_back_as_a_standby_gets_no_leader_and_no_writes() {
     // Load through the three nodes while the old primary is back, first in DATABASE_URL.
     let stop = Arc::new(AtomicBool::new(false));
     let running = tokio::spawn(load(addresses.clone(), token.clone(), stop.clone()));
+    // A sleep on purpose: the load's duration (no create may be refused during it).
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let load = running.await.unwrap();

@@ -33,6 +33,7 @@ async fn behind_a_proxy_the_standby_is_not_used_until_promoted() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let running = tokio::spawn(load(addresses.clone(), token.clone(), stop.clone()));
+    // A sleep on purpose: three seconds of load before the kill, so that it cuts writes in flight.
     tokio::time::sleep(Duration::from_secs(3)).await;
     primary.kill();
     let killed = Instant::now();
@@ -57,6 +58,7 @@ async fn behind_a_proxy_the_standby_is_not_used_until_promoted() {
         chime::leader::current(&new).await.ok().flatten().is_some()
     })
     .await;
+    // A sleep on purpose: two seconds of load on the promoted standby (a span, not an event).
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     let load = running.await.unwrap();

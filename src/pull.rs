@@ -120,7 +120,7 @@ pub async fn settle(pool: &Pool, biz: &BizType, id: Uuid, receipt: Uuid, verdict
         verdict,
     };
     lease::record_in(&mut tx, receipt, None, &[outcome]).await?;
-    let task = crate::tasks::read(&mut tx, id).await?.ok_or_else(|| Error::NotFound(format!("no task with id {id}")))?;
+    let task = crate::tasks::read(&mut *tx, id).await?.ok_or_else(|| Error::NotFound(format!("no task with id {id}")))?;
     tx.commit().await?;
     Ok(task)
 }

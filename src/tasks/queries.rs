@@ -14,7 +14,7 @@ const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN 
 
 /// One task with its attempts, or `None`.
 pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, Error> {
-    let Some(task) = read(&mut *pool.acquire().await?, id).await? else {
+    let Some(task) = read(pool, id).await? else {
         return Ok(None);
     };
     let attempts = crate::db::query_as::<Attempt>(
@@ -27,9 +27,9 @@ pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, 
     Ok(Some((task, attempts)))
 }
 
-/// One task, without its attempts, read on the caller's connection (inside its transaction).
-pub async fn read(conn: &mut PgConnection, id: Uuid) -> Result<Option<Task>, Error> {
-    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1"))).bind(id).fetch_optional(conn).await?)
+/// One task, without its attempts (inside the caller's transaction, if given one).
+pub async fn read<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<Option<Task>, Error> {
+    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1"))).bind(id).fetch_optional(db).await?)
 }
 
 pub async fn get_by_key(pool: &Pool, biz_type_id: i32, key: &str) -> Result<Option<Task>, Error> {

@@ -10,6 +10,7 @@
 pub mod backlog;
 mod batcher;
 mod create;
+pub mod load;
 mod payload;
 mod queries;
 

@@ -144,6 +144,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn notes_each_callback_with_the_answer_its_rule_gave() {
+        chime::engine::install_tls_provider();
         let receiver = Receiver::start(|c| if c.attempt == 1 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK }).unwrap();
         let client = reqwest::Client::new();
         let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());

@@ -157,10 +157,24 @@ pub enum Command {
     /// --dry-run, only what it would change.
     Apply(ApplyArgs),
     /// Measure chime: create rate, burst delivery, steady lateness, backlog independence.
-    Bench(BenchArgs),
+    /// Runs `chime-bench`, built beside this binary (`cargo build --release` builds both).
+    #[command(disable_help_flag = true)]
+    Bench(ToolArgs),
     /// Run a mixed load (creates, timers, failures, replays) against real nodes for a
     /// while, then count what was delivered, duplicated and lost (lost must be 0).
-    Soak(SoakArgs),
+    /// Runs `chime-bench`, built beside this binary (`cargo build --release` builds both).
+    #[command(disable_help_flag = true)]
+    Soak(ToolArgs),
+}
+
+/// `chime bench` and `chime soak` live in their own binary, `chime-bench`, so that the server
+/// does not carry them: these subcommands take their arguments unread (`--help` included)
+/// and hand the whole command line to it.
+#[derive(Debug, Clone, Args)]
+pub struct ToolArgs {
+    /// Options of `chime-bench`: see `chime bench --help` or `chime soak --help`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -350,136 +364,6 @@ impl Default for ServeArgs {
             auto_migrate: true,
         }
     }
-}
-
-/// `chime bench`. The nodes it starts are `chime serve` processes that inherit this
-/// process's environment, so any CHIME_* setting applies to them.
-#[derive(Debug, Clone, Args, serde::Serialize)]
-#[command(after_help = "Without DATABASE_URL, the bench starts a throwaway embedded PostgreSQL with the same \
-    durable settings as `chime serve` and removes it at the end. With DATABASE_URL, use a scratch database: the \
-    bench adds biz types named bench-* and leaves their tasks behind.\n\n\
-    Example, the README's figures: chime bench --runs 3 --svg docs/bench.svg\n\
-    Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1")]
-pub struct BenchArgs {
-    /// Scenarios to run, in this order: create-single, create-batch, burst, steady, backlog
-    /// (backlog fills the table, then repeats burst and steady on it).
-    #[arg(long, value_delimiter = ',', default_value = "create-single,create-batch,burst,steady")]
-    pub scenarios: Vec<BenchScenario>,
-
-    /// Node counts to run burst and steady with (each count on one database).
-    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = clap::value_parser!(u32).range(1..=8))]
-    pub nodes: Vec<u32>,
-
-    /// Times to run each scenario; the table shows the median.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
-    pub runs: u32,
-
-    /// Tasks created one per request in create-single.
-    #[arg(long, default_value_t = 30_000)]
-    pub single_tasks: u32,
-
-    /// Concurrent clients in create-single.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub single_clients: u32,
-
-    /// Tasks created in batches of 1000 in create-batch.
-    #[arg(long, default_value_t = 200_000)]
-    pub batch_tasks: u32,
-
-    /// Concurrent clients in create-batch (and when creating the burst and steady tasks).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub batch_clients: u32,
-
-    /// Tasks falling due at one instant in burst.
-    #[arg(long, default_value_t = 50_000)]
-    pub burst_tasks: u32,
-
-    /// Tasks per second, spread evenly, in steady.
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub steady_rate: u32,
-
-    /// Seconds of steady load.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=3600))]
-    pub steady_secs: u32,
-
-    /// Future tasks written before backlog repeats burst and steady.
-    #[arg(long, default_value_t = 10_000_000)]
-    pub backlog_future: u64,
-
-    /// Finished tasks written before backlog repeats burst and steady.
-    #[arg(long, default_value_t = 5_000_000)]
-    pub backlog_finished: u64,
-
-    /// Bytes of each task's payload (a JSON object with a string of about this size).
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=65_000))]
-    pub payload_bytes: u32,
-
-    /// The bench biz types' max_in_flight (callbacks in flight at once, whole cluster).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub max_in_flight: u32,
-
-    /// Send callbacks to this URL instead of the bench's own in-process receiver; figures
-    /// then come from chime's attempt records (fire time) rather than arrival times.
-    #[arg(long)]
-    pub receiver_url: Option<String>,
-
-    /// Where to write the results as JSON.
-    #[arg(long, default_value = "chime-bench.json")]
-    pub json: PathBuf,
-
-    /// Also draw burst throughput over time and the steady lateness distribution as SVG.
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Args)]
-#[command(after_help = "The load, through the nodes' APIs in turn: single creates at --rate per second, due \
-    within 3 s, a third each of biz types soak-plain (the receiver answers 200), soak-flaky (503 to each task's \
-    first attempt, so it is retried) and soak-replayed (422 the first time, so it fails at once and the soak \
-    replays it); a batch of 100 plain tasks every second; --timers cron timers firing every second. At the end \
-    the timers are deactivated and the soak waits for everything due to be delivered.\n\n\
-    Lost: a task whose creation was acknowledged (or a timer's fire time before the end, whether or not its \
-    occurrence was written) that the receiver never answered 2xx. The exit status is non-zero if any task is lost or any create fails.\n\n\
-    Without DATABASE_URL, the soak starts a throwaway embedded PostgreSQL (the same durable settings as \
-    `chime serve`) and removes it at the end. With DATABASE_URL, use a scratch database.\n\n\
-    Example, an hour on two nodes: chime soak --secs 3600 --nodes 2\n\
-    With a node killed every 30 s:  chime soak --secs 600 --nodes 2 --kill-every 30")]
-pub struct SoakArgs {
-    /// Seconds of load; the soak then waits up to 2 minutes for everything due.
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=7 * 86_400))]
-    pub secs: u32,
-
-    /// Nodes (`chime serve` processes) on the database.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
-    pub nodes: u32,
-
-    /// Single creates per second (besides a batch of 100 every second).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub rate: u32,
-
-    /// Cron timers, each firing every second.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=1000))]
-    pub timers: u32,
-
-    /// Every this many seconds of the load and the wait after it, kill one node with SIGKILL
-    /// and start another in its place (0: never). Node 1 is spared and takes every API call,
-    /// so it needs --nodes 2 or more.
-    #[arg(long, default_value_t = 0)]
-    pub kill_every: u32,
-
-    /// Where to write the results as JSON.
-    #[arg(long, default_value = "chime-soak.json")]
-    pub json: PathBuf,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BenchScenario {
-    CreateSingle,
-    CreateBatch,
-    Burst,
-    Steady,
-    Backlog,
 }
 
 #[derive(Debug, Subcommand)]

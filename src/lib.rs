@@ -1,7 +1,5 @@
 //! chime: a timer service on PostgreSQL. A guided tour:
 
-/// `chime bench`: the benchmark.
-pub mod bench;
 /// Admin subcommands (biz types, tokens, users) for scripts.
 pub mod cli;
 /// Flags, environment variables and the optional TOML file.

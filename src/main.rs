@@ -19,6 +19,27 @@ async fn main() {
     }
 }
 
+/// `chime bench` and `chime soak`: replaces this process with `chime-bench` from this
+/// binary's directory, given the same command line, so that the server carries no bench
+/// code. Returns only if that fails.
+fn exec_bench_tool() -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let tool = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name("chime-bench"),
+        Err(e) => return anyhow::Error::new(e).context("finding this binary's directory, where chime-bench is"),
+    };
+    if !tool.exists() {
+        let release = if cfg!(debug_assertions) { "" } else { " --release" };
+        return anyhow::anyhow!(
+            "{} not found: `chime bench` and `chime soak` run it; build it beside chime with `cargo build{release} --bin chime-bench`",
+            tool.display()
+        );
+    }
+    // argv[0] "chime", so that its help and errors name the command that was typed.
+    let error = std::process::Command::new(&tool).arg0("chime").args(std::env::args_os().skip(1)).exec();
+    anyhow::Error::new(error).context(format!("running {}", tool.display()))
+}
+
 /// Returns the exit status: 0, or 2 from `apply --exit-code` when there was drift.
 async fn run() -> anyhow::Result<i32> {
     config::load_config_file()?;
@@ -33,12 +54,8 @@ async fn run() -> anyhow::Result<i32> {
     // reaches them through the environment or the config file.
     let callback_hosts = args.serve.callback_hosts();
     let command = args.command.unwrap_or(Command::Serve(args.serve));
-    if let Command::Bench(bench) = command {
-        // The bench brings its own database (unless DATABASE_URL is given) and nodes.
-        return chime::bench::run(&args.db, bench).await.map(|()| 0);
-    }
-    if let Command::Soak(soak) = command {
-        return chime::bench::soak(&args.db, soak).await.map(|()| 0);
+    if let Command::Bench(_) | Command::Soak(_) = command {
+        return Err(exec_bench_tool());
     }
     let mut exit_code = 0;
     let attach = !matches!(command, Command::Serve(_));

@@ -39,6 +39,7 @@
 mod batcher;
 mod create;
 pub mod lease;
+pub mod load;
 mod payload;
 pub mod placement;
 mod queries;

@@ -145,6 +145,40 @@ async fn help_documents_settings() {
     }
 }
 
+/// `chime bench` and `chime soak` hand their command line to chime-bench, the binary built
+/// beside chime: their --help explains the options, and a chime without chime-bench beside
+/// it says how to build it.
+#[tokio::test]
+async fn bench_and_soak_run_chime_bench() {
+    let out = chime(&[], &["bench", "--help"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    for needle in ["Usage: chime bench", "--scenarios", "--burst-tasks", "--receiver-url", "DATABASE_URL", "throwaway embedded PostgreSQL"] {
+        assert!(out.stdout.contains(needle), "bench --help lacks {needle}:\n{}", out.stdout);
+    }
+    let out = chime(&[], &["soak", "--help"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    for needle in ["Usage: chime soak", "--kill-every", "--timers", "Lost:"] {
+        assert!(out.stdout.contains(needle), "soak --help lacks {needle}:\n{}", out.stdout);
+    }
+    // The options are chime-bench's to check, global ones (--log) included.
+    let out = chime(&[], &["bench", "--log", "warn", "--runs", "0"], None).await;
+    assert!(!out.ok && out.stderr.contains("invalid value '0' for '--runs"), "{}", out.stderr);
+
+    // A hard link has its own directory, so current_exe finds no chime-bench beside it.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lone-chime-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lone = dir.join("chime");
+    let _ = std::fs::remove_file(&lone);
+    std::fs::hard_link(env!("CARGO_BIN_EXE_chime"), &lone).unwrap();
+    for command in ["bench", "soak"] {
+        let out = tokio::process::Command::new(&lone).args([command, "--help"]).env_remove("CHIME_CONFIG").output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("chime-bench not found") && stderr.contains("`cargo build --bin chime-bench`"), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A new biz type retries for a day: the schema's defaults (migration 0008) are the ones the
 /// engine's schedule test and the README use, and the console's create form and
 /// `biz-type create --help` show them.

@@ -14,34 +14,29 @@
 //! same machine. Tasks due in the future are created before they are due, so creating
 //! them is not part of their lateness.
 
-mod nodes;
-mod receiver;
-mod report;
-mod soak;
-
-pub use soak::run as soak;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use actix_web::http::StatusCode;
 use anyhow::{Context, bail};
 use chrono::{DateTime, TimeDelta, Utc};
-use crate::db::Pool;
+use chime::biz_types::{self, Settings};
+use chime::config::DbArgs;
+use chime::db::{self, Pool};
+use chime::embedded_pg;
+use chime::tasks::load;
 
-use self::nodes::Nodes;
-use self::receiver::{Arrival, Receiver};
-pub use self::report::{Figure, Report, Target};
-use crate::biz_types::{self, Settings};
-use crate::config::{BenchArgs, BenchScenario, DbArgs};
-use crate::{db, embedded_pg};
+use crate::cli::{BenchArgs, BenchScenario};
+use crate::nodes::Nodes;
+use crate::receiver::{Arrival, Receiver};
+use crate::report::{Report, Target};
 
 const BATCH: usize = 1000;
 /// Create-scenario tasks are due this far ahead: they are never delivered during the run.
 const CREATE_DELAY_MS: i64 = 3_600_000;
 
 pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
-    crate::engine::install_tls_provider();
     let (url, embedded) = database(db_args).await?;
     let result = async {
         // The bench's own statements and migrations go straight to PostgreSQL (in pooler
@@ -54,7 +49,7 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("bench: node logs in {}", logs.display());
         let receiver = match &args.receiver_url {
             Some(_) => None,
-            None => Some(Receiver::start().context("starting the bench's receiver")?),
+            None => Some(Receiver::start(|_| StatusCode::OK).context("starting the bench's receiver")?),
         };
         let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
         let nodes = Nodes::new(&url, direct, logs, receiver.is_some(), client.clone());
@@ -90,7 +85,7 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
 
 /// DATABASE_URL, or else a throwaway embedded PostgreSQL with the durable settings of
 /// `chime serve`, removed by the caller's `stop` (or, failing that, at exit).
-async fn database(db_args: &DbArgs) -> anyhow::Result<(String, Option<embedded_pg::EmbeddedPg>)> {
+pub async fn database(db_args: &DbArgs) -> anyhow::Result<(String, Option<embedded_pg::EmbeddedPg>)> {
     Ok(match &db_args.database_url {
         Some(url) => (url.clone(), None),
         None => {
@@ -174,9 +169,9 @@ impl Bench {
             timeout_ms: Some(10_000),
             ..Settings::default()
         };
-        let biz = match biz_types::create(&self.pool, &name, &settings, crate::callback_hosts::CallbackHosts::Any).await {
+        let biz = match biz_types::create(&self.pool, &name, &settings, chime::callback_hosts::CallbackHosts::Any).await {
             Ok(biz) => biz,
-            Err(crate::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the bench an empty database"),
+            Err(chime::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the bench an empty database"),
             Err(e) => return Err(e.into()),
         };
         let token = biz_types::create_token(&self.pool, &name).await?;
@@ -283,7 +278,7 @@ impl Bench {
     /// Leaves the dead rows to autovacuum, as in production. (A VACUUM ANALYZE here would
     /// record the partition as empty just before a burst fills it: see `engine::claim`.)
     async fn delete_tasks(&self, biz: &Biz) -> anyhow::Result<()> {
-        crate::db::query("DELETE FROM tasks WHERE biz_type_id = $1").bind(biz.id).execute(&self.pool).await?;
+        load::delete_all(&self.pool, biz.id).await?;
         Ok(())
     }
 
@@ -349,12 +344,7 @@ impl Bench {
             }
         }
         let last_recorded = loop {
-            let (done, last): (i64, Option<DateTime<Utc>>) = crate::db::query_as(
-                "SELECT count(*) FILTER (WHERE status = 'succeeded'), max(finished_at) FROM tasks WHERE biz_type_id = $1",
-            )
-            .bind(biz.id)
-            .fetch_one(&self.pool)
-            .await?;
+            let (done, last) = load::succeeded(&self.pool, biz.id).await?;
             if done as usize >= total {
                 break last.expect("finished tasks have finished_at");
             }
@@ -365,16 +355,11 @@ impl Bench {
         };
         let arrivals = match &self.receiver {
             Some(receiver) => receiver.log.arrivals(&biz.name),
-            None => {
-                let rows: Vec<(uuid::Uuid, DateTime<Utc>, DateTime<Utc>)> = crate::db::query_as(
-                    "SELECT a.task_id, t.run_at, a.started_at FROM attempts a JOIN tasks t ON t.id = a.task_id
-                      WHERE a.biz_type_id = $1 ORDER BY a.started_at",
-                )
-                .bind(biz.id)
-                .fetch_all(&self.pool)
-                .await?;
-                rows.into_iter().map(|(task_id, run_at, at)| Arrival { task_id, run_at, at }).collect()
-            }
+            None => load::attempt_times(&self.pool, biz.id)
+                .await?
+                .into_iter()
+                .map(|a| Arrival { task_id: a.task_id, run_at: a.run_at, at: a.started_at, attempt: a.number, delivered: a.succeeded })
+                .collect(),
         };
         Ok((arrivals, last_recorded))
     }
@@ -386,7 +371,7 @@ impl Bench {
     async fn fill_backlog(&mut self) -> anyhow::Result<()> {
         let biz = self.new_biz_type("backlog").await?;
         let payload = self.payload(0);
-        let horizon: DateTime<Utc> = crate::db::query_scalar("SELECT until FROM hot_horizon").fetch_one(&self.pool).await?;
+        let horizon = load::hot_until(&self.pool).await?;
         let now = Utc::now();
         let parts = [
             ("future", self.args.backlog_future, now + TimeDelta::hours(1), horizon - TimeDelta::hours(1), false),
@@ -395,34 +380,20 @@ impl Bench {
         let started = Instant::now();
         for (what, count, from, to, finished) in parts {
             let step_us = (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / count.max(1) as f64;
+            let backlog = load::Backlog { biz_type_id: biz.id, from, step_us, payload: &payload, finished };
             let mut written = 0u64;
             while written < count {
                 let n = (count - written).min(1_000_000);
-                crate::db::query(
-                    "INSERT INTO tasks (id, biz_type_id, run_at, payload, status, attempt_count, finished_at)
-                     SELECT gen_random_uuid(), $1, r.at, $5::jsonb,
-                            CASE WHEN $6 THEN 'succeeded' ELSE 'pending' END, CASE WHEN $6 THEN 1 ELSE 0 END,
-                            CASE WHEN $6 THEN r.at + interval '1 second' END
-                       FROM generate_series($2::bigint, $2 + $3 - 1) i,
-                            LATERAL (SELECT $4::timestamptz + (i * $7::float8) * interval '1 microsecond' AS at) r",
-                )
-                .bind(biz.id)
-                .bind(written as i64)
-                .bind(n as i64)
-                .bind(from)
-                .bind(&payload)
-                .bind(finished)
-                .bind(step_us)
-                .execute(&self.pool)
-                .await
-                .with_context(|| format!("writing {what} backlog tasks"))?;
+                load::insert_backlog(&self.pool, &backlog, written, n)
+                    .await
+                    .with_context(|| format!("writing {what} backlog tasks"))?;
                 written += n;
                 eprintln!("bench: backlog: {written} of {count} {what} tasks written ({:.0} s)", started.elapsed().as_secs_f64());
             }
         }
         eprintln!("bench: backlog: VACUUM ANALYZE and CHECKPOINT, as autovacuum and time would have done");
-        crate::db::query("VACUUM ANALYZE tasks").execute(&self.pool).await?;
-        crate::db::query("CHECKPOINT").execute(&self.pool).await?;
+        load::analyze_backlog(&self.pool).await?;
+        db::query("CHECKPOINT").execute(&self.pool).await?;
         eprintln!("bench: backlog ready after {:.0} s", started.elapsed().as_secs_f64());
         Ok(())
     }

@@ -6,9 +6,9 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::percentile;
-use super::receiver::Arrival;
-use crate::config::BenchArgs;
+use crate::bench::percentile;
+use crate::cli::BenchArgs;
+use crate::receiver::Arrival;
 
 #[derive(Debug, Clone, Copy, Serialize)]
 #[serde(rename_all = "snake_case")]

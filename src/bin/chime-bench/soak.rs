@@ -4,25 +4,25 @@
 //! receiver never answered it 2xx; the soak fails if any is.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix_web::{App, HttpResponse, HttpServer, web};
+use actix_web::http::StatusCode;
 use anyhow::{Context, bail};
+use chime::biz_types::{self, Settings};
+use chime::config::DbArgs;
+use chime::db::{self, Pool};
+use chime::tasks::load;
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 use serde_json::{Value, json};
-use crate::db::Pool;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
-use super::nodes::Nodes;
-use super::{database, percentile};
-use crate::biz_types::{self, Settings};
-use crate::config::{DbArgs, SoakArgs};
-use crate::db;
+use crate::bench::{database, percentile};
+use crate::cli::SoakArgs;
+use crate::nodes::Nodes;
+use crate::receiver::{Callback, Log, Receiver};
 
 const PLAIN: &str = "soak-plain";
 const FLAKY: &str = "soak-flaky";
@@ -34,7 +34,6 @@ const DRAIN: Duration = Duration::from_secs(120);
 const CLIENTS: usize = 64;
 
 pub async fn run(db_args: &DbArgs, args: SoakArgs) -> anyhow::Result<()> {
-    crate::engine::install_tls_provider();
     let (url, embedded) = database(db_args).await?;
     let result = soak(&url, &args).await;
     if let Some(pg) = embedded {
@@ -52,10 +51,9 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     let logs = std::env::temp_dir().join(format!("chime-soak-{}", std::process::id()));
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     eprintln!("soak: node logs in {}", logs.display());
-    let ledger = web::Data::new(Mutex::new(Ledger::default()));
-    let (receiver_url, receiver) = start_receiver(ledger.clone())?;
+    let receiver = Receiver::start(answer()).context("starting the soak's receiver")?;
     let client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).timeout(Duration::from_secs(30)).build()?;
-    let tokens = create_biz_types(&pool, &receiver_url).await?;
+    let tokens = create_biz_types(&pool, &receiver.url).await?;
     let mut nodes = Nodes::new(url, None, logs, true, client.clone());
     let outcome = async {
         nodes.ensure(args.nodes as usize).await?;
@@ -70,7 +68,7 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
         let running = AtomicBool::new(true);
         let (report, kills) = tokio::join!(
             async {
-                let report = load.run(&pool, args, &ledger, &timers).await;
+                let report = load.run(&pool, args, &receiver.log, &timers).await;
                 running.store(false, Ordering::Relaxed);
                 report
             },
@@ -82,7 +80,7 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     }
     .await;
     nodes.stop(0).await;
-    receiver.stop(true).await;
+    receiver.stop().await;
     let (mut report, memory_start, memory_end) = outcome?;
     report.memory_mib = memory_start.into_iter().zip(memory_end).collect();
     report.print(args);
@@ -105,9 +103,9 @@ async fn create_biz_types(pool: &Pool, receiver_url: &str) -> anyhow::Result<Has
             max_attempts: Some(if name == REPLAYED { 1 } else { 5 }),
             ..Settings::default()
         };
-        match biz_types::create(pool, name, &settings, crate::callback_hosts::CallbackHosts::Any).await {
+        match biz_types::create(pool, name, &settings, chime::callback_hosts::CallbackHosts::Any).await {
             Ok(_) => {}
-            Err(crate::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the soak an empty database"),
+            Err(chime::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the soak an empty database"),
             Err(e) => return Err(e.into()),
         }
         tokens.insert(name, biz_types::create_token(pool, name).await?);
@@ -148,61 +146,15 @@ fn memory(nodes: &Nodes) -> Vec<u64> {
 
 // ---- the receiver ----
 
-/// What the receiver saw.
-#[derive(Default)]
-struct Ledger {
-    /// 2xx answers given, per task.
-    delivered: HashMap<Uuid, u32>,
-    /// Failures answered on purpose: 503 to a flaky task's first attempt, 422 to a
-    /// replayed-biz-type task the first time it comes.
-    refused: u64,
-    seen_replayed: HashSet<Uuid>,
-    /// How late the first attempts of plain tasks and timer occurrences came, in ms.
-    lateness_ms: Vec<f64>,
-}
-
-/// The fields of chime's callback body the soak reads.
-#[derive(Deserialize)]
-struct Callback {
-    task_id: Uuid,
-    biz_type: String,
-    run_at: DateTime<Utc>,
-    attempt: i32,
-}
-
-async fn receive(body: web::Bytes, ledger: web::Data<Mutex<Ledger>>) -> HttpResponse {
-    let at = Utc::now();
-    let Ok(callback) = serde_json::from_slice::<Callback>(&body) else {
-        return HttpResponse::BadRequest().finish();
-    };
-    let mut ledger = ledger.lock().unwrap();
-    let refusal = match callback.biz_type.as_str() {
-        FLAKY if callback.attempt == 1 => Some(HttpResponse::ServiceUnavailable()),
-        REPLAYED if ledger.seen_replayed.insert(callback.task_id) => Some(HttpResponse::UnprocessableEntity()),
-        _ => None,
-    };
-    if let Some(mut refusal) = refusal {
-        ledger.refused += 1;
-        return refusal.finish();
+/// How the soak's receiver answers: 503 to a flaky task's first attempt, 422 to a
+/// replayed-biz-type task the first time it comes (failures on purpose), 200 otherwise.
+fn answer() -> impl Fn(&Callback) -> StatusCode + Send + Sync + 'static {
+    let seen_replayed = Mutex::new(HashSet::new());
+    move |callback| match callback.biz_type {
+        FLAKY if callback.attempt == 1 => StatusCode::SERVICE_UNAVAILABLE,
+        REPLAYED if seen_replayed.lock().unwrap().insert(callback.task_id) => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => StatusCode::OK,
     }
-    if callback.attempt == 1 && (callback.biz_type == PLAIN || callback.biz_type == TIMERS) {
-        ledger.lateness_ms.push((at - callback.run_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0);
-    }
-    *ledger.delivered.entry(callback.task_id).or_default() += 1;
-    HttpResponse::Ok().finish()
-}
-
-fn start_receiver(ledger: web::Data<Mutex<Ledger>>) -> anyhow::Result<(String, actix_web::dev::ServerHandle)> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let url = format!("http://{}/callback", listener.local_addr()?);
-    let server = HttpServer::new(move || App::new().app_data(ledger.clone()).route("/callback", web::post().to(receive)))
-        .workers(2)
-        .disable_signals()
-        .listen(listener)?
-        .run();
-    let handle = server.handle();
-    tokio::spawn(server);
-    Ok((url, handle))
 }
 
 // ---- the load ----
@@ -233,7 +185,7 @@ impl Load {
     }
 
     /// Runs the load for `args.secs`, then waits for what is owed to be delivered.
-    async fn run(self: &Arc<Self>, pool: &Pool, args: &SoakArgs, ledger: &Mutex<Ledger>, timers: &[String]) -> anyhow::Result<Report> {
+    async fn run(self: &Arc<Self>, pool: &Pool, args: &SoakArgs, log: &Log, timers: &[String]) -> anyhow::Result<Report> {
         let started = Instant::now();
         let (creating, replaying) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(true)));
         let singles = tokio::spawn(self.clone().singles(args.rate, creating.clone()));
@@ -241,7 +193,7 @@ impl Load {
         let replayer = tokio::spawn(self.clone().replayer(replaying.clone()));
         while started.elapsed() < Duration::from_secs(args.secs.into()) {
             tokio::time::sleep(Duration::from_secs(10).min(Duration::from_secs(args.secs.into()).saturating_sub(started.elapsed()))).await;
-            let delivered = ledger.lock().unwrap().delivered.len();
+            let delivered = log.delivered();
             eprintln!(
                 "soak: {:>5} s, {} created, {delivered} delivered, {} replayed",
                 started.elapsed().as_secs(),
@@ -252,39 +204,22 @@ impl Load {
         creating.store(false, Ordering::Relaxed);
         singles.await?;
         batches.await?;
-        let end: DateTime<Utc> = crate::db::query_scalar("SELECT now()").fetch_one(pool).await?;
+        let end: DateTime<Utc> = db::query_scalar("SELECT now()").fetch_one(pool).await?;
         // Each timer owes every whole second after its creation up to the end; the ones
         // never written are lost too (counted before deactivation removes anything).
-        let unwritten: i64 = crate::db::query_scalar(
-            "SELECT coalesce(sum(extract(epoch FROM date_trunc('second', $2::timestamptz) - date_trunc('second', t.created_at))::int8
-                                 - (SELECT count(DISTINCT o.run_at) FROM all_tasks o
-                                     WHERE o.timer_id = t.id AND o.run_at > t.created_at AND o.run_at <= $2)), 0)::int8
-               FROM timers t JOIN biz_types b ON b.id = t.biz_type_id WHERE b.name = $1",
-        )
-        .bind(TIMERS)
-        .bind(end)
-        .fetch_one(pool)
-        .await?;
+        let unwritten = load::unwritten_fire_times(pool, TIMERS, end).await?;
         for id in timers {
             self.call("POST", &format!("/api/v1/timers/{id}/deactivate"), TIMERS, 0, None).await.context("deactivating a timer")?;
         }
         // Occurrences due before the end; deactivation removed the later ones (and any not
         // yet fired, which were never owed).
-        let occurrences: Vec<Uuid> = crate::db::query_scalar(
-            "SELECT t.id FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id WHERE b.name = $1 AND t.run_at <= $2",
-        )
-        .bind(TIMERS)
-        .bind(end)
-        .fetch_all(pool)
-        .await?;
+        let occurrences = load::due_ids(pool, TIMERS, end).await?;
 
         let owed: Vec<Uuid> = [&*self.single.lock().unwrap(), &*self.batch.lock().unwrap(), &occurrences].into_iter().flatten().copied().collect();
         let drain = Instant::now();
         let mut lost = owed.len();
         while drain.elapsed() < DRAIN {
-            let ledger = ledger.lock().unwrap();
-            lost = owed.iter().filter(|id| !ledger.delivered.contains_key(id)).count();
-            drop(ledger);
+            lost = log.undelivered(&owed);
             if lost == 0 {
                 break;
             }
@@ -294,16 +229,19 @@ impl Load {
         replayer.await?;
         eprintln!("soak: drained in {:.1} s", drain.elapsed().as_secs_f64());
 
-        let statuses: BTreeMap<String, i64> = crate::db::query_as::<(String, i64)>(
-            "SELECT t.status, count(*) FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id
-              WHERE b.name LIKE 'soak-%' GROUP BY 1",
-        )
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .collect();
-        let ledger = ledger.lock().unwrap();
-        let mut lateness = ledger.lateness_ms.clone();
+        let statuses = load::statuses(pool, "soak-").await?;
+        let arrivals: HashMap<&str, _> = [PLAIN, FLAKY, REPLAYED, TIMERS].into_iter().map(|b| (b, log.arrivals(b))).collect();
+        // Of every answer: failures given on purpose, 2xx beyond each task's first, and how
+        // late the first attempts of plain tasks and timer occurrences came.
+        let refused = arrivals.values().flatten().filter(|a| !a.delivered).count() as u64;
+        let delivered_answers = arrivals.values().flatten().filter(|a| a.delivered).count() as u64;
+        let duplicates = delivered_answers - [PLAIN, FLAKY, REPLAYED, TIMERS].into_iter().map(|b| log.distinct(b) as u64).sum::<u64>();
+        let mut lateness: Vec<f64> = [PLAIN, TIMERS]
+            .iter()
+            .flat_map(|b| &arrivals[b])
+            .filter(|a| a.attempt == 1 && a.delivered)
+            .map(|a| (a.at - a.run_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0)
+            .collect();
         lateness.sort_by(f64::total_cmp);
         Ok(Report {
             secs: args.secs,
@@ -311,11 +249,11 @@ impl Load {
             created_single: self.single.lock().unwrap().len(),
             created_batch: self.batch.lock().unwrap().len(),
             timer_occurrences: occurrences.len(),
-            delivered: owed.iter().filter(|id| ledger.delivered.contains_key(id)).count(),
-            duplicates: ledger.delivered.values().map(|n| u64::from(n - 1)).sum(),
+            delivered: owed.len() - log.undelivered(&owed),
+            duplicates,
             lost: lost + unwritten as usize,
             unwritten_fire_times: unwritten as usize,
-            refused_on_purpose: ledger.refused,
+            refused_on_purpose: refused,
             replays: self.replays.load(Ordering::Relaxed),
             kills: 0,
             lateness_ms_p50: percentile(&lateness, 0.5),
@@ -464,5 +402,25 @@ impl Report {
         if !self.errors.is_empty() {
             println!("  errors       {:?}", self.errors);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receiver_fails_flaky_first_attempts_and_replayed_first_arrivals() {
+        let answer = answer();
+        let (task, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let call = |biz_type, task_id, attempt| answer(&Callback { task_id, biz_type, run_at: Utc::now(), attempt });
+        assert_eq!(call(PLAIN, task, 1), StatusCode::OK);
+        assert_eq!(call(TIMERS, task, 1), StatusCode::OK);
+        assert_eq!(call(FLAKY, task, 1), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(call(FLAKY, task, 2), StatusCode::OK);
+        // Replayed: refused the first time whatever the attempt (a replay starts again at 1).
+        assert_eq!(call(REPLAYED, task, 1), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(call(REPLAYED, task, 1), StatusCode::OK);
+        assert_eq!(call(REPLAYED, other, 1), StatusCode::UNPROCESSABLE_ENTITY);
     }
 }

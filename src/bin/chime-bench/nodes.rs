@@ -1,5 +1,5 @@
-//! The nodes `chime bench` and `chime soak` run against: real `chime serve` processes
-//! of this binary on one database, each logging to a file of its own.
+//! The nodes `chime bench` and `chime soak` run against: real `chime serve` processes of the
+//! `chime` binary beside this one, on one database, each logging to a file of its own.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -68,12 +68,12 @@ impl Nodes {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log_path = self.logs.join(format!("node-{number}.log"));
         let log = std::fs::File::create(&log_path)?;
-        let mut command = Command::new(std::env::current_exe()?);
+        let mut command = Command::new(server_exe()?);
         command
             .arg("serve")
             .env("DATABASE_URL", &self.database_url)
             .env("CHIME_LISTEN", format!("127.0.0.1:{port}"))
-            .env("CHIME_ADMIN_PASSWORD", crate::biz_types::new_secret())
+            .env("CHIME_ADMIN_PASSWORD", chime::biz_types::new_secret())
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
@@ -118,4 +118,14 @@ impl Nodes {
             }
         }
     }
+}
+
+/// The `chime` binary beside this one: the server the nodes run, from the same build.
+fn server_exe() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding this binary's directory, where chime is")?.with_file_name("chime");
+    if !exe.exists() {
+        let release = if cfg!(debug_assertions) { "" } else { " --release" };
+        bail!("{} not found: the bench and the soak run it as their nodes; build it with `cargo build{release} --bin chime`", exe.display());
+    }
+    Ok(exe)
 }

@@ -26,7 +26,8 @@ use crate::tasks::Task;
 
 /// A reserved task: the task, until when the consumer holds it, and the receipt that
 /// settles this reservation.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = ReservedTask)]
 pub struct Reserved {
     #[serde(flatten)]
     #[sqlx(flatten)]

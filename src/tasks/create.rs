@@ -14,14 +14,18 @@ use crate::error::Error;
 
 /// A create request as the client sends it (one item of a batch, or a single create), its
 /// payload borrowed from the request's text.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTask<'a> {
     pub biz_type: String,
+    #[schema(min_length = 1, max_length = 256, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")]
     pub key: Option<String>,
+    #[schema(format = DateTime)]
     pub run_at: Option<String>,
+    #[schema(minimum = 0, maximum = 316_224_000_000_i64)]
     pub delay_ms: Option<i64>,
     #[serde(borrow)]
+    #[schema(value_type = serde_json::Value, required = false)]
     pub payload: Option<&'a RawValue>,
 }
 

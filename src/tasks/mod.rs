@@ -33,7 +33,7 @@ pub const MAX_PAST: TimeDelta = TimeDelta::days(1);
 /// How far ahead a task may be scheduled.
 pub const MAX_AHEAD: TimeDelta = TimeDelta::days(3660);
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Task {
     pub id: Uuid,
     #[serde(skip)]
@@ -42,6 +42,7 @@ pub struct Task {
     pub key: Option<String>,
     pub run_at: DateTime<Utc>,
     /// As PostgreSQL prints it, passed through to the answer without parsing.
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<serde_json::value::RawValue>,
     pub status: String,
     pub attempt_count: i32,
@@ -52,7 +53,7 @@ pub struct Task {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Attempt {
     pub number: i32,
     pub started_at: DateTime<Utc>,

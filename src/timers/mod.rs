@@ -39,7 +39,7 @@ const LATE_GRACE: chrono::Duration = chrono::Duration::seconds(60);
 /// Fire times shown with a timer.
 pub const SHOWN_FIRE_TIMES: usize = 5;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Timer {
     pub id: Uuid,
     #[serde(skip)]
@@ -49,6 +49,7 @@ pub struct Timer {
     pub cron: String,
     pub timezone: String,
     /// As PostgreSQL prints it.
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<RawValue>,
     pub active: bool,
     pub catch_up: bool,
@@ -73,25 +74,33 @@ impl Timer {
 }
 
 /// A create request as the client sends it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTimer {
     pub biz_type: String,
+    #[schema(min_length = 1, max_length = 235, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")]
     pub key: String,
+    #[schema(pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$", example = "0 */15 * * * *")]
     pub cron: String,
+    #[schema(default = "UTC", example = "America/New_York")]
     pub timezone: Option<String>,
+    #[schema(value_type = serde_json::Value, required = false)]
     pub payload: Option<Box<RawValue>>,
     pub active: Option<bool>,
     pub catch_up: Option<bool>,
 }
 
 /// The changes of a PATCH; absent fields stay as they are.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PatchTimer)]
 pub struct TimerChanges {
+    #[schema(pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$", example = "0 */15 * * * *")]
     pub cron: Option<String>,
+    #[schema(example = "America/New_York")]
     pub timezone: Option<String>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = serde_json::Value)]
     pub payload: Option<Box<RawValue>>,
     pub active: Option<bool>,
     pub catch_up: Option<bool>,

@@ -91,7 +91,8 @@ impl AppState {
     }
 }
 
-const OPENAPI: &str = include_str!("openapi.json");
+/// `/api/v1/openapi.json`, generated on first request.
+static OPENAPI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| openapi::document().to_string());
 
 pub use openapi::document as openapi_document;
 
@@ -168,7 +169,7 @@ pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     )
 )]
 async fn openapi() -> HttpResponse {
-    HttpResponse::Ok().content_type("application/json").body(OPENAPI)
+    HttpResponse::Ok().content_type("application/json").body(OPENAPI.as_str())
 }
 
 #[utoipa::path(

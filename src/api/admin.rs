@@ -41,13 +41,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 /// A biz type's settings as the API takes them: every field optional (on create, absent
 /// ones take their defaults). Whole numbers beyond 32 bits are taken as the largest (or
 /// smallest) 32-bit number, so that the range rule refuses them in its own words.
-///
-/// In the document: the settings to change; absent or null ones stay as they are. `name`, if
-/// given, must be the biz type's own (a biz type cannot be renamed). The create request
-/// (`CreateBizType`) is this one with `name` required.
+/// In the document, the create request (`CreateBizType`) is this one with `name` required.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(as = PatchBizType)]
+#[schema(as = PatchBizType, description = "The settings to change; absent or null ones stay as they are. `name`, if given, must be the biz type's own (a biz type cannot be renamed).")]
 pub(super) struct BizTypeRequest {
     /// Lowercase letters, digits, `-` and `_`, at most 64 characters; cannot be changed later.
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
@@ -86,18 +83,21 @@ pub(super) struct BizTypeRequest {
     paused: Option<bool>,
 }
 
-/// How a biz type's tasks are delivered (the document's enum; `biz_types` checks the value).
+/// How a biz type's tasks are delivered. Only the document uses this type; `biz_types` checks
+/// the value.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(description = "`callback` (chime calls the URL; the default) or `pull` (consumers reserve tasks).")]
 #[allow(dead_code)]
 enum Mode {
     Callback,
     Pull,
 }
 
-/// A console user's role (the document's enum; `users` checks the value).
+/// A console user's role. Only the document uses this type; `users` checks the value.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(description = "`admin`: everything; `support`: browse, replay and cancel.")]
 #[allow(dead_code)]
 enum Role {
     Admin,
@@ -219,12 +219,12 @@ pub(super) async fn get_biz_type(_: Admin, state: web::Data<AppState>, name: web
 }
 
 /// A biz type with its signing secret: answered once, when the secret is made.
-/// A new biz type, with its signing secret: shown only this once.
 #[derive(Serialize, ToSchema)]
-#[schema(as = BizTypeCreated)]
+#[schema(as = BizTypeCreated, description = "A new biz type, with its signing secret.")]
 pub(super) struct WithSecret<'a> {
     #[serde(flatten)]
     biz_type: &'a BizType,
+    /// Shown only this once.
     signing_secret: &'a str,
 }
 

@@ -164,12 +164,12 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-/// Machine-readable reason, fixed per HTTP status: `bad_request` 400 (body not JSON, malformed id), `unauthenticated` 401, `permission_denied` 403 (another biz type's task or name, an archived biz type's token, or a token of the wrong kind: an admin token outside `/api/v1/admin/`, an API token inside), `not_found` 404, `method_not_allowed` 405, `request_timeout` 408 (the body arrived too slowly), `conflict` 409 (wrong task state, or key reused with a different request), `stale_receipt` 409 (a pull receipt whose reservation is over: drop the task), `payload_too_large` 413, `invalid_argument` 422 (a field is invalid; the message names it), `rate_limited` 429, `unavailable` 503 (database unreachable; retry), `internal` 500.
-///
-/// Only the document uses this type: the answers take `ApiError::code`, which a test holds to
-/// these names (`openapi::tests::every_error_code_is_documented`).
+/// The `code` of an error. Only the document uses this type: the answers take
+/// `ApiError::code`, which a test holds to these names
+/// (`openapi::tests::every_error_code_is_documented`).
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(description = "Machine-readable reason, fixed per HTTP status: `bad_request` 400 (body not JSON, malformed id), `unauthenticated` 401, `permission_denied` 403 (another biz type's task or name, an archived biz type's token, or a token of the wrong kind: an admin token outside `/api/v1/admin/`, an API token inside), `not_found` 404, `method_not_allowed` 405, `request_timeout` 408 (the body arrived too slowly), `conflict` 409 (wrong task state, or key reused with a different request), `stale_receipt` 409 (a pull receipt whose reservation is over: drop the task), `payload_too_large` 413, `invalid_argument` 422 (a field is invalid; the message names it), `rate_limited` 429, `unavailable` 503 (database unreachable; retry), `internal` 500.")]
 #[allow(dead_code)]
 pub enum ErrorCode {
     BadRequest,

@@ -148,7 +148,10 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(as = BatchCreate)]
+#[schema(as = BatchCreate, example = json!({"tasks": [
+    {"biz_type": "order-close", "key": "order-123", "delay_ms": 1800000, "payload": {"order_id": 123}},
+    {"biz_type": "order-close", "key": "order-124", "run_at": "2026-11-21T10:00:00Z"},
+]}))]
 pub(super) struct BatchRequest<'a> {
     /// 1 to 1000 create requests, each exactly as for `POST /api/v1/tasks`. Any JSON value is
     /// accepted as an item: one that is not a valid `CreateTask` fails in its own result
@@ -403,7 +406,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
 /// payload into a tree.
 #[derive(Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(as = TaskList)]
+#[schema(as = TaskList, description = "A page of tasks, by `run_at`.")]
 pub(super) struct ListAnswer<'a> {
     items: &'a [tasks::Task],
     /// Pass as `cursor` to get the next page; null on the last page.

@@ -17,7 +17,7 @@ const ENVELOPE_BYTES: usize = 4096;
 
 /// A timer as the API shows it: with its next fire times.
 #[derive(Serialize, ToSchema)]
-#[schema(as = Timer)]
+#[schema(as = Timer, description = "A timer, with its next fire times.")]
 pub(super) struct TimerView<'a> {
     #[serde(flatten)]
     #[schema(inline)]
@@ -29,7 +29,7 @@ pub(super) struct TimerView<'a> {
 /// A page of timers, written out as it is serialised: a `json!` value would parse every
 /// payload into a tree.
 #[derive(Serialize, ToSchema)]
-#[schema(as = TimerList)]
+#[schema(as = TimerList, description = "A page of timers, by key.")]
 pub(super) struct ListAnswer<'a> {
     items: Vec<TimerView<'a>>,
     /// Pass as `cursor` to get the next page; null on the last page.

@@ -336,6 +336,19 @@ pub async fn get_by_key(
     Ok(HttpResponse::Ok().json(task))
 }
 
+// The states a list may be narrowed to. Only the document uses this type (`tasks` checks the
+// value); it can give way to the task store's own status type once that derives `ToSchema`.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum StatusFilter {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
@@ -365,7 +378,7 @@ fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, A
     description = r#"Lists the token's biz type's tasks in `run_at` order (ties by `id`), a page at a time. Pagination is by cursor (keyset): pass the previous page's `next_cursor` as `cursor`, with the same filters, until `next_cursor` is null. Pages stay consistent while new tasks are added. Remember to percent-encode `+` in time offsets (`%2B08:00`)."#,
     params(
         ("biz_type" = Option<String>, Query, description = r#"Optional; if given, must be the token's biz type (403 for another, 404 for an unknown name). Lists always cover the token's biz type only."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
-        ("status" = Option<String>, Query, description = r#"Only tasks in this state."#),
+        ("status" = inline(Option<StatusFilter>), Query, description = r#"Only tasks in this state."#),
         ("from" = Option<DateTime<Utc>>, Query, description = r#"Only tasks with `run_at` at or after this time (RFC 3339)."#),
         ("to" = Option<DateTime<Utc>>, Query, description = r#"Only tasks with `run_at` before this time (RFC 3339)."#),
         ("limit" = Option<i64>, Query, description = r#"Page size."#, minimum = 1, maximum = 1000, example = 100),

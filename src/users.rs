@@ -115,7 +115,8 @@ pub async fn verify(pool: &Pool, username: &str, password: &str) -> Result<Optio
 }
 
 /// A console user as lists show it (never the password hash).
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = User)]
 pub struct UserInfo {
     pub name: String,
     pub role: String,

@@ -5,6 +5,7 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::auth::Admin;
@@ -41,21 +42,67 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 /// A biz type's settings as the API takes them: every field optional (on create, absent
 /// ones take their defaults). Whole numbers beyond 32 bits are taken as the largest (or
 /// smallest) 32-bit number, so that the range rule refuses them in its own words.
-#[derive(Deserialize)]
+/// In the document, the create request (`CreateBizType`) is this one with `name` required.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BizTypeRequest {
+#[schema(as = PatchBizType, description = "The settings to change; absent or null ones stay as they are. `name`, if given, must be the biz type's own (a biz type cannot be renamed).")]
+pub(super) struct BizTypeRequest {
+    /// Lowercase letters, digits, `-` and `_`, at most 64 characters; cannot be changed later.
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     name: Option<String>,
+    /// Free text, at most 1000 bytes.
+    #[schema(max_length = 1000)]
     description: Option<String>,
+    /// The http:// or https:// URL callbacks are POSTed to; required in callback mode. With
+    /// `CHIME_DENY_PRIVATE_CALLBACKS`, private and loopback addresses are refused.
     callback_url: Option<String>,
+    /// `callback` (chime calls the URL; the default) or `pull` (consumers reserve tasks).
+    #[schema(value_type = Option<Mode>)]
     mode: Option<String>,
+    /// Time a callback may take (default 10000).
+    #[schema(minimum = 1, maximum = 600_000)]
     timeout_ms: Option<i64>,
+    /// Attempts before a task fails (default 60).
+    #[schema(minimum = 1, maximum = 1000)]
     max_attempts: Option<i64>,
+    /// Delay before the first retry, doubling after each (default 1000).
+    #[schema(minimum = 0, maximum = 86_400_000)]
     backoff_initial_ms: Option<i64>,
+    /// Longest retry delay, at least `backoff_initial_ms` (default 3600000).
+    #[schema(minimum = 0, maximum = 604_800_000)]
     backoff_max_ms: Option<i64>,
+    /// Callbacks per second across the cluster; 0: unlimited (the default).
+    #[schema(minimum = 0, maximum = 1_000_000)]
     rate_limit: Option<f64>,
+    /// Callbacks in flight per node (default 100).
+    #[schema(minimum = 1, maximum = 100_000)]
     max_in_flight: Option<i64>,
+    /// API creates per second; 0: unlimited (the default).
+    #[schema(minimum = 0, maximum = 1_000_000)]
     create_rate_limit: Option<f64>,
+    /// Paused: its tasks stay pending until resumed.
     paused: Option<bool>,
+}
+
+/// How a biz type's tasks are delivered. Only the document uses this type; `biz_types` checks
+/// the value.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(description = "`callback` (chime calls the URL; the default) or `pull` (consumers reserve tasks).")]
+#[allow(dead_code)]
+enum Mode {
+    Callback,
+    Pull,
+}
+
+/// A console user's role. Only the document uses this type; `users` checks the value.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(description = "`admin`: everything; `support`: browse, replay and cancel.")]
+#[allow(dead_code)]
+enum Role {
+    Admin,
+    Support,
 }
 
 impl BizTypeRequest {
@@ -90,9 +137,29 @@ async fn found(state: &AppState, name: &str) -> Result<BizType, ApiError> {
     biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ApiError::NotFound(format!("no biz type named `{}`", name.escape_debug())))
 }
 
-#[derive(Serialize)]
-struct Items<T> {
-    items: Vec<T>,
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BizTypeList {
+    items: Vec<BizType>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ApiTokenList {
+    items: Vec<biz_types::TokenInfo>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UserList {
+    items: Vec<UserInfo>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SigningSecret {
+    /// The new secret, shown only this once; callbacks are signed with it from now on.
+    signing_secret: String,
 }
 
 #[derive(Deserialize)]
@@ -102,25 +169,89 @@ struct ListQuery {
 }
 
 /// The biz types in use; with `archived=true`, archived ones too.
-async fn list_biz_types(_: Admin, req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/biz-types",
+    operation_id = "adminListBizTypes",
+    tag = "admin",
+    summary = r#"List biz types"#,
+    description = r#"Biz types by name; archived ones only with `archived=true`."#,
+    params(
+        ("archived" = Option<bool>, Query, description = r#"`true`: archived biz types too."#)
+    ),
+    responses(
+        (status = 200, description = r#"The biz types."#, body = BizTypeList),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "query: archived: provided string was not `true` or `false`"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn list_biz_types(_: Admin, req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let query: ListQuery = parse_query(&req)?;
     let items = if query.archived == Some(true) { biz_types::list_all(&state.pool).await? } else { biz_types::list(&state.pool).await? };
-    Ok(HttpResponse::Ok().json(Items { items }))
+    Ok(HttpResponse::Ok().json(BizTypeList { items }))
 }
 
-async fn get_biz_type(_: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/biz-types/{name}",
+    operation_id = "adminGetBizType",
+    tag = "admin",
+    summary = r#"Get a biz type"#,
+    description = r#"Archived ones too (`archived_at` set)."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name."#)
+    ),
+    responses(
+        (status = 200, description = r#"The biz type."#, body = BizType),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn get_biz_type(_: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(found(&state, &name).await?))
 }
 
 /// A biz type with its signing secret: answered once, when the secret is made.
-#[derive(Serialize)]
-struct WithSecret<'a> {
+#[derive(Serialize, ToSchema)]
+#[schema(as = BizTypeCreated, description = "A new biz type, with its signing secret.")]
+pub(super) struct WithSecret<'a> {
     #[serde(flatten)]
     biz_type: &'a BizType,
+    /// Shown only this once.
     signing_secret: &'a str,
 }
 
-async fn create_biz_type(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/biz-types",
+    operation_id = "adminCreateBizType",
+    tag = "admin",
+    summary = r#"Create a biz type"#,
+    description = r#"Answers with its signing secret, shown only this once."#,
+    request_body(content = ref("#/components/schemas/CreateBizType"), example = json!({"name": "orders", "callback_url": "https://orders.internal/chime", "timeout_ms": 5000})),
+    responses(
+        (status = 201, description = r#"The new biz type and its signing secret."#, links(("GetBizType" = (operation_id = "adminGetBizType", parameters(("name" = "$response.body#/name")))), ("CreateApiToken" = (operation_id = "adminCreateApiToken", parameters(("name" = "$response.body#/name"))))), body = WithSecret),
+        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"A biz type has this name, or had it and is archived (the name stays reserved)."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
+        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "timeout_ms: must be between 1 and 600000"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn create_biz_type(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: BizTypeRequest = read(body).await?;
     let name = request.name.as_deref().ok_or_else(|| ApiError::from(Error::invalid("name", "is required")))?;
     let created = biz_types::create(&state.pool, name, &request.settings(), state.callback_hosts).await?;
@@ -128,7 +259,33 @@ async fn create_biz_type(admin: Admin, state: web::Data<AppState>, body: web::Pa
     Ok(HttpResponse::Created().json(WithSecret { biz_type: &created, signing_secret: created.signing_secret.expose().map_err(Error::from)? }))
 }
 
-async fn update_biz_type(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    patch,
+    path = "/api/v1/admin/biz-types/{name}",
+    operation_id = "adminUpdateBizType",
+    tag = "admin",
+    summary = r#"Change a biz type's settings"#,
+    description = r#"Changes the settings given; running nodes apply them at once."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name."#)
+    ),
+    request_body(content = BizTypeRequest, example = json!({"paused": true})),
+    responses(
+        (status = 200, description = r#"The biz type as it is now."#, body = BizType),
+        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
+        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "backoff_max_ms: must be at least backoff_initial_ms"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn update_biz_type(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: BizTypeRequest = read(body).await?;
     if request.name.as_ref().is_some_and(|n| n != name.as_str()) {
         return Err(Error::invalid("name", "a biz type cannot be renamed").into());
@@ -139,8 +296,10 @@ async fn update_biz_type(admin: Admin, state: web::Data<AppState>, name: web::Pa
     Ok(HttpResponse::Ok().json(after))
 }
 
-#[derive(Serialize)]
-struct Archived<'a> {
+/// The archived biz type, and how many of its pending tasks this call cancelled.
+#[derive(Serialize, ToSchema)]
+#[schema(as = BizTypeArchived)]
+pub(super) struct Archived<'a> {
     #[serde(flatten)]
     biz_type: &'a BizType,
     /// Pending tasks cancelled by this call.
@@ -148,7 +307,27 @@ struct Archived<'a> {
 }
 
 /// Deleting a biz type archives it (`biz_types::archive` says what that means).
-async fn archive_biz_type(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/biz-types/{name}",
+    operation_id = "adminArchiveBizType",
+    tag = "admin",
+    summary = r#"Archive (delete) a biz type"#,
+    description = r#"Archives it: its API tokens stop working (403 saying it is archived), creates are refused, its pending tasks are cancelled, its timers stop, nothing more is delivered; its tasks stay readable until retention drops them. It is hidden from lists unless `archived=true`, and its name stays reserved. Archiving again changes nothing (but cancels any pending task left)."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name."#)
+    ),
+    responses(
+        (status = 200, description = r#"The archived biz type."#, body = Archived),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn archive_biz_type(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let (before, after, cancelled_tasks) = biz_types::archive(&state.pool, &name).await?;
     // This node's cache at once; the others empty theirs on the `settings` notification.
     state.forget_tokens();
@@ -160,34 +339,120 @@ async fn archive_biz_type(admin: Admin, state: web::Data<AppState>, name: web::P
     Ok(HttpResponse::Ok().json(Archived { biz_type: &after, cancelled_tasks }))
 }
 
-async fn rotate_secret(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/biz-types/{name}/rotate-secret",
+    operation_id = "adminRotateSecret",
+    tag = "admin",
+    summary = r#"Rotate a biz type's signing secret"#,
+    description = r#"Callbacks are signed with the new secret at once; it is answered only this once."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name."#)
+    ),
+    responses(
+        (status = 200, description = r#"The new signing secret."#, body = SigningSecret),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
+        (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn rotate_secret(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let b = found(&state, &name).await?;
     let secret = biz_types::rotate_secret(&state.pool, b.id).await?;
     audit::record(&state.pool, &admin.0.actor(), "biz_type.rotate_secret", "biz_type", &name, None, None).await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"signing_secret": secret})))
+    Ok(HttpResponse::Ok().json(SigningSecret { signing_secret: secret }))
 }
 
-async fn list_tokens(_: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/biz-types/{name}/tokens",
+    operation_id = "adminListApiTokens",
+    tag = "admin",
+    summary = r#"List a biz type's API tokens"#,
+    description = r#"Newest first, revoked ones included; never the tokens themselves."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name."#)
+    ),
+    responses(
+        (status = 200, description = r#"The tokens."#, body = ApiTokenList),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn list_tokens(_: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let b = found(&state, &name).await?;
-    Ok(HttpResponse::Ok().json(Items { items: biz_types::list_tokens(&state.pool, b.id).await? }))
+    Ok(HttpResponse::Ok().json(ApiTokenList { items: biz_types::list_tokens(&state.pool, b.id).await? }))
 }
 
-#[derive(Serialize)]
-struct NewToken<'a> {
+/// A new API token: `token` is shown only this once.
+#[derive(Serialize, ToSchema)]
+#[schema(as = NewApiToken)]
+pub(super) struct NewToken<'a> {
     #[serde(flatten)]
     info: &'a biz_types::TokenInfo,
     /// Shown only this once.
     token: &'a str,
 }
 
-async fn create_token(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/biz-types/{name}/tokens",
+    operation_id = "adminCreateApiToken",
+    tag = "admin",
+    summary = r#"Create an API token"#,
+    description = r#"The token is answered only this once; only its SHA-256 is kept."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name."#)
+    ),
+    responses(
+        (status = 201, description = r#"The new token."#, links(("RevokeApiToken" = (operation_id = "adminRevokeApiToken", parameters(("name" = "$request.path.name"), ("id" = "$response.body#/id"))))), body = NewToken),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
+        (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn create_token(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     found(&state, &name).await?;
     let (info, token) = biz_types::mint_token(&state.pool, &name).await?;
     audit::record(&state.pool, &admin.0.actor(), "token.create", "biz_type", &name, None, Some(info.prefix.clone().into())).await?;
     Ok(HttpResponse::Created().json(NewToken { info: &info, token: &token }))
 }
 
-async fn revoke_token(admin: Admin, state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/biz-types/{name}/tokens/{id}",
+    operation_id = "adminRevokeApiToken",
+    tag = "admin",
+    summary = r#"Revoke an API token"#,
+    description = r#"Calls with it are refused within seconds (each node checks a token again after 5 s). Revoking twice is harmless."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name."#),
+        ("id" = Uuid, Path, description = r#"The token's id."#)
+    ),
+    responses(
+        (status = 204, description = r#"Revoked."#),
+        (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a token id (a UUID)"}})),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No biz type has this name, or it has no token with this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no token 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11 in this biz type"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn revoke_token(admin: Admin, state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
     let (name, id) = path.into_inner();
     let b = found(&state, &name).await?;
     let id: Uuid = id.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a token id (a UUID)", id.escape_debug())))?;
@@ -196,34 +461,112 @@ async fn revoke_token(admin: Admin, state: web::Data<AppState>, path: web::Path<
     Ok(HttpResponse::NoContent().finish())
 }
 
-async fn list_users(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(Items { items: users::list(&state.pool).await? }))
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/users",
+    operation_id = "adminListUsers",
+    tag = "admin",
+    summary = r#"List console users"#,
+    description = r#"By name; never their passwords."#,
+    responses(
+        (status = 200, description = r#"The users."#, body = UserList),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn list_users(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(UserList { items: users::list(&state.pool).await? }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewUser {
+#[schema(as = CreateUser)]
+pub(super) struct NewUser {
+    /// Letters, digits, `_`, `.`, `@` and `-`, at most 64, starting with a letter or digit.
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")]
     name: String,
+    /// `admin`: everything; `support`: browse, replay and cancel.
+    #[schema(value_type = Role)]
     role: String,
+    /// At least 8 characters; stored as an argon2 hash only.
+    #[schema(min_length = 8)]
     password: String,
 }
 
-async fn create_user(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/users",
+    operation_id = "adminCreateUser",
+    tag = "admin",
+    summary = r#"Create a console user"#,
+    description = r#"The same rules as `chime user create`."#,
+    request_body(content = NewUser, example = json!({"name": "helen", "role": "support", "password": "correct horse battery"})),
+    responses(
+        (status = 201, description = r#"The new user."#, body = UserInfo),
+        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"A user has this name."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "user `helen` already exists"}})),
+        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "password: must be at least 8 characters"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn create_user(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: NewUser = read(body).await?;
     let user = users::create(&state.pool, &request.name, &request.role, &request.password).await?;
     audit::record(&state.pool, &admin.0.actor(), "user.create", "user", &user.name, None, snapshot(&user)).await?;
     Ok(HttpResponse::Created().json(user))
 }
 
-#[derive(Deserialize)]
+/// What to change; absent or null fields stay as they are. A new password, or disabling,
+/// signs the user out.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct UserPatch {
+#[schema(as = PatchUser)]
+pub(super) struct UserPatch {
+    /// `admin`: everything; `support`: browse, replay and cancel.
+    #[schema(value_type = Option<Role>)]
     role: Option<String>,
+    /// At least 8 characters; stored as an argon2 hash only.
+    #[schema(min_length = 8)]
     password: Option<String>,
     disabled: Option<bool>,
 }
 
-async fn update_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    patch,
+    path = "/api/v1/admin/users/{name}",
+    operation_id = "adminUpdateUser",
+    tag = "admin",
+    summary = r#"Change a user's role or password, or disable them"#,
+    description = r#"A new password, or disabling, signs the user out everywhere."#,
+    params(
+        ("name" = String, Path, description = r#"The user's name."#)
+    ),
+    request_body(content = UserPatch, example = json!({"disabled": true})),
+    responses(
+        (status = 200, description = r#"The user as they are now."#, body = UserInfo),
+        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No user has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no user named `helen`"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The change would leave no enabled admin."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "`admin` is the last enabled admin; make another user an admin first"}})),
+        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "role: must be admin or support"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn update_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let patch: UserPatch = read(body).await?;
     let changes = UserChanges { role: patch.role, password: patch.password, disabled: patch.disabled };
     let (before, after): (UserInfo, UserInfo) = users::update(&state.pool, &name, &changes).await?;
@@ -236,7 +579,28 @@ async fn update_user(admin: Admin, state: web::Data<AppState>, name: web::Path<S
     Ok(HttpResponse::Ok().json(after))
 }
 
-async fn delete_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/users/{name}",
+    operation_id = "adminDeleteUser",
+    tag = "admin",
+    summary = r#"Delete a console user"#,
+    description = r#"Their sessions end; their entries in the audit log stay."#,
+    params(
+        ("name" = String, Path, description = r#"The user's name."#)
+    ),
+    responses(
+        (status = 204, description = r#"Deleted."#),
+        (status = 401, response = super::openapi::AdminUnauthenticated),
+        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 404, description = r#"No user has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no user named `helen`"}})),
+        (status = 409, description = r#"The change would leave no enabled admin."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "`admin` is the last enabled admin; make another user an admin first"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("adminAuth" = []))
+)]
+pub(super) async fn delete_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let user = users::delete(&state.pool, &name).await?;
     audit::record(&state.pool, &admin.0.actor(), "user.delete", "user", &name, snapshot(&user), None).await?;
     Ok(HttpResponse::NoContent().finish())

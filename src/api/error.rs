@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -70,8 +71,8 @@ impl ApiError {
     }
 
     /// The `{"code", "message"}` object, also used for the items of a batch.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"code": self.code(), "message": self.to_string()})
+    pub fn body(&self) -> ErrorDetail {
+        ErrorDetail { code: self.code(), message: self.to_string() }
     }
 }
 
@@ -142,6 +143,46 @@ impl ResponseError for ApiError {
         if let ApiError::Unauthenticated(_) = self {
             response.insert_header(("WWW-Authenticate", "Bearer"));
         }
-        response.json(json!({"error": self.body()}))
+        response.json(Error { error: self.body() })
     }
+}
+
+/// Every error answer has this shape, with an HTTP status to match `code`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"error": {"code": "invalid_argument", "message": "run_at: is more than 24 hours in the past"}}))]
+pub struct Error {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    #[schema(value_type = ErrorCode)]
+    pub code: &'static str,
+    /// Human-readable explanation; for invalid fields it starts with the field's name. Do not parse it.
+    pub message: String,
+}
+
+/// The `code` of an error. Only the document uses this type: the answers take
+/// `ApiError::code`, which a test holds to these names
+/// (`openapi::tests::every_error_code_is_documented`).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(description = "Machine-readable reason, fixed per HTTP status: `bad_request` 400 (body not JSON, malformed id), `unauthenticated` 401, `permission_denied` 403 (another biz type's task or name, an archived biz type's token, or a token of the wrong kind: an admin token outside `/api/v1/admin/`, an API token inside), `not_found` 404, `method_not_allowed` 405, `request_timeout` 408 (the body arrived too slowly), `conflict` 409 (wrong task state, or key reused with a different request), `stale_receipt` 409 (a pull receipt whose reservation is over: drop the task), `payload_too_large` 413, `invalid_argument` 422 (a field is invalid; the message names it), `rate_limited` 429, `unavailable` 503 (database unreachable; retry), `internal` 500.")]
+#[allow(dead_code)]
+pub enum ErrorCode {
+    BadRequest,
+    Unauthenticated,
+    PermissionDenied,
+    NotFound,
+    MethodNotAllowed,
+    RequestTimeout,
+    Conflict,
+    StaleReceipt,
+    PayloadTooLarge,
+    InvalidArgument,
+    RateLimited,
+    Unavailable,
+    Internal,
 }

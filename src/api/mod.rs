@@ -4,6 +4,7 @@
 mod admin;
 mod auth;
 mod error;
+mod openapi;
 mod pull;
 mod tasks;
 mod timers;
@@ -17,7 +18,8 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::error::PayloadError;
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use serde::de::value::MapDeserializer;
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -25,12 +27,15 @@ use serde_json::value::RawValue;
 use crate::lifecycle::Phase;
 use crate::state::AppState;
 
-const OPENAPI: &str = include_str!("openapi.json");
+/// `/api/v1/openapi.json`, generated on first request.
+static OPENAPI: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| openapi::document().to_string());
+
+pub use openapi::document as openapi_document;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     // Probes often use HEAD; it answers like GET without the body.
-    cfg.service(resource("/healthz", "GET, HEAD").route(web::get().to(healthz)).route(web::head().to(healthz)))
-        .service(resource("/readyz", "GET, HEAD").route(web::get().to(readyz)).route(web::head().to(readyz)))
+    cfg.service(resource("/healthz", "GET, HEAD").route(web::get().to(healthz)).route(web::head().to(healthz_head)))
+        .service(resource("/readyz", "GET, HEAD").route(web::get().to(readyz)).route(web::head().to(readyz_head)))
         .service(resource("/api/v1/openapi.json", "GET").route(web::get().to(openapi)))
         .service(
             web::scope("/api/v1")
@@ -88,16 +93,104 @@ pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound(format!("no such endpoint: {} {}", req.method(), req.path())))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    operation_id = "getOpenApiDocument",
+    tag = "meta",
+    summary = r#"This OpenAPI document"#,
+    description = r#"The OpenAPI 3.0 description of this API. No token needed."#,
+    responses(
+        (status = 200, description = r#"The document."#, body = serde_json::Value)
+    )
+)]
 async fn openapi() -> HttpResponse {
-    HttpResponse::Ok().content_type("application/json").body(OPENAPI)
+    HttpResponse::Ok().content_type("application/json").body(OPENAPI.as_str())
 }
 
-async fn metrics(node: web::Data<crate::metrics::Node>) -> HttpResponse {
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "metrics",
+    summary = r#"Prometheus metrics of this node"#,
+    description = r#"Counters of tasks claimed, delivered, retried and failed per biz type; callbacks in flight; histograms of callback duration, lateness (fire time minus run_at) and claim batch size; HTTP requests by route pattern and status; the node's database pool; and, on the leader only, pending, retrying and failed tasks and the age of the oldest due task per biz type (the README lists them). OpenMetrics text format. Asks for no credentials. When CHIME_METRICS_LISTEN is set, served on that address only, and this path answers 404 here."#,
+    responses(
+        (status = 200, description = r#"The metrics."#, body = String, content_type = "application/openmetrics-text")
+    )
+)]
+pub(super) async fn metrics(node: web::Data<crate::metrics::Node>) -> HttpResponse {
     HttpResponse::Ok().content_type(crate::metrics::CONTENT_TYPE).body(node.render().await)
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "getHealth",
+    tag = "health",
+    summary = r#"Liveness"#,
+    description = r#"Answers 200 as long as the process serves HTTP. Does not touch the database. No token needed."#,
+    responses(
+        (status = 200, description = r#"The process is alive."#, body = inline(Alive), example = json!({"status": "ok"}))
+    )
+)]
 async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+    HttpResponse::Ok().json(Alive { status: AliveStatus::Ok })
+}
+
+#[utoipa::path(
+    head,
+    path = "/healthz",
+    operation_id = "getHealthHead",
+    tag = "health",
+    summary = r#"Liveness (HEAD: status only)"#,
+    description = r#"Answers 200 as long as the process serves HTTP. Does not touch the database. No token needed."#,
+    responses(
+        (status = 200, description = r#"The process is alive."#)
+    )
+)]
+async fn healthz_head() -> HttpResponse {
+    healthz().await
+}
+
+/// `/healthz`'s answer.
+#[derive(Serialize, ToSchema)]
+struct Alive {
+    status: AliveStatus,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum AliveStatus {
+    Ok,
+}
+
+/// `/readyz`'s answer when ready.
+#[derive(Serialize, ToSchema)]
+struct Ready {
+    status: ReadyStatus,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum ReadyStatus {
+    Ready,
+}
+
+#[utoipa::path(
+    head,
+    path = "/readyz",
+    operation_id = "getReadinessHead",
+    tag = "health",
+    summary = r#"Readiness (HEAD: status only)"#,
+    description = r#"200 when the database answers and every schema migration this binary knows is applied; 503 otherwise. Use it for load-balancer and orchestrator readiness checks. No token needed."#,
+    responses(
+        (status = 200, description = r#"Ready to serve."#),
+        (status = 503, description = r#"Not ready: the database is unreachable or migrations are pending; the message says which."#)
+    )
+)]
+async fn readyz_head(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    readyz(state).await
 }
 
 /// Until the node is ready (starting, or migrating the database), every request but the
@@ -143,6 +236,18 @@ async fn require_database(
 
 /// Ready when the node has started and is not stopping, the database answers, and every
 /// migration this binary knows is applied.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "getReadiness",
+    tag = "health",
+    summary = r#"Readiness"#,
+    description = r#"200 when the database answers and every schema migration this binary knows is applied; 503 otherwise. Use it for load-balancer and orchestrator readiness checks. No token needed."#,
+    responses(
+        (status = 200, description = r#"Ready to serve."#, body = inline(Ready), example = json!({"status": "ready"})),
+        (status = 503, description = r#"Not ready: the database is unreachable or migrations are pending; the message says which."#, body = error::Error, example = json!({"error": {"code": "unavailable", "message": "not ready: migrations pending (database at Some(1), binary at Some(2))"}}))
+    )
+)]
 async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let not_ready = |reason: String| ApiError::Unavailable(format!("not ready: {reason}"));
     let phase = state.lifecycle.phase();
@@ -163,7 +268,7 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if !pending.is_empty() {
         return Err(not_ready(format!("migrations pending: {pending:?} (run `chime migrate`)")));
     }
-    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
+    Ok(HttpResponse::Ok().json(Ready { status: ReadyStatus::Ready }))
 }
 
 /// The request body as JSON, or None when it is empty (every field optional).

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
-use serde::Deserialize;
-use serde_json::json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -21,12 +22,32 @@ const MAX_TTR_MS: i64 = 24 * 3600 * 1000;
 const POLL_FALLBACK: Duration = Duration::from_secs(1);
 const BODY_LIMIT: usize = 16 * 1024;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ReserveRequest {
+pub(super) struct ReserveRequest {
+    /// Most tasks to reserve.
+    #[schema(minimum = 1, maximum = 100, default = 1)]
     max: Option<i64>,
+    /// How long to wait for a due task when none is.
+    #[schema(minimum = 0, maximum = 30000, default = 0)]
     wait_ms: Option<u64>,
+    /// Time to run: how long each task stays reserved. Default: the biz type's timeout.
+    #[schema(minimum = 1, maximum = 86_400_000)]
     ttr_ms: Option<i64>,
+}
+
+/// The answer to a reserve: the tasks reserved, none if none came due in time.
+#[derive(Serialize, ToSchema)]
+#[schema(as = Reserved)]
+pub(super) struct ReserveAnswer {
+    tasks: Vec<pull::Reserved>,
+}
+
+/// The answer to a touch: until when the task is reserved.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Touched {
+    id: Uuid,
+    reserved_until: DateTime<Utc>,
 }
 
 async fn pull_biz_type(caller: &Caller, state: &AppState, name: &str) -> Result<BizType, ApiError> {
@@ -51,6 +72,32 @@ fn ttr(raw: Option<i64>, biz: &BizType) -> Result<i64, ApiError> {
 /// Up to `max` due tasks, each leased for its time to run. When none is due, waits up to
 /// `wait_ms`, woken by the same notifications as the engine and by the next task's due
 /// time, and answers as soon as one can be reserved.
+#[utoipa::path(
+    post,
+    path = "/api/v1/biz-types/{name}/reserve",
+    operation_id = "reserveTasks",
+    tag = "pull",
+    summary = r#"Reserve due tasks (pull delivery)"#,
+    description = r#"Leases up to `max` due tasks of a pull-mode biz type for `ttr_ms` (default: the biz type's timeout). While a task is reserved no other consumer gets it; ack, nack or touch it with its `receipt` before the time to run passes, or it goes back to pending (a failed attempt) and the receipt is stale. When none is due, waits up to `wait_ms` and answers as soon as one is. The biz type's rate limit, in-flight limit (reserved and not settled, whole cluster) and pause apply. The body may be empty."#,
+    params(
+        ("name" = String, Path, description = r#"A biz type in pull mode (the token's)."#)
+    ),
+    request_body(content = Option<ReserveRequest>),
+    responses(
+        (status = 200, description = r#"The reserved tasks (possibly none)."#, links(("AckTask" = (operation_id = "ackTask", parameters(("id" = "$response.body#/tasks/0/id")), description = r#"Each reserved task is settled by its `id` and `receipt`; this link follows the first."#)), ("NackTask" = (operation_id = "nackTask", parameters(("id" = "$response.body#/tasks/0/id")))), ("TouchTask" = (operation_id = "touchTask", parameters(("id" = "$response.body#/tasks/0/id"))))), body = ReserveAnswer),
+        (status = 400, description = r#"The body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is not valid JSON: expected value at line 1 column 1"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The biz type is not the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `jobs`, not `billing`"}})),
+        (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The biz type delivers by callback."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `hooks` delivers by callback; set its mode to pull to reserve its tasks"}})),
+        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "max: must be between 1 and 100"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: ReserveRequest = match read_optional_json(body, BODY_LIMIT).await? {
         Some(value) => from_json(value)?,
@@ -86,7 +133,7 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
             if permitted > 0 {
                 let tasks = pull::reserve(&state.pool, &biz, permitted, ttr_ms).await?;
                 if !tasks.is_empty() {
-                    return Ok(HttpResponse::Ok().json(json!({"tasks": tasks})));
+                    return Ok(HttpResponse::Ok().json(ReserveAnswer { tasks }));
                 }
             }
             if let Some(wait) = rate_wait {
@@ -99,7 +146,7 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
         }
         let now = Instant::now();
         if now >= deadline {
-            return Ok(HttpResponse::Ok().json(json!({"tasks": []})));
+            return Ok(HttpResponse::Ok().json(ReserveAnswer { tasks: Vec::new() }));
         }
         tokio::select! {
             _ = &mut woken => {}
@@ -127,12 +174,40 @@ fn receipt(raw: Option<&str>) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::Invalid("receipt: must be the receipt that reserve returned with the task (a UUID)".into()))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct AckRequest {
+pub(super) struct AckRequest {
+    // Optional here only to answer its absence with a 422 that says what to send.
+    #[schema(value_type = super::openapi::Receipt, required = true)]
     receipt: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks/{id}/ack",
+    operation_id = "ackTask",
+    tag = "pull",
+    summary = r#"Ack a reserved task: it succeeded"#,
+    description = r#"The task succeeded: it is finished and its reservation ends."#,
+    params(
+        ("id" = Uuid, Path, description = r#"The task's id."#)
+    ),
+    request_body(content = AckRequest),
+    responses(
+        (status = 200, description = r#"The task as it is now."#, body = crate::tasks::Task),
+        (status = 400, description = r#"The `id` is not a UUID, or the body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
+        (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
+        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "receipt: required; send the receipt that reserve returned with the task"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn ack(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let request: AckRequest = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?.unwrap_or_default();
@@ -142,14 +217,45 @@ pub async fn ack(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
     Ok(HttpResponse::Ok().json(task))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NackRequest {
+pub(super) struct NackRequest {
+    #[schema(value_type = super::openapi::Receipt, required = true)]
     receipt: Option<String>,
+    /// Retry after this long, at most 10 years (3660 days). Default: the biz type's backoff.
+    #[schema(minimum = 0, maximum = 316_224_000_000_i64)]
     delay_ms: Option<i64>,
+    /// Why; kept as the task's last error. At most 1000 characters, without NUL.
+    #[schema(max_length = 1000, pattern = r"^[^\u0000]*$")]
     error: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks/{id}/nack",
+    operation_id = "nackTask",
+    tag = "pull",
+    summary = r#"Nack a reserved task: retry it later"#,
+    description = r#"The task goes back to pending, due after `delay_ms` (default: the biz type's backoff), or is failed when it has used its `max_attempts`."#,
+    params(
+        ("id" = Uuid, Path, description = r#"The task's id."#)
+    ),
+    request_body(content = NackRequest),
+    responses(
+        (status = 200, description = r#"The task as it is now."#, body = crate::tasks::Task),
+        (status = 400, description = r#"The `id` is not a UUID, or the body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
+        (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
+        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "delay_ms: must be between 0 and 10 years in milliseconds"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn nack(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let request: NackRequest = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?.unwrap_or_default();
@@ -174,18 +280,47 @@ pub async fn nack(caller: Caller, state: web::Data<AppState>, id: web::Path<Stri
     Ok(HttpResponse::Ok().json(task))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TouchRequest {
+pub(super) struct TouchRequest {
+    #[schema(value_type = super::openapi::Receipt, required = true)]
     receipt: Option<String>,
+    /// New time to run from now. Default: the biz type's timeout.
+    #[schema(minimum = 1, maximum = 86_400_000)]
     ttr_ms: Option<i64>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks/{id}/touch",
+    operation_id = "touchTask",
+    tag = "pull",
+    summary = r#"Extend a reservation"#,
+    description = r#"Sets the reservation to end `ttr_ms` from now (default: the biz type's timeout); the receipt stays the same."#,
+    params(
+        ("id" = Uuid, Path, description = r#"The task's id."#)
+    ),
+    request_body(content = inline(TouchRequest)),
+    responses(
+        (status = 200, description = r#"Until when the task is reserved."#, body = inline(Touched)),
+        (status = 400, description = r#"The `id` is not a UUID, or the body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
+        (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
+        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "ttr_ms: must be between 1 and 86400000 (a day)"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn touch(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let request: TouchRequest = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?.unwrap_or_default();
     let receipt = receipt(request.receipt.as_deref())?;
     let biz = own_pull_biz_type(&caller, &state).await?;
     let until = pull::touch(&state.pool, &biz, id, receipt, ttr(request.ttr_ms, &biz)?).await?;
-    Ok(HttpResponse::Ok().json(json!({"id": id, "reserved_until": until})))
+    Ok(HttpResponse::Ok().json(Touched { id, reserved_until: until }))
 }

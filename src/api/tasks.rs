@@ -6,8 +6,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
 use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::auth::Caller;
@@ -23,22 +23,39 @@ const ENVELOPE_BYTES: usize = 4096;
 /// Most bytes in one batch body.
 const MAX_BATCH_BODY: usize = 32 * 1024 * 1024;
 
-/// GET of one task adds its attempts.
-#[derive(Serialize)]
-struct TaskWithAttempts<'a> {
+/// A task with its delivery history.
+#[derive(Serialize, ToSchema)]
+pub(super) struct TaskWithAttempts<'a> {
     #[serde(flatten)]
     task: &'a tasks::Task,
+    /// Every delivery try, oldest first, including those before a replay.
     attempts: &'a [tasks::Attempt],
 }
 
 /// One entry of a batch answer: a task (201 or 200) or an error.
-#[derive(Serialize)]
-struct ItemResult<'a> {
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+enum ItemResult<'a> {
+    Created(BatchItemCreated<'a>),
+    Failed(BatchItemFailed),
+}
+
+/// An item of the batch that was created (201), or found already created by the same request (200).
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct BatchItemCreated<'a> {
+    #[schema(minimum = 200, maximum = 201)]
     status: u16,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    task: Option<&'a tasks::Task>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<Value>,
+    task: &'a tasks::Task,
+}
+
+/// An item of the batch that failed on its own, with the status and error it would have had alone.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct BatchItemFailed {
+    #[schema(minimum = 400, maximum = 599)]
+    status: u16,
+    error: super::error::ErrorDetail,
 }
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -88,6 +105,35 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
     state.create_limiter.check(caller.0.biz_type_id, caller.0.create_rate_limit).map_err(ApiError::RateLimited)
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks",
+    operation_id = "createTask",
+    tag = "tasks",
+    summary = r#"Schedule a task"#,
+    description = r#"Schedules one callback to the biz type's callback URL. Give at most one of `run_at` and `delay_ms`; with neither, the task is due now. `run_at` is an absolute RFC 3339 time (with `Z` or an offset) from 24 hours in the past (a past time fires at once) to 10 years ahead. `delay_ms` is relative: milliseconds from the moment the server accepts the request, measured on the server's clock, so it is immune to skew of the client's clock.
+
+**Idempotency.** Give a `key` to make retries safe: repeating the request with the same `key` and the same body answers **200** with the task created the first time (nothing new is scheduled; the body is compared as JSON, so key order and spacing do not matter, and a repeated `delay_ms` request is a repeat even though time has passed). The same `key` with a different body answers **409**. A key stays taken while its task is retained.
+
+**Limits.** The payload may be at most the server's payload limit (default 64 KiB) → 413. Each biz type may have a create rate limit (calls per second) → 429 with `Retry-After`. A paused biz type still accepts tasks; they are delivered after it is resumed."#,
+    request_body(content = crate::tasks::CreateTask),
+    responses(
+        (status = 200, description = r#"A task with this key was already created by the same request; this is that task, unchanged."#, body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
+        (status = 201, description = r#"The task was created."#, links(("GetTask" = (operation_id = "getTask", parameters(("id" = "$response.body#/id")), description = r#"The `id` in the answer identifies the task in `GET /api/v1/tasks/{id}`."#)), ("UpdateTask" = (operation_id = "updateTask", parameters(("id" = "$response.body#/id")))), ("CancelTask" = (operation_id = "cancelTask", parameters(("id" = "$response.body#/id")))), ("ReplayTask" = (operation_id = "replayTask", parameters(("id" = "$response.body#/id")))), ("GetTaskByKey" = (operation_id = "getTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key")), description = r#"A task created with a `key` can be found again by it."#))), body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
+        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is not valid JSON: expected value at line 1 column 1"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"`biz_type` names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
+        (status = 404, description = r#"No biz type has the name given in `biz_type`."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `order-clos`"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The `key` is already taken by a task created with a different request body."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "key `order-123` is already used by a task created with a different request"}})),
+        (status = 413, description = r#"The payload (or the whole body) is larger than the server's limit (default 64 KiB for the payload)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
+        (status = 422, description = r#"A field is missing, unknown or invalid (e.g. `run_at` not RFC 3339 or out of range, both `run_at` and `delay_ms` given, `key` empty or too long); the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "run_at: must be an RFC 3339 time such as 2026-11-21T09:30:00Z (input contains invalid characters)"}})),
+        (status = 429, description = r#"The biz type's create rate limit is exceeded; retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::openapi::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
     let item = raw_json(&body)?;
@@ -101,10 +147,18 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BatchRequest<'a> {
+#[schema(as = BatchCreate, example = json!({"tasks": [
+    {"biz_type": "order-close", "key": "order-123", "delay_ms": 1800000, "payload": {"order_id": 123}},
+    {"biz_type": "order-close", "key": "order-124", "run_at": "2026-11-21T10:00:00Z"},
+]}))]
+pub(super) struct BatchRequest<'a> {
+    /// 1 to 1000 create requests, each exactly as for `POST /api/v1/tasks`. Any JSON value is
+    /// accepted as an item: one that is not a valid `CreateTask` fails in its own result
+    /// (status 422, 404 or 403), not the whole request.
     #[serde(borrow, deserialize_with = "at_most_max_batch")]
+    #[schema(value_type = Vec<serde_json::Value>, min_items = 1, max_items = 1000)]
     tasks: Vec<&'a RawValue>,
 }
 
@@ -132,13 +186,38 @@ fn at_most_max_batch<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<&'de 
 }
 
 /// The answer to a batch.
-#[derive(Serialize)]
-struct BatchAnswer<'a> {
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = BatchResult)]
+pub(super) struct BatchAnswer<'a> {
+    /// One entry per item of the request, in the same order.
     results: Vec<ItemResult<'a>>,
 }
 
 /// Creates up to 1000 tasks. Each item succeeds or fails on its own; the answer lists an
 /// outcome per item, in order.
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks/batch",
+    operation_id = "createTasksBatch",
+    tag = "tasks",
+    summary = r#"Schedule up to 1000 tasks"#,
+    description = r#"Creates 1 to 1000 tasks in one call. Each item is handled exactly like a single `POST /api/v1/tasks` and succeeds or fails on its own: the answer is always 200 (once the request itself is valid), with one result per item, in order. Items repeating a key that appeared earlier in the same batch are answered like repeats of that earlier item (200 with the same task if the item is identical, 409 otherwise). The whole call counts once against the create rate limit. The body may be at most 32 MiB."#,
+    request_body(content = BatchRequest),
+    responses(
+        (status = 200, description = r#"One result per item, in order."#, body = BatchAnswer),
+        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is not valid JSON: expected value at line 1 column 1"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 413, description = r#"The request body is larger than 32 MiB (or than 1000 times the payload limit plus 4 KiB, if that is less)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 33554432 bytes"}})),
+        (status = 422, description = r#"`tasks` is missing, not an array, empty or longer than 1000, or the body has another field. (Invalid items do not fail the request; they fail in their result.)"#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "tasks: must hold 1 to 1000 items, not 0"}})),
+        (status = 429, description = r#"The biz type's create rate limit is exceeded; nothing was created. Retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::openapi::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable),
+        (status = 403, description = r#"The token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`). Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "biz type `orders` is archived: its tokens no longer work"}}))
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     // Whatever the payload limit, the body need not hold more than a thousand of them (and
     // memory follows the body: payloads stay text).
@@ -176,7 +255,7 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
         .iter()
         .enumerate()
         .map(|(i, outcome)| match outcome {
-            Ok((status, task)) => ItemResult { status: *status, task: Some(task), error: None },
+            Ok((status, task)) => ItemResult::Created(BatchItemCreated { status: *status, task }),
             Err(e) => item_error(i, e),
         })
         .collect();
@@ -185,11 +264,32 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
 
 fn item_error(index: usize, e: &ApiError) -> ItemResult<'static> {
     use actix_web::ResponseError;
-    let mut body = e.body();
-    body["message"] = Value::String(format!("tasks[{index}]: {e}"));
-    ItemResult { status: e.status_code().as_u16(), task: None, error: Some(body) }
+    let mut error = e.body();
+    error.message = format!("tasks[{index}]: {e}");
+    ItemResult::Failed(BatchItemFailed { status: e.status_code().as_u16(), error })
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/tasks/{id}",
+    operation_id = "getTask",
+    tag = "tasks",
+    summary = r#"Get a task with its attempts"#,
+    description = r#"One task of the token's biz type, in any state, with every delivery attempt so far."#,
+    params(
+        ("id" = Uuid, Path, description = r#"The task's id."#)
+    ),
+    responses(
+        (status = 200, description = r#"The task and its attempts."#, body = TaskWithAttempts),
+        (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
+        (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let (task, attempts) =
@@ -200,6 +300,27 @@ pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
     Ok(HttpResponse::Ok().json(TaskWithAttempts { task: &task, attempts: &attempts }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/biz-types/{name}/tasks/by-key/{key}",
+    operation_id = "getTaskByKey",
+    tag = "tasks",
+    summary = r#"Find a task by its client key"#,
+    description = r#"The task created with this `key` in this biz type, in any state (without attempts; get it by id for those)."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
+        ("key" = String, Path, description = r#"The client key given at creation, percent-encoded (it may contain `/`)."#, min_length = 1, max_length = 256)
+    ),
+    responses(
+        (status = 200, description = r#"The task holding this key."#, body = crate::tasks::Task),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
+        (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in biz type `order-close`"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn get_by_key(
     caller: Caller,
     state: web::Data<AppState>,
@@ -216,6 +337,8 @@ pub async fn get_by_key(
     Ok(HttpResponse::Ok().json(task))
 }
 
+// The states a list may be narrowed to. Only the document uses this type (`tasks` checks the
+// value); it can give way to the task store's own status type once that derives `ToSchema`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
@@ -236,6 +359,32 @@ fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, A
     .transpose()
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/tasks",
+    operation_id = "listTasks",
+    tag = "tasks",
+    summary = r#"List tasks"#,
+    description = r#"Lists the token's biz type's tasks in `run_at` order (ties by `id`), a page at a time. Pagination is by cursor (keyset): pass the previous page's `next_cursor` as `cursor`, with the same filters, until `next_cursor` is null. Pages stay consistent while new tasks are added. Remember to percent-encode `+` in time offsets (`%2B08:00`)."#,
+    params(
+        ("biz_type" = Option<String>, Query, description = r#"Optional; if given, must be the token's biz type (403 for another, 404 for an unknown name). Lists always cover the token's biz type only."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
+        ("status" = Option<tasks::Status>, Query, description = r#"Only tasks in this state."#),
+        ("from" = Option<DateTime<Utc>>, Query, description = r#"Only tasks with `run_at` at or after this time (RFC 3339)."#),
+        ("to" = Option<DateTime<Utc>>, Query, description = r#"Only tasks with `run_at` before this time (RFC 3339)."#),
+        ("limit" = Option<i64>, Query, description = r#"Page size."#, minimum = 1, maximum = 1000, example = 100),
+        ("cursor" = Option<String>, Query, description = r#"The `next_cursor` of the previous page (opaque). Leave the parameter out for the first page."#, min_length = 1)
+    ),
+    responses(
+        (status = 200, description = r#"One page of tasks."#, body = ListAnswer),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"`biz_type` names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
+        (status = 404, description = r#"No biz type has the name given in `biz_type`."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `order-clos`"}})),
+        (status = 422, description = r#"A query parameter is unknown, repeated or invalid (bad `status`, `limit` outside 1–1000, `from`/`to` not RFC 3339, `cursor` not from this API)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "limit: must be a whole number from 1 to 1000"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let query: ListQuery = parse_query(&req)?;
     if let Some(name) = &query.biz_type {
@@ -256,19 +405,34 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
 
 /// A page of tasks, written out as it is serialised: a `json!` value would parse every
 /// payload into a tree.
-#[derive(Serialize)]
-struct ListAnswer<'a> {
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = TaskList, description = "A page of tasks, by `run_at`.")]
+pub(super) struct ListAnswer<'a> {
     items: &'a [tasks::Task],
+    /// Pass as `cursor` to get the next page; null on the last page.
+    #[schema(required = true)]
     next_cursor: Option<&'a str>,
 }
 
-#[derive(Deserialize)]
+/// What to change in a pending task: its due time (`run_at` or `delay_ms`, not both), its
+/// payload, or both; at least one must be given. A time field that is left out or null is
+/// kept; a payload that is left out is kept, and `"payload": null` sets it to null.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PatchRequest<'a> {
+#[schema(as = PatchTask, example = json!({"delay_ms": 600000}))]
+pub(super) struct PatchRequest<'a> {
+    /// New absolute due time, RFC 3339, from 24 hours ago to 10 years ahead.
+    #[schema(format = DateTime)]
     run_at: Option<String>,
+    /// New due time as milliseconds from now (server clock), 0 to 10 years.
+    #[schema(minimum = 0, maximum = 316_224_000_000_i64)]
     delay_ms: Option<i64>,
-    /// `Some(null)` when the client sets the payload to null, `None` when absent.
+    /// New payload, replacing the old one whole (any JSON value, null included). Same size
+    /// limit as at creation.
+    // `Some(null)` when the client sets the payload to null, `None` when absent.
     #[serde(default, borrow, deserialize_with = "present")]
+    #[schema(value_type = serde_json::Value)]
     payload: Option<&'a RawValue>,
 }
 
@@ -276,6 +440,32 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     <&RawValue>::deserialize(d).map(Some)
 }
 
+#[utoipa::path(
+    patch,
+    path = "/api/v1/tasks/{id}",
+    operation_id = "updateTask",
+    tag = "tasks",
+    summary = r#"Reschedule a pending task or replace its payload"#,
+    description = r#"Changes the due time (`run_at` or `delay_ms`, as at creation) and/or replaces the payload of a **pending** task; a running or finished task answers 409. The attempt count, last error and key stay as they are (a later create repeating the original request still answers 200 with this task)."#,
+    params(
+        ("id" = Uuid, Path, description = r#"The task's id."#)
+    ),
+    request_body(content = PatchRequest),
+    responses(
+        (status = 200, description = r#"The task as changed."#, body = crate::tasks::Task),
+        (status = 400, description = r#"The `id` is not a UUID, or the body is empty or not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
+        (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The task is not pending (it is running or finished)."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "only a pending task can be changed; this one is succeeded"}})),
+        (status = 413, description = r#"The new payload is larger than the server's limit (default 64 KiB)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
+        (status = 422, description = r#"Nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "give run_at, delay_ms or payload to change"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn reschedule(
     caller: Caller,
     state: web::Data<AppState>,
@@ -299,6 +489,28 @@ pub async fn reschedule(
     Ok(HttpResponse::Ok().json(task))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/tasks/{id}",
+    operation_id = "cancelTask",
+    tag = "tasks",
+    summary = r#"Cancel a pending task"#,
+    description = r#"Cancels a **pending** task so it never fires, and answers with it (status `cancelled`). A task that is running or already finished answers 409. The task stays visible (and its key taken) while retained; a cancelled task can be replayed."#,
+    params(
+        ("id" = Uuid, Path, description = r#"The task's id."#)
+    ),
+    responses(
+        (status = 200, description = r#"The cancelled task."#, body = crate::tasks::Task),
+        (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
+        (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
+        (status = 409, description = r#"The task is running or already finished."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "only a pending task can be cancelled; this one is running"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let task = tasks::cancel(&state.pool, caller.0.biz_type_id, id).await?;
@@ -306,6 +518,28 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<St
     Ok(HttpResponse::Ok().json(task))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks/{id}/replay",
+    operation_id = "replayTask",
+    tag = "tasks",
+    summary = r#"Replay a finished task"#,
+    description = r#"Puts a failed, succeeded or cancelled task back to `pending`, due now, with its attempt count reset to 0 and last error cleared; the earlier attempts stay in its history. A pending or running task answers 409. No request body is needed."#,
+    params(
+        ("id" = Uuid, Path, description = r#"The task's id."#)
+    ),
+    responses(
+        (status = 200, description = r#"The task, pending again."#, body = crate::tasks::Task),
+        (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
+        (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
+        (status = 409, description = r#"The task is pending or running, so there is nothing to replay."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "only a finished task can be replayed; this one is pending"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
 pub async fn replay(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     let task = tasks::replay(&state.pool, caller.0.biz_type_id, id).await?;

@@ -31,7 +31,7 @@ pub const DEFAULT_MAX_ATTEMPTS: i32 = 60;
 pub const DEFAULT_BACKOFF_INITIAL_MS: i32 = 1000;
 pub const DEFAULT_BACKOFF_MAX_MS: i32 = 3_600_000;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct BizType {
     /// The row's key, which tasks, timers and tokens refer to; never shown.
     #[serde(skip)]

@@ -78,7 +78,8 @@ pub async fn authenticate(pool: &Pool, token: &str) -> Result<Option<TokenAuth>,
 }
 
 /// A token as lists show it: never the token itself.
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = ApiToken)]
 pub struct TokenInfo {
     pub id: Uuid,
     pub prefix: String,

@@ -14,14 +14,32 @@ use crate::error::Error;
 
 /// A create request as the client sends it (one item of a batch, or a single create), its
 /// payload borrowed from the request's text.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A request to schedule one callback. Give at most one of `run_at` and `delay_ms`; with neither, the task is due now.", example = json!({"biz_type": "order-close", "key": "order-123", "delay_ms": 1800000, "payload": {"order_id": 123}}))]
 pub struct CreateTask<'a> {
+    /// The biz type to create the task in; must be the one the token belongs to.
     pub biz_type: String,
+    /// Optional client key (idempotency key), unique within the biz type: 1 to 256 bytes of
+    /// UTF-8 without control characters. The same key with the same request again answers 200
+    /// with the existing task; with a different request, 409. A key stays taken as long as its
+    /// task is retained. null is the same as leaving it out.
+    #[schema(min_length = 1, max_length = 256, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")]
     pub key: Option<String>,
+    /// Absolute due time, RFC 3339 (e.g. `2026-11-21T09:30:00Z` or `2026-11-21T17:30:00+08:00`),
+    /// from 24 hours ago to 10 years ahead. null is the same as leaving it out.
+    #[schema(format = DateTime)]
     pub run_at: Option<String>,
+    /// Due this many milliseconds after the server accepts the request (0 to 10 years), on
+    /// the server's clock. null is the same as leaving it out.
+    #[schema(minimum = 0, maximum = 316_224_000_000_i64)]
     pub delay_ms: Option<i64>,
+    /// Any JSON value, stored as is and sent back in the callback body; null by default. At
+    /// most the server's payload limit (default 64 KiB) as PostgreSQL stores it, numbers
+    /// written out in full (413 beyond); numbers with an exponent of at most ±308 and strings
+    /// without U+0000 (422 otherwise).
     #[serde(borrow)]
+    #[schema(value_type = serde_json::Value, required = false)]
     pub payload: Option<&'a RawValue>,
 }
 

@@ -78,7 +78,8 @@ pub async fn next_due(pool: &Pool, biz_type_ids: &[i32]) -> Result<Option<DateTi
 
 /// A reserved task: the task, until when the consumer holds it, and the receipt that
 /// settles this reservation.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = ReservedTask)]
 pub struct Reserved {
     #[serde(flatten)]
     #[sqlx(flatten)]

@@ -62,7 +62,7 @@ use crate::error::Error;
 
 /// A task's state, mirroring the CHECK on `tasks.status` (see the module's comment for
 /// who moves a task from one to the next).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Waiting for its `run_at` (or for a free slot, its rate, a resumed biz type).
@@ -139,37 +139,38 @@ pub const MAX_PAST: TimeDelta = TimeDelta::days(1);
 /// How far ahead a task may be scheduled.
 pub const MAX_AHEAD: TimeDelta = TimeDelta::days(3660);
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Task {
     /// A UUIDv7, made by chime at creation; kept through reschedules and replays.
     pub id: Uuid,
     #[serde(skip)]
     pub biz_type_id: i32,
-    /// The owning biz type's name (joined in; the row holds `biz_type_id`).
+    /// The name of the biz type the task belongs to.
     pub biz_type: String,
     /// The client's key, unique per biz type while the task is retained; a timer's
     /// occurrence has `<timer key>@<fire time>`.
     pub key: Option<String>,
-    /// When it is due. Changed by a reschedule, a replay (now) and a retry (the backoff);
-    /// decides its partition, or cold storage beyond the hot horizon.
+    /// When it is due. A reschedule changes it, a replay sets it to the time of the replay,
+    /// a retry to the time of the next try.
     pub run_at: DateTime<Utc>,
     /// As PostgreSQL prints it, passed through to the answer without parsing.
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<serde_json::value::RawValue>,
     pub status: Status,
-    /// Attempts since creation or the last replay; the claim counts the one it starts.
+    /// Attempts since creation or the last replay, the one in progress included.
     pub attempt_count: i32,
     /// The timer whose occurrence this is, if any.
     pub timer_id: Option<Uuid>,
     /// The last failed attempt's error, kept while the task retries; a replay clears it.
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
-    /// Any change of the row, a lease included.
+    /// When the task last changed (a delivery starting included).
     pub updated_at: DateTime<Utc>,
     /// When it succeeded, failed or was cancelled; None while unfinished.
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Attempt {
     /// The task's `attempt_count` when it was made (numbers restart after a replay).
     pub number: i32,

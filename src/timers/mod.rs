@@ -39,7 +39,7 @@ const LATE_GRACE: chrono::Duration = chrono::Duration::seconds(60);
 /// Fire times shown with a timer.
 pub const SHOWN_FIRE_TIMES: usize = 5;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Timer {
     pub id: Uuid,
     #[serde(skip)]
@@ -49,6 +49,7 @@ pub struct Timer {
     pub cron: String,
     pub timezone: String,
     /// As PostgreSQL prints it.
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<RawValue>,
     pub active: bool,
     pub catch_up: bool,
@@ -73,27 +74,53 @@ impl Timer {
 }
 
 /// A create request as the client sends it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A periodic schedule whose occurrences become tasks.")]
 pub struct CreateTimer {
+    /// The token's biz type.
     pub biz_type: String,
+    /// Unique per biz type: 1 to 235 bytes of UTF-8 without control characters (occurrences
+    /// are keyed `<key>@<fire time>`, within the 256 bytes of a task key).
+    #[schema(min_length = 1, max_length = 235, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")]
     pub key: String,
+    /// Six or seven fields: second minute hour day-of-month month day-of-week [year],
+    /// separated by spaces on one line (no control characters).
+    #[schema(pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$", example = "0 */15 * * * *")]
     pub cron: String,
+    /// IANA time zone name.
+    #[schema(default = "UTC", example = "America/New_York")]
     pub timezone: Option<String>,
+    /// Sent with every occurrence. Any JSON value.
+    #[schema(value_type = serde_json::Value, required = false)]
     pub payload: Option<Box<RawValue>>,
+    #[schema(default = true)]
     pub active: Option<bool>,
+    /// After a time with no node running, fire the latest missed occurrence once (true) or
+    /// skip the missed ones (false).
+    #[schema(default = false)]
     pub catch_up: Option<bool>,
 }
 
 /// The changes of a PATCH; absent fields stay as they are.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PatchTimer, description = "What to change in a timer; absent fields stay as they are, at least one must be given.")]
 pub struct TimerChanges {
+    /// Six or seven fields: second minute hour day-of-month month day-of-week [year],
+    /// separated by spaces on one line (no control characters).
+    #[schema(pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$", example = "0 */15 * * * *")]
     pub cron: Option<String>,
+    /// IANA time zone name.
+    #[schema(example = "America/New_York")]
     pub timezone: Option<String>,
+    /// Sent with every occurrence. Any JSON value.
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = serde_json::Value)]
     pub payload: Option<Box<RawValue>>,
     pub active: Option<bool>,
+    /// After a time with no node running, fire the latest missed occurrence once (true) or
+    /// skip the missed ones (false).
     pub catch_up: Option<bool>,
 }
 

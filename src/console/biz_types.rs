@@ -9,7 +9,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::session::CsrfForm;
-use super::{ConsoleError, Ctx, Session, done, render};
+use super::{ConsoleError, Ctx, Session, done, render, reveal};
 use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType, Settings, TokenInfo};
@@ -124,8 +124,8 @@ struct EditPage {
     /// The field a refused form is refused for, and why.
     error: Option<(String, String)>,
     tokens: Vec<TokenInfo>,
-    /// Shown once: a new signing secret or API token.
-    revealed: Option<(&'static str, String)>,
+    /// Shown once: a new signing secret or API token, left by the action that made it.
+    revealed: Option<reveal::Revealed>,
 }
 
 impl EditPage {
@@ -154,15 +154,28 @@ async fn found(state: &AppState, name: &str) -> Result<BizType, ConsoleError> {
     biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ConsoleError::NotFound(format!("no biz type named `{name}`")))
 }
 
-async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, b: BizType, revealed: Option<(&'static str, String)>) -> Result<HttpResponse, ConsoleError> {
-    let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), form: Form::of(&b), biz_type: Some(b), error: None, tokens, revealed };
-    render(StatusCode::OK, &page.ctx, &page)
+/// A biz type's page: where every action on it leads (post/redirect/get).
+fn page_of(name: &str) -> String {
+    format!("/console/biz-types/{name}")
 }
 
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let b = found(&state, &name).await?;
-    edit_page(&req, &session, &state, b, None).await
+    let here = page_of(&b.name);
+    let revealed = reveal::take(&req, &session, &here);
+    let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), form: Form::of(&b), biz_type: Some(b), error: None, tokens, revealed };
+    let mut response = render(StatusCode::OK, &page.ctx, &page)?;
+    reveal::forget(&req, &mut response, &here);
+    Ok(response)
+}
+
+/// The redirect after an action that made a secret: its page shows it once.
+fn done_revealing(req: &HttpRequest, session: &Session, name: &str, message: &str, what: &str, secret: &str) -> HttpResponse {
+    let here = page_of(name);
+    let mut response = done(&here, message);
+    reveal::set(req, &mut response, session, &here, what, secret);
+    response
 }
 
 /// The form again with the reason it was refused next to the field.
@@ -189,8 +202,8 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
         Err(e) => return refused(&req, &session, None, form, e, vec![]),
     };
     audit::record(&state.pool, &session.actor(), "biz_type.create", "biz_type", &name, None, serde_json::to_value(&created).ok()).await?;
-    let secret = created.signing_secret.expose().map_err(Error::from)?.to_string();
-    edit_page(&req, &session, &state, created, Some(("signing secret", secret))).await
+    let secret = created.signing_secret.expose().map_err(Error::from)?;
+    Ok(done_revealing(&req, &session, &created.name, "Biz type created.", "signing secret", secret))
 }
 
 pub async fn update(
@@ -249,8 +262,7 @@ pub async fn rotate_secret(
     let b = found(&state, &name).await?;
     let secret = biz_types::rotate_secret(&state.pool, b.id).await?;
     audit::record(&state.pool, &session.actor(), "biz_type.rotate_secret", "biz_type", &name, None, None).await?;
-    let b = found(&state, &name).await?;
-    edit_page(&req, &session, &state, b, Some(("signing secret", secret))).await
+    Ok(done_revealing(&req, &session, &b.name, "Signing secret rotated: callbacks are signed with the new one at once; give it to the receivers.", "signing secret", &secret))
 }
 
 pub async fn create_token(
@@ -264,7 +276,7 @@ pub async fn create_token(
     let b = found(&state, &name).await?;
     let token = biz_types::create_token(&state.pool, &name).await?;
     audit::record(&state.pool, &session.actor(), "token.create", "biz_type", &name, None, Some(token[..12].into())).await?;
-    edit_page(&req, &session, &state, b, Some(("API token", token))).await
+    Ok(done_revealing(&req, &session, &b.name, "Token created.", "API token", &token))
 }
 
 pub async fn revoke_token(

@@ -4,7 +4,8 @@
 //! Pages are askama templates under `templates/`; the stylesheet and a few lines of
 //! JavaScript under `static/` are embedded in the binary. Every page works without
 //! JavaScript: actions are plain forms posting back, answered with a redirect (and a flash
-//! message in a short-lived cookie). Each form carries the session's CSRF token; pages are
+//! message in a short-lived cookie), so that reloading the page they lead to repeats
+//! nothing; a secret an action made is shown once by that page (`reveal`). Each form carries the session's CSRF token; pages are
 //! served with a strict Content-Security-Policy (no inline script or style).
 
 mod assets;
@@ -14,6 +15,7 @@ mod charts;
 mod cluster;
 mod dashboard;
 mod login_limits;
+mod reveal;
 mod session;
 mod tasks;
 mod timers;

@@ -94,7 +94,7 @@ struct EditPage {
 
 impl EditPage {
     fn error_for(&self, field: &str) -> &str {
-        super::error_for(&self.error, field)
+        super::error_for(self.error.as_slice(), field)
     }
 }
 

@@ -654,3 +654,54 @@ async fn actions_redirect_and_a_reload_neither_repeats_them_nor_shows_the_secret
     let audited: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_log WHERE action NOT LIKE 'user.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     assert_eq!(audited, ["biz_type.create", "biz_type.rotate_secret", "token.create"], "each action once");
 }
+
+/// A form with several fields wrong shows every field's problem at once, each next to its
+/// field, with every value kept: the biz type form (create and edit, the domain's rules via
+/// `biz_types::problems`), the task filter and the bulk replay form. Before, only the first
+/// problem was shown, so a person fixed one field per round trip.
+#[tokio::test]
+async fn a_form_shows_every_fields_problem_at_once() {
+    let app = spawn_app().await;
+    app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let bad = [
+        ("name", "Bad Name"),
+        ("description", "a\0b"),
+        ("callback_url", "ftp://x.test/hook"),
+        ("timeout_ms", "soon"),
+        ("max_attempts", "0"),
+        ("backoff_initial_ms", "-5"),
+        ("rate_limit", "fast"),
+        ("max_in_flight", "100001"),
+        ("create_rate_limit", "-1"),
+    ];
+    for path in ["/console/biz-types", "/console/biz-types/orders"] {
+        let mut form = bad.to_vec();
+        form.push(("mode", "callback"));
+        let page = admin.post(path, &form).await;
+        assert_eq!(page.status, 422, "{path}: {}", page.body);
+        for (field, value) in bad {
+            if field == "name" && path.ends_with("orders") {
+                continue; // an edit keeps the name
+            }
+            assert!(page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")), "{path}: no error at {field}");
+            assert!(page.body.contains(&format!("value=\"{value}\"")), "{path}: {field} not kept");
+        }
+    }
+    assert_eq!(chime::biz_types::list(&app.pool).await.unwrap().len(), 1);
+    let orders = chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap();
+    assert!(orders.description.is_empty() && orders.max_attempts != 0, "nothing changed");
+
+    let page = admin.get("/console/tasks?status=bogus&from=-4714-01-01T00:00&to=-200000-01-01T00:00").await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["status", "from", "to"] {
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "no error at {field}: {}", page.body);
+    }
+    assert!(page.body.contains("value=\"-4714-01-01T00:00\"") && page.body.contains("value=\"-200000-01-01T00:00\""), "the times typed are not kept");
+    let page = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", "-4714-01-01T00:00"), ("to", "soon")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["from", "to"] {
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "bulk replay: no error at {field}: {}", page.body);
+    }
+}

@@ -70,6 +70,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/biz-types/{name}/tokens", web::post().to(biz_types::create_token))
                 .route("/biz-types/{name}/tokens/{id}/revoke", web::post().to(biz_types::revoke_token))
                 .route("/tasks", web::get().to(tasks::list))
+                .route("/tasks/replay-failed", web::get().to(tasks::ask_replay_failed))
                 .route("/tasks/replay-failed", web::post().to(tasks::replay_failed))
                 .route("/tasks/{id}", web::get().to(tasks::show))
                 .route("/tasks/{id}/cancel", web::post().to(tasks::cancel))

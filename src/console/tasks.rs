@@ -251,24 +251,55 @@ struct ConfirmPage {
     to: String,
 }
 
-/// Replays the failed tasks matching the list's filter, after a confirmation that says
-/// how many.
+impl BulkForm {
+    fn filter(&self) -> Filter {
+        Filter { biz_type: self.biz_type.clone(), from: self.from.clone(), to: self.to.clone(), ..Filter::default() }
+    }
+
+    /// The failed tasks this form names; or, when a field is wrong, the failed tasks' list
+    /// page with every field's problem.
+    async fn failed(&self, req: &HttpRequest, session: &Session, state: &AppState) -> Result<Result<FailedFilter, HttpResponse>, ConsoleError> {
+        match (parse_local_time("from", &self.from), parse_local_time("to", &self.to)) {
+            (Ok(from), Ok(to)) => Ok(Ok(FailedFilter { biz_type_id: self.filter().biz_type_id(state).await?, from, to })),
+            (from, to) => {
+                let errors = Problems(vec![from.err(), to.err()].into_iter().flatten().collect()).by_field()?;
+                let filter = Filter { status: Status::Failed.to_string(), ..self.filter() };
+                list_page(req, session, state, filter, vec![], None, errors).await.map(Err)
+            }
+        }
+    }
+}
+
+/// Asks whether to replay the failed tasks matching the list's filter, saying how many: a
+/// page of its own (GET), so that reloading it asks again and changes nothing.
+pub async fn ask_replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, query: web::Query<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+    let form = query.into_inner();
+    let failed = match form.failed(&req, &session, &state).await? {
+        Ok(failed) => failed,
+        Err(refused) => return Ok(refused),
+    };
+    let count = tasks::count_failed(&state.pool, &failed).await?;
+    let page = ConfirmPage { ctx: Ctx::new(&session, &req, "tasks"), count, biz_type: form.biz_type, from: form.from, to: form.to };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+/// Replays the failed tasks matching the list's filter, once confirmed on the page that
+/// says how many; an unconfirmed form (a page from before that page existed) is sent there.
 pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     let form = form.into_inner();
-    let filter = Filter { biz_type: form.biz_type.clone(), from: form.from.clone(), to: form.to.clone(), ..Filter::default() };
-    let failed = match (parse_local_time("from", &form.from), parse_local_time("to", &form.to)) {
-        (Ok(from), Ok(to)) => FailedFilter { biz_type_id: filter.biz_type_id(&state).await?, from, to },
-        (from, to) => {
-            let errors = Problems(vec![from.err(), to.err()].into_iter().flatten().collect()).by_field()?;
-            let filter = Filter { status: Status::Failed.to_string(), ..filter };
-            return list_page(&req, &session, &state, filter, vec![], None, errors).await;
-        }
+    let filter = form.filter();
+    let failed = match form.failed(&req, &session, &state).await? {
+        Ok(failed) => failed,
+        Err(refused) => return Ok(refused),
     };
     if form.confirm != "yes" {
-        let count = tasks::count_failed(&state.pool, &failed).await?;
-        let page = ConfirmPage { ctx: Ctx::new(&session, &req, "tasks"), count, biz_type: form.biz_type, from: form.from, to: form.to };
-        return render(StatusCode::OK, &page.ctx, &page);
+        let ask = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("biz_type", &form.biz_type)
+            .append_pair("from", &form.from)
+            .append_pair("to", &form.to)
+            .finish();
+        return Ok(see_other(&format!("/console/tasks/replay-failed?{ask}")));
     }
     let replayed = tasks::replay_failed(&state.pool, &failed).await?;
     let scope = serde_json::json!({"biz_type": form.biz_type, "from": form.from, "to": form.to, "replayed": replayed});

@@ -284,6 +284,7 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     ("GET", "/console/timers/{timer}", &[], Staff, 200),
     ("GET", "/console/cluster", &[], Staff, 200),
     ("GET", "/console/audit", &[], Staff, 200),
+    ("GET", "/console/tasks/replay-failed?biz_type={biz}", &[], Staff, 200),
     // Every action answers with a redirect (post/redirect/get); one that makes a secret
     // leaves it for the page it leads to, which shows it once.
     ("POST", "/console/biz-types", &[("name", "{new}"), ("mode", "pull")], Admin, 303),

@@ -598,10 +598,18 @@ async fn bulk_replay_says_how_many_then_replays_them() {
     app.force_status(t["id"].as_str().unwrap(), "failed").await;
     let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
 
-    let ask = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", "")]).await;
+    // Asking is a page of its own (GET): a reload asks again and changes nothing.
+    let failed = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&app.pool).await.unwrap() };
+    for _ in 0..2 {
+        let ask = admin.get("/console/tasks/replay-failed?biz_type=orders&from=&to=").await;
+        assert_eq!(ask.status, 200);
+        assert!(ask.body.contains("Replay <strong>3</strong> failed tasks"), "{}", ask.body);
+        assert_eq!(failed().await, 4, "asking changes nothing");
+    }
+    // The unconfirmed form (posted from a page older than this one) is sent to ask.
+    let (ask, _) = admin.post_and_follow("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", "")]).await;
     assert_eq!(ask.status, 200);
     assert!(ask.body.contains("Replay <strong>3</strong> failed tasks"), "{}", ask.body);
-    let failed = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&app.pool).await.unwrap() };
     assert_eq!(failed().await, 4, "asking changes nothing");
     let done = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", ""), ("confirm", "yes")]).await;
     assert_eq!(done.status, 303);
@@ -703,5 +711,10 @@ async fn a_form_shows_every_fields_problem_at_once() {
     assert_eq!(page.status, 422, "{}", page.body);
     for field in ["from", "to"] {
         assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "bulk replay: no error at {field}: {}", page.body);
+    }
+    let page = admin.get("/console/tasks/replay-failed?biz_type=orders&from=-4714-01-01T00:00&to=soon").await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["from", "to"] {
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "asking to replay: no error at {field}: {}", page.body);
     }
 }

@@ -712,6 +712,23 @@ async fn a_form_shows_every_fields_problem_at_once() {
     for field in ["from", "to"] {
         assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "bulk replay: no error at {field}: {}", page.body);
     }
+    // The timer form: the biz type, the payload's JSON and the schedule, side by side.
+    let token = chime::biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let created = app.post("/api/v1/timers", &token, json!({"biz_type": "orders", "key": "nightly", "cron": "0 0 3 * * *"})).await;
+    let timer = created.body["id"].as_str().unwrap().to_string();
+    let page = admin.post("/console/timers", &[("biz_type", ""), ("key", "daily"), ("cron", "every day"), ("timezone", "UTC"), ("payload", "not json")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["biz_type", "cron", "payload"] {
+        assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "new timer: no error at {field}");
+    }
+    assert!(page.body.contains("every day") && page.body.contains("not json"), "new timer: values not kept");
+    let page = admin.post(&format!("/console/timers/{timer}"), &[("cron", "every day"), ("timezone", "UTC"), ("payload", "not json")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["cron", "payload"] {
+        assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "timer edit: no error at {field}");
+    }
+    assert_eq!(chime::timers::list(&app.pool, None, None, 10).await.unwrap().len(), 1, "no timer made");
+
     let page = admin.get("/console/tasks/replay-failed?biz_type=orders&from=-4714-01-01T00:00&to=soon").await;
     assert_eq!(page.status, 422, "{}", page.body);
     for field in ["from", "to"] {

@@ -17,6 +17,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::RngCore;
+use sha2::{Digest, Sha256};
 
 use super::Session;
 
@@ -28,8 +29,25 @@ const LIFETIME_SECS: i64 = 60;
 /// What is shown once, and its value: ("signing secret", "…").
 pub type Revealed = (String, String);
 
+/// A session's sealing key; its `Debug` does not show it.
+#[derive(Clone)]
+pub struct Key([u8; 32]);
+
+impl Key {
+    /// Derived from the session cookie's token (the database keeps a different hash of it).
+    pub fn of_session(token: &str) -> Key {
+        Key(Sha256::new().chain_update(b"chime console reveal\0").chain_update(token.as_bytes()).finalize().into())
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key(..)")
+    }
+}
+
 fn cipher(session: &Session) -> XChaCha20Poly1305 {
-    XChaCha20Poly1305::new(&session.reveal_key.into())
+    XChaCha20Poly1305::new(&session.reveal_key.0.into())
 }
 
 /// Adds to `response` (a redirect to `page`) the secret to show there once.

@@ -40,7 +40,7 @@ pub struct Session {
     pub csrf: String,
     /// Seals what this session is shown once (`reveal`): derived from the cookie's token,
     /// which the database does not hold, so it exists only while the browser sends it.
-    pub(super) reveal_key: [u8; 32],
+    pub(super) reveal_key: super::reveal::Key,
 }
 
 impl Session {
@@ -112,7 +112,7 @@ impl FromRequest for Session {
             .fetch_optional(&state.pool)
             .await?;
             let (id, username, role, csrf) = row.ok_or_else(sign_in)?;
-            let reveal_key = Sha256::new().chain_update(b"chime console reveal\0").chain_update(token.as_bytes()).finalize().into();
+            let reveal_key = super::reveal::Key::of_session(&token);
             Ok(Session { user: User { id, username, role }, csrf, reveal_key })
         })
     }

@@ -632,7 +632,9 @@ async fn actions_redirect_and_a_reload_neither_repeats_them_nor_shows_the_secret
     let tokens = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM api_tokens").fetch_one(&app.pool).await.unwrap() };
 
     let create = [("name", "orders"), ("mode", "callback"), ("callback_url", "http://x.test/hook")];
-    let actions: [(&str, &[(&str, &str)], &str, &str); 3] = [
+    // (path, form, the secret's prefix, the flash message)
+    type Action<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let actions: [Action; 3] = [
         ("/console/biz-types", &create, "whsec_", "Biz type created."),
         ("/console/biz-types/orders/rotate-secret", &[], "whsec_", "Signing secret rotated"),
         ("/console/biz-types/orders/tokens", &[], "chime_", "Token created."),

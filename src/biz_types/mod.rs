@@ -145,6 +145,23 @@ impl Settings {
     }
 }
 
+/// Every rule that creating `name` with `settings` (`current`: `None`) or changing `current`
+/// with them breaks, each naming its field: the console shows them on its form all at once.
+/// `create` and `update` check the same rules, and refuse with the first.
+pub fn problems(name: &str, current: Option<&BizType>, settings: &Settings, hosts: CallbackHosts) -> Vec<Error> {
+    let mut problems = Vec::new();
+    if current.is_none() {
+        problems.extend(validate_name(name).err());
+    }
+    problems.extend(settings.problems(hosts));
+    let merged = match current {
+        Some(b) => b.merged(settings),
+        None => BizType::planned(name, settings),
+    };
+    problems.extend(merged.problems());
+    problems
+}
+
 fn range(field: &str, value: Option<i32>, min: i32, max: i32) -> Result<(), Error> {
     match value {
         Some(v) if v < min || v > max => Err(Error::invalid(field, format!("must be between {min} and {max}"))),

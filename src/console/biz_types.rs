@@ -9,7 +9,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::session::CsrfForm;
-use super::{ConsoleError, Ctx, Session, done, render};
+use super::{ConsoleError, Ctx, Problems, Session, done, render, reveal};
 use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType, Settings, TokenInfo};
@@ -75,8 +75,9 @@ impl Form {
         }
     }
 
-    /// The settings typed; an empty rate means unlimited, an empty number the default.
-    fn settings(&self) -> Result<Settings, Error> {
+    /// The settings typed, and the fields that are not numbers (left out of the settings);
+    /// an empty rate means unlimited, an empty number the default.
+    fn settings(&self) -> (Settings, Vec<Error>) {
         fn int(field: &str, raw: &str) -> Result<Option<i32>, Error> {
             let raw = raw.trim();
             if raw.is_empty() {
@@ -91,19 +92,27 @@ impl Form {
             }
             raw.parse().map(Some).map_err(|_| Error::invalid(field, "must be a number of calls per second (empty: unlimited)"))
         }
-        Ok(Settings {
+        fn noted<T>(parsed: Result<Option<T>, Error>, problems: &mut Vec<Error>) -> Option<T> {
+            parsed.unwrap_or_else(|e| {
+                problems.push(e);
+                None
+            })
+        }
+        let mut problems = Vec::new();
+        let settings = Settings {
             description: Some(self.description.trim().to_string()),
             callback_url: Some(self.callback_url.trim().to_string()).filter(|u| !u.is_empty() || self.mode != "pull"),
             mode: Some(self.mode.clone()),
-            timeout_ms: int("timeout_ms", &self.timeout_ms)?,
-            max_attempts: int("max_attempts", &self.max_attempts)?,
-            backoff_initial_ms: int("backoff_initial_ms", &self.backoff_initial_ms)?,
-            backoff_max_ms: int("backoff_max_ms", &self.backoff_max_ms)?,
-            rate_limit: rate("rate_limit", &self.rate_limit)?,
-            max_in_flight: int("max_in_flight", &self.max_in_flight)?,
-            create_rate_limit: rate("create_rate_limit", &self.create_rate_limit)?,
+            timeout_ms: noted(int("timeout_ms", &self.timeout_ms), &mut problems),
+            max_attempts: noted(int("max_attempts", &self.max_attempts), &mut problems),
+            backoff_initial_ms: noted(int("backoff_initial_ms", &self.backoff_initial_ms), &mut problems),
+            backoff_max_ms: noted(int("backoff_max_ms", &self.backoff_max_ms), &mut problems),
+            rate_limit: noted(rate("rate_limit", &self.rate_limit), &mut problems),
+            max_in_flight: noted(int("max_in_flight", &self.max_in_flight), &mut problems),
+            create_rate_limit: noted(rate("create_rate_limit", &self.create_rate_limit), &mut problems),
             paused: None,
-        })
+        };
+        (settings, problems)
     }
 }
 
@@ -121,11 +130,11 @@ struct EditPage {
     /// None: the create form.
     biz_type: Option<BizType>,
     form: Form,
-    /// The field a refused form is refused for, and why.
-    error: Option<(String, String)>,
+    /// Each field a refused form is refused for, and why.
+    errors: Vec<(String, String)>,
     tokens: Vec<TokenInfo>,
-    /// Shown once: a new signing secret or API token.
-    revealed: Option<(&'static str, String)>,
+    /// Shown once: a new signing secret or API token, left by the action that made it.
+    revealed: Option<reveal::Revealed>,
 }
 
 impl EditPage {
@@ -135,7 +144,7 @@ impl EditPage {
     }
 
     fn error_for(&self, field: &str) -> &str {
-        super::error_for(&self.error, field)
+        super::error_for(&self.errors, field)
     }
 }
 
@@ -146,7 +155,7 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
 
 pub async fn new(req: HttpRequest, session: Session) -> Result<HttpResponse, ConsoleError> {
     session.require_admin()?;
-    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), error: None, tokens: vec![], revealed: None };
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), errors: vec![], tokens: vec![], revealed: None };
     render(StatusCode::OK, &page.ctx, &page)
 }
 
@@ -154,25 +163,38 @@ async fn found(state: &AppState, name: &str) -> Result<BizType, ConsoleError> {
     biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ConsoleError::NotFound(format!("no biz type named `{name}`")))
 }
 
-async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, b: BizType, revealed: Option<(&'static str, String)>) -> Result<HttpResponse, ConsoleError> {
-    let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), form: Form::of(&b), biz_type: Some(b), error: None, tokens, revealed };
-    render(StatusCode::OK, &page.ctx, &page)
+/// A biz type's page: where every action on it leads (post/redirect/get).
+fn page_of(name: &str) -> String {
+    format!("/console/biz-types/{name}")
 }
 
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let b = found(&state, &name).await?;
-    edit_page(&req, &session, &state, b, None).await
+    let here = page_of(&b.name);
+    let revealed = reveal::take(&req, &session, &here);
+    let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), form: Form::of(&b), biz_type: Some(b), errors: vec![], tokens, revealed };
+    let mut response = render(StatusCode::OK, &page.ctx, &page)?;
+    reveal::forget(&req, &mut response, &here);
+    Ok(response)
 }
 
-/// The form again with the reason it was refused next to the field.
-fn refused(req: &HttpRequest, session: &Session, biz_type: Option<BizType>, form: Form, e: Error, tokens: Vec<TokenInfo>) -> Result<HttpResponse, ConsoleError> {
-    let error = match e {
-        Error::Invalid { field, message } => (field, message),
-        Error::Conflict(message) => ("name".into(), message),
-        other => return Err(other.into()),
+/// The redirect after an action that made a secret: its page shows it once.
+fn done_revealing(req: &HttpRequest, session: &Session, name: &str, message: &str, what: &str, secret: &str) -> HttpResponse {
+    let here = page_of(name);
+    let mut response = done(&here, message);
+    reveal::set(req, &mut response, session, &here, what, secret);
+    response
+}
+
+/// The form again, as typed, with every reason it was refused next to its field.
+fn refused(req: &HttpRequest, session: &Session, biz_type: Option<BizType>, form: Form, problems: Problems, tokens: Vec<TokenInfo>) -> Result<HttpResponse, ConsoleError> {
+    let name_taken = |e| match e {
+        Error::Conflict(message) => Error::Invalid { field: "name".into(), message },
+        other => other,
     };
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, error: Some(error), tokens, revealed: None };
+    let errors = Problems(problems.0.into_iter().map(name_taken).collect()).by_field()?;
+    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, revealed: None };
     render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page)
 }
 
@@ -180,17 +202,18 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     session.admin_form(&form.csrf)?;
     let form = form.into_inner();
     let name = form.name.trim().to_string();
-    let created = match form.settings() {
-        Ok(settings) => biz_types::create(&state.pool, &name, &settings, state.callback_hosts).await,
-        Err(e) => Err(e),
-    };
-    let created = match created {
+    let (settings, mut problems) = form.settings();
+    problems.extend(biz_types::problems(&name, None, &settings, state.callback_hosts));
+    if !problems.is_empty() {
+        return refused(&req, &session, None, form, Problems(problems), vec![]);
+    }
+    let created = match biz_types::create(&state.pool, &name, &settings, state.callback_hosts).await {
         Ok(b) => b,
-        Err(e) => return refused(&req, &session, None, form, e, vec![]),
+        Err(e) => return refused(&req, &session, None, form, e.into(), vec![]),
     };
     audit::record(&state.pool, &session.actor(), "biz_type.create", "biz_type", &name, None, serde_json::to_value(&created).ok()).await?;
-    let secret = created.signing_secret.expose().map_err(Error::from)?.to_string();
-    edit_page(&req, &session, &state, created, Some(("signing secret", secret))).await
+    let secret = created.signing_secret.expose().map_err(Error::from)?;
+    Ok(done_revealing(&req, &session, &created.name, "Biz type created.", "signing secret", secret))
 }
 
 pub async fn update(
@@ -204,9 +227,11 @@ pub async fn update(
     let current = found(&state, &name).await?;
     let mut form = form.into_inner();
     form.name = current.name.clone();
-    let updated = match form.settings() {
-        Ok(settings) => biz_types::update(&state.pool, &name, &settings, state.callback_hosts).await,
-        Err(e) => Err(e),
+    let (settings, mut problems) = form.settings();
+    problems.extend(biz_types::problems(&name, Some(&current), &settings, state.callback_hosts));
+    let updated = match Problems::of(problems.into_iter().map(Some)) {
+        Some(problems) => Err(problems),
+        None => biz_types::update(&state.pool, &name, &settings, state.callback_hosts).await.map_err(Problems::from),
     };
     match updated {
         Ok((before, after)) => {
@@ -214,9 +239,9 @@ pub async fn update(
                 .await?;
             Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them at once."))
         }
-        Err(e) => {
+        Err(problems) => {
             let tokens = biz_types::list_tokens(&state.pool, current.id).await?;
-            refused(&req, &session, Some(current), form, e, tokens)
+            refused(&req, &session, Some(current), form, problems, tokens)
         }
     }
 }
@@ -249,8 +274,7 @@ pub async fn rotate_secret(
     let b = found(&state, &name).await?;
     let secret = biz_types::rotate_secret(&state.pool, b.id).await?;
     audit::record(&state.pool, &session.actor(), "biz_type.rotate_secret", "biz_type", &name, None, None).await?;
-    let b = found(&state, &name).await?;
-    edit_page(&req, &session, &state, b, Some(("signing secret", secret))).await
+    Ok(done_revealing(&req, &session, &b.name, "Signing secret rotated: callbacks are signed with the new one at once; give it to the receivers.", "signing secret", &secret))
 }
 
 pub async fn create_token(
@@ -264,7 +288,7 @@ pub async fn create_token(
     let b = found(&state, &name).await?;
     let token = biz_types::create_token(&state.pool, &name).await?;
     audit::record(&state.pool, &session.actor(), "token.create", "biz_type", &name, None, Some(token[..12].into())).await?;
-    edit_page(&req, &session, &state, b, Some(("API token", token))).await
+    Ok(done_revealing(&req, &session, &b.name, "Token created.", "API token", &token))
 }
 
 pub async fn revoke_token(

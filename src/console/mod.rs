@@ -4,7 +4,8 @@
 //! Pages are askama templates under `templates/`; the stylesheet and a few lines of
 //! JavaScript under `static/` are embedded in the binary. Every page works without
 //! JavaScript: actions are plain forms posting back, answered with a redirect (and a flash
-//! message in a short-lived cookie). Each form carries the session's CSRF token; pages are
+//! message in a short-lived cookie), so that reloading the page they lead to repeats
+//! nothing; a secret an action made is shown once by that page (`reveal`). Each form carries the session's CSRF token; pages are
 //! served with a strict Content-Security-Policy (no inline script or style).
 
 mod assets;
@@ -14,6 +15,7 @@ mod charts;
 mod cluster;
 mod dashboard;
 mod login_limits;
+mod reveal;
 mod session;
 mod tasks;
 mod timers;
@@ -68,6 +70,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/biz-types/{name}/tokens", web::post().to(biz_types::create_token))
                 .route("/biz-types/{name}/tokens/{id}/revoke", web::post().to(biz_types::revoke_token))
                 .route("/tasks", web::get().to(tasks::list))
+                .route("/tasks/replay-failed", web::get().to(tasks::ask_replay_failed))
                 .route("/tasks/replay-failed", web::post().to(tasks::replay_failed))
                 .route("/tasks/{id}", web::get().to(tasks::show))
                 .route("/tasks/{id}/cancel", web::post().to(tasks::cancel))
@@ -289,11 +292,44 @@ pub fn done(location: &str, message: &str) -> HttpResponse {
     response
 }
 
-/// The message a refused form shows next to `field` (empty when the error is elsewhere).
-pub fn error_for<'a>(error: &'a Option<(String, String)>, field: &str) -> &'a str {
-    match error {
-        Some((f, message)) if f == field => message,
-        _ => "",
+/// The message a refused form shows next to `field` (empty when its problems are elsewhere).
+pub fn error_for<'a>(errors: &'a [(String, String)], field: &str) -> &'a str {
+    errors.iter().find(|(f, _)| f == field).map_or("", |(_, message)| message)
+}
+
+/// Every problem found with a form, to be shown at once (each `Error::Invalid` next to its
+/// field) rather than one per round trip.
+#[derive(Debug)]
+pub struct Problems(pub Vec<Error>);
+
+impl From<Error> for Problems {
+    fn from(e: Error) -> Self {
+        Problems(vec![e])
+    }
+}
+
+impl Problems {
+    /// The errors of checks made side by side; `None` when every one passed.
+    pub fn of(errors: impl IntoIterator<Item = Option<Error>>) -> Option<Problems> {
+        let errors: Vec<Error> = errors.into_iter().flatten().collect();
+        (!errors.is_empty()).then_some(Problems(errors))
+    }
+
+    /// Each field's problems as (field, message), the first per field; or the first error
+    /// that is about no field (not found, a database error), which no form can show.
+    pub fn by_field(self) -> Result<Vec<(String, String)>, Error> {
+        let mut fields: Vec<(String, String)> = Vec::new();
+        for e in self.0 {
+            match e {
+                Error::Invalid { field, message } => {
+                    if !fields.iter().any(|(f, _)| *f == field) {
+                        fields.push((field, message));
+                    }
+                }
+                other => return Err(other),
+            }
+        }
+        Ok(fields)
     }
 }
 

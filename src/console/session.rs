@@ -38,6 +38,9 @@ const SESSION_HOURS: i64 = 12;
 pub struct Session {
     pub user: User,
     pub csrf: String,
+    /// Seals what this session is shown once (`reveal`): derived from the cookie's token,
+    /// which the database does not hold, so it exists only while the browser sends it.
+    pub(super) reveal_key: super::reveal::Key,
 }
 
 impl Session {
@@ -109,7 +112,8 @@ impl FromRequest for Session {
             .fetch_optional(&state.pool)
             .await?;
             let (id, username, role, csrf) = row.ok_or_else(sign_in)?;
-            Ok(Session { user: User { id, username, role }, csrf })
+            let reveal_key = super::reveal::Key::of_session(&token);
+            Ok(Session { user: User { id, username, role }, csrf, reveal_key })
         })
     }
 }
@@ -139,7 +143,7 @@ fn safe_next(next: Option<&str>) -> String {
     }
 }
 
-fn secure(req: &HttpRequest) -> bool {
+pub(super) fn secure(req: &HttpRequest) -> bool {
     req.connection_info().scheme() == "https"
 }
 

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::session::CsrfForm;
-use super::{ConsoleError, Ctx, Session, done, parse_local_time, render, see_other};
+use super::{ConsoleError, Ctx, Problems, Session, done, parse_local_time, render, see_other};
 use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
@@ -63,8 +63,8 @@ struct ListPage {
     tasks: Vec<Task>,
     next: Option<String>,
     searched: bool,
-    /// The field a refused filter is refused for, and why.
-    error: Option<(String, String)>,
+    /// Each field a refused filter is refused for, and why.
+    errors: Vec<(String, String)>,
 }
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>, filter: web::Query<Filter>) -> Result<HttpResponse, ConsoleError> {
@@ -76,23 +76,28 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
         return Ok(see_other(&format!("/console/tasks/{id}")));
     }
     match search(&state, &filter).await {
-        Ok((tasks, next)) => list_page(&req, &session, &state, filter, tasks, next, None).await,
-        Err(Error::Invalid { field, message }) => list_page(&req, &session, &state, filter, vec![], None, Some((field, message))).await,
-        Err(e) => Err(e.into()),
+        Ok((tasks, next)) => list_page(&req, &session, &state, filter, tasks, next, vec![]).await,
+        Err(problems) => list_page(&req, &session, &state, filter, vec![], None, problems.by_field()?).await,
     }
 }
 
 /// The tasks with this key, or a page of those matching the filter and the next page's link.
-async fn search(state: &AppState, filter: &Filter) -> Result<(Vec<Task>, Option<String>), Error> {
+async fn search(state: &AppState, filter: &Filter) -> Result<(Vec<Task>, Option<String>), Problems> {
     let q = filter.q.trim();
     if !q.is_empty() {
         tasks::validate_key(q)?;
         return Ok((tasks::find_by_key(&state.pool, q).await?, None));
     }
+    let status = Some(filter.status.as_str()).filter(|s| !s.is_empty()).map(Status::parse).transpose();
+    let (from, to) = (parse_local_time("from", &filter.from), parse_local_time("to", &filter.to));
+    let (status, from, to) = match (status, from, to) {
+        (Ok(status), Ok(from), Ok(to)) => (status, from, to),
+        (status, from, to) => return Err(Problems(vec![status.err(), from.err(), to.err()].into_iter().flatten().collect())),
+    };
     let list = ListFilter {
-        status: Some(filter.status.as_str()).filter(|s| !s.is_empty()).map(Status::parse).transpose()?,
-        from: parse_local_time("from", &filter.from)?,
-        to: parse_local_time("to", &filter.to)?,
+        status,
+        from,
+        to,
         cursor: Some(filter.cursor.clone()).filter(|c| !c.is_empty()),
         limit: PAGE_SIZE,
     };
@@ -101,7 +106,7 @@ async fn search(state: &AppState, filter: &Filter) -> Result<(Vec<Task>, Option<
     Ok((page.items, next))
 }
 
-/// The list page; with an error, answered 422 with the filter as it was typed.
+/// The list page; with errors, answered 422 with the filter as it was typed.
 async fn list_page(
     req: &HttpRequest,
     session: &Session,
@@ -109,9 +114,9 @@ async fn list_page(
     filter: Filter,
     tasks: Vec<Task>,
     next: Option<String>,
-    error: Option<(String, String)>,
+    errors: Vec<(String, String)>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
+    let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
     let page = ListPage {
         ctx: Ctx::new(session, req, "tasks"),
         searched: !filter.q.trim().is_empty(),
@@ -120,7 +125,7 @@ async fn list_page(
         statuses: &Status::ALL,
         tasks,
         next,
-        error,
+        errors,
     };
     render(status, &page.ctx, &page)
 }
@@ -139,7 +144,7 @@ struct TaskPage {
 
 impl TaskPage {
     fn error_for(&self, field: &str) -> &str {
-        super::error_for(&self.error, field)
+        super::error_for(self.error.as_slice(), field)
     }
 }
 
@@ -246,24 +251,55 @@ struct ConfirmPage {
     to: String,
 }
 
-/// Replays the failed tasks matching the list's filter, after a confirmation that says
-/// how many.
+impl BulkForm {
+    fn filter(&self) -> Filter {
+        Filter { biz_type: self.biz_type.clone(), from: self.from.clone(), to: self.to.clone(), ..Filter::default() }
+    }
+
+    /// The failed tasks this form names; or, when a field is wrong, the failed tasks' list
+    /// page with every field's problem.
+    async fn failed(&self, req: &HttpRequest, session: &Session, state: &AppState) -> Result<Result<FailedFilter, HttpResponse>, ConsoleError> {
+        match (parse_local_time("from", &self.from), parse_local_time("to", &self.to)) {
+            (Ok(from), Ok(to)) => Ok(Ok(FailedFilter { biz_type_id: self.filter().biz_type_id(state).await?, from, to })),
+            (from, to) => {
+                let errors = Problems(vec![from.err(), to.err()].into_iter().flatten().collect()).by_field()?;
+                let filter = Filter { status: Status::Failed.to_string(), ..self.filter() };
+                list_page(req, session, state, filter, vec![], None, errors).await.map(Err)
+            }
+        }
+    }
+}
+
+/// Asks whether to replay the failed tasks matching the list's filter, saying how many: a
+/// page of its own (GET), so that reloading it asks again and changes nothing.
+pub async fn ask_replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, query: web::Query<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+    let form = query.into_inner();
+    let failed = match form.failed(&req, &session, &state).await? {
+        Ok(failed) => failed,
+        Err(refused) => return Ok(refused),
+    };
+    let count = tasks::count_failed(&state.pool, &failed).await?;
+    let page = ConfirmPage { ctx: Ctx::new(&session, &req, "tasks"), count, biz_type: form.biz_type, from: form.from, to: form.to };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+/// Replays the failed tasks matching the list's filter, once confirmed on the page that
+/// says how many; an unconfirmed form (a page from before that page existed) is sent there.
 pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     let form = form.into_inner();
-    let filter = Filter { biz_type: form.biz_type.clone(), from: form.from.clone(), to: form.to.clone(), ..Filter::default() };
-    let failed = match (parse_local_time("from", &form.from), parse_local_time("to", &form.to)) {
-        (Ok(from), Ok(to)) => FailedFilter { biz_type_id: filter.biz_type_id(&state).await?, from, to },
-        (Err(Error::Invalid { field, message }), _) | (_, Err(Error::Invalid { field, message })) => {
-            let filter = Filter { status: Status::Failed.to_string(), ..filter };
-            return list_page(&req, &session, &state, filter, vec![], None, Some((field, message))).await;
-        }
-        (Err(e), _) | (_, Err(e)) => return Err(e.into()),
+    let filter = form.filter();
+    let failed = match form.failed(&req, &session, &state).await? {
+        Ok(failed) => failed,
+        Err(refused) => return Ok(refused),
     };
     if form.confirm != "yes" {
-        let count = tasks::count_failed(&state.pool, &failed).await?;
-        let page = ConfirmPage { ctx: Ctx::new(&session, &req, "tasks"), count, biz_type: form.biz_type, from: form.from, to: form.to };
-        return render(StatusCode::OK, &page.ctx, &page);
+        let ask = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("biz_type", &form.biz_type)
+            .append_pair("from", &form.from)
+            .append_pair("to", &form.to)
+            .finish();
+        return Ok(see_other(&format!("/console/tasks/replay-failed?{ask}")));
     }
     let replayed = tasks::replay_failed(&state.pool, &failed).await?;
     let scope = serde_json::json!({"biz_type": form.biz_type, "from": form.from, "to": form.to, "replayed": replayed});

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::session::CsrfForm;
-use super::{ConsoleError, Ctx, Session, done, render};
+use super::{ConsoleError, Ctx, Problems, Session, done, render};
 use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
@@ -87,14 +87,15 @@ struct EditPage {
     ctx: Ctx,
     timer: Option<Listed>,
     form: Form,
-    error: Option<(String, String)>,
+    /// Each field a refused form is refused for, and why.
+    errors: Vec<(String, String)>,
     biz_types: Vec<BizType>,
     zones: Vec<&'static str>,
 }
 
 impl EditPage {
     fn error_for(&self, field: &str) -> &str {
-        super::error_for(&self.error, field)
+        super::error_for(&self.errors, field)
     }
 }
 
@@ -104,57 +105,62 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
     render(StatusCode::OK, &page.ctx, &page)
 }
 
-async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, timer: Option<Timer>, form: Form, error: Option<(String, String)>) -> Result<HttpResponse, ConsoleError> {
-    let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
+async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, timer: Option<Timer>, form: Form, errors: Vec<(String, String)>) -> Result<HttpResponse, ConsoleError> {
+    let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
     let page = EditPage {
         ctx: Ctx::new(session, req, "timers"),
         timer: timer.map(listed),
         form,
-        error,
+        errors,
         biz_types: biz_types::list(&state.pool).await?,
         zones: chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).collect(),
     };
     render(status, &page.ctx, &page)
 }
 
-fn field_error(e: Error) -> Result<(String, String), ConsoleError> {
-    match e {
-        Error::Invalid { field, message } => Ok((field, message)),
-        Error::Conflict(message) => Ok(("key".into(), message)),
-        Error::TooLarge(message) => Ok(("payload".into(), message)),
-        other => Err(other.into()),
-    }
+/// Each field's problem: a taken key and an over-large payload are shown at their fields.
+fn field_errors(problems: Problems) -> Result<Vec<(String, String)>, ConsoleError> {
+    let at_field = |e| match e {
+        Error::Conflict(message) => Error::Invalid { field: "key".into(), message },
+        Error::TooLarge(message) => Error::Invalid { field: "payload".into(), message },
+        other => other,
+    };
+    Ok(Problems(problems.0.into_iter().map(at_field).collect()).by_field()?)
 }
 
 pub async fn new(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
     session.require_admin()?;
     let form = Form { timezone: "UTC".into(), active: Some("on".into()), ..Form::default() };
-    edit_page(&req, &session, &state, None, form, None).await
+    edit_page(&req, &session, &state, None, form, vec![]).await
 }
 
 pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let form = form.into_inner();
-    let attempt = async {
-        let biz_type_id = biz_types::id_of(&state.pool, &form.biz_type).await.map_err(|_| Error::invalid("biz_type", "choose a biz type"))?;
-        let request = CreateTimer {
-            biz_type: form.biz_type.clone(),
-            key: form.key.trim().to_string(),
-            cron: form.cron.trim().to_string(),
-            timezone: Some(form.timezone.trim().to_string()).filter(|z| !z.is_empty()),
-            payload: Some(form.payload()?),
-            active: Some(form.active.is_some()),
-            catch_up: Some(form.catch_up.is_some()),
-        };
-        request.validate(state.max_payload_bytes)?;
-        timers::create(&state.pool, biz_type_id, request).await
+    // The biz type, the payload's JSON and the API's rules are checked side by side, so
+    // that every field's problem is shown at once.
+    let biz_type_id = biz_types::id_of(&state.pool, &form.biz_type).await.map_err(|_| Error::invalid("biz_type", "choose a biz type"));
+    let payload = form.payload();
+    let request = CreateTimer {
+        biz_type: form.biz_type.clone(),
+        key: form.key.trim().to_string(),
+        cron: form.cron.trim().to_string(),
+        timezone: Some(form.timezone.trim().to_string()).filter(|z| !z.is_empty()),
+        payload: payload.as_ref().ok().cloned(),
+        active: Some(form.active.is_some()),
+        catch_up: Some(form.catch_up.is_some()),
     };
-    match attempt.await {
+    let checked = request.validate(state.max_payload_bytes);
+    let created = match (biz_type_id, payload, checked) {
+        (Ok(biz_type_id), Ok(_), Ok(())) => timers::create(&state.pool, biz_type_id, request).await.map_err(Problems::from),
+        (biz_type_id, payload, checked) => Err(Problems(vec![biz_type_id.err(), payload.err(), checked.err()].into_iter().flatten().collect())),
+    };
+    match created {
         Ok(timer) => {
             audit::record(&state.pool, &session.actor(), "timer.create", "timer", &timer.id.to_string(), None, serde_json::to_value(&timer).ok()).await?;
             Ok(done(&format!("/console/timers/{}", timer.id), "Timer created."))
         }
-        Err(e) => edit_page(&req, &session, &state, None, form, Some(field_error(e)?)).await,
+        Err(problems) => edit_page(&req, &session, &state, None, form, field_errors(problems)?).await,
     }
 }
 
@@ -166,7 +172,7 @@ async fn found(state: &AppState, raw: &str) -> Result<Timer, ConsoleError> {
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let timer = found(&state, &id).await?;
     let form = Form::of(&timer);
-    edit_page(&req, &session, &state, Some(timer), form, None).await
+    edit_page(&req, &session, &state, Some(timer), form, vec![]).await
 }
 
 async fn change(session: &Session, state: &AppState, timer: &Timer, changes: TimerChanges, action: &str) -> Result<Timer, Error> {
@@ -180,23 +186,34 @@ pub async fn update(req: HttpRequest, session: Session, state: web::Data<AppStat
     session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
     let form = form.into_inner();
-    let changes = form.payload().map(|payload| TimerChanges {
-        cron: Some(form.cron.trim().to_string()),
-        timezone: Some(form.timezone.trim().to_string()),
-        payload: Some(payload),
-        active: Some(form.active.is_some()),
-        catch_up: Some(form.catch_up.is_some()),
-    });
-    let result = match changes {
-        Ok(changes) => change(&session, &state, &timer, changes, "timer.update").await,
-        Err(e) => Err(e),
+    let result = match form.payload() {
+        Ok(payload) => {
+            let changes = TimerChanges {
+                cron: Some(form.cron.trim().to_string()),
+                timezone: Some(form.timezone.trim().to_string()),
+                payload: Some(payload),
+                active: Some(form.active.is_some()),
+                catch_up: Some(form.catch_up.is_some()),
+            };
+            change(&session, &state, &timer, changes, "timer.update").await.map_err(Problems::from)
+        }
+        // The payload is not JSON: the schedule is checked by the API's rules beside it.
+        Err(not_json) => {
+            let schedule = CreateTimer {
+                biz_type: timer.biz_type.clone(),
+                key: timer.key.clone(),
+                cron: form.cron.trim().to_string(),
+                timezone: Some(form.timezone.trim().to_string()),
+                payload: None,
+                active: None,
+                catch_up: None,
+            };
+            Err(Problems(vec![Some(not_json), schedule.validate(state.max_payload_bytes).err()].into_iter().flatten().collect()))
+        }
     };
     match result {
         Ok(_) => Ok(done(&format!("/console/timers/{}", timer.id), "Timer saved; occurrences not fired yet were rewritten.")),
-        Err(e) => {
-            let error = field_error(e)?;
-            edit_page(&req, &session, &state, Some(timer), form, Some(error)).await
-        }
+        Err(problems) => edit_page(&req, &session, &state, Some(timer), form, field_errors(problems)?).await,
     }
 }
 

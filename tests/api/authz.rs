@@ -11,7 +11,7 @@ use reqwest::header::{COOKIE, LOCATION};
 use serde_json::{Value, json};
 use chime::db::Pool;
 
-use crate::console::{ADMIN_PASSWORD, Console, no_redirects, sign_in, sign_in_attempt, support_user};
+use crate::console::{ADMIN_PASSWORD, Console, no_redirects, revealed, sign_in, sign_in_attempt, support_user};
 use crate::helpers::{Reply, TestApp, chime_process_logging, fresh_database, spawn_app};
 
 /// Every API call that needs a token: (method, path, body, status with the owner's token,
@@ -284,13 +284,15 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     ("GET", "/console/timers/{timer}", &[], Staff, 200),
     ("GET", "/console/cluster", &[], Staff, 200),
     ("GET", "/console/audit", &[], Staff, 200),
-    // Creating a biz type answers with its page, showing the new signing secret once.
-    ("POST", "/console/biz-types", &[("name", "{new}"), ("mode", "pull")], Admin, 200),
+    ("GET", "/console/tasks/replay-failed?biz_type={biz}", &[], Staff, 200),
+    // Every action answers with a redirect (post/redirect/get); one that makes a secret
+    // leaves it for the page it leads to, which shows it once.
+    ("POST", "/console/biz-types", &[("name", "{new}"), ("mode", "pull")], Admin, 303),
     ("POST", "/console/biz-types/{biz}", &[("description", "changed"), ("mode", "callback"), ("callback_url", "http://127.0.0.1:9/x")], Admin, 303),
     ("POST", "/console/biz-types/{biz}/pause", &[], Admin, 303),
     ("POST", "/console/biz-types/{biz}/resume", &[], Admin, 303),
-    ("POST", "/console/biz-types/{biz}/rotate-secret", &[], Admin, 200),
-    ("POST", "/console/biz-types/{biz}/tokens", &[], Admin, 200),
+    ("POST", "/console/biz-types/{biz}/rotate-secret", &[], Admin, 303),
+    ("POST", "/console/biz-types/{biz}/tokens", &[], Admin, 303),
     ("POST", "/console/biz-types/{biz}/tokens/{token_id}/revoke", &[], Admin, 303),
     ("POST", "/console/tasks/{task}/reschedule", &[("run_at", "2030-01-01 09:00")], Admin, 303),
     ("POST", "/console/tasks/{task}/cancel", &[], Staff, 303),
@@ -428,9 +430,9 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
     let support = sign_in(&node, "helen", "support-password").await;
     assert_eq!(sign_in_attempt(&node, "admin", "wrong-password-guess").await.status, 401);
 
-    let page = admin.post("/console/biz-types/orders/tokens", &[]).await;
+    let (page, _) = admin.post_and_follow("/console/biz-types/orders/tokens", &[]).await;
     let token = revealed(&page.body);
-    let rotated = admin.post("/console/biz-types/orders/rotate-secret", &[]).await;
+    let (rotated, _) = admin.post_and_follow("/console/biz-types/orders/rotate-secret", &[]).await;
     let secret = revealed(&rotated.body);
     let task = node.create_task(&token, json!({"biz_type": "orders", "delay_ms": 600000})).await;
     assert_eq!(node.get(&format!("/api/v1/tasks/{}", task["id"].as_str().unwrap()), &token).await.status, 200);
@@ -466,21 +468,14 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
     }
 }
 
-/// The value a console page shows once (a new token or signing secret).
-fn revealed(body: &str) -> String {
-    let marker = r#"<code id="revealed" class="secret">"#;
-    let start = body.find(marker).unwrap_or_else(|| panic!("nothing revealed on the page: {body}")) + marker.len();
-    body[start..].split('<').next().unwrap().to_string()
-}
-
 /// A signing secret is shown when it is made (creation, rotation) and never again: not on
 /// the console's pages, in the audit log, or by `chime biz-type list`.
 #[tokio::test]
 async fn signing_secrets_are_shown_only_when_made() {
     let app = spawn_app().await;
     let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
-    let first = revealed(&admin.post("/console/biz-types", &[("name", "orders"), ("mode", "pull")]).await.body);
-    let second = revealed(&admin.post("/console/biz-types/orders/rotate-secret", &[]).await.body);
+    let first = revealed(&admin.post_and_follow("/console/biz-types", &[("name", "orders"), ("mode", "pull")]).await.0.body);
+    let second = revealed(&admin.post_and_follow("/console/biz-types/orders/rotate-secret", &[]).await.0.body);
     assert!(first.starts_with("whsec_") && second.starts_with("whsec_") && first != second, "{first} {second}");
     let stored: String = sqlx::query_scalar("SELECT signing_secret FROM biz_types").fetch_one(&app.pool).await.unwrap();
     assert_eq!(stored, second, "the rotated secret is the one in use");

@@ -43,7 +43,7 @@ async fn private_callback_urls_are_refused_when_saved() {
     assert!(biz_types::list(&app.pool).await.unwrap().is_empty());
 
     let page = admin.post("/console/biz-types", &[("name", "orders"), ("mode", "callback"), ("callback_url", "https://hooks.example.com/x")]).await;
-    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(page.status, 303, "created, and sent to its page: {}", page.body);
     let page = admin.post("/console/biz-types/orders", &[("mode", "callback"), ("callback_url", "http://10.1.2.3/x")]).await;
     assert_eq!(page.status, 422);
     assert!(callback_url_error(&page.body).contains("10.1.2.3 is in a denied range (private)"), "{}", page.body);
@@ -83,7 +83,7 @@ async fn transition_forms_and_special_purpose_ranges_are_refused_when_saved() {
 
     for (name, url) in [("nat64", "http://[64:ff9b::808:808]/hook"), ("sixtofour", "http://[2002:808:808::1]/hook"), ("v6", "http://[2606:4700::1111]/hook")] {
         let page = admin.post("/console/biz-types", &[("name", name), ("mode", "callback"), ("callback_url", url)]).await;
-        assert_eq!(page.status, 200, "{url}: {}", page.body);
+        assert_eq!(page.status, 303, "{url}: created, and sent to its page: {}", page.body);
     }
     assert_eq!(biz_types::list(&app.pool).await.unwrap().len(), 3);
 }

@@ -35,7 +35,7 @@ pub fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
 }
 
-fn cookie(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
+pub fn cookie(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(SET_COOKIE)
         .iter()
@@ -94,6 +94,35 @@ impl Console {
         Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
     }
 
+    /// Gets a page sending `cookies` ("name=value; …") beside the session cookie.
+    pub async fn get_with(&self, path: &str, cookies: &str) -> Page {
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.address))
+            .header(COOKIE, format!("chime_session={}; {cookies}", self.session))
+            .send()
+            .await
+            .unwrap();
+        Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
+    }
+
+    /// Posts a form (with the CSRF token) and follows its redirect as a browser would, with
+    /// the cookies the redirect set (a flash message, a secret to show once). Returns the
+    /// page it led to, and the cookies sent with it ("name=value; …").
+    pub async fn post_and_follow(&self, path: &str, form: &[(&str, &str)]) -> (Page, String) {
+        let posted = self.post(path, form).await;
+        assert_eq!(posted.status, 303, "{path} answers with a redirect: {}", &posted.body[..posted.body.len().min(2000)]);
+        assert!(!posted.body.contains("id=\"revealed\""), "{path}: the redirect itself shows a secret");
+        let cookies: Vec<String> = posted
+            .headers
+            .get_all(SET_COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string())
+            .collect();
+        let cookies = cookies.join("; ");
+        (self.get_with(posted.location(), &cookies).await, cookies)
+    }
+
     /// Posts a form with the session's CSRF token added.
     pub async fn post(&self, path: &str, form: &[(&str, &str)]) -> Page {
         let mut fields: Vec<(&str, &str)> = form.to_vec();
@@ -128,6 +157,13 @@ impl Console {
             .unwrap();
         Page { status: resp.status().as_u16(), headers: resp.headers().clone(), body: resp.text().await.unwrap() }
     }
+}
+
+/// The value a console page shows once (a new token or signing secret).
+pub fn revealed(body: &str) -> String {
+    let marker = r#"<code id="revealed" class="secret">"#;
+    let start = body.find(marker).unwrap_or_else(|| panic!("nothing revealed on the page: {body}")) + marker.len();
+    body[start..].split('<').next().unwrap().to_string()
 }
 
 /// Signs in `helen`, a support user (created here).
@@ -562,12 +598,142 @@ async fn bulk_replay_says_how_many_then_replays_them() {
     app.force_status(t["id"].as_str().unwrap(), "failed").await;
     let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
 
-    let ask = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", "")]).await;
+    // Asking is a page of its own (GET): a reload asks again and changes nothing.
+    let failed = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&app.pool).await.unwrap() };
+    for _ in 0..2 {
+        let ask = admin.get("/console/tasks/replay-failed?biz_type=orders&from=&to=").await;
+        assert_eq!(ask.status, 200);
+        assert!(ask.body.contains("Replay <strong>3</strong> failed tasks"), "{}", ask.body);
+        assert_eq!(failed().await, 4, "asking changes nothing");
+    }
+    // The unconfirmed form (posted from a page older than this one) is sent to ask.
+    let (ask, _) = admin.post_and_follow("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", "")]).await;
     assert_eq!(ask.status, 200);
     assert!(ask.body.contains("Replay <strong>3</strong> failed tasks"), "{}", ask.body);
-    let failed = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&app.pool).await.unwrap() };
     assert_eq!(failed().await, 4, "asking changes nothing");
     let done = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", ""), ("to", ""), ("confirm", "yes")]).await;
     assert_eq!(done.status, 303);
     assert_eq!(failed().await, 1, "only the other biz type's failed task is left");
+}
+
+/// Post/redirect/get: "Create biz type", "Rotate signing secret" and "New token" answer with
+/// a redirect to the biz type's page, which shows the new secret once and removes it; a
+/// reload of that page (the GET again, as the browser sends it then) repeats nothing and
+/// shows nothing, and the secret shown is the one in use. The secret cannot be opened by
+/// another session. Before, each answered the POST with the page itself, so a reload minted
+/// a second token, or rotated again and killed the secret just copied.
+#[tokio::test]
+async fn actions_redirect_and_a_reload_neither_repeats_them_nor_shows_the_secret_again() {
+    let app = spawn_app().await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let other = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let page_path = "/console/biz-types/orders";
+    let stored_secret = || async { chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap().signing_secret.expose().unwrap().to_string() };
+    let tokens = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM api_tokens").fetch_one(&app.pool).await.unwrap() };
+
+    let create = [("name", "orders"), ("mode", "callback"), ("callback_url", "http://x.test/hook")];
+    // (path, form, the secret's prefix, the flash message)
+    type Action<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let actions: [Action; 3] = [
+        ("/console/biz-types", &create, "whsec_", "Biz type created."),
+        ("/console/biz-types/orders/rotate-secret", &[], "whsec_", "Signing secret rotated"),
+        ("/console/biz-types/orders/tokens", &[], "chime_", "Token created."),
+    ];
+    let mut shown = Vec::new();
+    for (path, form, prefix, message) in actions {
+        let (page, cookies) = admin.post_and_follow(path, form).await;
+        assert_eq!(page.status, 200, "{path}: {}", page.body);
+        let secret = revealed(&page.body);
+        assert!(secret.starts_with(prefix), "{path}: {secret}");
+        assert!(page.body.contains(message), "{path}: no flash message: {}", page.body);
+        assert_eq!(cookie(&page.headers, "chime_reveal").as_deref(), Some(""), "{path}: the page does not remove the secret's cookie");
+
+        let reload = admin.get(page_path).await;
+        assert_eq!(reload.status, 200, "{path}: reload: {}", reload.body);
+        assert!(!reload.body.contains(&secret) && !reload.body.contains("id=\"revealed\""), "{path}: the reload shows the secret again");
+        let elsewhere = other.get_with(page_path, &cookies).await;
+        assert!(elsewhere.status == 200 && !elsewhere.body.contains(&secret), "{path}: another session opened the secret");
+        shown.push(secret);
+    }
+    assert_eq!(chime::biz_types::list(&app.pool).await.unwrap().len(), 1);
+    assert_eq!(stored_secret().await, shown[1], "the rotated secret shown is the one in use");
+    assert_ne!(shown[0], shown[1]);
+    assert_eq!(tokens().await, 1, "one token minted");
+    let token = &shown[2];
+    assert_eq!(app.get("/api/v1/tasks", token).await.status, 200, "the token shown works");
+    let audited: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_log WHERE action NOT LIKE 'user.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(audited, ["biz_type.create", "biz_type.rotate_secret", "token.create"], "each action once");
+}
+
+/// A form with several fields wrong shows every field's problem at once, each next to its
+/// field, with every value kept: the biz type form (create and edit, the domain's rules via
+/// `biz_types::problems`), the task filter and the bulk replay form. Before, only the first
+/// problem was shown, so a person fixed one field per round trip.
+#[tokio::test]
+async fn a_form_shows_every_fields_problem_at_once() {
+    let app = spawn_app().await;
+    app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let bad = [
+        ("name", "Bad Name"),
+        ("description", "a\0b"),
+        ("callback_url", "ftp://x.test/hook"),
+        ("timeout_ms", "soon"),
+        ("max_attempts", "0"),
+        ("backoff_initial_ms", "-5"),
+        ("rate_limit", "fast"),
+        ("max_in_flight", "100001"),
+        ("create_rate_limit", "-1"),
+    ];
+    for path in ["/console/biz-types", "/console/biz-types/orders"] {
+        let mut form = bad.to_vec();
+        form.push(("mode", "callback"));
+        let page = admin.post(path, &form).await;
+        assert_eq!(page.status, 422, "{path}: {}", page.body);
+        for (field, value) in bad {
+            if field == "name" && path.ends_with("orders") {
+                continue; // an edit keeps the name
+            }
+            assert!(page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")), "{path}: no error at {field}");
+            assert!(page.body.contains(&format!("value=\"{value}\"")), "{path}: {field} not kept");
+        }
+    }
+    assert_eq!(chime::biz_types::list(&app.pool).await.unwrap().len(), 1);
+    let orders = chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap();
+    assert!(orders.description.is_empty() && orders.max_attempts != 0, "nothing changed");
+
+    let page = admin.get("/console/tasks?status=bogus&from=-4714-01-01T00:00&to=-200000-01-01T00:00").await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["status", "from", "to"] {
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "no error at {field}: {}", page.body);
+    }
+    assert!(page.body.contains("value=\"-4714-01-01T00:00\"") && page.body.contains("value=\"-200000-01-01T00:00\""), "the times typed are not kept");
+    let page = admin.post("/console/tasks/replay-failed", &[("biz_type", "orders"), ("from", "-4714-01-01T00:00"), ("to", "soon")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["from", "to"] {
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "bulk replay: no error at {field}: {}", page.body);
+    }
+    // The timer form: the biz type, the payload's JSON and the schedule, side by side.
+    let token = chime::biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let created = app.post("/api/v1/timers", &token, json!({"biz_type": "orders", "key": "nightly", "cron": "0 0 3 * * *"})).await;
+    let timer = created.body["id"].as_str().unwrap().to_string();
+    let page = admin.post("/console/timers", &[("biz_type", ""), ("key", "daily"), ("cron", "every day"), ("timezone", "UTC"), ("payload", "not json")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["biz_type", "cron", "payload"] {
+        assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "new timer: no error at {field}");
+    }
+    assert!(page.body.contains("every day") && page.body.contains("not json"), "new timer: values not kept");
+    let page = admin.post(&format!("/console/timers/{timer}"), &[("cron", "every day"), ("timezone", "UTC"), ("payload", "not json")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["cron", "payload"] {
+        assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "timer edit: no error at {field}");
+    }
+    assert_eq!(chime::timers::list(&app.pool, None, None, 10).await.unwrap().len(), 1, "no timer made");
+
+    let page = admin.get("/console/tasks/replay-failed?biz_type=orders&from=-4714-01-01T00:00&to=soon").await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    for field in ["from", "to"] {
+        assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "asking to replay: no error at {field}: {}", page.body);
+    }
 }

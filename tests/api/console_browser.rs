@@ -67,6 +67,11 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     browser.submit("#create-token").await;
     let token = browser.text("#revealed").await;
     assert!(token.starts_with("chime_"), "{token}");
+    // The token's page came from a redirect: reloading it mints nothing and shows nothing.
+    browser.client().refresh().await.expect("reloading the page");
+    assert!(!browser.exists("#revealed").await, "a reload shows the token again");
+    let tokens: i64 = sqlx::query_scalar("SELECT count(*) FROM api_tokens").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(tokens, 1, "the reload minted another token");
 
     // Tasks scheduled over the API fail against the receiver.
     let mut ids = Vec::new();

@@ -29,8 +29,6 @@ use crate::error::Error;
 use crate::tasks::lease::{self, Outcome, RetryPolicy};
 use crate::tasks::{Status, Task};
 
-pub use crate::tasks::lease::Reserved;
-
 /// Pull rate limits of this node: each node hands out its share of a biz type's
 /// cluster-wide rate (the rate divided by the live nodes, counted every few seconds).
 #[derive(Default)]
@@ -58,21 +56,6 @@ impl PullLimits {
         let share = rate / self.live_nodes(pool).await as f64;
         self.limiters.lock().expect("pull limits lock").take(biz.id, Some(share), want)
     }
-}
-
-/// Leases up to `limit` due tasks of a pull biz type for `ttr_ms`.
-pub async fn reserve(pool: &Pool, biz: &BizType, limit: i64, ttr_ms: i64) -> Result<Vec<Reserved>, Error> {
-    Ok(lease::reserve(pool, biz.id, &biz.name, limit, ttr_ms).await?)
-}
-
-/// How many tasks of the biz type are due, counting no further than `up_to`.
-pub async fn due_count(pool: &Pool, biz_type_id: i32, up_to: i64) -> Result<i64, Error> {
-    Ok(lease::due_count(pool, biz_type_id, up_to).await?)
-}
-
-/// How many tasks of the biz type are reserved and not yet acked or nacked.
-pub async fn reserved_count(pool: &Pool, biz_type_id: i32) -> Result<i64, Error> {
-    Ok(lease::leased_count(pool, biz_type_id).await?)
 }
 
 /// What became of a reservation.

@@ -239,12 +239,12 @@ pub(super) struct WithSecret<'a> {
     request_body(content = ref("#/components/schemas/CreateBizType"), example = json!({"name": "orders", "callback_url": "https://orders.internal/chime", "timeout_ms": 5000})),
     responses(
         (status = 201, description = r#"The new biz type and its signing secret."#, links(("GetBizType" = (operation_id = "adminGetBizType", parameters(("name" = "$response.body#/name")))), ("CreateApiToken" = (operation_id = "adminCreateApiToken", parameters(("name" = "$response.body#/name"))))), body = WithSecret),
-        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 400, response = super::openapi::BadBody),
         (status = 401, response = super::openapi::AdminUnauthenticated),
         (status = 403, response = super::openapi::AdminForbidden),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"A biz type has this name, or had it and is archived (the name stays reserved)."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
-        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "timeout_ms: must be between 1 and 600000"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
@@ -272,13 +272,13 @@ pub(super) async fn create_biz_type(admin: Admin, state: web::Data<AppState>, bo
     request_body(content = BizTypeRequest, example = json!({"paused": true})),
     responses(
         (status = 200, description = r#"The biz type as it is now."#, body = BizType),
-        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 400, response = super::openapi::BadBody),
         (status = 401, response = super::openapi::AdminUnauthenticated),
         (status = 403, response = super::openapi::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
-        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "backoff_max_ms: must be at least backoff_initial_ms"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
@@ -506,12 +506,12 @@ pub(super) struct NewUser {
     request_body(content = NewUser, example = json!({"name": "helen", "role": "support", "password": "correct horse battery"})),
     responses(
         (status = 201, description = r#"The new user."#, body = UserInfo),
-        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 400, response = super::openapi::BadBody),
         (status = 401, response = super::openapi::AdminUnauthenticated),
         (status = 403, response = super::openapi::AdminForbidden),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"A user has this name."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "user `helen` already exists"}})),
-        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "password: must be at least 8 characters"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
@@ -553,13 +553,13 @@ pub(super) struct UserPatch {
     request_body(content = UserPatch, example = json!({"disabled": true})),
     responses(
         (status = 200, description = r#"The user as they are now."#, body = UserInfo),
-        (status = 400, description = r#"The request body is empty or is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is empty; send a JSON object"}})),
+        (status = 400, response = super::openapi::BadBody),
         (status = 401, response = super::openapi::AdminUnauthenticated),
         (status = 403, response = super::openapi::AdminForbidden),
         (status = 404, description = r#"No user has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no user named `helen`"}})),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The change would leave no enabled admin."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "`admin` is the last enabled admin; make another user an admin first"}})),
-        (status = 413, description = r#"The request body is over 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "role: must be admin or support"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)

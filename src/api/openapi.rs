@@ -81,7 +81,7 @@ use super::{admin, pull, tasks, timers};
     ),
     components(
         schemas(super::error::Error, super::error::ErrorDetail, Receipt),
-        responses(Unauthenticated, Unavailable, Internal, RequestTimeout, AdminForbidden, AdminUnauthenticated),
+        responses(Unauthenticated, Unavailable, Internal, RequestTimeout, AdminForbidden, AdminUnauthenticated, BadBody, BodyOver16KiB),
     ),
     modifiers(&SecuritySchemes),
 )]
@@ -257,6 +257,20 @@ shared_response!(
     "The request's body did not all arrive within CHIME_BODY_TIMEOUT_SECS of its headers; the connection is closed.",
     "request_timeout",
     "the request body did not arrive within 30 s",
+    false
+);
+shared_response!(
+    BadBody,
+    "The request body is empty or is not valid JSON.",
+    "bad_request",
+    "request body is empty; send a JSON object",
+    false
+);
+shared_response!(
+    BodyOver16KiB,
+    "The request body is over 16 KiB.",
+    "payload_too_large",
+    "request body is larger than 16384 bytes",
     false
 );
 shared_response!(

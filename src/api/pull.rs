@@ -14,6 +14,7 @@ use super::{ApiError, from_json, read_optional_json};
 use crate::state::AppState;
 use crate::biz_types::{self, BizType};
 use crate::pull::{self, Verdict};
+use crate::tasks::lease;
 
 const MAX_RESERVE: i64 = 100;
 const MAX_WAIT_MS: u64 = 30_000;
@@ -40,7 +41,7 @@ pub(super) struct ReserveRequest {
 #[derive(Serialize, ToSchema)]
 #[schema(as = Reserved)]
 pub(super) struct ReserveAnswer {
-    tasks: Vec<pull::Reserved>,
+    tasks: Vec<lease::Reserved>,
 }
 
 /// The answer to a touch: until when the task is reserved.
@@ -91,7 +92,7 @@ fn ttr(raw: Option<i64>, biz: &BizType) -> Result<i64, ApiError> {
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The biz type delivers by callback."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `hooks` delivers by callback; set its mode to pull to reserve its tasks"}})),
-        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "max: must be between 1 and 100"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
@@ -123,15 +124,15 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
 
         let mut sleep_for = POLL_FALLBACK;
         if !biz.paused {
-            let room = i64::from(biz.max_in_flight) - pull::reserved_count(&state.pool, biz.id).await?;
+            let room = i64::from(biz.max_in_flight) - lease::leased_count(&state.pool, biz.id).await?;
             let mut want = max.min(room.max(0));
             if biz.rate_limit.is_some() && want > 0 {
                 // Permits are not given back: ask only for as many as are due.
-                want = want.min(pull::due_count(&state.pool, biz.id, want).await?);
+                want = want.min(lease::due_count(&state.pool, biz.id, want).await?);
             }
             let (permitted, rate_wait) = state.pull_limits.take(&state.pool, &biz, want).await;
             if permitted > 0 {
-                let tasks = pull::reserve(&state.pool, &biz, permitted, ttr_ms).await?;
+                let tasks = lease::reserve(&state.pool, biz.id, &biz.name, permitted, ttr_ms).await?;
                 if !tasks.is_empty() {
                     return Ok(HttpResponse::Ok().json(ReserveAnswer { tasks }));
                 }
@@ -139,7 +140,7 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
             if let Some(wait) = rate_wait {
                 sleep_for = sleep_for.min(wait);
             }
-            if let Some(next) = crate::tasks::lease::next_due(&state.pool, &[biz.id]).await? {
+            if let Some(next) = lease::next_due(&state.pool, &[biz.id]).await? {
                 let until_due = (next - chrono::Utc::now()).to_std().unwrap_or_default();
                 sleep_for = sleep_for.min(until_due.max(Duration::from_millis(1)));
             }
@@ -201,7 +202,7 @@ pub(super) struct AckRequest {
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
-        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "receipt: required; send the receipt that reserve returned with the task"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
@@ -249,7 +250,7 @@ pub(super) struct NackRequest {
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
-        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "delay_ms: must be between 0 and 10 years in milliseconds"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
@@ -309,7 +310,7 @@ pub(super) struct TouchRequest {
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
-        (status = 413, description = r#"The body is larger than 16 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 16384 bytes"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "ttr_ms: must be between 1 and 86400000 (a day)"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)

@@ -99,14 +99,6 @@ impl<'a> Rows<'a> {
         self.payloads.push(payload);
         self.request_hashes.push(request_hash);
     }
-
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
 }
 
 /// Inserts tasks of one biz type, occurrences of `timer_id` or of none, in one statement

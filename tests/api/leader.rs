@@ -79,16 +79,7 @@ async fn a_killed_leader_is_replaced_and_timers_go_on() {
     let b = chime_process(&db_url, QUIET).await;
     let b_id = node_of(&pool, &b).await;
 
-    let request = timers::CreateTimer {
-        biz_type: "reports".into(),
-        key: "sec".into(),
-        cron: "* * * * * *".into(),
-        timezone: None,
-        payload: None,
-        active: None,
-        catch_up: None,
-    };
-    let timer = timers::create(&pool, biz, request).await.unwrap();
+    let timer = every_second_timer(&pool, biz).await;
     // Until the first leader has written occurrences (at most 10 s): the kill then cuts a
     // timer that is under way.
     for _ in 0..100 {
@@ -413,16 +404,7 @@ async fn one_tick_of_the_duties_recovers_leases_and_writes_timers() {
     .execute(&pool)
     .await
     .unwrap();
-    let request = timers::CreateTimer {
-        biz_type: "reports".into(),
-        key: "sec".into(),
-        cron: "* * * * * *".into(),
-        timezone: None,
-        payload: None,
-        active: None,
-        catch_up: None,
-    };
-    let timer = timers::create(&pool, biz, request).await.unwrap();
+    let timer = every_second_timer(&pool, biz).await;
 
     duties.run_once().await;
     let status: String = sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1").bind(task).fetch_one(&pool).await.unwrap();
@@ -433,4 +415,18 @@ async fn one_tick_of_the_duties_recovers_leases_and_writes_timers() {
     assert!(lost.1.starts_with("lease expired"), "{}", lost.1);
     let occurrences: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE timer_id = $1").bind(timer.id).fetch_one(&pool).await.unwrap();
     assert!(occurrences >= 9, "a 10 s window of an every-second timer: {occurrences} occurrences");
+}
+
+/// A timer `sec` of the `reports` biz type that fires every second.
+async fn every_second_timer(pool: &Pool, biz: i32) -> timers::Timer {
+    let request = timers::CreateTimer {
+        biz_type: "reports".into(),
+        key: "sec".into(),
+        cron: "* * * * * *".into(),
+        timezone: None,
+        payload: None,
+        active: None,
+        catch_up: None,
+    };
+    timers::create(pool, biz, request).await.unwrap()
 }

@@ -73,10 +73,13 @@ pub enum Status {
     /// Its attempts are used up, or its receiver answered a permanent error.
     Failed,
     Cancelled,
+    /// Not delivered by its `expires_at`: no callback starts after the deadline.
+    Expired,
 }
 
 impl Status {
-    pub const ALL: [Status; 5] = [Status::Pending, Status::Running, Status::Succeeded, Status::Failed, Status::Cancelled];
+    pub const ALL: [Status; 6] =
+        [Status::Pending, Status::Running, Status::Succeeded, Status::Failed, Status::Cancelled, Status::Expired];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -85,6 +88,7 @@ impl Status {
             Status::Succeeded => "succeeded",
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
+            Status::Expired => "expired",
         }
     }
 
@@ -96,9 +100,9 @@ impl Status {
         })
     }
 
-    /// Succeeded, failed or cancelled: may be replayed.
+    /// Succeeded, failed, cancelled or expired: may be replayed.
     pub const fn is_finished(self) -> bool {
-        matches!(self, Status::Succeeded | Status::Failed | Status::Cancelled)
+        matches!(self, Status::Succeeded | Status::Failed | Status::Cancelled | Status::Expired)
     }
 }
 
@@ -108,7 +112,7 @@ impl std::fmt::Display for Status {
     }
 }
 
-// Stored as text (the schema's CHECK keeps it to these five), so encoded and decoded as text.
+// Stored as text (the schema's CHECK keeps it to these six), so encoded and decoded as text.
 impl sqlx::Type<sqlx::Postgres> for Status {
     fn type_info() -> sqlx::postgres::PgTypeInfo {
         <&str as sqlx::Type<sqlx::Postgres>>::type_info()

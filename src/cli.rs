@@ -26,13 +26,14 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         max_in_flight: flags.max_in_flight,
         create_rate_limit: flags.create_rate_limit,
         paused,
+        failure_url: flags.failure_url,
     }
 }
 
 fn describe(b: &BizType) -> String {
     let rate = |r: Option<f64>| r.map_or("unlimited".to_string(), |r| format!("{r}/s"));
     format!(
-        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}",
+        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}, failure notices to {failure}",
         name = b.name,
         mode = b.mode,
         state = if b.archived_at.is_some() { "archived" } else if b.paused { "paused" } else { "active" },
@@ -44,6 +45,7 @@ fn describe(b: &BizType) -> String {
         rate = rate(b.rate_limit),
         inflight = b.max_in_flight,
         crate_ = rate(b.create_rate_limit),
+        failure = b.failure_url.as_deref().unwrap_or("nowhere"),
     )
 }
 
@@ -114,6 +116,22 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
             record["cancelled_tasks"] = cancelled.into();
             audit::record(pool, "cli", "biz_type.archive", "biz_type", &name, Some(serde_json::to_value(&before)?), Some(record)).await?;
             println!("archived biz type {name}: its tokens no longer work, {cancelled} pending tasks cancelled");
+        }
+        BizTypeCommand::RotateSecret { name, overlap_secs } => {
+            let id = biz_types::id_of(pool, &name).await?;
+            let rotated = biz_types::rotate_secret(pool, id, overlap_secs).await?;
+            let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
+            audit::record(pool, "cli", "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
+            match rotated.previous_until {
+                Some(until) => println!(
+                    "rotated the signing secret of {name}: until {} callbacks carry both signatures (v1=<new>,v1=<old>); \
+                     give the new secret to the receivers before then",
+                    until.format("%Y-%m-%d %H:%M:%S UTC")
+                ),
+                None => println!("rotated the signing secret of {name}: callbacks are signed with the new secret only, from now on"),
+            }
+            println!("new signing secret (shown only this once):");
+            println!("{}", rotated.secret);
         }
     }
     Ok(())

@@ -397,6 +397,17 @@ pub enum BizTypeCommand {
     /// cancelled, nothing more is delivered; its tasks stay readable until retention drops
     /// them, and its name stays reserved.
     Archive { name: String },
+    /// Give a biz type a new signing secret; prints it as the last line. For the overlap,
+    /// callbacks carry the old secret's signature too (`Chime-Signature: t=…,v1=<new>,v1=<old>`),
+    /// so receivers keep verifying while they take the new one. Rotating again during an
+    /// overlap keeps the secret just replaced; the older one stops.
+    RotateSecret {
+        name: String,
+        /// Seconds the old secret keeps signing beside the new one: 0 (it stops at once) to
+        /// 2592000 (30 days).
+        #[arg(long, default_value_t = crate::biz_types::DEFAULT_OVERLAP_SECS)]
+        overlap_secs: i64,
+    },
 }
 
 /// Biz type settings as flags; each is optional so that `update` changes only what is given.
@@ -434,6 +445,10 @@ pub struct BizTypeFlags {
     /// How tasks are delivered: `callback` (chime calls the URL) or `pull` (consumers reserve them) [default: callback].
     #[arg(long, value_parser = ["callback", "pull"])]
     pub mode: Option<String>,
+    /// URL (http or https) a signed notice is POSTed to when a task ends failed or expired;
+    /// "" removes it [default: none].
+    #[arg(long)]
+    pub failure_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

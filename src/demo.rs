@@ -47,7 +47,13 @@ pub async fn receive(req: HttpRequest, body: web::Bytes, state: web::Data<AppSta
     };
     let signature = req.headers().get("Chime-Signature").and_then(|v| v.to_str().ok()).unwrap_or_default();
     let t = signature.strip_prefix("t=").and_then(|s| s.split(',').next()).and_then(|t| t.parse().ok());
-    if t.is_none_or(|t| crate::engine::signature(secret, t, &body) != signature) {
+    // Any `v1` may match: after a rotation, the old secret's comes second (SPEC §12).
+    let matches = |t: i64| {
+        let expected = crate::engine::signature(secret, t, &body);
+        let expected_v1 = expected.split(',').nth(1).unwrap_or_default();
+        signature.split(',').skip(1).any(|v1| v1 == expected_v1)
+    };
+    if t.is_none_or(|t| !matches(t)) {
         tracing::warn!("demo receiver: a callback with a wrong signature was refused");
         return HttpResponse::Unauthorized().finish();
     }

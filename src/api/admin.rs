@@ -82,6 +82,9 @@ pub(super) struct BizTypeRequest {
     create_rate_limit: Option<f64>,
     /// Paused: its tasks stay pending until resumed.
     paused: Option<bool>,
+    /// The http:// or https:// URL a signed failure notice is POSTed to when a task ends
+    /// `failed` or `expired` (the same rules as `callback_url`); `""` removes it.
+    failure_url: Option<String>,
 }
 
 /// How a biz type's tasks are delivered. Only the document uses this type; `biz_types` checks
@@ -120,6 +123,7 @@ impl BizTypeRequest {
             max_in_flight: int(self.max_in_flight),
             create_rate_limit: self.create_rate_limit,
             paused: self.paused,
+            failure_url: self.failure_url.clone(),
         }
     }
 }
@@ -160,6 +164,20 @@ pub(super) struct UserList {
 pub(super) struct SigningSecret {
     /// The new secret, shown only this once; callbacks are signed with it from now on.
     signing_secret: String,
+    /// Until when callbacks carry a second signature, with the secret this rotation
+    /// replaced; null: the old secret stopped at once.
+    previous_secret_until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// How long the replaced secret keeps signing (a JSON body, or the query parameter).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = RotateSecret)]
+pub(super) struct Rotation {
+    /// Seconds during which callbacks carry both signatures, the new secret's and the
+    /// replaced one's: 0 (the old secret stops at once) to 2592000 (30 days); default 86400.
+    #[schema(minimum = 0, maximum = 2_592_000, default = 86_400)]
+    overlap_secs: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -345,26 +363,46 @@ pub(super) async fn archive_biz_type(admin: Admin, state: web::Data<AppState>, n
     operation_id = "adminRotateSecret",
     tag = "admin",
     summary = r#"Rotate a biz type's signing secret"#,
-    description = r#"Callbacks are signed with the new secret at once; it is answered only this once."#,
+    description = r#"Callbacks are signed with the new secret at once; it is answered only this once. For `overlap_secs` (default 86400, a day) they carry the replaced secret's signature too, `Chime-Signature: t=<t>,v1=<new>,v1=<old>`, so that receivers verifying with either keep working while they take the new one. Rotating again during an overlap keeps the secret just replaced; the older one stops. `overlap_secs` may be given in a JSON body or as a query parameter."#,
     params(
-        ("name" = String, Path, description = r#"The biz type's name."#)
+        ("name" = String, Path, description = r#"The biz type's name."#),
+        ("overlap_secs" = Option<i64>, Query, description = r#"Seconds the replaced secret keeps signing: 0 to 2592000 (30 days); default 86400. Or in the body."#, minimum = 0, maximum = 2_592_000)
     ),
+    request_body(content = Option<Rotation>, example = json!({"overlap_secs": 3600})),
     responses(
-        (status = 200, description = r#"The new signing secret."#, body = SigningSecret),
+        (status = 200, description = r#"The new signing secret, and until when the old one still signs."#, body = SigningSecret),
+        (status = 400, response = super::openapi::BadBody),
         (status = 401, response = super::openapi::AdminUnauthenticated),
         (status = 403, response = super::openapi::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 422, description = r#"`overlap_secs` is out of range, or given twice."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "overlap_secs: must be between 0 (the old secret stops at once) and 2592000 (30 days), not 9999999"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
-pub(super) async fn rotate_secret(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn rotate_secret(
+    admin: Admin,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let query: Rotation = parse_query(&req)?;
+    let body = read_raw_body(body, BODY_LIMIT).await?;
+    // The body is optional: an empty one asks for the default overlap.
+    let asked: Rotation = if body.iter().all(u8::is_ascii_whitespace) { Rotation { overlap_secs: None } } else { from_raw(raw_json(&body)?)? };
+    let overlap_secs = match (query.overlap_secs, asked.overlap_secs) {
+        (Some(_), Some(_)) => return Err(Error::invalid("overlap_secs", "give it in the body or the query, not both").into()),
+        (q, b) => q.or(b).unwrap_or(biz_types::DEFAULT_OVERLAP_SECS),
+    };
     let b = found(&state, &name).await?;
-    let secret = biz_types::rotate_secret(&state.pool, b.id).await?;
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.rotate_secret", "biz_type", &name, None, None).await?;
-    Ok(HttpResponse::Ok().json(SigningSecret { signing_secret: secret }))
+    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
+    let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
+    audit::record(&state.pool, &admin.0.actor(), "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
+    Ok(HttpResponse::Ok().json(SigningSecret { signing_secret: rotated.secret, previous_secret_until: rotated.previous_until }))
 }
 
 #[utoipa::path(

@@ -134,6 +134,10 @@ fn add_what_utoipa_cannot_say(doc: &mut Value) {
     let mut reserve = operation(doc, "/api/v1/biz-types/{name}/reserve", "post");
     reserve["content"]["application/json"]["schema"] = json!({"$ref": "#/components/schemas/ReserveRequest"});
     doc["paths"]["/api/v1/biz-types/{name}/reserve"]["post"]["requestBody"] = reserve;
+    let rotate_path = "/api/v1/admin/biz-types/{name}/rotate-secret";
+    let mut rotate = operation(doc, rotate_path, "post");
+    rotate["content"]["application/json"]["schema"] = json!({"$ref": "#/components/schemas/RotateSecret"});
+    doc["paths"][rotate_path]["post"]["requestBody"] = rotate;
     // A body given by reference is not known to be required.
     doc["paths"]["/api/v1/admin/biz-types"]["post"]["requestBody"]["required"] = json!(true);
 }

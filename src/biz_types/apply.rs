@@ -52,6 +52,7 @@ struct Entry {
     max_in_flight: Option<i32>,
     create_rate_limit: Option<f64>,
     paused: Option<bool>,
+    failure_url: Option<String>,
     signing_secret: Option<SecretRef>,
 }
 
@@ -156,6 +157,7 @@ impl Entry {
             max_in_flight: self.max_in_flight,
             create_rate_limit: self.create_rate_limit,
             paused: self.paused,
+            failure_url: self.failure_url,
         };
         Desired { name, settings, secret }
     }
@@ -233,7 +235,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 11] {
+fn shown(b: &BizType) -> [(&'static str, String); 12] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -247,6 +249,7 @@ fn shown(b: &BizType) -> [(&'static str, String); 11] {
         ("max_in_flight", b.max_in_flight.to_string()),
         ("create_rate_limit", rate(b.create_rate_limit)),
         ("paused", b.paused.to_string()),
+        ("failure_url", b.failure_url.as_ref().map_or_else(|| "none".to_string(), |u| format!("{u:?}"))),
     ]
 }
 

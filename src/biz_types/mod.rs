@@ -7,11 +7,11 @@ pub mod secrets;
 mod tokens;
 
 pub use create_limits::CreateLimiter;
-pub use secrets::{SecretError, SigningSecret};
+pub use secrets::{PreviousSecret, SecretError, SigningSecret};
 use tokens::set_signing_secret;
 pub use tokens::{
-    TokenAuth, TokenCache, TokenInfo, authenticate, create_token, list_tokens, mint_token, new_secret, revoke_token, rotate_secret,
-    validate_signing_secret,
+    DEFAULT_OVERLAP_SECS, MAX_OVERLAP_SECS, Rotated, TokenAuth, TokenCache, TokenInfo, authenticate, create_token, list_tokens, mint_token,
+    new_secret, revoke_token, rotate_secret, validate_overlap, validate_signing_secret,
 };
 pub(crate) use tokens::{hash as hash_token, random_base64};
 
@@ -61,10 +61,20 @@ pub struct BizType {
     pub create_rate_limit: Option<f64>,
     /// Its tasks stay pending (and are still accepted) until it is resumed.
     pub paused: bool,
+    /// Where a signed notice is POSTed when one of its tasks ends failed or expired
+    /// (`failure_notices`); None: nowhere.
+    pub failure_url: Option<String>,
     /// Opened with this process's keys as the row is read (`secrets`).
     #[serde(skip)]
     #[sqlx(flatten)]
     pub signing_secret: SigningSecret,
+    /// The secret the last rotation replaced, while it still signs (`secrets`).
+    #[serde(skip)]
+    #[sqlx(flatten)]
+    pub previous_secret: PreviousSecret,
+    /// Until when callbacks carry a signature with the secret the last rotation replaced,
+    /// beside the current one's; None (or past): only the current one signs.
+    pub previous_secret_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// When it was archived (deleted): its tokens no longer work, nothing is delivered, and
@@ -87,6 +97,8 @@ pub struct Settings {
     pub max_in_flight: Option<i32>,
     pub create_rate_limit: Option<f64>,
     pub paused: Option<bool>,
+    /// An empty URL clears it (no failure notices).
+    pub failure_url: Option<String>,
 }
 
 pub fn validate_name(name: &str) -> Result<(), Error> {
@@ -115,6 +127,9 @@ impl Settings {
         let mut problems = Vec::new();
         if let Some(url) = &self.callback_url {
             problems.extend(validate_callback_url(url, hosts).err());
+        }
+        if let Some(url) = self.failure_url.as_deref().filter(|u| !u.is_empty()) {
+            problems.extend(validate_url("failure_url", url, hosts).err());
         }
         if let Some(mode) = &self.mode
             && mode != "callback"
@@ -178,19 +193,30 @@ fn rate(field: &str, value: Option<f64>) -> Result<(), Error> {
     }
 }
 
+/// Longest callback or failure URL, in bytes.
+pub const MAX_URL_BYTES: usize = 2048;
+
 /// An http(s) URL with a host, and with `CallbackHosts::PublicOnly` not an address in a
 /// denied range (host names are checked again when resolved, at delivery).
 pub fn validate_callback_url(raw: &str, hosts: CallbackHosts) -> Result<(), Error> {
+    validate_url("callback_url", raw, hosts)
+}
+
+/// The rules of a URL chime POSTs to (`callback_url`, `failure_url`), the error naming `field`.
+fn validate_url(field: &str, raw: &str, hosts: CallbackHosts) -> Result<(), Error> {
+    if raw.len() > MAX_URL_BYTES {
+        return Err(Error::invalid(field, format!("must be at most {MAX_URL_BYTES} bytes, not {}", raw.len())));
+    }
     // The parser would take a NUL (percent-encoded) but the text is stored as given.
     if raw.contains(|c: char| c.is_control()) {
-        return Err(Error::invalid("callback_url", "must not contain control characters"));
+        return Err(Error::invalid(field, "must not contain control characters"));
     }
-    let url = url::Url::parse(raw).map_err(|e| Error::invalid("callback_url", format!("not a valid URL: {e}")))?;
+    let url = url::Url::parse(raw).map_err(|e| Error::invalid(field, format!("not a valid URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(Error::invalid("callback_url", "must be an http:// or https:// URL with a host"));
+        return Err(Error::invalid(field, "must be an http:// or https:// URL with a host"));
     }
     if let Some(reason) = hosts.refusal(&url) {
-        return Err(Error::invalid("callback_url", reason));
+        return Err(Error::invalid(field, reason));
     }
     Ok(())
 }
@@ -214,7 +240,10 @@ impl BizType {
             max_in_flight: 100,
             create_rate_limit: None,
             paused: false,
+            failure_url: None,
             signing_secret: SigningSecret::Open(String::new()),
+            previous_secret: PreviousSecret::default(),
+            previous_secret_until: None,
             archived_at: None,
             created_at: DateTime::UNIX_EPOCH,
             updated_at: DateTime::UNIX_EPOCH,
@@ -248,6 +277,11 @@ impl BizType {
             max_in_flight: s.max_in_flight.unwrap_or(self.max_in_flight),
             create_rate_limit: rate(s.create_rate_limit, self.create_rate_limit),
             paused: s.paused.unwrap_or(self.paused),
+            failure_url: match &s.failure_url {
+                Some(url) if url.is_empty() => None,
+                Some(url) => Some(url.clone()),
+                None => self.failure_url.clone(),
+            },
             ..self.clone()
         }
     }
@@ -361,7 +395,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     Ok(crate::db::query_as::<BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
-                max_in_flight = $10, create_rate_limit = $11, paused = $12, updated_at = now()
+                max_in_flight = $10, create_rate_limit = $11, paused = $12, failure_url = $13, updated_at = now()
           WHERE id = $1
           RETURNING *",
     )
@@ -377,6 +411,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     .bind(b.max_in_flight)
     .bind(b.create_rate_limit)
     .bind(b.paused)
+    .bind(&b.failure_url)
     .fetch_one(&mut *conn)
     .await?)
 }
@@ -456,12 +491,24 @@ pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
         return Err(Error::invalid("CHIME_SECRET_KEY", "is not set: set it (or CHIME_SECRET_KEY_FILE) to the key to encrypt with"));
     }
     let mut tx = pool.begin().await?;
-    let rows: Vec<(i32, String, Option<String>, Option<String>)> =
-        crate::db::query_as("SELECT id, name, signing_secret, signing_secret_sealed FROM biz_types ORDER BY id FOR UPDATE")
-            .fetch_all(&mut *tx)
-            .await?;
+    let rows: Vec<(i32, String, Option<String>, Option<String>, Option<String>)> = crate::db::query_as(
+        "SELECT id, name, signing_secret, signing_secret_sealed, previous_secret FROM biz_types ORDER BY id FOR UPDATE",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let mut done = Reencrypted::default();
-    for (id, name, clear, sealed) in rows {
+    for (id, name, clear, sealed, previous) in rows {
+        // The secret a rotation replaced, kept in one column (`secrets.rs`), counted alike.
+        if let Some(previous) = previous {
+            if keyring.is_current(&previous) {
+                done.unchanged += 1;
+            } else {
+                let was_clear = !secrets::is_sealed(&previous);
+                let stored = keyring.store_one(&name, keyring.open_one(&name, &previous).expose()?);
+                crate::db::query("UPDATE biz_types SET previous_secret = $2 WHERE id = $1").bind(id).bind(stored).execute(&mut *tx).await?;
+                if was_clear { done.sealed += 1 } else { done.resealed += 1 }
+            }
+        }
         if clear.is_none() && sealed.as_deref().is_some_and(|s| keyring.is_current(s)) {
             done.unchanged += 1;
             continue;
@@ -481,10 +528,15 @@ pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
     Ok(done)
 }
 
-/// The signing secrets this process cannot open (sealed under a key it does not have), one
-/// error per biz type: a node refuses to start with any.
+/// The signing secrets this process cannot open (sealed under a key it does not have), the
+/// current ones and those still signing after a rotation: a node refuses to start with any.
 pub async fn unopened_secrets(pool: &Pool) -> Result<Vec<SecretError>, Error> {
-    Ok(list(pool).await?.into_iter().filter_map(|b| b.signing_secret.expose().err()).collect())
+    let now = Utc::now();
+    let unopened = |b: BizType| {
+        let previous = b.previous_secret.signing_at(now).and_then(|p| p.expose().err());
+        b.signing_secret.expose().err().into_iter().chain(previous)
+    };
+    Ok(list(pool).await?.into_iter().flat_map(unopened).collect())
 }
 
 /// Whether a biz type of this name exists, archived or not (a name that cannot be valid never does).

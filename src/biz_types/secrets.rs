@@ -16,6 +16,12 @@
 //! newer value (migration 0010). `chime secrets reencrypt` seals the ones in clear and
 //! re-seals those under an old key.
 //!
+//! The secret a rotation replaced (`biz_types.previous_secret`, which signs too until
+//! `previous_secret_until`) is kept in one column, in the same forms: the sealed text
+//! when a key is set, else the secret in clear; a value is sealed exactly when it starts
+//! with `enc:v1:`, which is why a signing secret given by an operator may not
+//! (`tokens::validate_signing_secret`).
+//!
 //! Every read and write of a secret goes through this module: the keys are process settings,
 //! installed once at start (`install`), so that callers read and write plaintext. A secret
 //! that cannot be opened is never replaced by anything else: it is `Unopened`, and signing
@@ -160,10 +166,29 @@ impl Keyring {
         }
     }
 
+    /// A secret as one column stores it (`previous_secret`): sealed when a key is set, else
+    /// in clear.
+    pub(super) fn store_one(&self, biz_type: &str, secret: &str) -> String {
+        match self.store(biz_type, secret) {
+            (_, Some(sealed)) => sealed,
+            (clear, None) => clear.unwrap_or_default(),
+        }
+    }
+
+    /// A secret from its one-column form (`store_one`): sealed when it carries the mark.
+    pub(super) fn open_one(&self, biz_type: &str, stored: &str) -> SigningSecret {
+        if is_sealed(stored) { self.open(biz_type, None, Some(stored)) } else { SigningSecret::Open(stored.to_string()) }
+    }
+
     /// Whether a stored secret is sealed under the current key already.
     pub(super) fn is_current(&self, sealed: &str) -> bool {
         self.current.as_ref().is_some_and(|key| sealed.strip_prefix(PREFIX).is_some_and(|rest| rest.starts_with(&format!("{}:", key.id))))
     }
+}
+
+/// Whether a stored value is sealed (else it is a secret in clear).
+pub(super) fn is_sealed(stored: &str) -> bool {
+    stored.starts_with(PREFIX)
 }
 
 fn read_key_file(setting: &str, path: &Path) -> anyhow::Result<String> {
@@ -217,6 +242,32 @@ impl sqlx::FromRow<'_, PgRow> for SigningSecret {
         let clear: Option<String> = row.try_get("signing_secret")?;
         let sealed: Option<String> = row.try_get("signing_secret_sealed")?;
         Ok(keyring().open(&name, clear, sealed.as_deref()))
+    }
+}
+
+/// The secret a rotation replaced, which signs callbacks beside the current one until
+/// `until` (`biz_types.previous_secret`, `previous_secret_until`). Read from a row of
+/// `biz_types` (`name`, `previous_secret`, `previous_secret_until`) with this process's keys.
+#[derive(Debug, Clone, Default)]
+pub struct PreviousSecret {
+    /// None: no rotation is overlapping (none made, made without an overlap, or over).
+    pub overlap: Option<(SigningSecret, chrono::DateTime<chrono::Utc>)>,
+}
+
+impl PreviousSecret {
+    /// The previous secret if it still signs at `now`.
+    pub fn signing_at(&self, now: chrono::DateTime<chrono::Utc>) -> Option<&SigningSecret> {
+        self.overlap.as_ref().filter(|(_, until)| now < *until).map(|(secret, _)| secret)
+    }
+}
+
+impl sqlx::FromRow<'_, PgRow> for PreviousSecret {
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let name: String = row.try_get("name")?;
+        let stored: Option<String> = row.try_get("previous_secret")?;
+        let until: Option<chrono::DateTime<chrono::Utc>> = row.try_get("previous_secret_until")?;
+        let overlap = stored.zip(until).map(|(stored, until)| (keyring().open_one(&name, &stored), until));
+        Ok(PreviousSecret { overlap })
     }
 }
 
@@ -289,6 +340,18 @@ mod tests {
             assert!(e.starts_with("CHIME_SECRET_KEY is") && e.contains("openssl rand -base64 32"), "{e}");
         }
         assert!(Key::parse("CHIME_SECRET_KEY", &format!("  {}\n", STANDARD.encode([7u8; 32]))).is_ok(), "whitespace around it is fine");
+    }
+
+    #[test]
+    fn one_column_secrets_are_sealed_with_a_key_and_clear_without() {
+        let ring = Keyring { current: Some(key(1)), old: vec![] };
+        let stored = ring.store_one("orders", "whsec_old");
+        assert!(is_sealed(&stored) && !stored.contains("whsec_old"), "{stored}");
+        assert_eq!(ring.open_one("orders", &stored).expose().unwrap(), "whsec_old");
+        assert!(matches!(Keyring::default().open_one("orders", &stored), SigningSecret::Unopened(SecretError::NoKey { .. })));
+        let none = Keyring::default();
+        assert_eq!(none.store_one("orders", "whsec_old"), "whsec_old");
+        assert_eq!(ring.open_one("orders", "whsec_old").expose().unwrap(), "whsec_old", "one stored in clear opens with a key set too");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use sqlx::{PgConnection};
 use crate::db::Pool;
 use uuid::Uuid;
 
+use super::SigningSecret;
 use crate::error::Error;
 
 /// What a valid bearer token grants: acting on one biz type.
@@ -104,14 +105,78 @@ pub async fn revoke_token(pool: &Pool, biz_type_id: i32, id: Uuid) -> Result<Str
         .ok_or_else(|| Error::NotFound(format!("no token {id} in this biz type")))
 }
 
-/// Gives the biz type a new signing secret and returns it; the engines are told to re-read
-/// their settings, so callbacks are signed with it at once. An archived biz type's is kept.
-pub async fn rotate_secret(pool: &Pool, biz_type_id: i32) -> Result<String, Error> {
+/// How long the replaced secret may keep signing after a rotation, at most: 30 days.
+pub const MAX_OVERLAP_SECS: i64 = 30 * 86_400;
+/// The overlap when none is asked for: a day, for receivers to take the new secret.
+pub const DEFAULT_OVERLAP_SECS: i64 = 86_400;
+
+/// What a rotation did.
+#[derive(Debug, Clone)]
+pub struct Rotated {
+    /// The new secret, to be shown once.
+    pub secret: String,
+    /// Until when the replaced secret still signs callbacks (beside the new one); None: it
+    /// stopped at once (an overlap of 0, or a replaced secret this node could not open).
+    pub previous_until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// `overlap_secs` as a rotation takes it: 0 (none) to `MAX_OVERLAP_SECS`.
+pub fn validate_overlap(overlap_secs: i64) -> Result<(), Error> {
+    if !(0..=MAX_OVERLAP_SECS).contains(&overlap_secs) {
+        return Err(Error::invalid(
+            "overlap_secs",
+            format!("must be between 0 (the old secret stops at once) and {MAX_OVERLAP_SECS} (30 days), not {overlap_secs}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Gives the biz type a new signing secret and returns it. For `overlap_secs` the secret it
+/// replaces keeps signing too (callbacks carry both signatures), so that receivers can
+/// take the new one without a gap; a rotation during an overlap keeps the secret it
+/// replaces, and the older one stops. The engines are told to re-read their settings, so
+/// callbacks carry the new signature at once. An archived biz type's secret is kept.
+pub async fn rotate_secret(pool: &Pool, biz_type_id: i32, overlap_secs: i64) -> Result<Rotated, Error> {
+    validate_overlap(overlap_secs)?;
     let secret = new_secret();
     let mut tx = pool.begin().await?;
+    // Locks the row until the commit: two rotations at once happen one after the other, so
+    // the second keeps the first's secret as the previous one.
+    let current: Option<SigningSecret> =
+        crate::db::query_as::<SigningSecret>("SELECT name, signing_secret, signing_secret_sealed FROM biz_types WHERE id = $1 FOR UPDATE")
+            .bind(biz_type_id)
+            .fetch_optional(&mut *tx)
+            .await?;
     set_signing_secret(&mut tx, biz_type_id, &secret).await?;
+    // A replaced secret this node cannot open cannot sign: it stops at once.
+    let previous = current.as_ref().and_then(|s| s.expose().ok()).filter(|_| overlap_secs > 0);
+    let previous_until = set_previous_secret(&mut tx, biz_type_id, previous, overlap_secs).await?;
     tx.commit().await?;
-    Ok(secret)
+    Ok(Rotated { secret, previous_until })
+}
+
+/// Keeps `previous` signing for `overlap_secs` from now (None: no previous secret); returns
+/// until when. Sealed like the current secret (`secrets.rs`).
+async fn set_previous_secret(
+    conn: &mut PgConnection,
+    biz_type_id: i32,
+    previous: Option<&str>,
+    overlap_secs: i64,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, Error> {
+    let name: String = crate::db::query_scalar("SELECT name FROM biz_types WHERE id = $1").bind(biz_type_id).fetch_one(&mut *conn).await?;
+    let stored = previous.map(|p| super::secrets::keyring().store_one(&name, p));
+    Ok(crate::db::query_scalar(
+        "UPDATE biz_types
+            SET previous_secret = $2,
+                previous_secret_until = CASE WHEN $2::text IS NULL THEN NULL ELSE now() + $3 * interval '1 second' END
+          WHERE id = $1
+         RETURNING previous_secret_until",
+    )
+    .bind(biz_type_id)
+    .bind(stored)
+    .bind(overlap_secs as f64)
+    .fetch_one(conn)
+    .await?)
 }
 
 /// Stores a signing secret (rotated, or given by `apply`) and wakes the engines on commit.
@@ -154,6 +219,10 @@ pub fn validate_signing_secret(secret: &str) -> Result<(), Error> {
     }
     if secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(Error::invalid("signing_secret", "must not contain spaces or control characters"));
+    }
+    // The mark of a sealed value, where a secret is stored in one column (`secrets.rs`).
+    if super::secrets::is_sealed(secret) {
+        return Err(Error::invalid("signing_secret", "must not begin with `enc:v1:` (chime's mark of an encrypted value)"));
     }
     Ok(())
 }

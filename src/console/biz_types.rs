@@ -42,6 +42,8 @@ pub struct Form {
     pub max_in_flight: String,
     #[serde(default)]
     pub create_rate_limit: String,
+    #[serde(default)]
+    pub failure_url: String,
 }
 
 impl Form {
@@ -60,6 +62,7 @@ impl Form {
             rate_limit: rate(b.rate_limit),
             max_in_flight: b.max_in_flight.to_string(),
             create_rate_limit: rate(b.create_rate_limit),
+            failure_url: b.failure_url.clone().unwrap_or_default(),
         }
     }
 
@@ -111,6 +114,8 @@ impl Form {
             max_in_flight: noted(int("max_in_flight", &self.max_in_flight), &mut problems),
             create_rate_limit: noted(rate("create_rate_limit", &self.create_rate_limit), &mut problems),
             paused: None,
+            // Empty: no failure notices.
+            failure_url: Some(self.failure_url.trim().to_string()),
         };
         (settings, problems)
     }
@@ -145,6 +150,11 @@ impl EditPage {
 
     fn error_for(&self, field: &str) -> &str {
         super::error_for(&self.errors, field)
+    }
+
+    /// Until when the secret the last rotation replaced still signs, if it does now.
+    fn previous_secret_until(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.biz_type.as_ref()?.previous_secret_until.filter(|until| *until > chrono::Utc::now())
     }
 }
 
@@ -263,18 +273,58 @@ pub async fn resume(session: Session, state: web::Data<AppState>, name: web::Pat
     set_paused(&session, &state, &name, &form, false).await
 }
 
+/// The rotate form: how many hours the replaced secret keeps signing.
+#[derive(Debug, Deserialize)]
+pub struct RotateForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    overlap_hours: String,
+}
+
+impl RotateForm {
+    /// The overlap in seconds; empty is the default (24 h).
+    fn overlap_secs(&self) -> Result<i64, Error> {
+        let raw = self.overlap_hours.trim();
+        if raw.is_empty() {
+            return Ok(biz_types::DEFAULT_OVERLAP_SECS);
+        }
+        let max_hours = biz_types::MAX_OVERLAP_SECS / 3600;
+        let refused = || Error::invalid("overlap_hours", format!("must be a whole number of hours from 0 (the old secret stops at once) to {max_hours} (30 days)"));
+        let hours: i64 = raw.parse().map_err(|_| refused())?;
+        let secs = hours.checked_mul(3600).ok_or_else(refused)?;
+        biz_types::validate_overlap(secs).map_err(|_| refused())?;
+        Ok(secs)
+    }
+}
+
 pub async fn rotate_secret(
     req: HttpRequest,
     session: Session,
     state: web::Data<AppState>,
     name: web::Path<String>,
-    form: web::Form<CsrfForm>,
+    form: web::Form<RotateForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let b = found(&state, &name).await?;
-    let secret = biz_types::rotate_secret(&state.pool, b.id).await?;
-    audit::record(&state.pool, &session.actor(), "biz_type.rotate_secret", "biz_type", &name, None, None).await?;
-    Ok(done_revealing(&req, &session, &b.name, "Signing secret rotated: callbacks are signed with the new one at once; give it to the receivers.", "signing secret", &secret))
+    let overlap_secs = match form.overlap_secs() {
+        Ok(secs) => secs,
+        Err(e) => {
+            let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
+            return refused(&req, &session, Some(b.clone()), Form::of(&b), e.into(), tokens);
+        }
+    };
+    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
+    let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
+    audit::record(&state.pool, &session.actor(), "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
+    let message = match rotated.previous_until {
+        Some(until) => format!(
+            "Signing secret rotated: callbacks carry the new secret's signature and, until {}, the old one's too; give the new one to the receivers before then.",
+            until.format("%Y-%m-%d %H:%M UTC")
+        ),
+        None => "Signing secret rotated: callbacks are signed with the new one only, at once; give it to the receivers.".to_string(),
+    };
+    Ok(done_revealing(&req, &session, &b.name, &message, "signing secret", &rotated.secret))
 }
 
 pub async fn create_token(

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::tasks::lease::{Claimed, Outcome, RetryPolicy, Verdict};
 use super::BizTypeConfig;
+use crate::biz_types::SecretError;
 use crate::callback_hosts::CallbackHosts;
 
 /// How much of a receiver's answer is kept with the attempt.
@@ -34,11 +35,31 @@ struct Body<'a> {
 
 /// `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
 pub fn signature(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
-    mac.update(unix_seconds.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
+    signatures(&[secret], unix_seconds, body)
+}
+
+/// `t=<unix seconds>,v1=<HMAC with the first secret>,v1=<HMAC with the next>…`: during a
+/// rotation's overlap the current secret's and then the replaced one's, so that a receiver
+/// accepting any matching `v1` verifies with whichever it knows (SPEC §12).
+pub fn signatures(secrets: &[&str], unix_seconds: i64, body: &[u8]) -> String {
+    let mut header = format!("t={unix_seconds}");
+    for secret in secrets {
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
+        mac.update(unix_seconds.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        header.push_str(&format!(",v1={}", hex::encode(mac.finalize().into_bytes())));
+    }
+    header
+}
+
+/// The `Chime-Signature` of `body` sent at `fired_at` for `biz`: the current secret's, and
+/// the previous one's while it still signs; or why this node cannot sign.
+fn sign(biz: &BizTypeConfig, fired_at: DateTime<Utc>, body: &[u8]) -> Result<String, SecretError> {
+    let current = biz.signing_secret.expose()?;
+    let previous = biz.previous_secret.signing_at(fired_at).map(|p| p.expose()).transpose()?;
+    let secrets: Vec<&str> = std::iter::once(current).chain(previous).collect();
+    Ok(signatures(&secrets, fired_at.timestamp(), body))
 }
 
 pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, task: Claimed) -> Outcome {
@@ -56,43 +77,69 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         payload: &payload,
     })
     .expect("a callback body serializes");
-    let started = Instant::now();
-    // An IP-literal host is connected to without a lookup, so the resolver cannot refuse
-    // it: checked here. The URL was valid when saved; the deny list may be newer. Without a
-    // deny list there is nothing to check, and no URL to parse per callback.
-    let refusal = match hosts {
-        CallbackHosts::Any => None,
-        CallbackHosts::PublicOnly => url::Url::parse(&biz.callback_url).ok().and_then(|url| hosts.address_refusal(&url)),
-    };
-    let sent = match refusal {
-        Some(reason) => Sent { error: Some(format!("could not connect: {reason}")), ..Sent::default() },
-        None => send(client, hosts, biz, task.id, task.attempt_count, fired_at, body).await,
-    };
-    let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
-
-    let verdict = match sent.status_code {
-        Some(code) if (200..300).contains(&code) => Verdict::Delivered,
-        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, task.attempt_count, sent.retry_after),
-        // A redirect that `send` does not follow is retried rather than failed at once: the
-        // fix is the biz type's callback URL, and once an operator makes it, the tasks still
-        // retrying are delivered without a replay of each.
-        Some(code) if changes_method(code) => retry(biz, task.attempt_count, sent.retry_after),
-        Some(_) => Verdict::GiveUp,
-        None => retry(biz, task.attempt_count, None),
-    };
+    let headers = [("Chime-Task-Id", task.id.to_string()), ("Chime-Attempt", task.attempt_count.to_string())];
+    let posted = post(client, hosts, biz, &biz.callback_url, &headers, task.attempt_count, fired_at, body).await;
     Outcome {
         task_id: task.id,
         biz_type_id: biz.id,
         run_at: task.run_at,
         attempt: task.attempt_count,
         started_at: fired_at,
-        duration_ms,
-        status_code: sent.status_code,
-        error: sent.error,
-        response_excerpt: sent.excerpt,
-        redirected_to: sent.redirected_to,
-        verdict,
+        duration_ms: posted.duration_ms,
+        status_code: posted.sent.status_code,
+        error: posted.sent.error,
+        response_excerpt: posted.sent.excerpt,
+        redirected_to: posted.sent.redirected_to,
+        verdict: posted.verdict,
     }
+}
+
+/// One signed POST and what its answer means, by the rules of SPEC §4: a callback's, or a
+/// failure notice's (`failure_notices`), which is retried like one.
+pub(crate) struct Posted {
+    pub sent: Sent,
+    pub duration_ms: i32,
+    pub verdict: Verdict,
+}
+
+/// POSTs `body` to `url` with `headers`, signed for `biz` at `fired_at`, as attempt number
+/// `attempt` of the biz type's retries (its timeout, attempts and backoff; `Retry-After`
+/// honoured).
+pub(crate) async fn post(
+    client: &reqwest::Client,
+    hosts: CallbackHosts,
+    biz: &BizTypeConfig,
+    url: &str,
+    headers: &[(&str, String)],
+    attempt: i32,
+    fired_at: DateTime<Utc>,
+    body: Vec<u8>,
+) -> Posted {
+    let started = Instant::now();
+    // An IP-literal host is connected to without a lookup, so the resolver cannot refuse
+    // it: checked here. The URL was valid when saved; the deny list may be newer. Without a
+    // deny list there is nothing to check, and no URL to parse per callback.
+    let refusal = match hosts {
+        CallbackHosts::Any => None,
+        CallbackHosts::PublicOnly => url::Url::parse(url).ok().and_then(|url| hosts.address_refusal(&url)),
+    };
+    let sent = match refusal {
+        Some(reason) => Sent { error: Some(format!("could not connect: {reason}")), ..Sent::default() },
+        None => send(client, hosts, biz, url, headers, fired_at, body).await,
+    };
+    let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
+
+    let verdict = match sent.status_code {
+        Some(code) if (200..300).contains(&code) => Verdict::Delivered,
+        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, attempt, sent.retry_after),
+        // A redirect that `send` does not follow is retried rather than failed at once: the
+        // fix is the biz type's callback URL, and once an operator makes it, the tasks still
+        // retrying are delivered without a replay of each.
+        Some(code) if changes_method(code) => retry(biz, attempt, sent.retry_after),
+        Some(_) => Verdict::GiveUp,
+        None => retry(biz, attempt, None),
+    };
+    Posted { sent, duration_ms, verdict }
 }
 
 /// The outcome of a callback cut off because the node's shutdown grace ran out: an attempt
@@ -123,16 +170,16 @@ pub fn cut_off(
 
 /// What became of one send.
 #[derive(Default)]
-struct Sent {
+pub(crate) struct Sent {
     /// The final answer's status; none when no answer came.
-    status_code: Option<i16>,
+    pub status_code: Option<i16>,
     /// Why it was not delivered (none for a 2xx).
-    error: Option<String>,
+    pub error: Option<String>,
     /// The beginning of the final answer's body.
-    excerpt: Option<String>,
+    pub excerpt: Option<String>,
     retry_after: Option<Duration>,
     /// The last URL a 307 or 308 sent the callback to.
-    redirected_to: Option<String>,
+    pub redirected_to: Option<String>,
 }
 
 /// 301, 302 and 303: a client following them sends a GET without the body.
@@ -150,29 +197,25 @@ async fn send(
     client: &reqwest::Client,
     hosts: CallbackHosts,
     biz: &BizTypeConfig,
-    task_id: Uuid,
-    attempt: i32,
+    url: &str,
+    headers: &[(&str, String)],
     fired_at: DateTime<Utc>,
     body: Vec<u8>,
 ) -> Sent {
     let timeout = Duration::from_millis(biz.timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let mut sent = Sent::default();
-    // `active_biz_types` leaves out a biz type whose secret this node cannot open; were one
+    // `active_biz_types` leaves out a biz type whose secrets this node cannot open; were one
     // here, its callback fails rather than go out signed with something else.
-    let secret = match biz.signing_secret.expose() {
-        Ok(secret) => secret,
+    let signature = match sign(biz, fired_at, &body) {
+        Ok(signature) => signature,
         Err(e) => return Sent { error: Some(e.to_string()), ..sent },
     };
-    let request = client
-        .post(&biz.callback_url)
-        .timeout(timeout)
-        .header("Content-Type", "application/json")
-        .header("Chime-Task-Id", task_id.to_string())
-        .header("Chime-Attempt", attempt.to_string())
-        .header("Chime-Signature", signature(secret, fired_at.timestamp(), &body))
-        .body(body)
-        .build();
+    let mut request = client.post(url).timeout(timeout).header("Content-Type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    let request = request.header("Chime-Signature", signature).body(body).build();
     let mut request = match request {
         Ok(request) => request,
         Err(e) => return Sent { error: Some(failure(&e, biz.timeout_ms)), ..sent },
@@ -289,6 +332,8 @@ mod tests {
             max_in_flight: 1,
             rate_limit: None,
             signing_secret: crate::biz_types::SigningSecret::Open("s".into()),
+            previous_secret: crate::biz_types::PreviousSecret::default(),
+            failure_url: None,
         }
     }
 
@@ -441,5 +486,26 @@ mod tests {
             signature("whsec_test", 1_700_000_000, br#"{"a":1}"#),
             "t=1700000000,v1=38877139021993b830af32feea6e18a8da83eb2f6e49ee50bd9e4cf4ca4d3789"
         );
+    }
+
+    /// During a rotation's overlap the header carries the new secret's `v1` first, then the
+    /// old one's, over the same `t` and body; after it, the new one's alone.
+    #[test]
+    fn an_overlap_signs_with_the_new_secret_then_the_old() {
+        // Reference values computed independently:
+        // printf '1700000000.{"a":1}' | openssl dgst -sha256 -hmac whsec_new (and -hmac whsec_test)
+        let both = "t=1700000000,v1=e8dddd2062d71761004bf7a203f96314721871cce1a41057a9e2fdf6d91a3735,\
+                    v1=38877139021993b830af32feea6e18a8da83eb2f6e49ee50bd9e4cf4ca4d3789";
+        assert_eq!(signatures(&["whsec_new", "whsec_test"], 1_700_000_000, br#"{"a":1}"#), both);
+        let at: DateTime<Utc> = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let rotated = |until: DateTime<Utc>| BizTypeConfig {
+            signing_secret: crate::biz_types::SigningSecret::Open("whsec_new".into()),
+            previous_secret: crate::biz_types::PreviousSecret {
+                overlap: Some((crate::biz_types::SigningSecret::Open("whsec_test".into()), until)),
+            },
+            ..biz(100, 100)
+        };
+        assert_eq!(sign(&rotated(at + chrono::TimeDelta::seconds(1)), at, br#"{"a":1}"#).unwrap(), both);
+        assert_eq!(sign(&rotated(at), at, br#"{"a":1}"#).unwrap(), signature("whsec_new", 1_700_000_000, br#"{"a":1}"#), "the overlap is over at its end");
     }
 }

@@ -60,7 +60,7 @@ use uuid::Uuid;
 
 use crate::tasks::lease::{self, Outcome, Verdict};
 use crate::tasks::wake::{self, Wake};
-use crate::biz_types::{SecretError, SigningSecret};
+use crate::biz_types::{PreviousSecret, SecretError, SigningSecret};
 use crate::callback_hosts::CallbackHosts;
 use crate::db::{Health, Route};
 use crate::lifecycle::Signal;
@@ -101,6 +101,23 @@ pub struct BizTypeConfig {
     pub rate_limit: Option<f64>,
     #[sqlx(flatten)]
     pub signing_secret: SigningSecret,
+    /// The secret the last rotation replaced, signing beside the current one until its
+    /// overlap ends (`rotate_secret`): read only while the database says the overlap lasts,
+    /// and checked against the time at each signature for the seconds between re-reads.
+    #[sqlx(flatten)]
+    pub previous_secret: PreviousSecret,
+    /// Where failure notices go (`failure_notices`); None: nowhere.
+    pub failure_url: Option<String>,
+}
+
+impl BizTypeConfig {
+    /// Why this node cannot sign for the biz type: its secret, or the previous one while it
+    /// still signs, is sealed under a key this node lacks. A callback never goes out with
+    /// fewer signatures than it should.
+    pub fn unopened(&self) -> Option<SecretError> {
+        let previous = self.previous_secret.signing_at(chrono::Utc::now()).and_then(|p| p.expose().err());
+        self.signing_secret.expose().err().or(previous)
+    }
 }
 
 /// https callbacks go through rustls with the ring provider, which must be installed in
@@ -114,13 +131,15 @@ pub fn install_tls_provider() {
 async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, SecretError)>), sqlx::Error> {
     let all: Vec<BizTypeConfig> = crate::db::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
-                max_in_flight, rate_limit, signing_secret, signing_secret_sealed
+                max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
+                CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
+                CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
     )
     .fetch_all(pool)
     .await?;
-    let (usable, unopened): (Vec<_>, Vec<_>) = all.into_iter().partition(|b| b.signing_secret.expose().is_ok());
-    Ok((usable, unopened.into_iter().filter_map(|b| b.signing_secret.expose().err().map(|e| (b.id, e))).collect()))
+    let (usable, unopened): (Vec<_>, Vec<_>) = all.into_iter().partition(|b| b.unopened().is_none());
+    Ok((usable, unopened.into_iter().filter_map(|b| b.unopened().map(|e| (b.id, e))).collect()))
 }
 
 /// What a delivery task hands the recorder.

@@ -57,6 +57,9 @@ CREATE TABLE failure_notices (
     attempt_count    integer NOT NULL DEFAULT 0,
     -- when it is due (pending), or until when its sender holds it (running)
     due_at           timestamptz NOT NULL DEFAULT now(),
+    -- the node sending it (running): only it records the result, so a sender whose hold
+    -- ran out cannot write over the node that took the notice after it
+    held_by          uuid,
     last_status_code smallint,
     last_error       text,
     created_at       timestamptz NOT NULL DEFAULT now(),

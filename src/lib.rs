@@ -31,6 +31,8 @@ pub mod client_address;
 pub mod callback_hosts;
 /// The delivery engine: claim due tasks, call back, retry, record.
 pub mod engine;
+/// Failure notices: a signed POST to a biz type's failure_url when a task ends failed or expired.
+pub mod failure_notices;
 /// A node's phases, from binding its port to leaving, and the signal its loops stop on.
 pub mod lifecycle;
 /// The leader: election by advisory lock, and the cluster's housekeeping.

@@ -97,6 +97,20 @@ struct Process {
     cold_moved: Counter,
     occurrences: Counter,
     partitions_dropped: Counter,
+    /// Failure notices by biz type and outcome (`failure_notices`).
+    failure_notices: Family<NoticeOutcome, Counter>,
+}
+
+/// A failure notice's attempt: `delivered`, `retried` or `failed` (for good).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NoticeOutcome {
+    biz_type: String,
+    outcome: &'static str,
+}
+
+/// One failure notice attempt of the biz type: `delivered`, `retried` or `failed` (for good).
+pub fn failure_notice(biz_type_name: &str, outcome: &'static str) {
+    process().failure_notices.get_or_create(&NoticeOutcome { biz_type: biz_type_name.to_string(), outcome }).inc();
 }
 
 fn process() -> &'static Process {
@@ -116,6 +130,7 @@ fn process() -> &'static Process {
             cold_moved: Counter::default(),
             occurrences: Counter::default(),
             partitions_dropped: Counter::default(),
+            failure_notices: Family::default(),
         };
         let mut r = Registry::default();
         // Counters are registered without `_total`: the encoder appends it to the samples.
@@ -131,6 +146,7 @@ fn process() -> &'static Process {
         r.register("chime_cold_tasks_moved", "Tasks moved from cold storage into the hot partitions by this node", p.cold_moved.clone());
         r.register("chime_timer_occurrences", "Timer occurrences written as tasks by this node", p.occurrences.clone());
         r.register("chime_partitions_dropped", "Partitions dropped past retention by this node", p.partitions_dropped.clone());
+        r.register("chime_failure_notices", "Failure notice attempts by outcome: delivered, retried, failed (for good)", p.failure_notices.clone());
         Process { registry: r, ..p }
     })
 }

@@ -188,6 +188,9 @@ pub async fn retire(pool: &Pool, layout: &Layout) -> Result<Vec<String>, sqlx::E
             detach(pool, table, &p.name).await?;
         }
     }
+    // Failure notices go with their tasks: finished before the cutoff, their tasks ended
+    // before it too.
+    crate::failure_notices::forget_finished(pool, cutoff).await?;
     drop_detached(pool).await
 }
 

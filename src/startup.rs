@@ -21,7 +21,7 @@ use crate::config::ServeArgs;
 use crate::db::{self, Health};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::partitions::{self, Layout};
-use crate::{biz_types, console, demo, engine, leader, metrics, nodes, users};
+use crate::{biz_types, console, demo, engine, failure_notices, leader, metrics, nodes, users};
 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
@@ -212,6 +212,9 @@ impl Application {
         let heartbeat = tokio::spawn(nodes::heartbeat(pool.clone(), node, signal.clone()));
         let leader = tokio::spawn(leader::run(pool.clone(), health.sessions(), node_id, leader, node_metrics.into_inner(), signal.clone()));
         let engine = settings.engine.then(|| tokio::spawn(engine::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));
+        // Nodes that deliver callbacks send failure notices too.
+        let notices =
+            settings.engine.then(|| tokio::spawn(failure_notices::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));
 
         let mut signals = Box::pin(signals);
         let name = signals.next().await.unwrap_or("the end of the signals");
@@ -252,15 +255,27 @@ impl Application {
             result
         };
         let drain = async {
-            let Some(mut engine) = engine else { return };
-            let mut leaving = signal.clone();
-            tokio::select! {
-                _ = &mut engine => return,
-                () = leaving.leaving() => {}
-            }
-            if tokio::time::timeout(AFTER_GRACE, engine).await.is_err() {
-                tracing::warn!("the delivery engine could not record what it cut off; those tasks go back to pending when their lease runs out");
-            }
+            // The notice sender stops claiming at the signal, and drops what it is sending when
+            // the grace is over (sent again by another node when its hold runs out).
+            let notices = async {
+                if let Some(notices) = notices
+                    && tokio::time::timeout_at(deadline + AFTER_GRACE, notices).await.is_err()
+                {
+                    tracing::warn!("the failure notice sender did not stop in time (is the database reachable?)");
+                }
+            };
+            let engine = async {
+                let Some(mut engine) = engine else { return };
+                let mut leaving = signal.clone();
+                tokio::select! {
+                    _ = &mut engine => return,
+                    () = leaving.leaving() => {}
+                }
+                if tokio::time::timeout(AFTER_GRACE, engine).await.is_err() {
+                    tracing::warn!("the delivery engine could not record what it cut off; those tasks go back to pending when their lease runs out");
+                }
+            };
+            tokio::join!(engine, notices);
         };
         let loops = async {
             // Both end at once on the signal, unless the database does not answer.

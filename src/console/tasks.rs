@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, parse_local_time, render, see_other};
+use crate::failure_notices;
 use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
@@ -140,6 +141,8 @@ struct TaskPage {
     /// The reschedule form's time as typed, and why it was refused.
     run_at: String,
     error: Option<(String, String)>,
+    /// Its failure notices (`failure_notices`), oldest first.
+    notices: Vec<failure_notices::Notice>,
 }
 
 impl TaskPage {
@@ -149,10 +152,19 @@ impl TaskPage {
 }
 
 /// The task's page; with an error, answered 422 with the reschedule form as it was typed.
-fn task_page(req: &HttpRequest, session: &Session, task: Task, attempts: Vec<Attempt>, run_at: String, error: Option<(String, String)>) -> Result<HttpResponse, ConsoleError> {
+async fn task_page(
+    req: &HttpRequest,
+    session: &Session,
+    state: &AppState,
+    task: Task,
+    attempts: Vec<Attempt>,
+    run_at: String,
+    error: Option<(String, String)>,
+) -> Result<HttpResponse, ConsoleError> {
     let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
     let payload = super::pretty_json(&task.payload);
-    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, run_at, error };
+    let notices = failure_notices::for_task(&state.pool, task.id).await?;
+    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, run_at, error, notices };
     render(status, &page.ctx, &page)
 }
 
@@ -166,7 +178,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ConsoleError> {
 
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let (task, attempts) = found(&state, parse_id(&id)?).await?;
-    task_page(&req, &session, task, attempts, String::new(), None)
+    task_page(&req, &session, &state, task, attempts, String::new(), None).await
 }
 
 pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
@@ -209,7 +221,7 @@ pub async fn reschedule(
         .and_then(|t| When::parse(Some(&t.to_rfc3339()), None, chrono::Utc::now()));
     let when = match when {
         Ok(when) => when,
-        Err(Error::Invalid { field, message }) => return task_page(&req, &session, task, attempts, form.into_inner().run_at, Some((field, message))),
+        Err(Error::Invalid { field, message }) => return task_page(&req, &session, &state, task, attempts, form.into_inner().run_at, Some((field, message))).await,
         Err(e) => return Err(e.into()),
     };
     let moved = tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None).await?;

@@ -1,22 +1,33 @@
 -- Settles a batch of leases held by $6 (a node, or a pull consumer's receipt): succeeded,
--- failed, or pending again at its retry time.
+-- failed, or pending again at its retry time. A task it ends failed (or expired) in a biz
+-- type with a failure_url gets its failure notice in the same statement, so that none is
+-- lost and none is made for a task that did not end (`failure_notices`).
 --
 -- Locks: the rows it updates. Only rows still running under this holder are changed: if a
 -- lease ran out and another holder took the task, its state is that holder's to record.
+-- The biz types are read, not locked: a failure_url set or cleared meanwhile applies from
+-- the next settled task.
 --
 -- The engine's sessions plan no sequential scan, so the update finds the running tasks
 -- through tasks_lease_idx (running tasks only) or the primary key, whatever the statistics
 -- say. (t.id = ANY(ids) here would be re-sorted for every joined row.) A retry stays
 -- inside the hot horizon, so that it never needs a partition that does not exist.
-UPDATE tasks t
-   SET status = o.status,
-       run_at = CASE WHEN o.status = 'pending'
-                     THEN least(o.retry_at, (SELECT until FROM hot_horizon) - interval '1 second')
-                     ELSE t.run_at END,
-       lease_until = NULL, leased_by = NULL,
-       last_error = o.error,
-       finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
-       updated_at = now()
-  FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[])
-       AS o(id, run_at, status, retry_at, error)
- WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6
+WITH settled AS (
+    UPDATE tasks t
+       SET status = o.status,
+           run_at = CASE WHEN o.status = 'pending'
+                         THEN least(o.retry_at, (SELECT until FROM hot_horizon) - interval '1 second')
+                         ELSE t.run_at END,
+           lease_until = NULL, leased_by = NULL,
+           last_error = o.error,
+           finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+           updated_at = now()
+      FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[])
+           AS o(id, run_at, status, retry_at, error)
+     WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6
+    RETURNING t.id, t.biz_type_id, t.status
+)
+INSERT INTO failure_notices (biz_type_id, task_id, event)
+SELECT s.biz_type_id, s.id, 'task.' || s.status
+  FROM settled s JOIN biz_types b ON b.id = s.biz_type_id
+ WHERE s.status IN ('failed', 'expired') AND b.failure_url IS NOT NULL

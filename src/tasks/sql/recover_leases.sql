@@ -6,6 +6,9 @@
 --
 -- Locks: the expired rows, FOR UPDATE SKIP LOCKED, so that this is safe on every node at
 -- once (rows being recovered elsewhere, or settled by their holder right now, are skipped).
+--
+-- A reservation that used up its attempts ends the task failed: in a biz type with a
+-- failure_url, its failure notice is inserted here too (`failure_notices`).
 WITH expired AS (
     SELECT t.id, t.biz_type_id, t.run_at, t.attempt_count, t.leased_by, t.updated_at,
            b.mode = 'pull' AS pull, b.mode = 'pull' AND t.attempt_count >= b.max_attempts AS exhausted
@@ -24,6 +27,11 @@ WITH expired AS (
            lease_until = NULL, leased_by = NULL, updated_at = now(), last_error = w.error
       FROM why w
      WHERE t.id = w.id AND t.run_at = w.run_at
+), noticed AS (
+    INSERT INTO failure_notices (biz_type_id, task_id, event)
+    SELECT w.biz_type_id, w.id, 'task.failed'
+      FROM why w JOIN biz_types b ON b.id = w.biz_type_id
+     WHERE w.exhausted AND b.failure_url IS NOT NULL
 )
 INSERT INTO attempts (task_id, number, started_at, duration_ms, error, node_id, biz_type_id)
 SELECT id, attempt_count, CASE WHEN pull THEN updated_at ELSE now() END,

@@ -1,0 +1,306 @@
+//! Failure notices (SPEC §12): when a task ends `failed` or `expired` in a biz type with a
+//! `failure_url`, chime POSTs a signed notice there, retried like a callback. Every
+//! statement on `failure_notices` is in this module, except the inserts, which are in the
+//! statements that end tasks (`tasks/sql/record_tasks.sql`, `recover_leases.sql`, the
+//! expiry sweep): a notice is made in the same statement as the end of its task, so none is
+//! lost and none is made for a task that did not end.
+//!
+//! States. `pending` (due at `due_at`) → `running` (held by `held_by` until `due_at`, its
+//! biz type's timeout plus a margin) → `delivered`, `pending` again at the backoff (or the
+//! receiver's `Retry-After`), or `failed` once the biz type's `max_attempts` are used up or
+//! the receiver answered a permanent error.
+//!
+//! Every node with an engine runs a sender. Each turn claims due notices, `FOR UPDATE SKIP
+//! LOCKED`, so nodes never wait for one another nor take the same notice; a notice still
+//! `running` past its hold was left by a sender that died or lost the database, and is
+//! claimed again: at least once, never lost (a receiver deduplicates on `Chime-Notice-Id`).
+//! Only the holder records a result. Senders poll every second (`POLL`) rather than being
+//! woken: a notice is news of a task that has failed for good, where a second does not
+//! matter, and polling needs no notification from every statement that ends a task.
+//!
+//! The body is `{"event", "task", "last_attempt"}`: the task as `GET /api/v1/tasks/{id}`
+//! shows it (without its attempts) and its last attempt, or null (an expired task may have
+//! none). It is sent by the callback's own code (`engine::deliver::post`): the same
+//! signature (both `v1` during a rotation's overlap), redirects, deny list and answers.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::callback_hosts::CallbackHosts;
+use crate::db::{Health, Pool, Route};
+use crate::engine::BizTypeConfig;
+use crate::engine::deliver;
+use crate::error::Error;
+use crate::lifecycle::Signal;
+use crate::tasks::lease::Verdict;
+use crate::{metrics, tasks};
+
+/// Longest wait before looking for due notices again.
+const POLL: Duration = Duration::from_secs(1);
+/// Most notices claimed (and sent at once) in one turn.
+const CLAIM_BATCH: i64 = 50;
+/// Added to the biz type's timeout to make a sender's hold on a notice: time to record
+/// the result. Longer costs a dead node's notices that much delay.
+const HOLD_MARGIN_MS: i64 = 5_000;
+/// Sessions of the sender's own pool: one claims or records while others send.
+const POOL_SIZE: u32 = 2;
+
+/// A notice as the console shows it with its task.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Notice {
+    pub id: Uuid,
+    /// `task.failed` or `task.expired`.
+    pub event: String,
+    /// `pending`, `running`, `delivered` or `failed`.
+    pub status: String,
+    pub attempt_count: i32,
+    /// When it is next sent (pending), or until when its sender holds it (running).
+    pub due_at: DateTime<Utc>,
+    pub last_status_code: Option<i16>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    /// When it was delivered or failed for good.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The notices of a task, oldest first (a task replayed and failed again has one per end).
+pub async fn for_task(pool: &Pool, task_id: Uuid) -> Result<Vec<Notice>, Error> {
+    Ok(crate::db::query_as::<Notice>(
+        "SELECT id, event, status, attempt_count, due_at, last_status_code, last_error, created_at, finished_at
+           FROM failure_notices WHERE task_id = $1 ORDER BY created_at",
+    )
+    .bind(task_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Deletes the notices delivered or failed before `before` (retention: their tasks are
+/// retired by then). Returns how many.
+pub async fn forget_finished(pool: &Pool, before: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+    // Locks the rows it deletes; a finished notice is never written again.
+    Ok(crate::db::query("DELETE FROM failure_notices WHERE status IN ('delivered', 'failed') AND finished_at < $1")
+        .bind(before)
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// A notice this node holds, with its biz type's settings as they are now.
+#[derive(sqlx::FromRow)]
+struct Claimed {
+    notice_id: Uuid,
+    task_id: Uuid,
+    event: String,
+    /// This send's number (1 for the first).
+    attempt: i32,
+    #[sqlx(flatten)]
+    biz: BizTypeConfig,
+}
+
+/// Holds up to `limit` due notices for `node_id`: pending ones whose time has come, and
+/// running ones whose sender's hold ran out.
+async fn claim(pool: &Pool, node_id: Uuid, limit: i64) -> Result<Vec<Claimed>, sqlx::Error> {
+    // Locks: the notices it takes, FOR UPDATE SKIP LOCKED, so that the senders of every
+    // node claim at once without waiting for, or taking, one another's. The biz types are
+    // read, not locked. Archived biz types' notices stay as they are: nothing of theirs is
+    // delivered. The previous secret is read only while its overlap lasts, as the engine
+    // reads it.
+    crate::db::query_as(
+        "WITH due AS (
+             SELECT n.id FROM failure_notices n JOIN biz_types b ON b.id = n.biz_type_id
+              WHERE n.status IN ('pending', 'running') AND n.due_at <= now() AND b.archived_at IS NULL
+              ORDER BY n.due_at
+              LIMIT $1
+                FOR UPDATE OF n SKIP LOCKED
+         )
+         UPDATE failure_notices n
+            SET status = 'running', held_by = $2, attempt_count = n.attempt_count + 1,
+                due_at = now() + (b.timeout_ms + $3) * interval '1 millisecond'
+           FROM due, biz_types b
+          WHERE n.id = due.id AND b.id = n.biz_type_id
+         RETURNING n.id AS notice_id, n.task_id, n.event, n.attempt_count AS attempt,
+                   b.id, b.name, b.callback_url, b.timeout_ms, b.max_attempts, b.backoff_initial_ms, b.backoff_max_ms,
+                   b.max_in_flight, b.rate_limit, b.signing_secret, b.signing_secret_sealed, b.failure_url,
+                   CASE WHEN b.previous_secret_until > now() THEN b.previous_secret END AS previous_secret,
+                   CASE WHEN b.previous_secret_until > now() THEN b.previous_secret_until END AS previous_secret_until",
+    )
+    .bind(limit)
+    .bind(node_id)
+    .bind(HOLD_MARGIN_MS)
+    .fetch_all(pool)
+    .await
+}
+
+/// What one send of a notice came to.
+struct Attempted {
+    verdict: Verdict,
+    status_code: Option<i16>,
+    error: Option<String>,
+}
+
+/// Records the result of a notice `node_id` holds; a notice it no longer holds (its hold ran
+/// out and another node took it) is left to that node.
+async fn record(pool: &Pool, node_id: Uuid, notice_id: Uuid, result: &Attempted) -> Result<(), sqlx::Error> {
+    let (status, due_at) = match result.verdict {
+        Verdict::Delivered => ("delivered", None),
+        Verdict::RetryAt(at) => ("pending", Some(at)),
+        Verdict::GiveUp => ("failed", None),
+    };
+    // Locks the notice's row; only its holder's result is written.
+    crate::db::query(
+        "UPDATE failure_notices
+            SET status = $3, due_at = coalesce($4, due_at), last_status_code = $5, last_error = $6, held_by = NULL,
+                finished_at = CASE WHEN $3 IN ('delivered', 'failed') THEN now() END
+          WHERE id = $1 AND status = 'running' AND held_by = $2",
+    )
+    .bind(notice_id)
+    .bind(node_id)
+    .bind(status)
+    .bind(due_at)
+    .bind(result.status_code)
+    .bind(&result.error)
+    .execute(pool)
+    .await
+    .map(drop)
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    event: &'a str,
+    task: &'a tasks::Task,
+    last_attempt: Option<&'a tasks::Attempt>,
+}
+
+/// One node's failure notice sender: `run` takes turns until the node stops; a test can
+/// build one and take single turns (`turn`).
+pub struct Sender {
+    /// The sender's own sessions.
+    pool: Pool,
+    health: Health,
+    /// Holds the notices it sends (`held_by`).
+    node_id: Uuid,
+    /// Which addresses notices may reach: the callbacks' rule.
+    hosts: CallbackHosts,
+    client: reqwest::Client,
+    stop: Signal,
+}
+
+/// Runs a sender until the node stops (see `Sender::run`).
+pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Signal) {
+    Sender::start(health, node_id, hosts, stop).run().await
+}
+
+impl Sender {
+    pub fn start(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Signal) -> Sender {
+        crate::engine::install_tls_provider();
+        let pool = Pool::direct(health.pool(Route::Statements, POOL_SIZE, |options| options));
+        let client = hosts.http_client().build().expect("an HTTP client with the ring TLS provider");
+        Sender { pool, health, node_id, hosts, client, stop }
+    }
+
+    /// Takes turns until the node stops: no claim starts once it is stopping; notices being
+    /// sent may finish within the grace, and are dropped when it is over (another node
+    /// sends them again when their hold runs out).
+    pub async fn run(self) {
+        tracing::info!(node_id = %self.node_id, "failure notice sender started");
+        let mut stop = self.stop.clone();
+        while !stop.is_stopping() {
+            if self.health.is_down() {
+                tokio::select! {
+                    () = self.health.came_up() => {}
+                    () = stop.stopping() => break,
+                }
+            }
+            let mut leaving = stop.clone();
+            let sent = tokio::select! {
+                sent = self.turn() => sent,
+                () = leaving.leaving() => break,
+            };
+            // A full claim may leave more due at once.
+            if sent < CLAIM_BATCH as usize {
+                tokio::select! {
+                    () = tokio::time::sleep(POLL) => {}
+                    () = stop.stopping() => {}
+                }
+            }
+        }
+        self.pool.close().await;
+        tracing::info!("failure notice sender stopped: the node is stopping");
+    }
+
+    /// One turn: claims the due notices, sends them all at once and records each result.
+    /// Returns how many it sent.
+    pub async fn turn(&self) -> usize {
+        if self.stop.is_stopping() {
+            return 0;
+        }
+        let claimed = match claim(&self.pool, self.node_id, CLAIM_BATCH).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                if !self.health.saw(&e) {
+                    tracing::warn!(error = %e, "could not claim failure notices; retrying");
+                }
+                return 0;
+            }
+        };
+        let count = claimed.len();
+        futures_util::future::join_all(claimed.into_iter().map(|notice| self.deliver(notice))).await;
+        count
+    }
+
+    /// Sends one notice and records what came of it (retrying the record until the
+    /// database takes it, or the node is leaving: the hold then runs out and it is sent again).
+    async fn deliver(&self, notice: Claimed) {
+        let result = self.send(&notice).await;
+        let outcome = match result.verdict {
+            Verdict::Delivered => "delivered",
+            Verdict::RetryAt(_) => "retried",
+            Verdict::GiveUp => "failed",
+        };
+        metrics::failure_notice(&notice.biz.name, outcome);
+        if result.verdict != Verdict::Delivered {
+            tracing::warn!(
+                task_id = %notice.task_id, biz_type = %notice.biz.name, attempt = notice.attempt, status = result.status_code,
+                error = result.error.as_deref().unwrap_or(""), outcome,
+                "failure notice not delivered; check the biz type's failure_url and its receiver"
+            );
+        }
+        while let Err(e) = record(&self.pool, self.node_id, notice.notice_id, &result).await {
+            if !self.health.saw(&e) {
+                tracing::warn!(error = %e, "could not record a failure notice's result; retrying in 1 s");
+            }
+            if self.stop.is_leaving() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    async fn send(&self, notice: &Claimed) -> Attempted {
+        let give_up = |error: String| Attempted { verdict: Verdict::GiveUp, status_code: None, error: Some(error) };
+        // Cleared after the task failed: the notice has nowhere to go.
+        let Some(url) = notice.biz.failure_url.as_deref() else {
+            return give_up("the biz type's failure_url was removed before the notice was sent".into());
+        };
+        let (task, attempts) = match tasks::get(&self.pool, notice.task_id).await {
+            Ok(Some(found)) => found,
+            Ok(None) => return give_up("the task no longer exists (retired past retention)".into()),
+            Err(e) => {
+                let retry_at = Utc::now() + chrono::TimeDelta::seconds(1);
+                return Attempted { verdict: Verdict::RetryAt(retry_at), status_code: None, error: Some(format!("could not read the task: {e}")) };
+            }
+        };
+        let body = serde_json::to_vec(&Body { event: &notice.event, task: &task, last_attempt: attempts.last() }).expect("a notice body serializes");
+        let headers = [
+            ("Chime-Event", notice.event.clone()),
+            ("Chime-Task-Id", notice.task_id.to_string()),
+            ("Chime-Notice-Id", notice.notice_id.to_string()),
+            ("Chime-Attempt", notice.attempt.to_string()),
+        ];
+        let posted = deliver::post(&self.client, self.hosts, &notice.biz, url, &headers, notice.attempt, Utc::now(), body).await;
+        Attempted { verdict: posted.verdict, status_code: posted.sent.status_code, error: posted.sent.error }
+    }
+}

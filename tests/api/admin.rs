@@ -54,7 +54,8 @@ async fn the_admin_api_runs_a_biz_type_from_creation_to_archive() {
 
     let task = app.create_task(&token, json!({"biz_type": "orders"})).await;
     wait_for_status(&app, &token, task["id"].as_str().unwrap(), "succeeded").await;
-    let rotated = app.post("/api/v1/admin/biz-types/orders/rotate-secret", &admin, json!({})).await;
+    // Without an overlap, so that the old secret stops signing at once.
+    let rotated = app.post("/api/v1/admin/biz-types/orders/rotate-secret", &admin, json!({"overlap_secs": 0})).await;
     assert_eq!(rotated.status, 200, "{}", rotated.body);
     let second_secret = rotated.body["signing_secret"].as_str().unwrap().to_string();
     assert_ne!(first_secret, second_secret);

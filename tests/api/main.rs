@@ -18,6 +18,7 @@ mod console_browser;
 mod database_hosts;
 mod delivery;
 mod embedded;
+mod failure_notices;
 mod fuzz_input;
 mod health;
 mod helpers;

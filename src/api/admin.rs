@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::auth::Admin;
-use super::{ApiError, from_raw, parse_query, raw_json, read_raw_body, resource};
+use super::{ApiError, from_json, from_raw, parse_query, raw_json, read_optional_json, read_raw_body, resource};
 use crate::state::AppState;
 use crate::biz_types::{self, BizType, Settings};
 use crate::users::{self, UserChanges, UserInfo};
@@ -391,9 +391,8 @@ pub(super) async fn rotate_secret(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let query: Rotation = parse_query(&req)?;
-    let body = read_raw_body(body, BODY_LIMIT).await?;
     // The body is optional: an empty one asks for the default overlap.
-    let asked: Rotation = if body.iter().all(u8::is_ascii_whitespace) { Rotation { overlap_secs: None } } else { from_raw(raw_json(&body)?)? };
+    let asked: Rotation = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?.unwrap_or(Rotation { overlap_secs: None });
     let overlap_secs = match (query.overlap_secs, asked.overlap_secs) {
         (Some(_), Some(_)) => return Err(Error::invalid("overlap_secs", "give it in the body or the query, not both").into()),
         (q, b) => q.or(b).unwrap_or(biz_types::DEFAULT_OVERLAP_SECS),

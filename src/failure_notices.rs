@@ -300,7 +300,8 @@ impl Sender {
             ("Chime-Notice-Id", notice.notice_id.to_string()),
             ("Chime-Attempt", notice.attempt.to_string()),
         ];
-        let posted = deliver::post(&self.client, self.hosts, &notice.biz, url, &headers, notice.attempt, Utc::now(), body).await;
+        let request = deliver::Post { url, headers: &headers, attempt: notice.attempt, fired_at: Utc::now(), body };
+        let posted = deliver::post(&self.client, self.hosts, &notice.biz, request).await;
         Attempted { verdict: posted.verdict, status_code: posted.sent.status_code, error: posted.sent.error }
     }
 }

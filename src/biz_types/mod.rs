@@ -491,7 +491,9 @@ pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
         return Err(Error::invalid("CHIME_SECRET_KEY", "is not set: set it (or CHIME_SECRET_KEY_FILE) to the key to encrypt with"));
     }
     let mut tx = pool.begin().await?;
-    let rows: Vec<(i32, String, Option<String>, Option<String>, Option<String>)> = crate::db::query_as(
+    // (id, name, secret in clear, sealed, previous secret)
+    type Stored = (i32, String, Option<String>, Option<String>, Option<String>);
+    let rows: Vec<Stored> = crate::db::query_as(
         "SELECT id, name, signing_secret, signing_secret_sealed, previous_secret FROM biz_types ORDER BY id FOR UPDATE",
     )
     .fetch_all(&mut *tx)

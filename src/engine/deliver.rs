@@ -78,7 +78,8 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     })
     .expect("a callback body serializes");
     let headers = [("Chime-Task-Id", task.id.to_string()), ("Chime-Attempt", task.attempt_count.to_string())];
-    let posted = post(client, hosts, biz, &biz.callback_url, &headers, task.attempt_count, fired_at, body).await;
+    let request = Post { url: &biz.callback_url, headers: &headers, attempt: task.attempt_count, fired_at, body };
+    let posted = post(client, hosts, biz, request).await;
     Outcome {
         task_id: task.id,
         biz_type_id: biz.id,
@@ -102,19 +103,20 @@ pub(crate) struct Posted {
     pub verdict: Verdict,
 }
 
-/// POSTs `body` to `url` with `headers`, signed for `biz` at `fired_at`, as attempt number
-/// `attempt` of the biz type's retries (its timeout, attempts and backoff; `Retry-After`
-/// honoured).
-pub(crate) async fn post(
-    client: &reqwest::Client,
-    hosts: CallbackHosts,
-    biz: &BizTypeConfig,
-    url: &str,
-    headers: &[(&str, String)],
-    attempt: i32,
-    fired_at: DateTime<Utc>,
-    body: Vec<u8>,
-) -> Posted {
+/// What to POST: `body` to `url` with `headers` (besides Content-Type and the signature),
+/// sent at `fired_at` as attempt number `attempt` of the biz type's retries.
+pub(crate) struct Post<'a> {
+    pub url: &'a str,
+    pub headers: &'a [(&'a str, String)],
+    pub attempt: i32,
+    pub fired_at: DateTime<Utc>,
+    pub body: Vec<u8>,
+}
+
+/// Sends `request` signed for `biz`, and says what its answer means by the biz type's
+/// retries (its timeout, attempts and backoff; `Retry-After` honoured).
+pub(crate) async fn post(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, request: Post<'_>) -> Posted {
+    let Post { url, headers, attempt, fired_at, body } = request;
     let started = Instant::now();
     // An IP-literal host is connected to without a lookup, so the resolver cannot refuse
     // it: checked here. The URL was valid when saved; the deny list may be newer. Without a

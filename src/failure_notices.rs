@@ -18,6 +18,10 @@
 //! woken: a notice is news of a task that has failed for good, where a second does not
 //! matter, and polling needs no notification from every statement that ends a task.
 //!
+//! A paused biz type's notices are still sent: a pause holds its tasks back, not the news
+//! of those that failed. An archived one's are not (nothing of it is delivered); they are
+//! left pending.
+//!
 //! The body is `{"event", "task", "last_attempt"}`: the task as `GET /api/v1/tasks/{id}`
 //! shows it (without its attempts) and its last attempt, or null (an expired task may have
 //! none). It is sent by the callback's own code (`engine::deliver::post`): the same

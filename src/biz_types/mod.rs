@@ -62,7 +62,7 @@ pub struct BizType {
     /// Its tasks stay pending (and are still accepted) until it is resumed.
     pub paused: bool,
     /// Where a signed notice is POSTed when one of its tasks ends failed or expired
-    /// (`failure_notices`); None: nowhere.
+    /// (`failure_notices`); null: nowhere.
     pub failure_url: Option<String>,
     /// Opened with this process's keys as the row is read (`secrets`).
     #[serde(skip)]
@@ -73,7 +73,7 @@ pub struct BizType {
     #[sqlx(flatten)]
     pub previous_secret: PreviousSecret,
     /// Until when callbacks carry a signature with the secret the last rotation replaced,
-    /// beside the current one's; None (or past): only the current one signs.
+    /// beside the current one's; null (or past): only the current one signs.
     pub previous_secret_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

@@ -221,7 +221,7 @@ async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(Status, bo
 /// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
 /// keep it), optionally with a new payload, each moved to whichever of the hot partitions
 /// or cold storage its time belongs in. `fresh_start` also clears the attempt count and
-/// last error (a replay). The one statement reschedule, replay and bulk replay share; a
+/// last error and the deadline (a replay). The one statement reschedule, replay and bulk replay share; a
 /// lease's retry stays in place (`lease::record`). The tasks must be locked by the caller
 /// and all in cold storage (`cold`) or all not.
 async fn requeue(
@@ -247,14 +247,19 @@ async fn requeue(
                     CASE WHEN $5 THEN 0 ELSE attempt_count END AS attempt_count,
                     timer_id,
                     CASE WHEN $5 THEN NULL ELSE last_error END AS last_error,
-                    created_at
+                    created_at,
+                    -- A replay is a fresh start: the deadline was the first run's.
+                    CASE WHEN $5 THEN NULL ELSE expires_at END AS expires_at,
+                    traceparent
                FROM old
          ), hot AS (
-             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at)
+             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
+                                expires_at, traceparent)
              SELECT * FROM new WHERE run_at < (SELECT until FROM hot_horizon)
              RETURNING *
          ), cold AS (
-             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at)
+             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
+                                     expires_at, traceparent)
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (

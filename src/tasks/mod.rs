@@ -50,7 +50,7 @@ pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};
 pub use payload::check_payload;
 pub use queries::{
-    FailedFilter, ListFilter, Page, cancel, cancel_archived, count_failed, find_by_key, get, get_by_key, list, read, remove_unfired, replay,
+    FailedFilter, ListFilter, Page, cancel, cancel_archived, count_failed, find_by_key, get, others_with_key, get_by_key, list, read, remove_unfired, replay,
     replay_failed, reschedule,
 };
 

@@ -138,6 +138,8 @@ struct TaskPage {
     task: Task,
     payload: String,
     attempts: Vec<Attempt>,
+    /// Other tasks that held this task's key: the key's current task, those before it.
+    others: Vec<Task>,
     /// The reschedule form's time as typed, and why it was refused.
     run_at: String,
     error: Option<(String, String)>,
@@ -163,8 +165,9 @@ async fn task_page(
 ) -> Result<HttpResponse, ConsoleError> {
     let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
     let payload = super::pretty_json(&task.payload);
+    let others = tasks::others_with_key(&state.pool, &task).await?;
     let notices = failure_notices::for_task(&state.pool, task.id).await?;
-    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, run_at, error, notices };
+    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, others, run_at, error, notices };
     render(status, &page.ctx, &page)
 }
 

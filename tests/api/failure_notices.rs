@@ -442,3 +442,23 @@ async fn bad_failure_urls_are_refused_by_the_api_the_console_and_the_cli() {
     let out = chime(&[db], &["biz-type", "update", "orders", "--failure-url", ""], None).await;
     assert!(out.ok && out.stdout.contains("failure notices to nowhere"), "{}", out.stdout);
 }
+
+/// The sender's loop sends a due notice on its own (within its one-second poll) and stops
+/// at the node's stop signal, promptly, saying so.
+#[tokio::test]
+async fn the_sender_loop_sends_on_its_own_and_stops_with_the_node() {
+    let app = spawn_app().await;
+    let callback = Receiver::start(vec![], Answer::status(500)).await;
+    let notices = Receiver::start(vec![], Answer::status(200)).await;
+    let token = failing_biz_type(&app, &callback, Some(&notices), Settings::default()).await;
+    let (sender, lifecycle) = sender(&app);
+    let running = tokio::spawn(sender.run());
+    app.create_task(&token, json!({"biz_type": "orders"})).await;
+    let mut engine = engine(&app);
+    engine.turn().await;
+    engine.settled().await;
+    assert_eq!(notices.wait_for(1, Duration::from_secs(5)).await.len(), 1, "sent by the loop within its poll");
+
+    lifecycle.enter(chime::lifecycle::Phase::Draining);
+    tokio::time::timeout(Duration::from_secs(3), running).await.expect("the sender stops at the signal").unwrap();
+}

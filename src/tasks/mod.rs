@@ -176,7 +176,8 @@ pub struct Task {
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Attempt {
-    /// The task's `attempt_count` when it was made (numbers restart after a replay).
+    /// The task's `attempt_count` when it was made (numbers restart after a replay; a
+    /// snoozed attempt's number is used again by the next).
     pub number: i32,
     /// When the callback was sent, or the pull reservation made.
     pub started_at: DateTime<Utc>,
@@ -189,6 +190,10 @@ pub struct Attempt {
     pub response_excerpt: Option<String>,
     /// Where a 307 or 308 sent the callback (null: not redirected).
     pub redirected_to: Option<String>,
+    /// The receiver answered 2xx with `Chime-Snooze`: the task was due again at this time,
+    /// and this attempt did not count toward `max_attempts` (the next callback has the same
+    /// number). Null: not snoozed.
+    pub snoozed_until: Option<DateTime<Utc>>,
 }
 
 /// When a task should run, as the client said it. A delay is resolved against the

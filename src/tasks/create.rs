@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::db::Pool;
 use uuid::Uuid;
 
-use super::{Task, When, check_payload, validate_key};
+use super::{Deadline, Task, When, check_payload, validate_key};
 use crate::error::Error;
 
 /// A create request as the client sends it (one item of a batch, or a single create), its
@@ -41,6 +41,14 @@ pub struct CreateTask<'a> {
     #[serde(borrow)]
     #[schema(value_type = serde_json::Value, required = false)]
     pub payload: Option<&'a RawValue>,
+    /// Deadline, RFC 3339: no callback starts at or after it; a task not delivered by then
+    /// (held back by a pause, a backlog, a rate limit or waiting for a retry) ends
+    /// `expired`. After the due time, at most 10 years after it. null: no deadline.
+    #[schema(format = DateTime)]
+    pub expires_at: Option<String>,
+    /// Deadline as milliseconds after the due time (1 to 10 years), instead of `expires_at`.
+    #[schema(minimum = 1, maximum = 316_224_000_000_i64)]
+    pub ttl_ms: Option<i64>,
 }
 
 /// A validated create request.
@@ -54,6 +62,9 @@ pub struct NewTask {
     /// SHA-256 of the request as sent, to tell an idempotent repeat from a conflict (empty
     /// without a key).
     pub request_hash: Vec<u8>,
+    pub deadline: Option<Deadline>,
+    /// The W3C `traceparent` the create request carried, if well-formed.
+    pub traceparent: Option<String>,
 }
 
 impl CreateTask<'_> {
@@ -63,9 +74,10 @@ impl CreateTask<'_> {
             validate_key(key)?;
         }
         let when = When::parse(self.run_at.as_deref(), self.delay_ms, now)?;
+        let deadline = Deadline::parse(self.expires_at.as_deref(), self.ttl_ms, when, now)?;
         let payload = self.payload.unwrap_or(RawValue::NULL);
         check_payload(payload, max_payload_bytes)?;
-        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash })
+        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, deadline, traceparent: None })
     }
 }
 
@@ -87,6 +99,9 @@ pub struct Rows<'a> {
     /// JSON text, parsed by the database.
     payloads: Vec<&'a str>,
     request_hashes: Vec<Vec<u8>>,
+    expires_ats: Vec<Option<DateTime<Utc>>>,
+    ttls: Vec<Option<i64>>,
+    traceparents: Vec<Option<&'a str>>,
 }
 
 impl<'a> Rows<'a> {
@@ -98,6 +113,18 @@ impl<'a> Rows<'a> {
         self.delays.push(delay);
         self.payloads.push(payload);
         self.request_hashes.push(request_hash);
+        self.expires_ats.push(None);
+        self.ttls.push(None);
+        self.traceparents.push(None);
+    }
+
+    /// A client's task: `push` with its deadline and trace context.
+    pub fn push_new(&mut self, id: Uuid, task: &'a NewTask) {
+        self.push(id, task.key.clone(), task.when, task.payload.get(), task.request_hash.clone());
+        let (expires_at, ttl) = task.deadline.map(Deadline::binds).unwrap_or_default();
+        *self.expires_ats.last_mut().expect("pushed") = expires_at;
+        *self.ttls.last_mut().expect("pushed") = ttl;
+        *self.traceparents.last_mut().expect("pushed") = task.traceparent.as_deref();
     }
 }
 
@@ -123,6 +150,9 @@ pub async fn insert<'e>(
         .bind(timer_id)
         .bind(biz_type)
         .bind(super::wake::CHANNEL)
+        .bind(&rows.expires_ats)
+        .bind(&rows.ttls)
+        .bind(&rows.traceparents)
         .fetch_all(db)
         .await
 }
@@ -160,7 +190,7 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
         let id = Uuid::now_v7();
         id_of_item.push(id);
         if repeat_of[i].is_none() {
-            rows.push(id, item.key.clone(), item.when, item.payload.get(), item.request_hash.clone());
+            rows.push_new(id, item);
         }
     }
     let created = insert(pool, biz_type_id, biz_type, None, &rows).await?;

@@ -105,12 +105,22 @@ async fn a_snooze_reaching_the_deadline_ends_the_task_expired() {
     assert!(task["attempts"][0]["snoozed_until"].is_string());
 
     // Inside the deadline, the same snooze is kept.
-    let task = app.create_task(&token, json!({"biz_type": "refunds", "ttl_ms": 600_000})).await;
-    let id = task["id"].as_str().unwrap();
+    let kept = app.create_task(&token, json!({"biz_type": "refunds", "ttl_ms": 600_000})).await;
+    let kept_id = kept["id"].as_str().unwrap();
     assert_eq!(engine.turn().await.claimed, 1);
     engine.settled().await;
-    let task = app.get(&format!("/api/v1/tasks/{id}"), &token).await.body;
-    assert_eq!(task["status"], "pending", "{task}");
+    let kept = app.get(&format!("/api/v1/tasks/{kept_id}"), &token).await.body;
+    assert_eq!(kept["status"], "pending", "{kept}");
+
+    // The console shows the deadline, each attempt's snooze, and the expired count.
+    let console = crate::console::sign_in(&app, "admin", crate::console::ADMIN_PASSWORD).await;
+    let page = console.get(&format!("/console/tasks/{kept_id}")).await.body;
+    let deadline = time(&kept["expires_at"]).format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string();
+    assert!(page.contains(&format!("<dd id=\"deadline\">{deadline}")), "the deadline {deadline} is shown: {page}");
+    let until = time(&kept["attempts"][0]["snoozed_until"]).format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    assert!(page.contains(&format!("snoozed until {until}")), "the snooze {until} is shown");
+    let dashboard = console.get("/console").await.body;
+    assert!(dashboard.contains("status=expired\">1</a>"), "one expired task on the dashboard: {dashboard}");
 }
 
 /// A `Chime-Snooze` that is not whole seconds from 1 to 31536000 is the receiver's protocol

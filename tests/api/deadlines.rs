@@ -221,6 +221,18 @@ async fn pull_tasks_past_their_deadline_end_expired_and_are_not_reserved() {
     let reserved = chime::tasks::lease::reserve(&app.pool, biz_type_id, "feed", 10, 30_000).await.unwrap();
     assert!(reserved.is_empty(), "{reserved:?}");
     wait_for_status(&app, &token, late, "expired").await;
+
+    // A nack whose retry would start at or after the deadline ends the task at once.
+    let task = app.create_task(&token, json!({"biz_type": "feed", "ttl_ms": 5_000})).await;
+    let nacked_id = task["id"].as_str().unwrap();
+    let reserved = app.post("/api/v1/biz-types/feed/reserve", &token, json!({})).await;
+    assert_eq!(reserved.status, 200, "{}", reserved.body);
+    let receipt = &reserved.body["tasks"][0]["receipt"];
+    let nacked = app.post(&format!("/api/v1/tasks/{nacked_id}/nack"), &token, json!({"receipt": receipt, "delay_ms": 10_000})).await;
+    assert_eq!(nacked.status, 200, "{}", nacked.body);
+    assert_eq!(nacked.body["status"], "expired", "{}", nacked.body);
+    let error = nacked.body["last_error"].as_str().unwrap();
+    assert!(error.contains("next retry would start at") && error.ends_with("(last attempt: nacked)"), "{error}");
 }
 
 /// The expiry sweep's index, made `ON ONLY` by migration 0015, is completed by the leader:

@@ -66,7 +66,10 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     };
     let sent = match refusal {
         Some(reason) => Sent { error: Some(format!("could not connect: {reason}")), ..Sent::default() },
-        None => send(client, hosts, biz, task.id, task.attempt_count, fired_at, body, task.traceparent.as_deref().and_then(child_traceparent)).await,
+        None => {
+            let which = Which { task_id: task.id, attempt: task.attempt_count, traceparent: task.traceparent.as_deref().and_then(child_traceparent) };
+            send(client, hosts, biz, which, fired_at, body).await
+        }
     };
     let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
 
@@ -197,6 +200,14 @@ pub fn cut_off(
     }
 }
 
+/// Which task and attempt a callback is, as its headers say.
+struct Which {
+    task_id: Uuid,
+    attempt: i32,
+    /// This attempt's `traceparent` (`child_traceparent`), if the task has a trace.
+    traceparent: Option<String>,
+}
+
 /// What became of one send.
 #[derive(Default)]
 struct Sent {
@@ -228,12 +239,11 @@ async fn send(
     client: &reqwest::Client,
     hosts: CallbackHosts,
     biz: &BizTypeConfig,
-    task_id: Uuid,
-    attempt: i32,
+    which: Which,
     fired_at: DateTime<Utc>,
     body: Vec<u8>,
-    traceparent: Option<String>,
 ) -> Sent {
+    let Which { task_id, attempt, traceparent } = which;
     let timeout = Duration::from_millis(biz.timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let mut sent = Sent::default();

@@ -6,7 +6,12 @@
 //! * `record` settles leases: succeeded, failed, or pending again at a retry time (backoff
 //!   computed here, once, for both), with one attempt each; `touch` extends a reservation,
 //!   `give_back` returns tasks a stopping node claimed ahead and never started;
-//! * `recover_expired_leases` (the leader, or any node) puts back what a dead holder left.
+//! * `recover_expired_leases` (the leader, or any node) puts back what a dead holder left;
+//! * `expire_overdue` (the leader) ends the pending tasks whose deadline passed unclaimed.
+//!
+//! Deadlines are kept at every step (no callback starts at or after `expires_at`): the
+//! claim and reserve end what they pick past it, a retry or snooze reaching it ends the
+//! task (`Verdict::Expire`), lease recovery too.
 //!
 //! Every statement that changes a lease compares the holder on the locked row, so a holder
 //! whose lease ran out can never settle the task of the one that holds it now. The

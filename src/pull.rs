@@ -105,6 +105,9 @@ pub async fn settle(pool: &Pool, biz: &BizType, id: Uuid, receipt: Uuid, verdict
     lease::record_in(&mut tx, receipt, None, &[outcome]).await?;
     let task = crate::tasks::read(&mut *tx, id).await?.ok_or_else(|| Error::NotFound(format!("no task with id {id}")))?;
     tx.commit().await?;
+    if matches!(verdict, lease::Verdict::Expire { .. }) {
+        crate::metrics::expired(&biz.name, 1);
+    }
     Ok(task)
 }
 

@@ -92,8 +92,8 @@ async fn a_snooze_past_the_hot_horizon_waits_in_cold_storage() {
 async fn a_snooze_reaching_the_deadline_ends_the_task_expired() {
     let app = spawn_app().await;
     let receiver = Receiver::start(vec![], Answer::snooze("120")).await;
-    let token = biz_type(&app, "refunds", &receiver, Settings::default()).await;
-    let task = app.create_task(&token, json!({"biz_type": "refunds", "ttl_ms": 60_000})).await;
+    let token = biz_type(&app, "refund-deadline", &receiver, Settings::default()).await;
+    let task = app.create_task(&token, json!({"biz_type": "refund-deadline", "ttl_ms": 60_000})).await;
     let id = task["id"].as_str().unwrap();
     let mut engine = engine(&app);
     assert_eq!(engine.turn().await.claimed, 1);
@@ -105,7 +105,7 @@ async fn a_snooze_reaching_the_deadline_ends_the_task_expired() {
     assert!(task["attempts"][0]["snoozed_until"].is_string());
 
     // Inside the deadline, the same snooze is kept.
-    let kept = app.create_task(&token, json!({"biz_type": "refunds", "ttl_ms": 600_000})).await;
+    let kept = app.create_task(&token, json!({"biz_type": "refund-deadline", "ttl_ms": 600_000})).await;
     let kept_id = kept["id"].as_str().unwrap();
     assert_eq!(engine.turn().await.claimed, 1);
     engine.settled().await;
@@ -121,6 +121,12 @@ async fn a_snooze_reaching_the_deadline_ends_the_task_expired() {
     assert!(page.contains(&format!("snoozed until {until}")), "the snooze {until} is shown");
     let dashboard = console.get("/console").await.body;
     assert!(dashboard.contains("status=expired\">1</a>"), "one expired task on the dashboard: {dashboard}");
+
+    // The process's counters (a biz type name no other test uses: they are per process).
+    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    for line in ["chime_tasks_expired_total{biz_type=\"refund-deadline\"} 1", "chime_attempts_snoozed_total{biz_type=\"refund-deadline\"} 1"] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
 }
 
 /// A `Chime-Snooze` that is not whole seconds from 1 to 31536000 is the receiver's protocol

@@ -286,3 +286,51 @@ async fn the_expiry_index_is_completed_on_every_partition() {
         .unwrap();
     assert!(valid, "the parent and the rebuilt child are valid");
 }
+
+/// A paused biz type's backlog of 20,000 tasks past their deadline is ended by the leader's
+/// sweep in batches, each with its failure notice, walking the expiry index; prints how long.
+#[tokio::test]
+async fn the_sweep_ends_a_large_backlog_through_its_index() {
+    let app = spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    biz_type(&app, "orders", &receiver, Settings { paused: Some(true), ..Default::default() }).await;
+    sqlx::query("UPDATE biz_types SET failure_url = 'http://127.0.0.1:9/failed'").execute(&app.pool).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT id FROM tasks WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()
+          ORDER BY expires_at LIMIT 1000 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert!(plan.iter().any(|l| l.contains("expires_at_idx") || l.contains("expiry_idx")), "walks the expiry index: {plan:#?}");
+
+    let started = std::time::Instant::now();
+    sqlx::query(
+        "INSERT INTO tasks (id, biz_type_id, run_at, payload, expires_at)
+         SELECT gen_random_uuid(), (SELECT id FROM biz_types), now() - interval '1 minute', '{}', now() - interval '1 second'
+           FROM generate_series(1, 20000)",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let inserted = started.elapsed();
+    let mut left = -1i64;
+    for _ in 0..600 {
+        left = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'pending'").fetch_one(&app.pool).await.unwrap();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let swept = started.elapsed() - inserted;
+    assert_eq!(left, 0, "all ended");
+    println!("20,000 tasks past their deadline ended expired by the leader's sweep within {swept:?} of their insert (the sweep runs every second)");
+    let (expired, notices): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM tasks WHERE status = 'expired'), (SELECT count(*) FROM failure_notices WHERE event = 'task.expired')",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((expired, notices), (20_000, 20_000));
+    assert!(receiver.received().is_empty());
+}

@@ -194,9 +194,9 @@ pub async fn complete_indexes(direct: &Pool) -> Result<u32, sqlx::Error> {
     if !locked {
         return Ok(0);
     }
-    // Attaching locks the parent index for a moment: rather than queue behind a long
-    // query (and everything behind us), fail and try again at the next round.
-    crate::db::query("SET lock_timeout = '5s'").execute(&mut conn).await?;
+    // A build on a large partition takes minutes: a statement_timeout set on the server
+    // would cut it off every time, leaving an invalid index to build again.
+    crate::db::query("SET statement_timeout = 0").execute(&mut conn).await?;
     let missing: Vec<MissingIndex> = crate::db::query_as(
         "SELECT pi.relname::text AS parent, part.relname::text AS partition,
                 substring(pg_get_indexdef(pi.oid) FROM ' USING .*$') AS definition,
@@ -230,7 +230,13 @@ pub async fn complete_indexes(direct: &Pool) -> Result<u32, sqlx::Error> {
                     .await?;
                 built += 1;
             }
+            // Attaching locks the parent index for a moment: rather than queue behind a long
+            // query (and everything behind us), fail and try again at the next round. The
+            // builds above wait as long as it takes for older transactions to end (their
+            // locks block no writes), so they run without it.
+            crate::db::query("SET lock_timeout = '5s'").execute(&mut conn).await?;
             crate::db::query(AssertSqlSafe(format!("ALTER INDEX {} ATTACH PARTITION {index}", m.parent))).execute(&mut conn).await?;
+            crate::db::query("SET lock_timeout = 0").execute(&mut conn).await?;
             Ok::<_, sqlx::Error>(())
         };
         if let Err(e) = step.await {

@@ -151,7 +151,8 @@ async fn record(pool: &Pool, node_id: Uuid, notice_id: Uuid, result: &Attempted)
     let (status, due_at) = match result.verdict {
         Verdict::Delivered => ("delivered", None),
         Verdict::RetryAt(at) => ("pending", Some(at)),
-        Verdict::GiveUp => ("failed", None),
+        // Snoozes and deadlines are a task's; `send` makes neither for a notice.
+        Verdict::GiveUp | Verdict::Snooze(_) | Verdict::Expire { .. } => ("failed", None),
     };
     // Locks the notice's row; only its holder's result is written.
     crate::db::query(
@@ -262,7 +263,7 @@ impl Sender {
         let outcome = match result.verdict {
             Verdict::Delivered => "delivered",
             Verdict::RetryAt(_) => "retried",
-            Verdict::GiveUp => "failed",
+            Verdict::GiveUp | Verdict::Snooze(_) | Verdict::Expire { .. } => "failed",
         };
         metrics::failure_notice(&notice.biz.name, outcome);
         if result.verdict != Verdict::Delivered {
@@ -304,8 +305,10 @@ impl Sender {
             ("Chime-Notice-Id", notice.notice_id.to_string()),
             ("Chime-Attempt", notice.attempt.to_string()),
         ];
-        let request = deliver::Post { url, headers: &headers, attempt: notice.attempt, fired_at: Utc::now(), body };
-        let posted = deliver::post(&self.client, self.hosts, &notice.biz, request).await;
-        Attempted { verdict: posted.verdict, status_code: posted.sent.status_code, error: posted.sent.error }
+        let request = deliver::Post { url, headers: &headers, fired_at: Utc::now(), body };
+        let sent = deliver::post(&self.client, self.hosts, &notice.biz, request).await.sent;
+        // A notice has no deadline, and a `Chime-Snooze` in its answer means nothing.
+        let verdict = deliver::verdict(&notice.biz, notice.attempt, &sent, None);
+        Attempted { verdict, status_code: sent.status_code, error: sent.error }
     }
 }

@@ -77,46 +77,77 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         payload: &payload,
     })
     .expect("a callback body serializes");
-    let headers = [("Chime-Task-Id", task.id.to_string()), ("Chime-Attempt", task.attempt_count.to_string())];
-    let request = Post { url: &biz.callback_url, headers: &headers, attempt: task.attempt_count, fired_at, body };
-    let posted = post(client, hosts, biz, request).await;
+    let mut headers = vec![("Chime-Task-Id", task.id.to_string()), ("Chime-Attempt", task.attempt_count.to_string())];
+    if let Some(traceparent) = task.traceparent.as_deref().and_then(child_traceparent) {
+        headers.push(("traceparent", traceparent));
+    }
+    let Posted { sent, duration_ms } = post(client, hosts, biz, Post { url: &biz.callback_url, headers: &headers, fired_at, body }).await;
+
+    let mut error = sent.error.clone();
+    let deadline = task.expires_at;
+    let verdict = match (sent.status_code, &sent.snooze) {
+        (Some(code), Some(snooze)) if (200..300).contains(&code) => match snooze {
+            Ok(seconds) => Verdict::after_snooze(Utc::now() + chrono::TimeDelta::seconds(i64::from(*seconds)), deadline),
+            // A snooze the receiver got wrong is its protocol error: retried like a failure
+            // (counted, with backoff), so a receiver that always answers it still ends.
+            Err(why) => {
+                error = Some(why.clone());
+                retry(biz, task.attempt_count, None, deadline)
+            }
+        },
+        _ => verdict(biz, task.attempt_count, &sent, deadline),
+    };
     Outcome {
         task_id: task.id,
         biz_type_id: biz.id,
         run_at: task.run_at,
         attempt: task.attempt_count,
         started_at: fired_at,
-        duration_ms: posted.duration_ms,
-        status_code: posted.sent.status_code,
-        error: posted.sent.error,
-        response_excerpt: posted.sent.excerpt,
-        redirected_to: posted.sent.redirected_to,
-        verdict: posted.verdict,
+        duration_ms,
+        status_code: sent.status_code,
+        error,
+        response_excerpt: sent.excerpt,
+        redirected_to: sent.redirected_to,
+        verdict,
     }
 }
 
-/// One signed POST and what its answer means, by the rules of SPEC §4: a callback's, or a
-/// failure notice's (`failure_notices`), which is retried like one.
+/// What an answer means for attempt number `attempt` (SPEC §4), a snooze aside: a 2xx is
+/// delivered; a timeout, connection error, 408, 429 or 5xx is retried by the biz type's
+/// backoff (`Retry-After` honoured) until its attempts are used up, or its `deadline`;
+/// any other 4xx gives up. A callback's and a failure notice's alike.
+pub(crate) fn verdict(biz: &BizTypeConfig, attempt: i32, sent: &Sent, deadline: Option<DateTime<Utc>>) -> Verdict {
+    match sent.status_code {
+        Some(code) if (200..300).contains(&code) => Verdict::Delivered,
+        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, attempt, sent.retry_after, deadline),
+        // A redirect that `send` does not follow is retried rather than failed at once: the
+        // fix is the biz type's callback URL, and once an operator makes it, the tasks still
+        // retrying are delivered without a replay of each.
+        Some(code) if changes_method(code) => retry(biz, attempt, sent.retry_after, deadline),
+        Some(_) => Verdict::GiveUp,
+        None => retry(biz, attempt, None, deadline),
+    }
+}
+
+/// One signed POST: what came of it, and how long it took. A callback's, or a failure
+/// notice's (`failure_notices`), which is sent the same way.
 pub(crate) struct Posted {
     pub sent: Sent,
     pub duration_ms: i32,
-    pub verdict: Verdict,
 }
 
 /// What to POST: `body` to `url` with `headers` (besides Content-Type and the signature),
-/// sent at `fired_at` as attempt number `attempt` of the biz type's retries.
+/// sent at `fired_at`.
 pub(crate) struct Post<'a> {
     pub url: &'a str,
     pub headers: &'a [(&'a str, String)],
-    pub attempt: i32,
     pub fired_at: DateTime<Utc>,
     pub body: Vec<u8>,
 }
 
-/// Sends `request` signed for `biz`, and says what its answer means by the biz type's
-/// retries (its timeout, attempts and backoff; `Retry-After` honoured).
+/// Sends `request` signed for `biz` (its timeout; redirects and the deny list as `send` says).
 pub(crate) async fn post(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, request: Post<'_>) -> Posted {
-    let Post { url, headers, attempt, fired_at, body } = request;
+    let Post { url, headers, fired_at, body } = request;
     let started = Instant::now();
     // An IP-literal host is connected to without a lookup, so the resolver cannot refuse
     // it: checked here. The URL was valid when saved; the deny list may be newer. Without a
@@ -130,18 +161,72 @@ pub(crate) async fn post(client: &reqwest::Client, hosts: CallbackHosts, biz: &B
         None => send(client, hosts, biz, url, headers, fired_at, body).await,
     };
     let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
+    Posted { sent, duration_ms }
+}
 
-    let verdict = match sent.status_code {
-        Some(code) if (200..300).contains(&code) => Verdict::Delivered,
-        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, attempt, sent.retry_after),
-        // A redirect that `send` does not follow is retried rather than failed at once: the
-        // fix is the biz type's callback URL, and once an operator makes it, the tasks still
-        // retrying are delivered without a replay of each.
-        Some(code) if changes_method(code) => retry(biz, attempt, sent.retry_after),
-        Some(_) => Verdict::GiveUp,
-        None => retry(biz, attempt, None),
+/// The outcome of a task claimed ahead of its due time whose deadline came first: not sent
+/// (no callback starts at or after the deadline), recorded as an attempt that says so, and
+/// the task expired.
+pub fn not_sent(biz: &BizTypeConfig, task: &Claimed, deadline: DateTime<Utc>) -> Outcome {
+    Outcome {
+        task_id: task.id,
+        biz_type_id: biz.id,
+        run_at: task.run_at,
+        attempt: task.attempt_count,
+        started_at: Utc::now(),
+        duration_ms: 0,
+        status_code: None,
+        error: Some(format!(
+            "not sent: its deadline {} came before its due time {}",
+            deadline.to_rfc3339(),
+            task.run_at.to_rfc3339()
+        )),
+        response_excerpt: None,
+        redirected_to: None,
+        verdict: Verdict::Expire { deadline, next: None, snoozed: false },
+    }
+}
+
+/// The longest `Chime-Snooze`, in seconds: a year (SPEC §11).
+pub const MAX_SNOOZE_SECS: u32 = 31_536_000;
+
+/// A `Chime-Snooze` header's values: whole seconds from 1 to `MAX_SNOOZE_SECS`, or the
+/// attempt's protocol error naming the header and what it said.
+fn parse_snooze<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<Result<u32, String>> {
+    let first = values.next()?;
+    let text = String::from_utf8_lossy(first);
+    let wrong = |why: &str| {
+        Err(format!(
+            "protocol error: the receiver answered 2xx with Chime-Snooze {text:?}, {why}; a snooze must be whole seconds \
+             from 1 to {MAX_SNOOZE_SECS}: retried like a failure"
+        ))
     };
-    Posted { sent, duration_ms, verdict }
+    if values.next().is_some() {
+        return Some(wrong("given more than once"));
+    }
+    let trimmed = text.trim();
+    if trimmed.is_empty() || !trimmed.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(wrong("not a whole number of seconds"));
+    }
+    Some(match trimmed.parse::<u64>() {
+        Ok(seconds @ 1..) if seconds <= u64::from(MAX_SNOOZE_SECS) => Ok(seconds as u32),
+        _ => wrong("out of range"),
+    })
+}
+
+/// The `traceparent` of a callback of a task whose create carried `parent` (W3C Trace
+/// Context): the same version, trace id and flags, and a new span id, random for each
+/// attempt. None when `parent` is not a traceparent this can continue.
+pub fn child_traceparent(parent: &str) -> Option<String> {
+    let mut fields = parent.trim().splitn(5, '-');
+    let (version, trace_id, _parent_id, flags) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let valid = hex(version, 2) && version != "ff" && hex(trace_id, 32) && trace_id.bytes().any(|b| b != b'0') && hex(flags, 2);
+    if !valid || (version == "00" && fields.next().is_some()) {
+        return None;
+    }
+    let span: u64 = rand::Rng::random_range(&mut rand::rng(), 1..=u64::MAX);
+    Some(format!("{version}-{trace_id}-{span:016x}-{flags}"))
 }
 
 /// The outcome of a callback cut off because the node's shutdown grace ran out: an attempt
@@ -182,6 +267,8 @@ pub(crate) struct Sent {
     retry_after: Option<Duration>,
     /// The last URL a 307 or 308 sent the callback to.
     pub redirected_to: Option<String>,
+    /// A 2xx answer's `Chime-Snooze`: seconds, or why it is wrong (none: no such header).
+    snooze: Option<Result<u32, String>>,
 }
 
 /// 301, 302 and 303: a client following them sends a GET without the body.
@@ -248,6 +335,9 @@ async fn send(
     let status = response.status().as_u16();
     sent.status_code = Some(status as i16);
     sent.retry_after = response.headers().get("Retry-After").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+    if response.status().is_success() {
+        sent.snooze = parse_snooze(response.headers().get_all("Chime-Snooze").iter().map(|v| v.as_bytes()));
+    }
     sent.error = match location(&response) {
         Some(to) if changes_method(status as i16) => Some(format!(
             "the receiver redirected ({status}) to {to}; callbacks are not redirected because the method and body \
@@ -288,9 +378,9 @@ fn failure(e: &reqwest::Error, timeout_ms: i32) -> String {
     }
 }
 
-fn retry(biz: &BizTypeConfig, attempt: i32, retry_after: Option<Duration>) -> Verdict {
+fn retry(biz: &BizTypeConfig, attempt: i32, retry_after: Option<Duration>, expires_at: Option<DateTime<Utc>>) -> Verdict {
     let policy = RetryPolicy { max_attempts: biz.max_attempts, backoff_initial_ms: biz.backoff_initial_ms, backoff_max_ms: biz.backoff_max_ms };
-    Verdict::after_failure(attempt, policy, retry_after.filter(|d| *d <= MAX_RETRY_AFTER), Utc::now())
+    Verdict::after_failure(attempt, policy, retry_after.filter(|d| *d <= MAX_RETRY_AFTER), Utc::now(), expires_at)
 }
 
 /// `Retry-After` as seconds or as an HTTP date (RFC 9110 §10.2.3).
@@ -433,7 +523,18 @@ mod tests {
     async fn deliver_via_public_name(hosts: CallbackHosts, biz: &BizTypeConfig) -> Outcome {
         let client = hosts.http_client().resolve("public.test", SocketAddr::from(([127, 0, 0, 1], 0))).build().unwrap();
         let now = Utc::now();
-        let task = Claimed { id: Uuid::new_v4(), key: None, run_at: now, payload: "{}".into(), attempt_count: 1, timer_id: None, db_now: now };
+        let task = Claimed {
+            id: Uuid::new_v4(),
+            key: None,
+            run_at: now,
+            payload: "{}".into(),
+            attempt_count: 1,
+            timer_id: None,
+            expires_at: None,
+            traceparent: None,
+            expired: false,
+            db_now: now,
+        };
         deliver(&client, hosts, biz, task).await
     }
 
@@ -479,6 +580,36 @@ mod tests {
         let expected = format!("more than 5 redirects, the last (307) to http://public.test:{looping}/again");
         assert_eq!(outcome.error, Some(expected));
         assert!(matches!(outcome.verdict, Verdict::RetryAt(_)), "{:?}", outcome.verdict);
+    }
+
+    #[test]
+    fn snooze_is_whole_seconds_from_one_to_a_year() {
+        let parse = |values: &[&str]| parse_snooze(values.iter().map(|v| v.as_bytes()));
+        assert_eq!(parse(&[]), None);
+        assert_eq!(parse(&["1"]), Some(Ok(1)));
+        assert_eq!(parse(&[" 3600 "]), Some(Ok(3600)));
+        assert_eq!(parse(&["31536000"]), Some(Ok(MAX_SNOOZE_SECS)));
+        for bad in ["0", "-1", "1.5", "soon", "31536001", "", "+5", "99999999999999999999999"] {
+            let error = parse(&[bad]).unwrap().unwrap_err();
+            assert!(error.contains("Chime-Snooze") && error.contains(&format!("{bad:?}")), "{bad}: {error}");
+        }
+        assert!(parse(&["5", "6"]).unwrap().is_err(), "twice");
+    }
+
+    #[test]
+    fn a_callbacks_traceparent_continues_the_creates_trace_with_a_new_span() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let (a, b) = (child_traceparent(parent).unwrap(), child_traceparent(parent).unwrap());
+        for child in [&a, &b] {
+            let fields: Vec<&str> = child.split('-').collect();
+            assert_eq!((fields[0], fields[1], fields[3]), ("00", "4bf92f3577b34da6a3ce929d0e0e4736", "01"), "{child}");
+            assert!(fields[2].len() == 16 && fields[2] != "0000000000000000" && fields[2] != "00f067aa0ba902b7", "{child}");
+        }
+        assert_ne!(a, b, "each attempt has a span of its own");
+        for bad in ["", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "nonsense"] {
+            assert_eq!(child_traceparent(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -462,3 +462,41 @@ async fn the_sender_loop_sends_on_its_own_and_stops_with_the_node() {
     lifecycle.enter(chime::lifecycle::Phase::Draining);
     tokio::time::timeout(Duration::from_secs(3), running).await.expect("the sender stops at the signal").unwrap();
 }
+
+/// A task that ends `expired` sends a `task.expired` notice: one held back by a paused biz
+/// type and ended by the expiry sweep (no attempt: `last_attempt` null), and one whose
+/// node died holding its lease past the deadline, ended by lease recovery.
+#[tokio::test]
+async fn an_expired_task_sends_a_task_expired_notice() {
+    let app = spawn_app().await;
+    let callback = Receiver::start(vec![], Answer::status(200)).await;
+    let notices = Receiver::start(vec![], Answer::status(200)).await;
+    let token = failing_biz_type(&app, &callback, Some(&notices), Settings { paused: Some(true), ..Default::default() }).await;
+    let held = app.create_task(&token, json!({"biz_type": "orders", "ttl_ms": 200})).await;
+    let held_id = held["id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(chime::tasks::lease::expire_overdue(&app.pool, 100).await.unwrap(), 1);
+    let (sender, _lifecycle) = sender(&app);
+    assert_eq!(sender.turn().await, 1);
+    let received = notices.received();
+    assert_eq!(received[0].header("chime-event"), Some("task.expired"));
+    let body = received[0].json();
+    assert_eq!((body["event"].as_str(), body["task"]["id"].as_str(), body["task"]["status"].as_str()), (Some("task.expired"), Some(held_id), Some("expired")));
+    assert_eq!(body["last_attempt"], Value::Null, "never attempted");
+
+    // A task leased by a node that died, its deadline passed meanwhile.
+    let leased = app.create_task(&token, json!({"biz_type": "orders", "ttl_ms": 60_000})).await;
+    let leased_id = leased["id"].as_str().unwrap();
+    sqlx::query(
+        "UPDATE tasks SET status = 'running', leased_by = gen_random_uuid(), lease_until = now() - interval '1 second',
+                          attempt_count = 1, expires_at = now() - interval '1 second' WHERE id = $1::uuid",
+    )
+    .bind(leased_id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    chime::tasks::lease::recover_expired_leases(&app.pool).await.unwrap();
+    assert_eq!(notices_of(&app, leased_id).await, [("task.expired".to_string(), "pending".to_string(), 0)]);
+    assert_eq!(sender.turn().await, 1);
+    assert_eq!(notices.received()[1].header("chime-event"), Some("task.expired"));
+}

@@ -164,7 +164,7 @@ impl From<Error> for ConsoleError {
             Error::Invalid { .. } | Error::TooLarge(_) => ConsoleError::Invalid(e.to_string()),
             Error::NotFound(m) => ConsoleError::NotFound(m),
             Error::Forbidden(m) => ConsoleError::Forbidden(m),
-            Error::Conflict(m) | Error::StaleReceipt(m) => ConsoleError::Conflict(m),
+            Error::Conflict(_, m) | Error::StaleReceipt(m) => ConsoleError::Conflict(m),
             Error::Secret(e) => {
                 tracing::error!(error = %e, "console: a signing secret cannot be opened");
                 ConsoleError::Internal(e.to_string())

@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
 
-use super::{admin, pull, tasks, timers};
+use super::{admin, bulk, pull, tasks, timers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -55,6 +55,8 @@ use super::{admin, pull, tasks, timers};
         tasks::get_by_key,
         tasks::reschedule_by_key,
         tasks::cancel_by_key,
+        bulk::cancel,
+        bulk::replay,
         super::metrics,
         timers::create,
         timers::list,

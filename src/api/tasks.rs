@@ -352,7 +352,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
+pub(super) fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
     raw.map(|s| {
         DateTime::parse_from_rfc3339(s)
             .map(|t| t.with_timezone(&Utc))

@@ -72,6 +72,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/tasks", web::get().to(tasks::list))
                 .route("/tasks/replay-failed", web::get().to(tasks::ask_replay_failed))
                 .route("/tasks/replay-failed", web::post().to(tasks::replay_failed))
+                .route("/tasks/cancel-pending", web::get().to(tasks::ask_cancel_pending))
+                .route("/tasks/cancel-pending", web::post().to(tasks::cancel_pending))
                 .route("/tasks/{id}", web::get().to(tasks::show))
                 .route("/tasks/{id}/cancel", web::post().to(tasks::cancel))
                 .route("/tasks/{id}/replay", web::post().to(tasks::replay))

@@ -25,6 +25,7 @@
 //! * `queries.rs`: reads and lists, and the changes a client or support person asks for,
 //!   by id or by key: `cancel` (pending only), and `requeue`, "back to pending at T", shared
 //!   by reschedule (pending only), replay (finished only) and bulk replay.
+//! * `bulk.rs`: cancel or replay every task matching a filter, in bounded batches.
 //! * `replace.rs`: a create whose key is taken and that says `on_conflict: "replace"`
 //!   (requeue the pending task, or give the key to a new one) or `"keep"`.
 //! * `placement.rs`: where a row lives (below), moving cold rows in, and the keys of
@@ -39,6 +40,7 @@
 //! the horizon), so leases, records and the counts read the partitions alone.
 
 mod batcher;
+pub mod bulk;
 mod create;
 pub mod lease;
 pub mod load;
@@ -54,8 +56,8 @@ pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert,
 pub use replace::OnConflict;
 pub use payload::check_payload;
 pub use queries::{
-    FailedFilter, ListFilter, Page, Target, cancel, cancel_archived, cancel_target, count_failed, find_by_key, get, get_by_key, list, read,
-    remove_unfired, replay, replay_failed, reschedule, reschedule_target,
+    ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, list, read, remove_unfired, replay,
+    reschedule, reschedule_target,
 };
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};

@@ -132,59 +132,6 @@ pub async fn find_by_key(pool: &Pool, key: &str) -> Result<Vec<Task>, Error> {
     .await?)
 }
 
-/// The failed tasks matching a filter: of one biz type or all, due in [from, to).
-#[derive(Debug, Clone, Default)]
-pub struct FailedFilter {
-    pub biz_type_id: Option<i32>,
-    pub from: Option<DateTime<Utc>>,
-    pub to: Option<DateTime<Utc>>,
-}
-
-/// How many failed tasks match (failed tasks are never in cold storage).
-pub async fn count_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
-    Ok(crate::db::query_scalar(
-        "SELECT count(*) FROM tasks
-          WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
-            AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)",
-    )
-    .bind(f.biz_type_id)
-    .bind(f.from)
-    .bind(f.to)
-    .fetch_one(pool)
-    .await?)
-}
-
-/// Failed tasks replayed per transaction by `replay_failed`.
-const REPLAY_BATCH: i64 = 1000;
-
-/// Replays every failed task matching the filter, as `replay` does one, a batch per
-/// transaction; returns how many. Failed tasks are never in cold storage.
-pub async fn replay_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
-    let mut replayed = 0;
-    loop {
-        let mut tx = pool.begin().await?;
-        // Locks the batch; a replayed task is pending, so the next batch does not see it.
-        let ids: Vec<Uuid> = crate::db::query_scalar(
-            "SELECT id FROM tasks
-              WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
-                AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)
-              LIMIT $4
-                FOR UPDATE SKIP LOCKED",
-        )
-        .bind(f.biz_type_id)
-        .bind(f.from)
-        .bind(f.to)
-        .bind(REPLAY_BATCH)
-        .fetch_all(&mut *tx)
-        .await?;
-        replayed += requeue(&mut tx, false, &ids, Some(When::After { delay_ms: 0 }), None, true).await?.len() as i64;
-        tx.commit().await?;
-        if (ids.len() as i64) < REPLAY_BATCH {
-            return Ok(replayed);
-        }
-    }
-}
-
 fn encode_cursor(run_at: DateTime<Utc>, id: Uuid) -> String {
     URL_SAFE_NO_PAD.encode(format!("{}|{id}", run_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)))
 }
@@ -257,7 +204,7 @@ async fn lock_by_key(tx: &mut PgConnection, owner: i32, key: &str) -> Result<(Uu
 /// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
 /// keep it), optionally with a new payload, each moved to whichever of the hot partitions
 /// or cold storage its time belongs in. `fresh_start` also clears the attempt count and
-/// last error (a replay). The one statement reschedule, replay and bulk replay share; a
+/// last error (a replay). The one statement reschedule, replay and bulk replay (`bulk.rs`) share; a
 /// lease's retry stays in place (`lease::record`). The tasks must be locked by the caller
 /// and all in cold storage (`cold`) or all not.
 pub(super) async fn requeue(

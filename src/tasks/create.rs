@@ -158,7 +158,7 @@ pub enum CreateOutcome {
 /// Inserts the tasks of one biz type in one statement (plus one more only when a key was
 /// already taken, and a transaction per `replace` item whose key was), returning one
 /// outcome per input, in order. The created tasks' payloads are moved out of `items` into
-/// the outcomes; on an error, `items` are as they were (but for replaces already made).
+/// the outcomes; on an error, `items` are as they were.
 pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: &mut [NewTask]) -> Result<Vec<CreateOutcome>, Error> {
     // A key repeated inside the batch is answered from its first occurrence.
     let mut first_with_key: HashMap<&str, usize> = HashMap::new();
@@ -230,8 +230,10 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
         };
         outcomes.push(outcome);
     }
+    // The others are written already: an error here is this item's alone (were it the
+    // batch's, the batcher would write the others again, one by one).
     for i in one_by_one {
-        outcomes[i] = super::replace::create_taken(pool, biz_type_id, biz_type, &mut items[i]).await?;
+        outcomes[i] = super::replace::create_taken(pool, biz_type_id, biz_type, &mut items[i]).await.unwrap_or_else(CreateOutcome::Failed);
     }
     Ok(outcomes)
 }

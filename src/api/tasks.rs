@@ -62,6 +62,11 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
 }
 
+/// The request's W3C trace context, if it carries a well-formed one.
+fn traceparent(req: &HttpRequest) -> Option<String> {
+    req.headers().get("traceparent").and_then(|v| v.to_str().ok()).and_then(tasks::traceparent)
+}
+
 /// Validates one create request (its raw text). An item's biz type must be the caller's;
 /// `foreign` says of each other biz type named in the request whether it exists (404 if not,
 /// else 403).
@@ -71,6 +76,7 @@ fn validate_item(
     item: &RawValue,
     now: DateTime<Utc>,
     foreign: &HashMap<String, bool>,
+    traceparent: Option<&str>,
 ) -> Result<NewTask, ApiError> {
     let request: CreateTask = from_raw(item)?;
     if request.biz_type != caller.0.biz_type {
@@ -81,7 +87,9 @@ fn validate_item(
     }
     // Only a keyed request can be repeated, so only it needs the hash of the request as sent.
     let request_hash = if request.key.is_some() { tasks::request_hash(item) } else { Vec::new() };
-    Ok(request.validate(request_hash, now, state.max_payload_bytes)?)
+    let mut task = request.validate(request_hash, now, state.max_payload_bytes)?;
+    task.traceparent = traceparent.map(str::to_owned);
+    Ok(task)
 }
 
 /// Whether each biz type named in these requests, other than the caller's, exists. Costs a
@@ -115,9 +123,14 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
 
 **Idempotency.** Give a `key` to make retries safe: repeating the request with the same `key` and the same body answers **200** with the task created the first time (nothing new is scheduled; the body is compared as JSON, so key order and spacing do not matter, and a repeated `delay_ms` request is a repeat even though time has passed). The same `key` with a different body answers **409** `key_conflict`. A key stays taken while its task is retained.
 
-**When the key is taken** (`on_conflict`): `reject` (the default) is the idempotency above. `replace`: the key's task, if pending, takes this request's `run_at`/`delay_ms` and `payload` → **200** with the changed task (a debounce: the same `delay_ms` request sent again pushes the task back); if it is running → **409** `task_running`; if it is finished (succeeded, failed, cancelled or expired), a new task takes the key → **201**, and the old one keeps its history (look-up by key answers the new one). `keep`: the key's task as it is → **200**, whatever the body. `on_conflict` is not part of the request compared for a repeat: after a `replace`, the same request sent with `reject` is a repeat (200).
+**When the key is taken** (`on_conflict`): `reject` (the default) is the idempotency above. `replace`: the key's task, if pending, takes this request's `run_at`/`delay_ms`, `payload` and deadline (`expires_at`/`ttl_ms`; none: none) → **200** with the changed task (a debounce: the same `delay_ms` request sent again pushes the task back); if it is running → **409** `task_running`; if it is finished (succeeded, failed, cancelled or expired), a new task takes the key → **201**, and the old one keeps its history (look-up by key answers the new one). `keep`: the key's task as it is → **200**, whatever the body. `on_conflict` is not part of the request compared for a repeat: after a `replace`, the same request sent with `reject` is a repeat (200).
+
+**Deadline.** `expires_at` (a time after the due time) or `ttl_ms` (milliseconds after it) sets a deadline: no callback starts at or after it, and a task not delivered by then (held back by a pause, a backlog, a rate limit or waiting for a retry) ends `expired`.
+
+**Trace context.** A W3C `traceparent` header is kept with the task, and every callback of the task carries a `traceparent` of the same trace.
 
 **Limits.** The payload may be at most the server's payload limit (default 64 KiB) → 413. Each biz type may have a create rate limit (calls per second) → 429 with `Retry-After`. A paused biz type still accepts tasks; they are delivered after it is resumed."#,
+    params(("traceparent" = Option<String>, Header, description = r#"W3C Trace Context of the caller (`00-<trace id>-<parent id>-<flags>`), kept with the task; a malformed value is ignored."#)),
     request_body(content = crate::tasks::CreateTask),
     responses(
         (status = 200, description = r#"A task with this key was already created by the same request, or `on_conflict` is `keep`: this is that task, unchanged. Or `on_conflict` is `replace` and the key's task was pending: this is that task, changed."#, body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
@@ -136,11 +149,11 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
     ),
     security(("bearerAuth" = []))
 )]
-pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn create(caller: Caller, state: web::Data<AppState>, req: HttpRequest, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
     let item = raw_json(&body)?;
     let foreign = foreign_biz_types(&caller, &state, &[item]).await?;
-    let item = validate_item(&caller, &state, item, Utc::now(), &foreign)?;
+    let item = validate_item(&caller, &state, item, Utc::now(), &foreign, traceparent(&req).as_deref())?;
     check_rate(&caller, &state)?;
     match state.creates.create(caller.0.biz_type_id, &caller.0.biz_type, item).await? {
         CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task)),
@@ -205,6 +218,7 @@ pub(super) struct BatchAnswer<'a> {
     tag = "tasks",
     summary = r#"Schedule up to 1000 tasks"#,
     description = r#"Creates 1 to 1000 tasks in one call. Each item is handled exactly like a single `POST /api/v1/tasks` and succeeds or fails on its own: the answer is always 200 (once the request itself is valid), with one result per item, in order. Items repeating a key that appeared earlier in the same batch are answered like repeats of that earlier item (200 with the same task if the item is identical or says `on_conflict: "keep"`, 409 otherwise; a `replace` item replaces it, in item order). Each item may carry its own `on_conflict`. The whole call counts once against the create rate limit. The body may be at most 32 MiB."#,
+    params(("traceparent" = Option<String>, Header, description = r#"W3C Trace Context of the caller, kept with every task of the batch; a malformed value is ignored."#)),
     request_body(content = BatchRequest),
     responses(
         (status = 200, description = r#"One result per item, in order."#, body = BatchAnswer),
@@ -220,7 +234,7 @@ pub(super) struct BatchAnswer<'a> {
     ),
     security(("bearerAuth" = []))
 )]
-pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn create_batch(caller: Caller, state: web::Data<AppState>, req: HttpRequest, body: web::Payload) -> Result<HttpResponse, ApiError> {
     // Whatever the payload limit, the body need not hold more than a thousand of them (and
     // memory follows the body: payloads stay text).
     let limit = MAX_BATCH_BODY.min(MAX_BATCH * (state.max_payload_bytes + ENVELOPE_BYTES));
@@ -232,12 +246,13 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, body: web:
     check_rate(&caller, &state)?;
     let foreign = foreign_biz_types(&caller, &state, &request.tasks).await?;
     let now = Utc::now();
+    let traceparent = traceparent(&req);
     // Invalid items are answered on their own; the valid ones go to the database together.
     let mut valid: Vec<NewTask> = Vec::with_capacity(request.tasks.len());
     let invalid: Vec<Option<ApiError>> = request
         .tasks
         .into_iter()
-        .map(|item| validate_item(&caller, &state, item, now, &foreign).map(|task| valid.push(task)).err())
+        .map(|item| validate_item(&caller, &state, item, now, &foreign, traceparent.as_deref()).map(|task| valid.push(task)).err())
         .collect();
     // The valid payloads are copied out of the body; it is no longer needed.
     drop(body);

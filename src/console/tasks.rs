@@ -138,6 +138,8 @@ struct TaskPage {
     task: Task,
     payload: String,
     attempts: Vec<Attempt>,
+    /// Other tasks that held this task's key: the key's current task, those before it.
+    others: Vec<Task>,
     /// The reschedule form's time as typed, and why it was refused.
     run_at: String,
     error: Option<(String, String)>,
@@ -150,10 +152,19 @@ impl TaskPage {
 }
 
 /// The task's page; with an error, answered 422 with the reschedule form as it was typed.
-fn task_page(req: &HttpRequest, session: &Session, task: Task, attempts: Vec<Attempt>, run_at: String, error: Option<(String, String)>) -> Result<HttpResponse, ConsoleError> {
+async fn task_page(
+    req: &HttpRequest,
+    session: &Session,
+    state: &AppState,
+    task: Task,
+    attempts: Vec<Attempt>,
+    run_at: String,
+    error: Option<(String, String)>,
+) -> Result<HttpResponse, ConsoleError> {
     let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
     let payload = super::pretty_json(&task.payload);
-    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, run_at, error };
+    let others = tasks::others_with_key(&state.pool, &task).await?;
+    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, others, run_at, error };
     render(status, &page.ctx, &page)
 }
 
@@ -167,7 +178,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ConsoleError> {
 
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let (task, attempts) = found(&state, parse_id(&id)?).await?;
-    task_page(&req, &session, task, attempts, String::new(), None)
+    task_page(&req, &session, &state, task, attempts, String::new(), None).await
 }
 
 pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
@@ -210,7 +221,7 @@ pub async fn reschedule(
         .and_then(|t| When::parse(Some(&t.to_rfc3339()), None, chrono::Utc::now()));
     let when = match when {
         Ok(when) => when,
-        Err(Error::Invalid { field, message }) => return task_page(&req, &session, task, attempts, form.into_inner().run_at, Some((field, message))),
+        Err(Error::Invalid { field, message }) => return task_page(&req, &session, &state, task, attempts, form.into_inner().run_at, Some((field, message))).await,
         Err(e) => return Err(e.into()),
     };
     let moved = tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None).await?;

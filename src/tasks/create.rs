@@ -10,7 +10,7 @@ use crate::db::Pool;
 use uuid::Uuid;
 
 use super::replace::OnConflict;
-use super::{Task, When, check_payload, validate_key};
+use super::{Deadline, Task, When, check_payload, validate_key};
 use crate::error::Error;
 
 /// A create request as the client sends it (one item of a batch, or a single create), its
@@ -42,9 +42,17 @@ pub struct CreateTask<'a> {
     #[serde(borrow)]
     #[schema(value_type = serde_json::Value, required = false)]
     pub payload: Option<&'a RawValue>,
+    /// Deadline, RFC 3339: no callback starts at or after it; a task not delivered by then
+    /// (held back by a pause, a backlog, a rate limit or waiting for a retry) ends
+    /// `expired`. After the due time, at most 10 years after it. null: no deadline.
+    #[schema(format = DateTime)]
+    pub expires_at: Option<String>,
+    /// Deadline as milliseconds after the due time (1 to 10 years), instead of `expires_at`.
+    #[schema(minimum = 1, maximum = 316_224_000_000_i64)]
+    pub ttl_ms: Option<i64>,
     /// What to do when `key` is already taken. `reject` (default): the same request again
     /// answers 200 with the task, a different one 409 `key_conflict`. `replace`: a pending
-    /// task takes this request's time and payload (200); a running one answers 409
+    /// task takes this request's time, payload and deadline (200); a running one answers 409
     /// `task_running`; a finished, cancelled or expired one keeps its history and a new task
     /// takes the key (201). `keep`: the key's task as it is (200), whatever the body. Not part
     /// of the request compared to tell a repeat: the same request sent with another
@@ -63,6 +71,9 @@ pub struct NewTask {
     /// SHA-256 of the request as sent, to tell an idempotent repeat from a conflict (empty
     /// without a key).
     pub request_hash: Vec<u8>,
+    pub deadline: Option<Deadline>,
+    /// The W3C `traceparent` the create request carried, if well-formed.
+    pub traceparent: Option<String>,
     /// What to do when the key is taken.
     pub on_conflict: OnConflict,
 }
@@ -74,10 +85,11 @@ impl CreateTask<'_> {
             validate_key(key)?;
         }
         let when = When::parse(self.run_at.as_deref(), self.delay_ms, now)?;
+        let deadline = Deadline::parse(self.expires_at.as_deref(), self.ttl_ms, when, now)?;
         let payload = self.payload.unwrap_or(RawValue::NULL);
         check_payload(payload, max_payload_bytes)?;
         let on_conflict = self.on_conflict.unwrap_or_default();
-        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, on_conflict })
+        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, deadline, traceparent: None, on_conflict })
     }
 }
 
@@ -104,6 +116,9 @@ pub struct Rows<'a> {
     /// JSON text, parsed by the database.
     payloads: Vec<&'a str>,
     request_hashes: Vec<Vec<u8>>,
+    expires_ats: Vec<Option<DateTime<Utc>>>,
+    ttls: Vec<Option<i64>>,
+    traceparents: Vec<Option<&'a str>>,
 }
 
 impl<'a> Rows<'a> {
@@ -115,6 +130,18 @@ impl<'a> Rows<'a> {
         self.delays.push(delay);
         self.payloads.push(payload);
         self.request_hashes.push(request_hash);
+        self.expires_ats.push(None);
+        self.ttls.push(None);
+        self.traceparents.push(None);
+    }
+
+    /// A client's task: `push` with its deadline and trace context.
+    pub fn push_new(&mut self, id: Uuid, task: &'a NewTask) {
+        self.push(id, task.key.clone(), task.when, task.payload.get(), task.request_hash.clone());
+        let (expires_at, ttl) = task.deadline.map(Deadline::binds).unwrap_or_default();
+        *self.expires_ats.last_mut().expect("pushed") = expires_at;
+        *self.ttls.last_mut().expect("pushed") = ttl;
+        *self.traceparents.last_mut().expect("pushed") = task.traceparent.as_deref();
     }
 }
 
@@ -140,6 +167,9 @@ pub async fn insert<'e>(
         .bind(timer_id)
         .bind(biz_type)
         .bind(super::wake::CHANNEL)
+        .bind(&rows.expires_ats)
+        .bind(&rows.ttls)
+        .bind(&rows.traceparents)
         .fetch_all(db)
         .await
 }
@@ -180,7 +210,7 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
         let id = Uuid::now_v7();
         id_of_item.push(id);
         if repeat_of[i].is_none() {
-            rows.push(id, item.key.clone(), item.when, item.payload.get(), item.request_hash.clone());
+            rows.push_new(id, item);
         }
     }
     let created = insert(pool, biz_type_id, biz_type, None, &rows).await?;

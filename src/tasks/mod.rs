@@ -56,8 +56,8 @@ pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert,
 pub use replace::OnConflict;
 pub use payload::check_payload;
 pub use queries::{
-    ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, list, read, remove_unfired, replay,
-    reschedule, reschedule_target,
+    ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, list, others_with_key, read, remove_unfired,
+    replay, reschedule, reschedule_target,
 };
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
@@ -176,8 +176,12 @@ pub struct Task {
     pub created_at: DateTime<Utc>,
     /// When the task last changed (a delivery starting included).
     pub updated_at: DateTime<Utc>,
-    /// When it succeeded, failed or was cancelled; None while unfinished.
+    /// When it succeeded, failed, was cancelled or expired; None while unfinished.
     pub finished_at: Option<DateTime<Utc>>,
+    /// No callback starts at or after this time; undelivered then, the task ends `expired`.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The W3C trace context of the request that created it; its callbacks carry the same trace.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -245,6 +249,78 @@ impl When {
             When::After { delay_ms } => (None, Some(delay_ms)),
         }
     }
+}
+
+/// A task's deadline as the client said it: a time, or a distance from the due time
+/// (resolved by the database, which resolves the due time).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Deadline {
+    At(DateTime<Utc>),
+    After { ttl_ms: i64 },
+}
+
+impl Deadline {
+    /// From the request's `expires_at` and `ttl_ms` fields (neither: no deadline), for a
+    /// task due `when`. The deadline must come after the due time (a delay is measured on
+    /// this server's clock here; the database's may differ by its skew) and at most 10
+    /// years after it.
+    pub fn parse(expires_at: Option<&str>, ttl_ms: Option<i64>, when: When, now: DateTime<Utc>) -> Result<Option<Deadline>, Error> {
+        match (expires_at, ttl_ms) {
+            (None, None) => Ok(None),
+            (Some(_), Some(_)) => Err(Error::invalid("expires_at", "give expires_at or ttl_ms, not both")),
+            (Some(s), None) => {
+                let at = DateTime::parse_from_rfc3339(s)
+                    .map_err(|e| Error::invalid("expires_at", format!("must be an RFC 3339 time such as 2026-11-21T09:30:00Z ({e})")))?
+                    .with_timezone(&Utc);
+                let run_at = match when {
+                    When::At(at) => at,
+                    When::After { delay_ms } => now + TimeDelta::milliseconds(delay_ms),
+                };
+                if at <= run_at {
+                    return Err(Error::invalid("expires_at", format!("must be after the task is due ({})", run_at.to_rfc3339())));
+                }
+                if at > run_at + MAX_AHEAD {
+                    return Err(Error::invalid("expires_at", "is more than 10 years after the task is due"));
+                }
+                Ok(Some(Deadline::At(at)))
+            }
+            (None, Some(ms)) => {
+                if ms < 1 || ms > MAX_AHEAD.num_milliseconds() {
+                    return Err(Error::invalid("ttl_ms", format!("must be between 1 and {} (10 years)", MAX_AHEAD.num_milliseconds())));
+                }
+                Ok(Some(Deadline::After { ttl_ms: ms }))
+            }
+        }
+    }
+
+    /// The two nullable bind values the SQL resolves with
+    /// `coalesce(expires_at, run_at + ttl_ms * interval '1 millisecond')`.
+    fn binds(self) -> (Option<DateTime<Utc>>, Option<i64>) {
+        match self {
+            Deadline::At(at) => (Some(at), None),
+            Deadline::After { ttl_ms } => (None, Some(ttl_ms)),
+        }
+    }
+}
+
+/// A W3C `traceparent` header (Trace Context, level 1) worth keeping: version 00 exactly as
+/// specified, or a later version's first four fields. Anything else is ignored (None), as
+/// the specification asks of a receiver, rather than refused: tracing must not break a create.
+pub fn traceparent(header: &str) -> Option<String> {
+    let header = header.trim();
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let mut fields = header.split('-');
+    let (version, trace_id, parent_id, flags) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+    let rest = fields.next();
+    let well_formed = hex(version, 2)
+        && version != "ff"
+        && hex(trace_id, 32)
+        && trace_id.bytes().any(|b| b != b'0')
+        && hex(parent_id, 16)
+        && parent_id.bytes().any(|b| b != b'0')
+        && hex(flags, 2)
+        && (rest.is_none() || version != "00");
+    well_formed.then(|| format!("{version}-{trace_id}-{parent_id}-{flags}"))
 }
 
 pub fn validate_key(key: &str) -> Result<(), Error> {
@@ -316,6 +392,59 @@ mod tests {
             assert!(matches!(check_time("from", t), Err(Error::Invalid { field, .. }) if field == "from"), "{year}");
         }
         assert!(check_time("to", DateTime::<Utc>::MIN_UTC).is_err() && check_time("to", DateTime::<Utc>::MAX_UTC).is_err());
+    }
+
+    #[test]
+    fn deadlines_come_after_the_due_time_and_name_their_field() {
+        let at = |s: &str| When::At(s.parse().unwrap());
+        let due = at("2026-11-21T13:00:00Z");
+        assert_eq!(Deadline::parse(None, None, due, now()).unwrap(), None);
+        assert_eq!(
+            Deadline::parse(Some("2026-11-21T14:00:00+01:00"), None, at("2026-11-21T12:30:00Z"), now()).unwrap(),
+            Some(Deadline::At("2026-11-21T13:00:00Z".parse().unwrap()))
+        );
+        assert_eq!(Deadline::parse(None, Some(1), due, now()).unwrap(), Some(Deadline::After { ttl_ms: 1 }));
+        let delayed = When::After { delay_ms: 3_600_000 };
+        let cases: [(Option<&str>, Option<i64>, When, &str); 8] = [
+            (Some("2026-11-21T13:00:00Z"), Some(5), due, "expires_at"),
+            (Some("tomorrow"), None, due, "expires_at"),
+            (Some("2026-11-21T13:00:00Z"), None, due, "expires_at"),
+            (Some("2026-11-21T12:59:59Z"), None, due, "expires_at"),
+            (Some("2026-11-21T12:30:00Z"), None, delayed, "expires_at"),
+            (Some("2040-01-01T00:00:00Z"), None, due, "expires_at"),
+            (None, Some(0), due, "ttl_ms"),
+            (None, Some(MAX_AHEAD.num_milliseconds() + 1), due, "ttl_ms"),
+        ];
+        for (expires_at, ttl, when, field) in cases {
+            match Deadline::parse(expires_at, ttl, when, now()) {
+                Err(Error::Invalid { field: f, .. }) => assert_eq!(f, field, "{expires_at:?} {ttl:?}"),
+                other => panic!("{expires_at:?} {ttl:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_traceparent_is_kept_when_well_formed_and_ignored_otherwise() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(traceparent(ok).as_deref(), Some(ok));
+        assert_eq!(traceparent(&format!(" {ok} ")).as_deref(), Some(ok));
+        // A later version may carry more fields; its first four are kept.
+        assert_eq!(
+            traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-next").as_deref(),
+            Some("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        for bad in [
+            "",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            assert_eq!(traceparent(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -122,6 +122,26 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     Ok(Page { items, next_cursor })
 }
 
+/// The other tasks that held `task`'s key in its biz type: the key's current task and those
+/// it held before (`task_keys.earlier`), newest first, at most 20. Empty without a key. The
+/// ids go in as an array, so each is a probe of a primary key (as `read` does), never a
+/// scan of the view.
+pub async fn others_with_key(pool: &Pool, task: &Task) -> Result<Vec<Task>, Error> {
+    let Some(key) = &task.key else { return Ok(vec![]) };
+    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
+        "{SELECT_TASK}
+          WHERE t.id = ANY(ARRAY(SELECT unnest(k.earlier || k.task_id) FROM task_keys k
+                                  WHERE k.biz_type_id = $1 AND k.key = $2))
+            AND t.id <> $3
+          ORDER BY t.created_at DESC LIMIT 20"
+    )))
+    .bind(task.biz_type_id)
+    .bind(key)
+    .bind(task.id)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// Tasks holding this client key, in any biz type (the console's search box).
 pub async fn find_by_key(pool: &Pool, key: &str) -> Result<Vec<Task>, Error> {
     Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
@@ -204,7 +224,7 @@ async fn lock_by_key(tx: &mut PgConnection, owner: i32, key: &str) -> Result<(Uu
 /// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
 /// keep it), optionally with a new payload, each moved to whichever of the hot partitions
 /// or cold storage its time belongs in. `fresh_start` also clears the attempt count and
-/// last error (a replay). The one statement reschedule, replay and bulk replay (`bulk.rs`) share; a
+/// last error and the deadline (a replay). The one statement reschedule, replay and bulk replay (`bulk.rs`) share; a
 /// lease's retry stays in place (`lease::record`). The tasks must be locked by the caller
 /// and all in cold storage (`cold`) or all not.
 pub(super) async fn requeue(
@@ -230,14 +250,19 @@ pub(super) async fn requeue(
                     CASE WHEN $5 THEN 0 ELSE attempt_count END AS attempt_count,
                     timer_id,
                     CASE WHEN $5 THEN NULL ELSE last_error END AS last_error,
-                    created_at
+                    created_at,
+                    -- A replay is a fresh start: the deadline was the first run's.
+                    CASE WHEN $5 THEN NULL ELSE expires_at END AS expires_at,
+                    traceparent
                FROM old
          ), hot AS (
-             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at)
+             INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
+                                expires_at, traceparent)
              SELECT * FROM new WHERE run_at < (SELECT until FROM hot_horizon)
              RETURNING *
          ), cold AS (
-             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at)
+             INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
+                                     expires_at, traceparent)
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (

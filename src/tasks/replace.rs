@@ -14,6 +14,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::create::{CreateOutcome, NewTask, Rows, insert, key_conflict};
+use super::Deadline;
 use super::queries::{lock, read, requeue};
 use super::Status;
 use crate::db::Pool;
@@ -26,8 +27,9 @@ pub enum OnConflict {
     /// The same request again is a repeat (200), another one a conflict (409 `key_conflict`).
     #[default]
     Reject,
-    /// A pending task takes this request's time and payload; a finished one leaves the key
-    /// to a new task; a running one is a conflict (409 `task_running`).
+    /// A pending task takes this request's time, payload and deadline; a finished one
+    /// leaves the key to a new task (and joins the key's earlier tasks); a running one is a
+    /// conflict (409 `task_running`).
     Replace,
     /// The key's task as it is, whatever the request.
     Keep,
@@ -62,14 +64,7 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
             },
         };
         let outcome = match (item.on_conflict, state) {
-            (_, None) => {
-                crate::db::query("DELETE FROM task_keys WHERE biz_type_id = $1 AND key = $2")
-                    .bind(biz_type_id)
-                    .bind(&key)
-                    .execute(&mut *tx)
-                    .await?;
-                insert_one(&mut tx, biz_type_id, biz_type, item).await?
-            }
+            (_, None) => give_key(&mut tx, biz_type_id, biz_type, item, None).await?,
             (OnConflict::Keep, Some((id, ..))) => read(&mut *tx, id).await?.map(CreateOutcome::Existing),
             (OnConflict::Reject, Some(_)) => Some(CreateOutcome::Failed(key_conflict(item))),
             (OnConflict::Replace, Some((_, Status::Running, _))) => Some(CreateOutcome::Failed(Error::Conflict(
@@ -77,9 +72,27 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
                 format!("the task holding key `{key}` is running (its callback is under way); once it has finished, the same replace gives the key to a new task"),
             ))),
             (OnConflict::Replace, Some((id, Status::Pending, cold))) => {
-                // TODO(expires_at): once the create side carries a deadline, the replace
-                // takes it too (requeue sets it alongside run_at and payload).
                 let mut tasks = requeue(&mut tx, cold, &[id], Some(item.when), Some(&item.payload), false).await?;
+                // And the request's deadline, from the new due time (none: none).
+                if let Some(task) = tasks.last_mut() {
+                    let (at, ttl_ms) = item.deadline.map(Deadline::binds).unwrap_or_default();
+                    task.expires_at = crate::db::query_scalar(
+                        "WITH hot AS (
+                             UPDATE tasks SET expires_at = coalesce($3, run_at + $4 * interval '1 millisecond')
+                              WHERE id = $1 AND run_at = $2 RETURNING expires_at
+                         ), cold AS (
+                             UPDATE tasks_cold SET expires_at = coalesce($3, run_at + $4 * interval '1 millisecond')
+                              WHERE id = $1 RETURNING expires_at
+                         )
+                         SELECT expires_at FROM hot UNION ALL SELECT expires_at FROM cold",
+                    )
+                    .bind(id)
+                    .bind(task.run_at)
+                    .bind(at)
+                    .bind(ttl_ms)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                }
                 // The replacing request is now the key's: sent again, it is a repeat.
                 crate::db::query("UPDATE task_keys SET request_hash = $3 WHERE biz_type_id = $1 AND key = $2")
                     .bind(biz_type_id)
@@ -91,14 +104,7 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
             }
             // Finished, cancelled or expired: the old task keeps its history (and its `key`
             // column), the key goes to a new task, found by key from now on.
-            (OnConflict::Replace, Some(_)) => {
-                crate::db::query("DELETE FROM task_keys WHERE biz_type_id = $1 AND key = $2")
-                    .bind(biz_type_id)
-                    .bind(&key)
-                    .execute(&mut *tx)
-                    .await?;
-                insert_one(&mut tx, biz_type_id, biz_type, item).await?
-            }
+            (OnConflict::Replace, Some((id, ..))) => give_key(&mut tx, biz_type_id, biz_type, item, Some(id)).await?,
         };
         if let Some(outcome) = outcome {
             tx.commit().await?;
@@ -108,15 +114,40 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
     Err(Error::key_conflict(format!("key `{key}` changed hands {TRIES} times while this create ran; send it again")))
 }
 
-/// Inserts the item with its key (free in this transaction); None if a concurrent create
-/// claimed the key first.
-async fn insert_one(tx: &mut sqlx::PgConnection, biz_type_id: i32, biz_type: &str, item: &mut NewTask) -> Result<Option<CreateOutcome>, Error> {
+/// Gives the key (locked by this transaction, or free) to a new task made of the item; the
+/// task that held it, if any, joins the key's earlier tasks (`task_keys.earlier`, the
+/// console's history of the key). None if a concurrent create claimed the free key first.
+async fn give_key(
+    tx: &mut sqlx::PgConnection,
+    biz_type_id: i32,
+    biz_type: &str,
+    item: &mut NewTask,
+    old: Option<Uuid>,
+) -> Result<Option<CreateOutcome>, Error> {
+    let key = item.key.clone().expect("a keyed create");
+    let earlier: Option<Vec<Uuid>> =
+        crate::db::query_scalar("DELETE FROM task_keys WHERE biz_type_id = $1 AND key = $2 RETURNING earlier")
+            .bind(biz_type_id)
+            .bind(&key)
+            .fetch_optional(&mut *tx)
+            .await?;
     let mut rows = Rows::default();
-    let payload = item.payload.get().to_string();
-    rows.push(Uuid::now_v7(), item.key.clone(), item.when, &payload, item.request_hash.clone());
-    let Some(mut task) = insert(&mut *tx, biz_type_id, biz_type, None, &rows).await?.pop() else {
+    rows.push_new(Uuid::now_v7(), item);
+    let created = insert(&mut *tx, biz_type_id, biz_type, None, &rows).await?.pop();
+    drop(rows);
+    let Some(mut task) = created else {
         return Ok(None);
     };
+    let mut earlier = earlier.unwrap_or_default();
+    earlier.extend(old);
+    if !earlier.is_empty() {
+        crate::db::query("UPDATE task_keys SET earlier = $3 WHERE biz_type_id = $1 AND key = $2")
+            .bind(biz_type_id)
+            .bind(&key)
+            .bind(&earlier)
+            .execute(&mut *tx)
+            .await?;
+    }
     task.payload = std::mem::take(&mut item.payload);
     Ok(Some(CreateOutcome::Created(task)))
 }

@@ -189,8 +189,35 @@ async fn replace_changes_a_pending_task_and_gives_a_finished_ones_key_to_a_new_t
     assert_eq!((patched.status, patched.body["id"].as_str()), (200, Some(newest.as_str())), "{}", patched.body);
     let cancelled = app.delete(&by_key("orders", "meeting"), &token).await;
     assert_eq!((cancelled.status, cancelled.body["id"].as_str()), (200, Some(newest.as_str())), "{}", cancelled.body);
-    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM task_keys").fetch_one(&app.pool).await.unwrap();
-    assert_eq!(keys, 1, "one key row, pointing to the newest task");
+    let keys: Vec<(uuid::Uuid, Vec<uuid::Uuid>)> = sqlx::query_as("SELECT task_id, earlier FROM task_keys").fetch_all(&app.pool).await.unwrap();
+    let as_text = |ids: &[uuid::Uuid]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+    assert_eq!(keys.len(), 1, "one key row, pointing to the newest task");
+    assert_eq!((keys[0].0.to_string(), as_text(&keys[0].1)), (newest.clone(), ids[..ids.len() - 1].to_vec()), "the earlier tasks, oldest first");
+}
+
+/// A replace of a pending task takes the request's deadline too (`expires_at`, or `ttl_ms`
+/// from the new due time), and a replace without one leaves the task without a deadline.
+#[tokio::test]
+async fn replace_takes_the_requests_deadline() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let replace = |extra: Value| {
+        let mut body = json!({"biz_type": "orders", "key": "refund-9", "run_at": "2030-06-01T08:00:00Z", "on_conflict": "replace"});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        app.post("/api/v1/tasks", &token, body)
+    };
+    let first = replace(json!({"ttl_ms": 60_000})).await;
+    assert_eq!((first.status, &first.body["expires_at"]), (201, &json!("2030-06-01T08:01:00Z")), "{}", first.body);
+    let absolute = replace(json!({"run_at": "2030-06-02T08:00:00Z", "expires_at": "2030-06-02T09:00:00Z"})).await;
+    assert_eq!((absolute.status, &absolute.body["expires_at"]), (200, &json!("2030-06-02T09:00:00Z")), "{}", absolute.body);
+    let relative = replace(json!({"ttl_ms": 1000})).await;
+    assert_eq!((relative.status, &relative.body["expires_at"]), (200, &json!("2030-06-01T08:00:01Z")), "from the new due time: {}", relative.body);
+    let none = replace(json!({})).await;
+    assert_eq!((none.status, &none.body["expires_at"]), (200, &Value::Null), "{}", none.body);
+    let stored = app.get(&by_key("orders", "refund-9"), &token).await.body;
+    assert_eq!((&stored["id"], &stored["expires_at"]), (&first.body["id"], &Value::Null));
+    let bad = replace(json!({"expires_at": "2030-06-01T07:00:00Z"})).await;
+    assert_eq!((bad.status, bad.code()), (422, "invalid_argument"), "a deadline before the due time: {}", bad.body);
 }
 
 /// In a batch, each item's `on_conflict` applies to it alone, in item order: fresh items

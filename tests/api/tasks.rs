@@ -524,3 +524,82 @@ async fn payloads_are_limited_by_their_size_as_stored() {
     let over = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "payload": "x".repeat(65_535)})).await;
     assert_eq!((over.status, over.code()), (413, "payload_too_large"), "{}", over.body);
 }
+
+/// A deadline is given as `expires_at` or as `ttl_ms` after the due time, kept through a
+/// reschedule, and answered with the task; a bad one is refused naming its field.
+#[tokio::test]
+async fn a_deadline_is_given_absolute_or_relative_and_checked() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let run_at = micros(Utc::now() + Duration::hours(1));
+    let expires_at = run_at + Duration::minutes(30);
+    let absolute = app
+        .create_task(&token, json!({"biz_type": "orders", "run_at": run_at.to_rfc3339(), "expires_at": expires_at.to_rfc3339()}))
+        .await;
+    assert_eq!(time(&absolute["expires_at"]), expires_at);
+    let relative = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 60_000, "ttl_ms": 90_000})).await;
+    assert_eq!(time(&relative["expires_at"]) - time(&relative["run_at"]), Duration::milliseconds(90_000));
+    let none = app.create_task(&token, json!({"biz_type": "orders"})).await;
+    assert_eq!(none["expires_at"], Value::Null);
+
+    let id = absolute["id"].as_str().unwrap();
+    let moved = app.patch(&format!("/api/v1/tasks/{id}"), &token, json!({"payload": 2})).await;
+    assert_eq!(moved.status, 200, "{}", moved.body);
+    assert_eq!(time(&moved.body["expires_at"]), expires_at, "a change of payload keeps the deadline");
+    let batch = app
+        .post("/api/v1/tasks/batch", &token, json!({"tasks": [{"biz_type": "orders", "ttl_ms": 5000}, {"biz_type": "orders", "ttl_ms": 0}]}))
+        .await;
+    assert_eq!(batch.body["results"][0]["status"], 201, "{}", batch.body);
+    assert!(batch.body["results"][0]["task"]["expires_at"].is_string(), "{}", batch.body);
+    assert_eq!(batch.body["results"][1]["status"], 422, "{}", batch.body);
+
+    let at = run_at.to_rfc3339();
+    for (body, field) in [
+        (json!({"biz_type": "orders", "run_at": at, "expires_at": at}), "expires_at"),
+        (json!({"biz_type": "orders", "run_at": at, "expires_at": (run_at - Duration::seconds(1)).to_rfc3339()}), "expires_at"),
+        (json!({"biz_type": "orders", "delay_ms": 7_200_000, "expires_at": at}), "expires_at"),
+        (json!({"biz_type": "orders", "expires_at": "next tuesday"}), "expires_at"),
+        (json!({"biz_type": "orders", "expires_at": (Utc::now() + Duration::days(3700)).to_rfc3339()}), "expires_at"),
+        (json!({"biz_type": "orders", "ttl_ms": 0}), "ttl_ms"),
+        (json!({"biz_type": "orders", "ttl_ms": -5}), "ttl_ms"),
+        (json!({"biz_type": "orders", "ttl_ms": 316_224_000_001_i64}), "ttl_ms"),
+        (json!({"biz_type": "orders", "ttl_ms": 1000, "expires_at": at}), "expires_at"),
+    ] {
+        let reply = app.post("/api/v1/tasks", &token, body.clone()).await;
+        assert_eq!(reply.status, 422, "{body}: {}", reply.body);
+        assert!(reply.message().starts_with(field), "{body}: {}", reply.message());
+    }
+}
+
+/// A create's W3C `traceparent` is kept with the task (a batch's with each of its tasks);
+/// a malformed one is ignored, as the Trace Context specification asks, not refused.
+#[tokio::test]
+async fn a_creates_traceparent_is_kept_and_a_malformed_one_ignored() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let send = |path: &str, header: &str, body: Value| {
+        app.client
+            .post(format!("{}{path}", app.address))
+            .bearer_auth(&token)
+            .header("traceparent", header)
+            .json(&body)
+            .send()
+    };
+    let created: Value = send("/api/v1/tasks", parent, json!({"biz_type": "orders"})).await.unwrap().json().await.unwrap();
+    assert_eq!(created["traceparent"], parent);
+    let got = app.get(&format!("/api/v1/tasks/{}", created["id"].as_str().unwrap()), &token).await;
+    assert_eq!(got.body["traceparent"], parent);
+    let batch: Value = send("/api/v1/tasks/batch", parent, json!({"tasks": [{"biz_type": "orders"}, {"biz_type": "orders"}]}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for result in batch["results"].as_array().unwrap() {
+        assert_eq!(result["task"]["traceparent"], parent, "{batch}");
+    }
+    let malformed = send("/api/v1/tasks", "00-not-a-trace-01", json!({"biz_type": "orders"})).await.unwrap();
+    assert_eq!(malformed.status(), 201);
+    assert_eq!(malformed.json::<Value>().await.unwrap()["traceparent"], Value::Null);
+}

@@ -1,6 +1,7 @@
 -- Inserts tasks of biz type $1, given column by column as arrays ($2 to $7: id, key, run_at
--- or delay in ms, payload as JSON text, hash of the request), as occurrences of timer $8
--- or of none. Used by single creates (batched), batch creates and timer occurrences.
+-- or delay in ms, payload as JSON text, hash of the request; $11 to $13: the deadline, or
+-- its distance in ms from run_at, and the traceparent), as occurrences of timer $8 or of
+-- none. Used by single creates (batched), batch creates and timer occurrences.
 --
 -- Keys are claimed in task_keys first; an item whose key is taken is not inserted (ON
 -- CONFLICT DO NOTHING; a concurrent insert of the same key is waited for until it commits
@@ -9,10 +10,13 @@
 -- the horizon; a row that lands in cold storage just as the horizon moves past it is
 -- picked up by the migrator's next sweep. Locks nothing but the new rows and keys.
 WITH input AS (
-    SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
-           i.payload::jsonb AS payload, i.request_hash
-      FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[], $7::bytea[])
-           AS i(id, key, run_at, delay_ms, payload, request_hash)
+    SELECT i.id, i.key, i.run_at, i.payload, i.request_hash, i.traceparent,
+           coalesce(i.expires_at, i.run_at + i.ttl_ms * interval '1 millisecond') AS expires_at
+      FROM (SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
+                   i.payload::jsonb AS payload, i.request_hash, i.expires_at, i.ttl_ms, i.traceparent
+              FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[], $7::bytea[],
+                          $11::timestamptz[], $12::bigint[], $13::text[])
+                   AS i(id, key, run_at, delay_ms, payload, request_hash, expires_at, ttl_ms, traceparent)) i
 ), taken AS (
     INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
     SELECT $1, key, id, request_hash FROM input WHERE key IS NOT NULL
@@ -21,15 +25,17 @@ WITH input AS (
 ), fresh AS (
     SELECT * FROM input WHERE key IS NULL OR id IN (SELECT task_id FROM taken)
 ), hot AS (
-    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id)
-    SELECT id, $1, key, run_at, payload, $8 FROM fresh
+    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent)
+    SELECT id, $1, key, run_at, payload, $8, expires_at, traceparent FROM fresh
      WHERE run_at < (SELECT until FROM hot_horizon)
-    RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
+    RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at,
+              expires_at, traceparent
 ), cold AS (
-    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id)
-    SELECT id, $1, key, run_at, payload, $8 FROM fresh
+    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent)
+    SELECT id, $1, key, run_at, payload, $8, expires_at, traceparent FROM fresh
      WHERE run_at >= (SELECT until FROM hot_horizon)
-    RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at
+    RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at,
+              expires_at, traceparent
 ), wake AS (
     -- Engines sleep until the next due task, at most a second; one due sooner must wake
     -- them (sent on commit, to every node).
@@ -40,6 +46,7 @@ WITH input AS (
 -- run: an unreferenced CTE is not evaluated, and a LEFT JOIN to it would be removed by the
 -- planner (it adds no column and at most one row).
 SELECT t.id, $1 AS biz_type_id, $9::text AS biz_type, t.key, t.run_at, 'null'::jsonb AS payload, t.status,
-       t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at
+       t.attempt_count, t.timer_id, t.last_error, t.created_at, t.updated_at, t.finished_at, t.expires_at,
+       t.traceparent
   FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t
   CROSS JOIN (SELECT count(*) FROM wake) w

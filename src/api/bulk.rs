@@ -24,7 +24,7 @@ const BODY_BYTES: usize = 4096;
 #[schema(as = BulkCancel, example = json!({"key_prefix": "order-", "run_at_to": "2026-12-01T00:00:00Z", "dry_run": true}))]
 pub(super) struct CancelRequest {
     /// Tasks whose key starts with this (1 to 256 bytes, no control characters, as a key).
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")]
     key_prefix: Option<String>,
     /// Tasks due at or after this time (RFC 3339).
     #[schema(format = DateTime)]
@@ -57,7 +57,7 @@ pub(super) struct ReplayRequest {
     /// The state of the tasks to replay.
     status: ReplayStatus,
     /// Tasks whose key starts with this (1 to 256 bytes, no control characters, as a key).
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")]
     key_prefix: Option<String>,
     /// Tasks due at or after this time (RFC 3339).
     #[schema(format = DateTime)]

@@ -117,7 +117,7 @@ pub async fn run(pool: Pool, sessions: sqlx::PgPool, node_id: Uuid, settings: Se
                     let conn = session.take().expect("session is open");
                     tracing::info!(%node_id, "this node is now the leader");
                     node_metrics.leading(true);
-                    let reason = lead(conn, &pool, &settings, &mut stop).await;
+                    let reason = lead(conn, &pool, &sessions, &settings, &mut stop).await;
                     node_metrics.leading(false);
                     tracing::info!(%node_id, reason, "this node no longer leads; the leader lock is released");
                 }
@@ -157,12 +157,13 @@ async fn connect(sessions: &sqlx::PgPool, node_id: Uuid, lease: Duration) -> Res
 }
 
 /// Leads until the session fails or the node stops; returns why it stopped.
-async fn lead(mut session: PgConnection, pool: &Pool, settings: &Settings, stop: &mut Signal) -> &'static str {
-    // The migrator runs beside the other duties, so a large move never delays timers or
-    // lease recovery.
+async fn lead(mut session: PgConnection, pool: &Pool, sessions: &sqlx::PgPool, settings: &Settings, stop: &mut Signal) -> &'static str {
+    // The migrator and index builds run beside the other duties, so a large move or build
+    // never delays timers or lease recovery.
     let duties = [
         tokio::spawn(housekeeping(pool.clone(), settings.clone())),
         tokio::spawn(migrate(pool.clone(), settings.migrate_batch)),
+        tokio::spawn(complete_indexes_every(Pool::direct(sessions.clone()))),
     ];
     let mut ping = tokio::time::interval((settings.lease / 4).max(Duration::from_millis(250)));
     let reason = loop {
@@ -223,7 +224,7 @@ impl Duties {
         Duties { pool, settings, partitioned: None, retired: None, swept: None }
     }
 
-    /// One tick: timers and lease recovery every time, the other duties when their period
+    /// One tick: timers, lease recovery and expiry every time, the other duties when their period
     /// has passed. Moving cold tasks is not among them: it runs beside the tick (`move_cold`).
     pub async fn run_once(&mut self) {
         let (pool, s) = (&self.pool, &self.settings);
@@ -233,6 +234,7 @@ impl Duties {
         }
         materialize_timers(pool, s.timer_window).await;
         recover_leases(pool).await;
+        expire_overdue(pool).await;
         if due(self.swept, SWEEP_EVERY) {
             self.swept = Some(Instant::now());
             sweep_and_cancel_archived(pool).await;
@@ -249,6 +251,29 @@ impl Duties {
 pub async fn ensure_partitions(pool: &Pool, layout: &Layout) {
     if let Err(e) = partitions::ensure(pool, layout).await {
         tracing::warn!(error = %e, "could not create partitions; will retry in a minute");
+    }
+}
+
+/// Completes the partitioned indexes of tasks and attempts a migration made `ON ONLY`
+/// (`partitions::complete_indexes`), at once and then every `PARTITIONS_EVERY`. Beside the
+/// tick, like the migrator: building an index on a large partition takes minutes, during
+/// which timers and lease recovery must go on. `direct` reaches PostgreSQL itself (the
+/// build holds a session lock, which a pooler in transaction mode would not keep).
+async fn complete_indexes_every(direct: Pool) {
+    loop {
+        complete_indexes(&direct).await;
+        tokio::time::sleep(PARTITIONS_EVERY).await;
+    }
+}
+
+/// One pass of `complete_indexes_every`; returns how many partition indexes it built.
+pub async fn complete_indexes(direct: &Pool) -> u32 {
+    match partitions::complete_indexes(direct).await {
+        Ok(built) => built,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not complete the partitioned indexes of tasks and attempts; will retry in a minute");
+            0
+        }
     }
 }
 
@@ -274,6 +299,35 @@ pub async fn recover_leases(pool: &Pool) -> u64 {
             0
         }
     }
+}
+
+/// Tasks ended `expired` per statement of the expiry sweep: a short transaction, so that
+/// a burst of deadlines (a paused biz type's backlog) never holds many row locks at once.
+const EXPIRE_BATCH: i64 = 1_000;
+
+/// Ends `expired` the pending tasks whose deadline passed without a claim (every tick):
+/// held back by a pause, a backlog, a rate limit, or a pull biz type nobody reserves from.
+/// Batch after batch while full ones come back; returns how many.
+pub async fn expire_overdue(pool: &Pool) -> u64 {
+    let mut total = 0;
+    loop {
+        match tasks::lease::expire_overdue(pool, EXPIRE_BATCH).await {
+            Ok(n) => {
+                total += n;
+                if n < EXPIRE_BATCH as u64 {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not end the tasks past their deadline; retrying at the next tick");
+                break;
+            }
+        }
+    }
+    if total > 0 {
+        tracing::info!(tasks = total, "tasks not delivered before their deadline ended expired");
+    }
+    total
 }
 
 /// The fallback sweep (`sweep`), then the pending tasks of archived biz types cancelled

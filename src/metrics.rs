@@ -88,6 +88,10 @@ struct Process {
     delivered: Family<BizType, Counter>,
     retried: Family<BizType, Counter>,
     failed: Family<BizType, Counter>,
+    /// Tasks ended `expired` by this node, however it found the deadline passed.
+    expired: Family<BizType, Counter>,
+    /// Callbacks answered 2xx with `Chime-Snooze`.
+    snoozed: Family<BizType, Counter>,
     in_flight: Family<BizType, Gauge>,
     latency: SecondsFamily<BizType>,
     lateness: SecondsFamily<BizType>,
@@ -108,6 +112,8 @@ fn process() -> &'static Process {
             delivered: Family::default(),
             retried: Family::default(),
             failed: Family::default(),
+            expired: Family::default(),
+            snoozed: Family::default(),
             in_flight: Family::default(),
             latency: seconds_family(),
             lateness: seconds_family(),
@@ -123,6 +129,12 @@ fn process() -> &'static Process {
         r.register("chime_tasks_delivered", "Callbacks answered with 2xx", p.delivered.clone());
         r.register("chime_tasks_retried", "Failed attempts that will be retried", p.retried.clone());
         r.register("chime_tasks_failed", "Tasks failed for good (permanent error or attempts exhausted)", p.failed.clone());
+        r.register(
+            "chime_tasks_expired",
+            "Tasks ended expired by this node: not delivered before their deadline (expires_at), found at the claim, before sending, after a failure or snooze reaching the deadline, at lease recovery, or by the leader's sweep",
+            p.expired.clone(),
+        );
+        r.register("chime_attempts_snoozed", "Callbacks answered 2xx with a valid Chime-Snooze: the task is pending again, due later, the attempt not counted", p.snoozed.clone());
         r.register("chime_in_flight", "Callbacks in flight on this node", p.in_flight.clone());
         r.register("chime_delivery_seconds", "Callback duration", p.latency.clone());
         r.register("chime_lateness_seconds", "Fire time minus run_at", p.lateness.clone());
@@ -146,7 +158,7 @@ pub fn claimed(biz_type_name: &str, count: usize) {
     p.claimed.get_or_create(&b).inc_by(count as u64);
     p.in_flight.get_or_create(&b).inc_by(count as i64);
     // A biz type's every series appears with its first claim, at zero until it counts.
-    for family in [&p.delivered, &p.retried, &p.failed] {
+    for family in [&p.delivered, &p.retried, &p.failed, &p.expired, &p.snoozed] {
         drop(family.get_or_create(&b));
     }
     drop(p.latency.get_or_create(&b));
@@ -154,11 +166,14 @@ pub fn claimed(biz_type_name: &str, count: usize) {
 }
 
 /// One finished delivery attempt: how long the callback took, how late it fired, and
-/// whether it was delivered, will be retried, or failed for good.
+/// whether it was delivered, will be retried, failed for good, was snoozed by the
+/// receiver, or ended the task expired (its retry or snooze reaching the deadline).
 pub enum Finish {
     Delivered,
     Retried,
     Failed,
+    Snoozed,
+    Expired,
 }
 
 pub fn finished(biz_type_name: &str, latency_s: f64, lateness_s: f64, result: Finish) {
@@ -171,8 +186,27 @@ pub fn finished(biz_type_name: &str, latency_s: f64, lateness_s: f64, result: Fi
         Finish::Delivered => &p.delivered,
         Finish::Retried => &p.retried,
         Finish::Failed => &p.failed,
+        Finish::Snoozed => &p.snoozed,
+        Finish::Expired => &p.expired,
     };
     outcome.get_or_create(&b).inc();
+}
+
+/// Tasks of a biz type ended `expired` without a callback (at the claim, at lease recovery,
+/// by the sweep, by a pull reserve).
+pub fn expired(biz_type_name: &str, count: u64) {
+    if count > 0 {
+        process().expired.get_or_create(&biz_type(biz_type_name)).inc_by(count);
+    }
+}
+
+/// A task claimed by the engine and not sent, because its deadline came before its due
+/// time: no longer in flight, and expired.
+pub fn not_sent_expired(biz_type_name: &str) {
+    let p = process();
+    let b = biz_type(biz_type_name);
+    p.in_flight.get_or_create(&b).dec();
+    p.expired.get_or_create(&b).inc();
 }
 
 /// What the leader did: cold tasks moved, timer occurrences written, partitions dropped.

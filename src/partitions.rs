@@ -15,9 +15,13 @@
 //! * `retire` (the leader) drops partitions past retention, by detaching them first (a
 //!   short lock), then removing their tasks' idempotency keys in batches, then dropping the
 //!   detached table. A partition that still holds an unfinished task is kept.
+//! * `complete_indexes` (the leader, beside its tick) finishes the partitioned indexes a
+//!   migration made `ON ONLY` on `tasks` or `attempts` (migrations/README.md says why): it
+//!   builds each partition's index concurrently and attaches it, after which PostgreSQL
+//!   marks the parent's index valid. Partitions created later get it with their table.
 
 use chrono::{DateTime, Duration, DurationRound, Utc};
-use sqlx::{AssertSqlSafe};
+use sqlx::{AssertSqlSafe, Connection};
 use crate::db::Pool;
 use crate::tasks::placement;
 
@@ -27,6 +31,8 @@ const PARTITION_LOCK: i64 = 0x6368_696d_6570; // "chimep"
 const BEHIND: Duration = Duration::days(1);
 /// Detached partitions waiting for their keys to be removed and to be dropped.
 const RETIRED_PREFIX: &str = "retired_";
+/// Serialises `complete_indexes` between nodes (a deposed leader still building, a test).
+const INDEX_LOCK: i64 = 0x6368_696d_6569; // "chimei"
 /// Idempotency keys removed per statement when a partition is retired.
 const KEY_BATCH: i64 = 10_000;
 
@@ -157,6 +163,90 @@ pub async fn ensure(pool: &Pool, layout: &Layout) -> Result<DateTime<Utc>, sqlx:
         tracing::info!(created, %horizon, "created partitions");
     }
     Ok(horizon)
+}
+
+/// An index of a partition that should be attached to an invalid partitioned index.
+#[derive(Debug, sqlx::FromRow)]
+struct MissingIndex {
+    /// The parent's index, as `ON ONLY` made it.
+    parent: String,
+    partition: String,
+    /// The parent index's definition from `USING` on: what each partition's index repeats.
+    definition: String,
+    /// The partition's index of the expected name, if one exists (then not attached: a
+    /// build that failed half-way, left invalid, or one this code did not finish attaching).
+    existing_valid: Option<bool>,
+}
+
+/// Completes every invalid partitioned index of `tasks` and `attempts`: for each partition
+/// without its index, builds it `CONCURRENTLY` (writes go on) and attaches it; once every
+/// partition's is attached, PostgreSQL marks the parent valid. Idempotent: an index already
+/// attached is left alone, a valid one not yet attached is attached, an invalid leftover
+/// of a failed build is dropped and built again. Only one node at a time (an advisory
+/// lock on its own session; a node that does not get it returns at once). `direct` must
+/// reach PostgreSQL itself: the build runs outside a transaction and the lock is a
+/// session's. Returns how many partition indexes it built.
+pub async fn complete_indexes(direct: &Pool) -> Result<u32, sqlx::Error> {
+    // A session of its own, closed at the end, so that its settings and lock never go back
+    // to the pool.
+    let mut conn = direct.acquire().await?.detach();
+    let locked: bool = crate::db::query_scalar("SELECT pg_try_advisory_lock($1)").bind(INDEX_LOCK).fetch_one(&mut conn).await?;
+    if !locked {
+        return Ok(0);
+    }
+    // A build on a large partition takes minutes: a statement_timeout set on the server
+    // would cut it off every time, leaving an invalid index to build again.
+    crate::db::query("SET statement_timeout = 0").execute(&mut conn).await?;
+    let missing: Vec<MissingIndex> = crate::db::query_as(
+        "SELECT pi.relname::text AS parent, part.relname::text AS partition,
+                substring(pg_get_indexdef(pi.oid) FROM ' USING .*$') AS definition,
+                (SELECT x2.indisvalid FROM pg_class ci JOIN pg_index x2 ON x2.indexrelid = ci.oid
+                  WHERE ci.relname = part.relname || '_' || pi.relname AND ci.relnamespace = part.relnamespace) AS existing_valid
+           FROM pg_index x
+           JOIN pg_class pi ON pi.oid = x.indexrelid
+           JOIN pg_class pt ON pt.oid = x.indrelid
+           JOIN pg_inherits i ON i.inhparent = pt.oid
+           JOIN pg_class part ON part.oid = i.inhrelid
+          WHERE pt.relname IN ('tasks', 'attempts') AND pt.relnamespace = current_schema()::regnamespace
+            AND pi.relkind = 'I' AND NOT x.indisvalid
+            AND NOT EXISTS (SELECT 1 FROM pg_inherits ii JOIN pg_index xc ON xc.indexrelid = ii.inhrelid
+                             WHERE ii.inhparent = pi.oid AND xc.indrelid = part.oid)
+          ORDER BY 1, 2",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let mut built = 0;
+    let mut outcome = Ok(());
+    for m in &missing {
+        let index = format!("{}_{}", m.partition, m.parent);
+        let step = async {
+            if m.existing_valid == Some(false) {
+                crate::db::query(AssertSqlSafe(format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))).execute(&mut conn).await?;
+            }
+            if m.existing_valid != Some(true) {
+                // Names and definition come from the catalog, not from a client.
+                crate::db::query(AssertSqlSafe(format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {} {}", m.partition, m.definition)))
+                    .execute(&mut conn)
+                    .await?;
+                built += 1;
+            }
+            // Attaching locks the parent index for a moment: rather than queue behind a long
+            // query (and everything behind us), fail and try again at the next round. The
+            // builds above wait as long as it takes for older transactions to end (their
+            // locks block no writes), so they run without it.
+            crate::db::query("SET lock_timeout = '5s'").execute(&mut conn).await?;
+            crate::db::query(AssertSqlSafe(format!("ALTER INDEX {} ATTACH PARTITION {index}", m.parent))).execute(&mut conn).await?;
+            crate::db::query("SET lock_timeout = 0").execute(&mut conn).await?;
+            Ok::<_, sqlx::Error>(())
+        };
+        if let Err(e) = step.await {
+            outcome = Err(e);
+            break;
+        }
+        tracing::info!(index = %index, parent = %m.parent, "built and attached a partition's index");
+    }
+    let _ = conn.close().await;
+    outcome.map(|()| built)
 }
 
 /// The hot horizon: tasks due before it are in the partitions, later ones in cold storage.

@@ -86,7 +86,7 @@ pub async fn settle(pool: &Pool, biz: &BizType, id: Uuid, receipt: Uuid, verdict
             let policy = RetryPolicy { max_attempts: biz.max_attempts, backoff_initial_ms: biz.backoff_initial_ms, backoff_max_ms: biz.backoff_max_ms };
             let wait = delay_ms.map(|ms| std::time::Duration::from_millis(ms.max(0) as u64));
             let reason = format!("nacked{}", error.map(|e| format!(": {e}")).unwrap_or_default());
-            (lease::Verdict::after_failure(held.attempt_count, policy, wait, held.db_now), Some(reason), None)
+            (lease::Verdict::after_failure(held.attempt_count, policy, wait, held.db_now, held.expires_at), Some(reason), None)
         }
     };
     let outcome = Outcome {
@@ -105,6 +105,9 @@ pub async fn settle(pool: &Pool, biz: &BizType, id: Uuid, receipt: Uuid, verdict
     lease::record_in(&mut tx, receipt, None, &[outcome]).await?;
     let task = crate::tasks::read(&mut *tx, id).await?.ok_or_else(|| Error::NotFound(format!("no task with id {id}")))?;
     tx.commit().await?;
+    if matches!(verdict, lease::Verdict::Expire { .. }) {
+        crate::metrics::expired(&biz.name, 1);
+    }
     Ok(task)
 }
 

@@ -477,7 +477,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The task is not pending (it is running or finished)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be changed; this one is succeeded"}})),
         (status = 413, description = r#"The new payload is larger than the server's limit (default 64 KiB)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
-        (status = 422, description = r#"Nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "give run_at, delay_ms or payload to change"}})),
+        (status = 422, description = r#"Nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, a time at or after the task's deadline (`expires_at`: no callback starts then), or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "give run_at, delay_ms or payload to change"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -622,7 +622,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<St
     operation_id = "replayTask",
     tag = "tasks",
     summary = r#"Replay a finished task"#,
-    description = r#"Puts a failed, succeeded or cancelled task back to `pending`, due now, with its attempt count reset to 0 and last error cleared; the earlier attempts stay in its history. A pending or running task answers 409. No request body is needed."#,
+    description = r#"Puts a failed, succeeded, cancelled or expired task back to `pending`, due now, with its attempt count reset to 0 and last error cleared; the earlier attempts stay in its history. The deadline (`expires_at`) is cleared too: it was the original delivery's, and a replay is delivered whenever it gets through. A pending or running task answers 409. No request body is needed."#,
     params(
         ("id" = Uuid, Path, description = r#"The task's id."#)
     ),

@@ -66,19 +66,33 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     };
     let sent = match refusal {
         Some(reason) => Sent { error: Some(format!("could not connect: {reason}")), ..Sent::default() },
-        None => send(client, hosts, biz, task.id, task.attempt_count, fired_at, body).await,
+        None => {
+            let which = Which { task_id: task.id, attempt: task.attempt_count, traceparent: task.traceparent.as_deref().and_then(child_traceparent) };
+            send(client, hosts, biz, which, fired_at, body).await
+        }
     };
     let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
 
+    let mut error = sent.error;
+    let deadline = task.expires_at;
     let verdict = match sent.status_code {
-        Some(code) if (200..300).contains(&code) => Verdict::Delivered,
-        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, task.attempt_count, sent.retry_after),
+        Some(code) if (200..300).contains(&code) => match sent.snooze {
+            None => Verdict::Delivered,
+            Some(Ok(seconds)) => Verdict::after_snooze(Utc::now() + chrono::TimeDelta::seconds(i64::from(seconds)), deadline),
+            // A snooze the receiver got wrong is its protocol error: retried like a failure
+            // (counted, with backoff), so a receiver that always answers it still ends.
+            Some(Err(why)) => {
+                error = Some(why);
+                retry(biz, task.attempt_count, None, deadline)
+            }
+        },
+        Some(code) if code == 408 || code == 429 || code >= 500 => retry(biz, task.attempt_count, sent.retry_after, deadline),
         // A redirect that `send` does not follow is retried rather than failed at once: the
         // fix is the biz type's callback URL, and once an operator makes it, the tasks still
         // retrying are delivered without a replay of each.
-        Some(code) if changes_method(code) => retry(biz, task.attempt_count, sent.retry_after),
+        Some(code) if changes_method(code) => retry(biz, task.attempt_count, sent.retry_after, deadline),
         Some(_) => Verdict::GiveUp,
-        None => retry(biz, task.attempt_count, None),
+        None => retry(biz, task.attempt_count, None, deadline),
     };
     Outcome {
         task_id: task.id,
@@ -88,11 +102,76 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         started_at: fired_at,
         duration_ms,
         status_code: sent.status_code,
-        error: sent.error,
+        error,
         response_excerpt: sent.excerpt,
         redirected_to: sent.redirected_to,
         verdict,
     }
+}
+
+/// The outcome of a task claimed ahead of its due time whose deadline came first: not sent
+/// (no callback starts at or after the deadline), recorded as an attempt that says so, and
+/// the task expired.
+pub fn not_sent(biz: &BizTypeConfig, task: &Claimed, deadline: DateTime<Utc>) -> Outcome {
+    Outcome {
+        task_id: task.id,
+        biz_type_id: biz.id,
+        run_at: task.run_at,
+        attempt: task.attempt_count,
+        started_at: Utc::now(),
+        duration_ms: 0,
+        status_code: None,
+        error: Some(format!(
+            "not sent: its deadline {} came before its due time {}",
+            deadline.to_rfc3339(),
+            task.run_at.to_rfc3339()
+        )),
+        response_excerpt: None,
+        redirected_to: None,
+        verdict: Verdict::Expire { deadline, next: None, snoozed: false },
+    }
+}
+
+/// The longest `Chime-Snooze`, in seconds: a year (SPEC §11).
+pub const MAX_SNOOZE_SECS: u32 = 31_536_000;
+
+/// A `Chime-Snooze` header's values: whole seconds from 1 to `MAX_SNOOZE_SECS`, or the
+/// attempt's protocol error naming the header and what it said.
+fn parse_snooze<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<Result<u32, String>> {
+    let first = values.next()?;
+    let text = String::from_utf8_lossy(first);
+    let wrong = |why: &str| {
+        Err(format!(
+            "protocol error: the receiver answered 2xx with Chime-Snooze {text:?}, {why}; a snooze must be whole seconds \
+             from 1 to {MAX_SNOOZE_SECS}: retried like a failure"
+        ))
+    };
+    if values.next().is_some() {
+        return Some(wrong("given more than once"));
+    }
+    let trimmed = text.trim();
+    if trimmed.is_empty() || !trimmed.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(wrong("not a whole number of seconds"));
+    }
+    Some(match trimmed.parse::<u64>() {
+        Ok(seconds @ 1..) if seconds <= u64::from(MAX_SNOOZE_SECS) => Ok(seconds as u32),
+        _ => wrong("out of range"),
+    })
+}
+
+/// The `traceparent` of a callback of a task whose create carried `parent` (W3C Trace
+/// Context): the same version, trace id and flags, and a new span id, random for each
+/// attempt. None when `parent` is not a traceparent this can continue.
+pub fn child_traceparent(parent: &str) -> Option<String> {
+    let mut fields = parent.trim().splitn(5, '-');
+    let (version, trace_id, _parent_id, flags) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let valid = hex(version, 2) && version != "ff" && hex(trace_id, 32) && trace_id.bytes().any(|b| b != b'0') && hex(flags, 2);
+    if !valid || (version == "00" && fields.next().is_some()) {
+        return None;
+    }
+    let span: u64 = rand::Rng::random_range(&mut rand::rng(), 1..=u64::MAX);
+    Some(format!("{version}-{trace_id}-{span:016x}-{flags}"))
 }
 
 /// The outcome of a callback cut off because the node's shutdown grace ran out: an attempt
@@ -121,6 +200,14 @@ pub fn cut_off(
     }
 }
 
+/// Which task and attempt a callback is, as its headers say.
+struct Which {
+    task_id: Uuid,
+    attempt: i32,
+    /// This attempt's `traceparent` (`child_traceparent`), if the task has a trace.
+    traceparent: Option<String>,
+}
+
 /// What became of one send.
 #[derive(Default)]
 struct Sent {
@@ -133,6 +220,8 @@ struct Sent {
     retry_after: Option<Duration>,
     /// The last URL a 307 or 308 sent the callback to.
     redirected_to: Option<String>,
+    /// A 2xx answer's `Chime-Snooze`: seconds, or why it is wrong (none: no such header).
+    snooze: Option<Result<u32, String>>,
 }
 
 /// 301, 302 and 303: a client following them sends a GET without the body.
@@ -150,11 +239,11 @@ async fn send(
     client: &reqwest::Client,
     hosts: CallbackHosts,
     biz: &BizTypeConfig,
-    task_id: Uuid,
-    attempt: i32,
+    which: Which,
     fired_at: DateTime<Utc>,
     body: Vec<u8>,
 ) -> Sent {
+    let Which { task_id, attempt, traceparent } = which;
     let timeout = Duration::from_millis(biz.timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let mut sent = Sent::default();
@@ -171,8 +260,12 @@ async fn send(
         .header("Chime-Task-Id", task_id.to_string())
         .header("Chime-Attempt", attempt.to_string())
         .header("Chime-Signature", signature(secret, fired_at.timestamp(), &body))
-        .body(body)
-        .build();
+        .body(body);
+    let request = match traceparent {
+        Some(traceparent) => request.header("traceparent", traceparent),
+        None => request,
+    }
+    .build();
     let mut request = match request {
         Ok(request) => request,
         Err(e) => return Sent { error: Some(failure(&e, biz.timeout_ms)), ..sent },
@@ -203,6 +296,9 @@ async fn send(
     let status = response.status().as_u16();
     sent.status_code = Some(status as i16);
     sent.retry_after = response.headers().get("Retry-After").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+    if response.status().is_success() {
+        sent.snooze = parse_snooze(response.headers().get_all("Chime-Snooze").iter().map(|v| v.as_bytes()));
+    }
     sent.error = match location(&response) {
         Some(to) if changes_method(status as i16) => Some(format!(
             "the receiver redirected ({status}) to {to}; callbacks are not redirected because the method and body \
@@ -243,9 +339,9 @@ fn failure(e: &reqwest::Error, timeout_ms: i32) -> String {
     }
 }
 
-fn retry(biz: &BizTypeConfig, attempt: i32, retry_after: Option<Duration>) -> Verdict {
+fn retry(biz: &BizTypeConfig, attempt: i32, retry_after: Option<Duration>, expires_at: Option<DateTime<Utc>>) -> Verdict {
     let policy = RetryPolicy { max_attempts: biz.max_attempts, backoff_initial_ms: biz.backoff_initial_ms, backoff_max_ms: biz.backoff_max_ms };
-    Verdict::after_failure(attempt, policy, retry_after.filter(|d| *d <= MAX_RETRY_AFTER), Utc::now())
+    Verdict::after_failure(attempt, policy, retry_after.filter(|d| *d <= MAX_RETRY_AFTER), Utc::now(), expires_at)
 }
 
 /// `Retry-After` as seconds or as an HTTP date (RFC 9110 §10.2.3).
@@ -386,7 +482,18 @@ mod tests {
     async fn deliver_via_public_name(hosts: CallbackHosts, biz: &BizTypeConfig) -> Outcome {
         let client = hosts.http_client().resolve("public.test", SocketAddr::from(([127, 0, 0, 1], 0))).build().unwrap();
         let now = Utc::now();
-        let task = Claimed { id: Uuid::new_v4(), key: None, run_at: now, payload: "{}".into(), attempt_count: 1, timer_id: None, db_now: now };
+        let task = Claimed {
+            id: Uuid::new_v4(),
+            key: None,
+            run_at: now,
+            payload: "{}".into(),
+            attempt_count: 1,
+            timer_id: None,
+            expires_at: None,
+            traceparent: None,
+            expired: false,
+            db_now: now,
+        };
         deliver(&client, hosts, biz, task).await
     }
 
@@ -432,6 +539,36 @@ mod tests {
         let expected = format!("more than 5 redirects, the last (307) to http://public.test:{looping}/again");
         assert_eq!(outcome.error, Some(expected));
         assert!(matches!(outcome.verdict, Verdict::RetryAt(_)), "{:?}", outcome.verdict);
+    }
+
+    #[test]
+    fn snooze_is_whole_seconds_from_one_to_a_year() {
+        let parse = |values: &[&str]| parse_snooze(values.iter().map(|v| v.as_bytes()));
+        assert_eq!(parse(&[]), None);
+        assert_eq!(parse(&["1"]), Some(Ok(1)));
+        assert_eq!(parse(&[" 3600 "]), Some(Ok(3600)));
+        assert_eq!(parse(&["31536000"]), Some(Ok(MAX_SNOOZE_SECS)));
+        for bad in ["0", "-1", "1.5", "soon", "31536001", "", "+5", "99999999999999999999999"] {
+            let error = parse(&[bad]).unwrap().unwrap_err();
+            assert!(error.contains("Chime-Snooze") && error.contains(&format!("{bad:?}")), "{bad}: {error}");
+        }
+        assert!(parse(&["5", "6"]).unwrap().is_err(), "twice");
+    }
+
+    #[test]
+    fn a_callbacks_traceparent_continues_the_creates_trace_with_a_new_span() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let (a, b) = (child_traceparent(parent).unwrap(), child_traceparent(parent).unwrap());
+        for child in [&a, &b] {
+            let fields: Vec<&str> = child.split('-').collect();
+            assert_eq!((fields[0], fields[1], fields[3]), ("00", "4bf92f3577b34da6a3ce929d0e0e4736", "01"), "{child}");
+            assert!(fields[2].len() == 16 && fields[2] != "0000000000000000" && fields[2] != "00f067aa0ba902b7", "{child}");
+        }
+        assert_ne!(a, b, "each attempt has a span of its own");
+        for bad in ["", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "nonsense"] {
+            assert_eq!(child_traceparent(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -31,7 +31,8 @@ impl FailureLog {
     /// Logs `outcome` if it is a failed attempt, or counts it when its biz type's interval
     /// has had `LOUD` lines already.
     pub fn note(&self, biz_type: &str, outcome: &Outcome) {
-        if outcome.verdict == Verdict::Delivered {
+        // A snooze is the receiver's answer, not a failure, even one that ends the task.
+        if matches!(outcome.verdict, Verdict::Delivered | Verdict::Snooze(_) | Verdict::Expire { snoozed: true, .. }) {
             return;
         }
         let error = outcome.error.as_deref().unwrap_or("failed");
@@ -62,6 +63,10 @@ impl FailureLog {
             Verdict::RetryAt(at) => tracing::warn!(
                 task_id = %outcome.task_id, biz_type, attempt = outcome.attempt, status, error, retry_at = %at,
                 "delivery attempt failed; will retry"
+            ),
+            Verdict::Expire { deadline, .. } => tracing::warn!(
+                task_id = %outcome.task_id, biz_type, attempt = outcome.attempt, status, error, expires_at = %deadline,
+                "delivery attempt failed and its retry would start at or after the task's deadline; the task has expired"
             ),
             _ => tracing::warn!(
                 task_id = %outcome.task_id, biz_type, attempt = outcome.attempt, status, error,

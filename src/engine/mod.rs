@@ -20,6 +20,13 @@
 //! added to its lateness. The wait is measured from the database's clock, as returned
 //! with the row: a node whose clock runs ahead of the database's never fires early.
 //!
+//! Deadlines (SPEC §11). No callback starts at or after a task's `expires_at`: the claim
+//! ends the tasks it picks whose deadline has passed instead of leasing them; a task claimed
+//! ahead whose deadline comes before its due time is recorded expired, not sent (an attempt
+//! that says so, `deliver::not_sent`); a retry or snooze that would start at or after the
+//! deadline ends the task now (`Verdict::Expire`); and the leader's sweep ends the tasks no
+//! claim reached in time (`leader::expire_overdue`).
+//!
 //! Failure. A node that dies holding leases leaves tasks `running`; when their leases
 //! expire, the leader puts them back to pending (`recover_expired_leases`, every second)
 //! and they are delivered again: at least once, never lost. A result for a task whose lease this
@@ -323,7 +330,7 @@ impl Engine {
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
-            let claimed = match lease::claim(&self.pool, biz.id, free, ahead_ms, lease_ms, self.node_id).await {
+            let (claimed, expired) = match lease::claim(&self.pool, biz.id, free, ahead_ms, lease_ms, self.node_id).await {
                 Ok(c) => c,
                 Err(e) => {
                     // An unreachable database is reported once, by `health`.
@@ -333,7 +340,8 @@ impl Engine {
                     continue;
                 }
             };
-            if (claimed.len() as i64) < free {
+            metrics::expired(&biz.name, expired as u64);
+            if ((claimed.len() + expired) as i64) < free {
                 caught_up.push(biz.id);
                 claims_ahead &= ahead_ms > 0;
             } else if free == slots {
@@ -370,6 +378,11 @@ impl Engine {
                     let report = if !waited || stop.is_stopping() {
                         // No callback starts once the node is stopping.
                         Report::Unstarted { task_id: task.id, run_at: task.run_at }
+                    } else if let Some(deadline) = task.expires_at.filter(|d| *d <= chrono::Utc::now()) {
+                        // Claimed ahead, and its deadline came before its due time: no
+                        // callback starts at or after the deadline (SPEC §11).
+                        metrics::not_sent_expired(&biz.name);
+                        Report::Finished(deliver::not_sent(&biz, &task, deadline))
                     } else {
                         let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
                         let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
@@ -380,6 +393,8 @@ impl Engine {
                                     Verdict::Delivered => metrics::Finish::Delivered,
                                     Verdict::RetryAt(_) => metrics::Finish::Retried,
                                     Verdict::GiveUp => metrics::Finish::Failed,
+                                    Verdict::Snooze(_) => metrics::Finish::Snoozed,
+                                    Verdict::Expire { .. } => metrics::Finish::Expired,
                                 };
                                 metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
                                 failures.note(&biz.name, &outcome);

@@ -11,12 +11,12 @@
 //!
 //! Which index: pending tasks are walked in `tasks_claim_idx` (biz type, run_at, id), and
 //! `tasks_cold_list_idx` in cold storage; failed ones in `tasks_failed_idx`, expired ones in
-//! `tasks_list_idx`. A key prefix is a filter on that walk, not an index of its own: the walk
-//! reads the biz type's tasks of that state once, 30 ms for 100,000 pending tasks (a prefix
-//! matching 1,111 of them, cancelled; `tests/api/bulk.rs`, debug build), and a prefix index
-//! on `task_keys` would have to be joined back to the tasks, a probe per partition for each.
-//! Cancelling all 100,000 took 1.1 to 1.4 s, with a steady biz type's callbacks 2 ms late
-//! (p50; p99 under 15 ms) meanwhile.
+//! `tasks_expired_idx`. A key prefix is a filter on that walk, not an index of its own: the
+//! walk reads the biz type's tasks of that state once, 30 to 40 ms for 100,000 pending tasks
+//! (a prefix matching 1,111 of them, cancelled; `tests/api/bulk.rs`, release build on two
+//! shared cores), and a prefix index on `task_keys` would have to be joined back to the
+//! tasks, a probe per partition for each. Cancelling all 100,000 took 1.0 to 1.6 s, with a
+//! steady biz type's callbacks 1.5 to 2 ms late (p50; p99 about 5 ms) meanwhile.
 
 use chrono::{DateTime, Utc};
 use sqlx::{Postgres, QueryBuilder};

@@ -6,7 +6,12 @@
 //! * `record` settles leases: succeeded, failed, or pending again at a retry time (backoff
 //!   computed here, once, for both), with one attempt each; `touch` extends a reservation,
 //!   `give_back` returns tasks a stopping node claimed ahead and never started;
-//! * `recover_expired_leases` (the leader, or any node) puts back what a dead holder left.
+//! * `recover_expired_leases` (the leader, or any node) puts back what a dead holder left;
+//! * `expire_overdue` (the leader) ends the pending tasks whose deadline passed unclaimed.
+//!
+//! Deadlines are kept at every step (no callback starts at or after `expires_at`): the
+//! claim and reserve end what they pick past it, a retry or snooze reaching it ends the
+//! task (`Verdict::Expire`), lease recovery too.
 //!
 //! Every statement that changes a lease compares the holder on the locked row, so a holder
 //! whose lease ran out can never settle the task of the one that holds it now. The
@@ -34,13 +39,22 @@ pub struct Claimed {
     /// This delivery's number (1 for the first try since creation or replay).
     pub attempt_count: i32,
     pub timer_id: Option<Uuid>,
+    /// The task's deadline: no callback starts at or after it (SPEC §11).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The W3C trace context its create carried; each callback sends a child of it.
+    pub traceparent: Option<String>,
+    /// The claim found the deadline passed and ended the task `expired` instead of leasing
+    /// it: not to be delivered (`claim` leaves these out of what it returns).
+    pub expired: bool,
     /// The database clock as the row was returned: with `run_at`, tells how long to wait
     /// before calling back, whatever this node's own clock says.
     pub db_now: DateTime<Utc>,
 }
 
 /// Leases up to `limit` tasks of one biz type to node `node_id`: those due now, and those
-/// due within the next `ahead_ms`, which the caller holds until they are due.
+/// due within the next `ahead_ms`, which the caller holds until they are due. Tasks it
+/// picked whose deadline had passed are ended `expired` instead (see claim.sql): the
+/// answer is the leased tasks and how many expired.
 pub async fn claim(
     pool: &Pool,
     biz_type_id: i32,
@@ -48,15 +62,17 @@ pub async fn claim(
     ahead_ms: i64,
     lease_ms: i64,
     node_id: Uuid,
-) -> Result<Vec<Claimed>, sqlx::Error> {
-    crate::db::query_as(include_str!("sql/claim.sql"))
+) -> Result<(Vec<Claimed>, usize), sqlx::Error> {
+    let picked: Vec<Claimed> = crate::db::query_as(include_str!("sql/claim.sql"))
         .bind(biz_type_id)
         .bind(limit)
         .bind(lease_ms + ahead_ms)
         .bind(node_id)
         .bind(ahead_ms)
         .fetch_all(pool)
-        .await
+        .await?;
+    let (expired, leased): (Vec<Claimed>, Vec<Claimed>) = picked.into_iter().partition(|c| c.expired);
+    Ok((leased, expired.len()))
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).
@@ -86,18 +102,26 @@ pub struct Reserved {
     pub task: Task,
     pub reserved_until: DateTime<Utc>,
     pub receipt: Uuid,
+    /// The reserve found the deadline passed and ended the task `expired` instead: not
+    /// handed out (`reserve` leaves these out).
+    #[serde(skip)]
+    pub expired: bool,
 }
 
 /// Leases up to `limit` due tasks of a pull biz type for `ttr_ms`, each under a receipt of
-/// its own.
+/// its own. Tasks it picked whose deadline had passed are ended `expired` instead (see
+/// reserve.sql) and counted in the metrics, not handed out.
 pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, ttr_ms: i64) -> Result<Vec<Reserved>, sqlx::Error> {
-    crate::db::query_as(include_str!("sql/reserve.sql"))
+    let picked: Vec<Reserved> = crate::db::query_as(include_str!("sql/reserve.sql"))
         .bind(biz_type_id)
         .bind(limit)
         .bind(ttr_ms)
         .bind(biz_type)
         .fetch_all(pool)
-        .await
+        .await?;
+    let (expired, reserved): (Vec<Reserved>, Vec<Reserved>) = picked.into_iter().partition(|r| r.expired);
+    crate::metrics::expired(biz_type, expired.len() as u64);
+    Ok(reserved)
 }
 
 /// How many tasks of the biz type are due, counting no further than `up_to`.
@@ -128,6 +152,8 @@ pub struct Held {
     /// This reservation's attempt number.
     pub attempt_count: i32,
     pub reserved_at: DateTime<Utc>,
+    /// The task's deadline: a nack whose retry would fall at or after it ends the task.
+    pub expires_at: Option<DateTime<Utc>>,
     /// The database clock, to measure the reservation by.
     pub db_now: DateTime<Utc>,
 }
@@ -137,7 +163,7 @@ pub struct Held {
 /// waited for, and the condition is checked again on the row it left.
 pub async fn hold(tx: &mut PgConnection, biz_type_id: i32, id: Uuid, holder: Uuid) -> Result<Option<Held>, sqlx::Error> {
     crate::db::query_as(
-        "SELECT run_at, attempt_count, updated_at AS reserved_at, now() AS db_now FROM tasks
+        "SELECT run_at, attempt_count, updated_at AS reserved_at, expires_at, now() AS db_now FROM tasks
           WHERE id = $1 AND biz_type_id = $2 AND status = 'running' AND leased_by = $3
             FOR UPDATE",
     )
@@ -188,6 +214,13 @@ pub enum Verdict {
     Delivered,
     RetryAt(DateTime<Utc>),
     GiveUp,
+    /// The receiver answered 2xx with a valid `Chime-Snooze`: the task is pending again,
+    /// due at this time, and the attempt does not count toward `max_attempts`.
+    Snooze(DateTime<Utc>),
+    /// The task ends `expired`: its `deadline` passed before the callback could start
+    /// (`next` None: it was not sent), or its next callback, a retry or (`snoozed`) the
+    /// end of a snooze at `next`, would start at or after it (SPEC §11).
+    Expire { deadline: DateTime<Utc>, next: Option<DateTime<Utc>>, snoozed: bool },
 }
 
 /// How a biz type retries: its attempts and backoff.
@@ -201,13 +234,48 @@ pub struct RetryPolicy {
 impl Verdict {
     /// After attempt number `attempt` failed: given up once the attempts are used up, else
     /// a retry after `wait` (a receiver's `Retry-After`, a consumer's nack delay) or the
-    /// backoff, counted from `now`.
-    pub fn after_failure(attempt: i32, policy: RetryPolicy, wait: Option<Duration>, now: DateTime<Utc>) -> Verdict {
+    /// backoff, counted from `now`; expired now if that retry would start at or after the
+    /// task's deadline `expires_at`, since no callback starts then.
+    pub fn after_failure(attempt: i32, policy: RetryPolicy, wait: Option<Duration>, now: DateTime<Utc>, expires_at: Option<DateTime<Utc>>) -> Verdict {
         if attempt >= policy.max_attempts {
             return Verdict::GiveUp;
         }
         let wait = wait.unwrap_or_else(|| backoff(policy.backoff_initial_ms, policy.backoff_max_ms, attempt));
-        Verdict::RetryAt(now + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX))
+        let at = now.checked_add_signed(TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX)).unwrap_or(DateTime::<Utc>::MAX_UTC);
+        match expires_at {
+            Some(deadline) if at >= deadline => Verdict::Expire { deadline, next: Some(at), snoozed: false },
+            _ => Verdict::RetryAt(at),
+        }
+    }
+
+    /// After the receiver asked to be called again at `until` (`Chime-Snooze`): snoozed, or
+    /// expired now if `until` is at or after the deadline (no callback would start again).
+    pub fn after_snooze(until: DateTime<Utc>, expires_at: Option<DateTime<Utc>>) -> Verdict {
+        match expires_at {
+            Some(deadline) if until >= deadline => Verdict::Expire { deadline, next: Some(until), snoozed: true },
+            _ => Verdict::Snooze(until),
+        }
+    }
+
+    /// The task's `last_error` this verdict leaves, given the attempt's own error.
+    fn task_error(&self, attempt_error: Option<&str>) -> Option<String> {
+        let Verdict::Expire { deadline, next, snoozed } = *self else {
+            return attempt_error.map(str::to_string);
+        };
+        let last = attempt_error.map(|e| format!(" (last attempt: {e})")).unwrap_or_default();
+        Some(match (next, snoozed) {
+            (Some(until), true) => format!(
+                "expired: the receiver snoozed it until {}, at or after its deadline {}, so no callback would start again",
+                until.to_rfc3339(),
+                deadline.to_rfc3339()
+            ),
+            (Some(at), false) => format!(
+                "expired: its next retry would start at {}, at or after its deadline {}{last}",
+                at.to_rfc3339(),
+                deadline.to_rfc3339()
+            ),
+            (None, _) => format!("expired at {}: not delivered before its deadline{last}", deadline.to_rfc3339()),
+        })
     }
 }
 
@@ -235,12 +303,21 @@ pub async fn record(pool: &Pool, node_id: Uuid, outcomes: &[Outcome]) -> Result<
 /// Records a batch of outcomes of leases held by `holder`: one statement for the tasks,
 /// one for the attempts (made by `node`, None for a pull consumer). Only tasks `holder`
 /// still holds are changed; every attempt is kept.
+///
+/// A snoozed task is pending again at the end of its snooze, with its attempt count back
+/// to what it was before this attempt (a snooze does not count toward `max_attempts`; the
+/// attempt row keeps its number, which the next callback uses again). A snooze ending
+/// beyond the hot horizon moves the task to cold storage first (`snooze_cold.sql`), as a
+/// create that far ahead would be placed, so it is not claimed early at the horizon's edge.
 pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
     let mut ids = Vec::with_capacity(outcomes.len());
     let mut run_ats = Vec::with_capacity(outcomes.len());
     let mut statuses = Vec::with_capacity(outcomes.len());
     let mut retry_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(outcomes.len());
     let mut errors = Vec::with_capacity(outcomes.len());
+    let mut task_errors = Vec::with_capacity(outcomes.len());
+    let mut snoozed = Vec::with_capacity(outcomes.len());
+    let mut snoozed_until: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(outcomes.len());
     let (mut numbers, mut started, mut durations, mut codes, mut excerpts) = (vec![], vec![], vec![], vec![], vec![]);
     let mut redirects = Vec::with_capacity(outcomes.len());
     let mut biz_type_ids = Vec::with_capacity(outcomes.len());
@@ -249,12 +326,19 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         run_ats.push(o.run_at);
         let (status, retry_at) = match o.verdict {
             Verdict::Delivered => (super::Status::Succeeded, None),
-            Verdict::RetryAt(at) => (super::Status::Pending, Some(at)),
+            Verdict::RetryAt(at) | Verdict::Snooze(at) => (super::Status::Pending, Some(at)),
             Verdict::GiveUp => (super::Status::Failed, None),
+            Verdict::Expire { .. } => (super::Status::Expired, None),
         };
         statuses.push(status.as_str());
         retry_ats.push(retry_at);
         errors.push(o.error.as_deref());
+        task_errors.push(o.verdict.task_error(o.error.as_deref()));
+        snoozed.push(matches!(o.verdict, Verdict::Snooze(_)));
+        snoozed_until.push(match o.verdict {
+            Verdict::Snooze(until) | Verdict::Expire { next: Some(until), snoozed: true, .. } => Some(until),
+            _ => None,
+        });
         numbers.push(o.attempt);
         started.push(o.started_at);
         durations.push(o.duration_ms);
@@ -263,13 +347,35 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         redirects.push(o.redirected_to.as_deref());
         biz_type_ids.push(o.biz_type_id);
     }
+    if snoozed.contains(&true) {
+        let (snoozed_ids, snoozed_run_ats, untils): (Vec<Uuid>, Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) = outcomes
+            .iter()
+            .filter_map(|o| match o.verdict {
+                Verdict::Snooze(until) => Some((o.task_id, o.run_at, until)),
+                _ => None,
+            })
+            .fold((vec![], vec![], vec![]), |(mut i, mut r, mut u), (id, run_at, until)| {
+                i.push(id);
+                r.push(run_at);
+                u.push(until);
+                (i, r, u)
+            });
+        crate::db::query(include_str!("sql/snooze_cold.sql"))
+            .bind(&snoozed_ids)
+            .bind(&snoozed_run_ats)
+            .bind(&untils)
+            .bind(holder)
+            .execute(&mut *tx)
+            .await?;
+    }
     crate::db::query(include_str!("sql/record_tasks.sql"))
         .bind(&ids)
         .bind(&run_ats)
         .bind(&statuses)
         .bind(&retry_ats)
-        .bind(&errors)
+        .bind(&task_errors)
         .bind(holder)
+        .bind(&snoozed)
         .execute(&mut *tx)
         .await?;
     crate::db::query(include_str!("sql/record_attempts.sql"))
@@ -284,12 +390,13 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         .bind(&biz_type_ids)
         .bind(&run_ats)
         .bind(&redirects)
+        .bind(&snoozed_until)
         .execute(&mut *tx)
         .await?;
     // A task given back by a node that stopped, or nacked without a delay, is due now:
     // wake the other nodes rather than let it wait for their poll.
     let now = Utc::now();
-    if outcomes.iter().any(|o| matches!(o.verdict, Verdict::RetryAt(at) if at <= now)) {
+    if outcomes.iter().any(|o| matches!(o.verdict, Verdict::RetryAt(at) | Verdict::Snooze(at) if at <= now)) {
         wake::notify(&mut *tx, wake::Wake::Due).await?;
     }
     Ok(())
@@ -321,10 +428,33 @@ pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>
 }
 
 /// Puts back to pending the tasks whose lease ran out (their holder died, lost the
-/// database, or a consumer let its time to run pass), recording the lost attempt. Safe on
+/// database, or a consumer let its time to run pass), recording the lost attempt; a task
+/// whose deadline has passed ends `expired` instead (counted in the metrics). Safe on
 /// every node at once. Returns how many (at most 1,000 a call).
 pub async fn recover_expired_leases(pool: &Pool) -> Result<u64, sqlx::Error> {
-    Ok(crate::db::query(include_str!("sql/recover_leases.sql")).execute(pool).await?.rows_affected())
+    let recovered: Vec<(String, bool)> = crate::db::query_as(include_str!("sql/recover_leases.sql")).fetch_all(pool).await?;
+    count_expired(recovered.iter().filter(|(_, expired)| *expired).map(|(biz_type, _)| biz_type.as_str()));
+    Ok(recovered.len() as u64)
+}
+
+/// Counts tasks ended `expired`, one biz type name per task.
+fn count_expired<'a>(biz_types: impl Iterator<Item = &'a str>) {
+    let mut counts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for name in biz_types {
+        *counts.entry(name).or_default() += 1;
+    }
+    for (name, n) in counts {
+        crate::metrics::expired(name, n);
+    }
+}
+
+/// Ends `expired` up to `limit` pending tasks whose deadline has passed without a claim:
+/// held back by a paused biz type, a backlog, a rate limit, or a pull biz type nobody
+/// reserves from (see expire.sql). Safe on every node at once. Returns how many.
+pub async fn expire_overdue(pool: &Pool, limit: i64) -> Result<u64, sqlx::Error> {
+    let ended: Vec<String> = crate::db::query_scalar(include_str!("sql/expire.sql")).bind(limit).fetch_all(pool).await?;
+    count_expired(ended.iter().map(String::as_str));
+    Ok(ended.len() as u64)
 }
 
 #[cfg(test)]
@@ -335,12 +465,29 @@ mod tests {
     fn a_failure_retries_until_the_attempts_are_used_up() {
         let policy = RetryPolicy { max_attempts: 3, backoff_initial_ms: 1_000, backoff_max_ms: 10_000 };
         let now: DateTime<Utc> = "2026-11-24T12:00:00Z".parse().unwrap();
-        assert_eq!(Verdict::after_failure(3, policy, None, now), Verdict::GiveUp);
-        assert_eq!(Verdict::after_failure(4, policy, Some(Duration::ZERO), now), Verdict::GiveUp);
-        assert_eq!(Verdict::after_failure(1, policy, Some(Duration::from_secs(7)), now), Verdict::RetryAt(now + TimeDelta::seconds(7)));
-        match Verdict::after_failure(2, policy, None, now) {
+        assert_eq!(Verdict::after_failure(3, policy, None, now, None), Verdict::GiveUp);
+        assert_eq!(Verdict::after_failure(4, policy, Some(Duration::ZERO), now, None), Verdict::GiveUp);
+        assert_eq!(Verdict::after_failure(1, policy, Some(Duration::from_secs(7)), now, None), Verdict::RetryAt(now + TimeDelta::seconds(7)));
+        match Verdict::after_failure(2, policy, None, now, None) {
             Verdict::RetryAt(at) => assert!(at >= now + TimeDelta::seconds(1) && at <= now + TimeDelta::seconds(2), "{at}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_retry_or_snooze_at_or_after_the_deadline_expires_the_task_now() {
+        let policy = RetryPolicy { max_attempts: 3, backoff_initial_ms: 1_000, backoff_max_ms: 10_000 };
+        let now: DateTime<Utc> = "2026-11-24T12:00:00Z".parse().unwrap();
+        let deadline = now + TimeDelta::seconds(7);
+        let expired = Verdict::Expire { deadline, next: Some(deadline), snoozed: false };
+        assert_eq!(Verdict::after_failure(1, policy, Some(Duration::from_secs(7)), now, Some(deadline)), expired);
+        let early = Verdict::after_failure(1, policy, Some(Duration::from_secs(6)), now, Some(deadline));
+        assert_eq!(early, Verdict::RetryAt(now + TimeDelta::seconds(6)));
+        assert_eq!(Verdict::after_failure(3, policy, None, now, Some(now)), Verdict::GiveUp, "attempts used up: failed, as without a deadline");
+        assert_eq!(Verdict::after_snooze(now + TimeDelta::seconds(6), Some(deadline)), Verdict::Snooze(now + TimeDelta::seconds(6)));
+        assert_eq!(Verdict::after_snooze(deadline, Some(deadline)), Verdict::Expire { deadline, next: Some(deadline), snoozed: true });
+        assert_eq!(Verdict::after_snooze(deadline, None), Verdict::Snooze(deadline));
+        let error = expired.task_error(Some("HTTP 503")).unwrap();
+        assert!(error.contains("at or after its deadline 2026-11-24T12:00:07+00:00") && error.ends_with("(last attempt: HTTP 503)"), "{error}");
     }
 }

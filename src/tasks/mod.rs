@@ -12,16 +12,22 @@
 //!    requeue: replay,  │  ▼                       │   └──────────► pending
 //!    reschedule ──────►│ cancelled                │ record / settle
 //!                      │                          ▼
-//!                      └──── replay ◄──── succeeded | failed
+//!                      └──── replay ◄──── succeeded | failed | expired
 //! ```
+//!
+//! `expired` (SPEC §11): a task with an `expires_at` gets no callback that would start at
+//! or after it. The claim and reserve end the tasks they pick past it instead of leasing
+//! them, `record` ends one whose next retry or snooze would fall there, lease recovery
+//! one whose lease ran out past it, and the leader's sweep (`lease::expire_overdue`) the
+//! pending ones nothing picked in time: so `pending` and `running` both lead to it.
 //!
 //! * `insert` (`create.rs`, `sql/insert.sql`) is the one way a row is made: API creates,
 //!   batches and timer occurrences. A key is claimed in `task_keys` in the same statement.
 //! * `lease.rs` is the one way out of `pending` and back: the engine's claim and pull's
 //!   reserve lease a task (`running`, with a holder and a `lease_until`); `record` settles
-//!   it (succeeded, failed, or pending again at a retry time, the backoff computed once for
-//!   callbacks and nacks), with its attempt; lease recovery puts back what a dead holder
-//!   left. Only the current holder can settle.
+//!   it (succeeded, failed, expired, or pending again at a retry or snooze time, the
+//!   backoff computed once for callbacks and nacks), with its attempt; lease recovery puts
+//!   back what a dead holder left. Only the current holder can settle.
 //! * `queries.rs`: reads and lists, and the changes a client or support person asks for,
 //!   by id or by key: `cancel` (pending only), and `requeue`, "back to pending at T", shared
 //!   by reschedule (pending only), replay (finished only) and bulk replay.
@@ -186,7 +192,8 @@ pub struct Task {
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Attempt {
-    /// The task's `attempt_count` when it was made (numbers restart after a replay).
+    /// The task's `attempt_count` when it was made (numbers restart after a replay; a
+    /// snoozed attempt's number is used again by the next).
     pub number: i32,
     /// When the callback was sent, or the pull reservation made.
     pub started_at: DateTime<Utc>,
@@ -199,6 +206,10 @@ pub struct Attempt {
     pub response_excerpt: Option<String>,
     /// Where a 307 or 308 sent the callback (null: not redirected).
     pub redirected_to: Option<String>,
+    /// The receiver answered 2xx with `Chime-Snooze`: the task was due again at this time,
+    /// and this attempt did not count toward `max_attempts` (the next callback has the same
+    /// number). Null: not snoozed.
+    pub snoozed_until: Option<DateTime<Utc>>,
 }
 
 /// When a task should run, as the client said it. A delay is resolved against the

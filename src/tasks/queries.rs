@@ -18,7 +18,7 @@ pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<(Task, Vec<Attempt>)>, 
         return Ok(None);
     };
     let attempts = crate::db::query_as::<Attempt>(
-        "SELECT number, started_at, duration_ms, status_code, error, response_excerpt, redirected_to
+        "SELECT number, started_at, duration_ms, status_code, error, response_excerpt, redirected_to, snoozed_until
            FROM attempts WHERE task_id = $1 ORDER BY started_at, number",
     )
     .bind(id)
@@ -314,12 +314,25 @@ pub async fn reschedule_target(
         return Err(Error::invalid_state(format!("only a pending task can be changed; this one is {status}")));
     }
     let task = one(requeue(&mut tx, cold, &[id], when, payload, false).await?)?;
+    if let Some(when) = when {
+        // No callback starts at or after the deadline: a task moved there could only expire.
+        let deadline: Option<DateTime<Utc>> =
+            crate::db::query_scalar("SELECT expires_at FROM all_tasks WHERE id = $1 AND run_at >= expires_at").bind(id).fetch_optional(&mut *tx).await?.flatten();
+        if let Some(deadline) = deadline {
+            let field = if matches!(when, When::At(_)) { "run_at" } else { "delay_ms" };
+            return Err(Error::invalid(
+                field,
+                format!("would be at or after the task's deadline (expires_at {}); choose an earlier time", deadline.to_rfc3339()),
+            ));
+        }
+    }
     tx.commit().await?;
     Ok(task)
 }
 
-/// Puts a finished task (failed, succeeded or cancelled) back to pending, due now. Its
-/// attempts stay in the history.
+/// Puts a finished task (failed, succeeded, cancelled or expired) back to pending, due now,
+/// without a deadline (its `expires_at` was the original delivery's). Its attempts stay in
+/// the history.
 pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;

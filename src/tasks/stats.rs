@@ -88,6 +88,8 @@ pub struct QueueCounts {
     pub due_next_hour: i64,
     pub running: i64,
     pub failed: i64,
+    /// Ended `expired` (not delivered before their deadline) and not replayed.
+    pub expired: i64,
 }
 
 /// Queue counts of every biz type, by name; each count stops at `cap`, so that a huge
@@ -99,7 +101,8 @@ pub async fn queue_counts(pool: &Pool, cap: i64) -> Result<Vec<QueueCounts>, sql
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending'
                                                               AND t.run_at < now() + interval '1 hour' LIMIT $1) c) AS due_next_hour,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'running' LIMIT $1) c) AS running,
-                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'failed' LIMIT $1) c) AS failed
+                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'failed' LIMIT $1) c) AS failed,
+                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'expired' LIMIT $1) c) AS expired
            FROM biz_types b ORDER BY b.name",
     )
     .bind(cap)

@@ -13,11 +13,18 @@ pub struct Answer {
     pub delay: Duration,
     /// Sent as `Location`, for a redirect.
     pub location: Option<String>,
+    /// More headers to answer with (name, value), e.g. `Chime-Snooze`.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Answer {
     pub fn status(status: u16) -> Self {
-        Answer { status, retry_after: None, delay: Duration::ZERO, location: None }
+        Answer { status, retry_after: None, delay: Duration::ZERO, location: None, headers: Vec::new() }
+    }
+
+    /// A 2xx answer asking to be called again later: `Chime-Snooze: <value>`.
+    pub fn snooze(value: &str) -> Self {
+        Answer { headers: vec![("Chime-Snooze".into(), value.into())], ..Answer::status(200) }
     }
 
     pub fn redirect(status: u16, to: &str) -> Self {
@@ -121,6 +128,9 @@ async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<S
     }
     if let Some(to) = answer.location {
         response.insert_header(("Location", to));
+    }
+    for (name, value) in answer.headers {
+        response.append_header((name, value));
     }
     response.body(format!("answer {}", answer.status))
 }

@@ -17,16 +17,39 @@
 -- to prune partitions: with those statistics, the planner walked the list index through
 -- the range instead (50,000 rows read when all were due at one instant). The cost is a
 -- probe of 200 ids in each retained partition, well under a millisecond each.
+--
+-- Deadlines (SPEC §11: no callback starts at or after `expires_at`). A picked task whose
+-- deadline has passed is ended `expired` here, in the same UPDATE, rather than skipped:
+-- skipped, it would stay at the head of tasks_claim_idx and every claim would read past it
+-- until the leader's expiry sweep came by (after a paused biz type with a large backlog
+-- resumes, past every one of them); ended, each claim clears up to $2 of them. It is
+-- returned with `expired` set, never leased, and the engine counts it and sends nothing.
+-- Its failure notice, if the biz type wants them, is queued in the same statement.
+-- The deadline is read on the locked row, so it cannot change between pick and update.
 WITH due AS (
     SELECT id, run_at FROM tasks
      WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() + $5 * interval '1 millisecond'
      ORDER BY run_at
      LIMIT $2
      FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE tasks t
+       SET status = CASE WHEN t.expires_at <= now() THEN 'expired' ELSE 'running' END,
+           lease_until = CASE WHEN t.expires_at <= now() THEN NULL ELSE now() + $3 * interval '1 millisecond' END,
+           leased_by = CASE WHEN t.expires_at <= now() THEN NULL ELSE $4 END,
+           attempt_count = CASE WHEN t.expires_at <= now() THEN t.attempt_count ELSE t.attempt_count + 1 END,
+           finished_at = CASE WHEN t.expires_at <= now() THEN now() END,
+           last_error = CASE WHEN t.expires_at <= now()
+                             THEN format('expired at %s: not delivered before its deadline (due at %s, it was not claimed '
+                                         'by then: held back by a pause, a backlog or the rate limit)', t.expires_at, t.run_at)
+                             ELSE t.last_error END,
+           updated_at = now()
+     WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING t.id, t.biz_type_id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
+              t.expires_at, t.traceparent, t.status = 'expired' AS expired, clock_timestamp() AS db_now
+), notices AS (
+    INSERT INTO failure_notices (biz_type_id, task_id, event)
+    SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
+     WHERE l.expired AND b.failure_url IS NOT NULL
 )
-UPDATE tasks t
-   SET status = 'running', lease_until = now() + $3 * interval '1 millisecond', leased_by = $4,
-       attempt_count = t.attempt_count + 1, updated_at = now()
- WHERE t.id = ANY(ARRAY(SELECT id FROM due))
-RETURNING t.id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
-          clock_timestamp() AS db_now
+SELECT id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now FROM leased

@@ -1,5 +1,6 @@
 -- Settles a batch of leases held by $6 (a node, or a pull consumer's receipt): succeeded,
--- failed, or pending again at its retry time.
+-- failed, expired, or pending again at its retry time. A snoozed task ($7) is pending
+-- again with its attempt count as before this attempt (a snooze does not count).
 --
 -- Locks: the rows it updates. Only rows still running under this holder are changed: if a
 -- lease ran out and another holder took the task, its state is that holder's to record.
@@ -14,9 +15,10 @@ UPDATE tasks t
                      THEN least(o.retry_at, (SELECT until FROM hot_horizon) - interval '1 second')
                      ELSE t.run_at END,
        lease_until = NULL, leased_by = NULL,
+       attempt_count = CASE WHEN o.snoozed THEN t.attempt_count - 1 ELSE t.attempt_count END,
        last_error = o.error,
        finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
        updated_at = now()
-  FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[])
-       AS o(id, run_at, status, retry_at, error)
+  FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[], $7::boolean[])
+       AS o(id, run_at, status, retry_at, error, snoozed)
  WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6

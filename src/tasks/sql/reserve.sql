@@ -4,6 +4,10 @@
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, as the claim does; a task is held by one
 -- engine or one consumer at a time.
+--
+-- A picked task whose deadline has passed is ended `expired` instead of reserved, for the
+-- claim's reasons (claim.sql), with its failure notice; it comes back with `expired` set,
+-- and `lease::reserve` counts it and hands it to no consumer.
 WITH due AS (
     SELECT id FROM tasks
      WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now()
@@ -12,10 +16,23 @@ WITH due AS (
      FOR UPDATE SKIP LOCKED
 ), leased AS (
     UPDATE tasks t
-       SET status = 'running', lease_until = now() + $3 * interval '1 millisecond', leased_by = gen_random_uuid(),
-           attempt_count = t.attempt_count + 1, updated_at = now()
+       SET status = CASE WHEN t.expires_at <= now() THEN 'expired' ELSE 'running' END,
+           lease_until = CASE WHEN t.expires_at <= now() THEN NULL ELSE now() + $3 * interval '1 millisecond' END,
+           leased_by = CASE WHEN t.expires_at <= now() THEN NULL ELSE gen_random_uuid() END,
+           attempt_count = CASE WHEN t.expires_at <= now() THEN t.attempt_count ELSE t.attempt_count + 1 END,
+           finished_at = CASE WHEN t.expires_at <= now() THEN now() END,
+           last_error = CASE WHEN t.expires_at <= now()
+                             THEN format('expired at %s: not delivered before its deadline (due at %s, no consumer '
+                                         'reserved it by then)', t.expires_at, t.run_at)
+                             ELSE t.last_error END,
+           updated_at = now()
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING t.*
+), notices AS (
+    INSERT INTO failure_notices (biz_type_id, task_id, event)
+    SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
+     WHERE l.status = 'expired' AND b.failure_url IS NOT NULL
 )
-SELECT leased.*, $4::text AS biz_type, leased.lease_until AS reserved_until, leased.leased_by AS receipt
+SELECT leased.*, $4::text AS biz_type, coalesce(leased.lease_until, now()) AS reserved_until,
+       coalesce(leased.leased_by, '00000000-0000-0000-0000-000000000000') AS receipt, leased.status = 'expired' AS expired
   FROM leased ORDER BY run_at

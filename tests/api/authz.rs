@@ -136,7 +136,7 @@ struct ApiFixtures {
 }
 
 /// Owner `jobs` (pull mode, so the pull endpoints apply) with a token and a revoked token;
-/// `other` (pull mode too) with its own token; a pending task, a failed one, three reserved
+/// `other` (pull mode too) with its own token; two pending tasks (keys `k`, `k2`), a failed one, three reserved
 /// ones (with their receipts) and a timer of `jobs`.
 async fn api_fixtures(app: &TestApp) -> ApiFixtures {
     let pull = Settings { mode: Some("pull".into()), ..Default::default() };

@@ -18,7 +18,7 @@ wants() { [[ " ${suites[*]} " == *" $1 "* ]]; }
 missing=()
 if wants php; then
     command -v php >/dev/null || missing+=(php-cli)
-    { command -v php >/dev/null && php -m | grep -qx curl; } || missing+=(php-curl)
+    { command -v php >/dev/null && php -r 'exit(extension_loaded("curl") ? 0 : 1);'; } || missing+=(php-curl)
 fi
 if wants typescript; then
     command -v node >/dev/null || missing+=(nodejs)
@@ -30,7 +30,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
-if wants php; then php -m | grep -qx curl || { echo "error: PHP's curl extension is still missing (Debian package php-curl)" >&2; exit 1; }; fi
+if wants php; then php -r 'exit(extension_loaded("curl") ? 0 : 1);' || { echo "error: PHP's curl extension is still missing (Debian package php-curl)" >&2; exit 1; }; fi
 
 cargo build --quiet --bin chime
 chime="${CARGO_TARGET_DIR:-$root/target}/debug/chime"

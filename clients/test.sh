@@ -32,8 +32,13 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if wants php; then php -r 'exit(extension_loaded("curl") ? 0 : 1);' || { echo "error: PHP's curl extension is still missing (Debian package php-curl)" >&2; exit 1; }; fi
 
-cargo build --quiet --bin chime
-chime="${CARGO_TARGET_DIR:-$root/target}/debug/chime"
+# CHIME_BIN: test against another chime binary (another branch's build) instead.
+if [ -n "${CHIME_BIN:-}" ]; then
+    chime=$CHIME_BIN
+else
+    cargo build --quiet --bin chime
+    chime="${CARGO_TARGET_DIR:-$root/target}/debug/chime"
+fi
 
 # One chime for all suites, on a free port, with a throwaway data directory. As root, the
 # embedded PostgreSQL runs as the postgres user, who must be able to enter the directory.

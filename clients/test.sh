@@ -5,6 +5,7 @@
 # Builds chime if needed and installs what the suites need (php-cli and php-curl from
 # Debian, the TypeScript build's npm packages). Each suite makes its own biz types and
 # tokens through the admin API, with the admin token made here, and its own receiver.
+# CHIME_BIN=<binary> tests another build of chime; PYTHON=<interpreter> another Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -69,7 +70,7 @@ failed=()
 for suite in "${suites[@]}"; do
     echo "=== $suite client"
     case $suite in
-        python) (cd clients/python && python3 -m unittest discover -s tests -v) || failed+=(python) ;;
+        python) (cd clients/python && "${PYTHON:-python3}" -m unittest discover -s tests -v) || failed+=(python) ;;
         php) php clients/php/tests/run.php || failed+=(php) ;;
         typescript) (cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test) || failed+=(typescript) ;;
     esac

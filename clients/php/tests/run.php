@@ -189,8 +189,7 @@ $tests['create, callback received, signature verified'] = function () use ($url,
 $tests['by key: read, reschedule, cancel'] = function () use ($url, $hooks) {
     $client = new Client($url, $hooks['token']);
     $key = 'order/' . uuid();
-    $created = $client->create(['biz_type' => $hooks['name'], 'key' => $key, 'delay_ms' => 3_600_000, 'payload' => ['n' => 1], 'expires_at' => '2031-01-01T00:00:00Z']);
-    same('2031-01-01T00:00:00Z', $created['expires_at']);
+    $created = $client->create(['biz_type' => $hooks['name'], 'key' => $key, 'delay_ms' => 3_600_000, 'payload' => ['n' => 1]]);
     $found = $client->getByKey($hooks['name'], $key);
     same([$created['id'], ['n' => 1]], [$found['id'], $found['payload']]);
     $moved = $client->rescheduleByKey($hooks['name'], $key, ['run_at' => '2030-01-01T09:00:00Z', 'payload' => ['n' => 2]]);
@@ -200,13 +199,41 @@ $tests['by key: read, reschedule, cancel'] = function () use ($url, $hooks) {
     $e = throws(InvalidStateException::class, fn () => $client->cancelByKey($hooks['name'], $key));
     same([409, 'invalid_state'], [$e->getStatus(), $e->getErrorCode()]);
     same('pending', $client->replay($created['id'])['status']);
-    same('cancelled', $client->cancel($created['id'])['status']);
+    // Due now, so delivered.
+    waitFor('succeeded', fn () => $client->getByKey($hooks['name'], $key)['status'] === 'succeeded');
 };
 
-$tests['reschedule and cancel by id, ttl_ms'] = function () use ($url, $hooks) {
+$tests['deadlines: expires_at, ttl_ms'] = function () use ($url, $hooks) {
     $client = new Client($url, $hooks['token']);
-    $task = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000, 'ttl_ms' => 60_000]);
-    check($task['expires_at'] !== null, 'ttl_ms sets expires_at');
+    $at = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000, 'expires_at' => '2031-01-01T00:00:00Z']);
+    same('2031-01-01T00:00:00Z', $at['expires_at']);
+    $ttl = $client->create(['biz_type' => $hooks['name'], 'run_at' => '2030-01-01T00:00:00Z', 'ttl_ms' => 60_000]);
+    same('2030-01-01T00:01:00Z', $ttl['expires_at']);
+    $e = throws(InvalidArgumentException::class, fn () => $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000, 'ttl_ms' => 0]));
+    check(str_contains($e->getMessage(), 'ttl_ms'), $e->getMessage());
+    $client->cancel($at['id']);
+    $client->cancel($ttl['id']);
+};
+
+$tests['bulk cancel and replay'] = function () use ($url, $hooks) {
+    $client = new Client($url, $hooks['token']);
+    $prefix = 'bulk-' . uuid() . '-';
+    $ids = [];
+    for ($i = 0; $i < 3; $i++) {
+        $ids[] = $client->create(['biz_type' => $hooks['name'], 'key' => "$prefix$i", 'delay_ms' => 3_600_000])['id'];
+    }
+    same(['matched' => 3, 'cancelled' => 0], $client->cancelMatching($hooks['name'], ['key_prefix' => $prefix, 'dry_run' => true]));
+    same(['matched' => 3, 'cancelled' => 3], $client->cancelMatching($hooks['name'], ['key_prefix' => $prefix]));
+    foreach ($ids as $id) {
+        same('cancelled', $client->get($id)['status']);
+    }
+    same(['matched' => 0, 'replayed' => 0], $client->replayMatching($hooks['name'], ['status' => 'failed', 'key_prefix' => $prefix]));
+    throws(InvalidArgumentException::class, fn () => $client->cancelMatching($hooks['name'], []));
+};
+
+$tests['reschedule and cancel by id'] = function () use ($url, $hooks) {
+    $client = new Client($url, $hooks['token']);
+    $task = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000]);
     same(null, $client->reschedule($task['id'], ['payload' => null])['payload']);
     same($task['id'], $client->reschedule($task['id'], ['delay_ms' => 7_200_000])['id']);
     same('cancelled', $client->cancel($task['id'])['status']);

@@ -235,8 +235,9 @@ class Client:
         return _resource(self.request("POST", f"/api/v1/tasks/{_seg(task_id)}/replay"))
 
     def cancel_matching(self, biz_type: str, **filter: Any) -> Resource:
-        """Bulk cancel (SPEC §11): ``key_prefix``, ``run_at_from``, ``run_at_to``, ``timer_id``,
-        ``dry_run``; answers ``{"matched", "cancelled"}``."""
+        """Bulk cancel of pending tasks (SPEC §11) matching ``key_prefix``, ``run_at_from``,
+        ``run_at_to``, ``timer_id`` (or ``all=True``); ``dry_run=True`` only counts. Answers
+        ``{"matched", "cancelled"}`` once every batch is done."""
         return _resource(self.request("POST", f"/api/v1/biz-types/{_seg(biz_type)}/tasks/cancel", _filter(filter)))
 
     def replay_matching(self, biz_type: str, status: str, **filter: Any) -> Resource:

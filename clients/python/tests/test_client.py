@@ -1,7 +1,7 @@
 """The client against a real chime (clients/test.sh starts it) and a real receiver."""
 
+import datetime
 import json
-import queue
 import threading
 import time
 import unittest
@@ -64,9 +64,7 @@ class Tasks(unittest.TestCase):
 
     def test_by_key_read_reschedule_and_cancel(self):
         key = f"order/{uuid.uuid4()}"  # a key with a slash travels percent-encoded
-        created = self.client.create(hooks.name, key=key, delay_ms=3_600_000, payload={"n": 1},
-                                     expires_at="2031-01-01T00:00:00Z")
-        self.assertEqual(created.expires_at, "2031-01-01T00:00:00Z")
+        created = self.client.create(hooks.name, key=key, delay_ms=3_600_000, payload={"n": 1})
         found = self.client.get_by_key(hooks.name, key)
         self.assertEqual((found.id, found.payload), (created.id, {"n": 1}))
         moved = self.client.reschedule_by_key(hooks.name, key, run_at="2030-01-01T09:00:00Z", payload={"n": 2})
@@ -79,11 +77,33 @@ class Tasks(unittest.TestCase):
         self.assertEqual((caught.exception.status, caught.exception.code), (409, "invalid_state"))
         replayed = self.client.replay(created.id)
         self.assertEqual(replayed.status, "pending")
-        self.assertEqual(self.client.cancel(created.id).status, "cancelled")
+        # Due now, so delivered.
+        wait_for("succeeded", lambda: self.client.get_by_key(hooks.name, key).status == "succeeded")
+
+    def test_deadlines(self):
+        at = self.client.create(hooks.name, delay_ms=3_600_000,
+                                expires_at=datetime.datetime(2031, 1, 1, tzinfo=datetime.timezone.utc))
+        self.assertEqual(at.expires_at, "2031-01-01T00:00:00Z")
+        ttl = self.client.create(hooks.name, run_at="2030-01-01T00:00:00Z", ttl_ms=60_000)
+        self.assertEqual(ttl.expires_at, "2030-01-01T00:01:00Z")
+        with self.assertRaises(InvalidArgument) as caught:
+            self.client.create(hooks.name, delay_ms=3_600_000, ttl_ms=0)
+        self.assertIn("ttl_ms", caught.exception.message)
+        self.client.cancel(at.id)
+        self.client.cancel(ttl.id)
+
+    def test_bulk_cancel_and_replay(self):
+        prefix = f"bulk-{uuid.uuid4()}-"
+        ids = {self.client.create(hooks.name, key=f"{prefix}{i}", delay_ms=3_600_000).id for i in range(3)}
+        self.assertEqual(self.client.cancel_matching(hooks.name, key_prefix=prefix, dry_run=True), {"matched": 3, "cancelled": 0})
+        self.assertEqual(self.client.cancel_matching(hooks.name, key_prefix=prefix), {"matched": 3, "cancelled": 3})
+        self.assertEqual({self.client.get(i).status for i in ids}, {"cancelled"})
+        self.assertEqual(self.client.replay_matching(hooks.name, "failed", key_prefix=prefix), {"matched": 0, "replayed": 0})
+        with self.assertRaises(InvalidArgument):
+            self.client.cancel_matching(hooks.name)
 
     def test_reschedule_and_cancel_by_id(self):
-        task = self.client.create(hooks.name, delay_ms=3_600_000, ttl_ms=60_000)
-        self.assertIsNotNone(task.expires_at)
+        task = self.client.create(hooks.name, delay_ms=3_600_000)
         self.assertEqual(self.client.reschedule(task.id, payload=None).payload, None)
         self.assertEqual(self.client.reschedule(task.id, delay_ms=7_200_000).id, task.id)
         self.assertEqual(self.client.cancel(task.id).status, "cancelled")

@@ -81,7 +81,10 @@ export interface BulkFilter {
   run_at_from?: Time;
   run_at_to?: Time;
   timer_id?: string;
+  /** Only count the matching tasks; change nothing. */
   dry_run?: boolean;
+  /** Must be true to act on every task of the biz type (a filter without conditions). */
+  all?: boolean;
 }
 
 export interface BulkCancelled {

@@ -57,8 +57,7 @@ describe("tasks", () => {
   test("by key: read, reschedule, cancel", async () => {
     const client = new Client(URL, hooks.token);
     const key = `order/${randomUUID()}`;
-    const created = await client.create({ biz_type: hooks.name, key, delay_ms: 3_600_000, payload: { n: 1 }, expires_at: new Date("2031-01-01T00:00:00Z") });
-    assert.equal(created.expires_at, "2031-01-01T00:00:00Z");
+    const created = await client.create({ biz_type: hooks.name, key, delay_ms: 3_600_000, payload: { n: 1 } });
     const found = await client.getByKey(hooks.name, key);
     assert.deepEqual([found.id, found.payload], [created.id, { n: 1 }]);
     const moved = await client.rescheduleByKey(hooks.name, key, { run_at: "2030-01-01T09:00:00Z", payload: { n: 2 } });
@@ -68,13 +67,37 @@ describe("tasks", () => {
     const e = await rejects(InvalidStateError, client.cancelByKey(hooks.name, key));
     assert.deepEqual([e.status, e.code], [409, "invalid_state"]);
     assert.equal((await client.replay(created.id)).status, "pending");
-    assert.equal((await client.cancel(created.id)).status, "cancelled");
+    // Due now, so delivered.
+    await waitFor("succeeded", async () => (await client.getByKey(hooks.name, key)).status === "succeeded");
   });
 
-  test("reschedule and cancel by id, ttl_ms", async () => {
+  test("deadlines: expires_at, ttl_ms", async () => {
     const client = new Client(URL, hooks.token);
-    const task = await client.create({ biz_type: hooks.name, delay_ms: 3_600_000, ttl_ms: 60_000 });
-    assert.notEqual(task.expires_at, null);
+    const at = await client.create({ biz_type: hooks.name, delay_ms: 3_600_000, expires_at: new Date("2031-01-01T00:00:00Z") });
+    assert.equal(at.expires_at, "2031-01-01T00:00:00Z");
+    const ttl = await client.create({ biz_type: hooks.name, run_at: "2030-01-01T00:00:00Z", ttl_ms: 60_000 });
+    assert.equal(ttl.expires_at, "2030-01-01T00:01:00Z");
+    const e = await rejects(InvalidArgumentError, client.create({ biz_type: hooks.name, delay_ms: 3_600_000, ttl_ms: 0 }));
+    assert.match(e.message, /ttl_ms/);
+    await client.cancel(at.id);
+    await client.cancel(ttl.id);
+  });
+
+  test("bulk cancel and replay", async () => {
+    const client = new Client(URL, hooks.token);
+    const prefix = `bulk-${randomUUID()}-`;
+    const ids = [];
+    for (let i = 0; i < 3; i++) ids.push((await client.create({ biz_type: hooks.name, key: `${prefix}${i}`, delay_ms: 3_600_000 })).id);
+    assert.deepEqual(await client.cancelMatching(hooks.name, { key_prefix: prefix, dry_run: true }), { matched: 3, cancelled: 0 });
+    assert.deepEqual(await client.cancelMatching(hooks.name, { key_prefix: prefix }), { matched: 3, cancelled: 3 });
+    for (const id of ids) assert.equal((await client.get(id)).status, "cancelled");
+    assert.deepEqual(await client.replayMatching(hooks.name, { status: "failed", key_prefix: prefix }), { matched: 0, replayed: 0 });
+    await rejects(InvalidArgumentError, client.cancelMatching(hooks.name, {}));
+  });
+
+  test("reschedule and cancel by id", async () => {
+    const client = new Client(URL, hooks.token);
+    const task = await client.create({ biz_type: hooks.name, delay_ms: 3_600_000 });
     assert.equal((await client.reschedule(task.id, { payload: null })).payload, null);
     assert.equal((await client.reschedule(task.id, { delay_ms: 7_200_000 })).id, task.id);
     assert.equal((await client.cancel(task.id)).status, "cancelled");

@@ -18,6 +18,7 @@ use Chime\Signature;
 use Chime\StaleReceiptException;
 use Chime\TransportException;
 use Chime\UnauthenticatedException;
+use Chime\UnavailableException;
 
 final class Failed extends Exception {}
 
@@ -152,10 +153,10 @@ $pull = biz('pull', ['mode' => 'pull', 'timeout_ms' => 30000, 'backoff_initial_m
 $other = biz('other', ['callback_url' => $receiverUrl]);
 
 /** Starts tests/proxy.php in front of chime; answers [url, process, stdout]. */
-function proxy(): array
+function proxy(string $mode = 'drop'): array
 {
     global $url;
-    $process = proc_open([PHP_BINARY, __DIR__ . '/proxy.php', substr($url, strlen('http://'))], [0 => ['file', '/dev/null', 'r'], 1 => ['pipe', 'w'], 2 => ['file', '/dev/null', 'w']], $pipes);
+    $process = proc_open([PHP_BINARY, __DIR__ . '/proxy.php', substr($url, strlen('http://')), $mode], [0 => ['file', '/dev/null', 'r'], 1 => ['pipe', 'w'], 2 => ['file', '/dev/null', 'w']], $pipes);
     $port = (int) trim(fgets($pipes[1]));
     return ["http://127.0.0.1:$port", $process, $pipes[1]];
 }
@@ -317,6 +318,22 @@ $tests['a keyed create whose answer was lost is sent again with its key'] = func
         $direct->cancel($task['id']);
     } finally {
         proc_terminate($process);
+    }
+};
+
+$tests['a keyed create answered 503 is sent again; an unkeyed one is not'] = function () use ($url, $hooks) {
+    [$proxyUrl, $process, $out] = proxy('unavailable');
+    [$unkeyedUrl, $unkeyedProcess, $unkeyedOut] = proxy('unavailable');
+    try {
+        $task = (new Client($proxyUrl, $hooks['token'], ['backoff' => 0.05]))->create(['biz_type' => $hooks['name'], 'key' => 'retry-' . uuid(), 'delay_ms' => 3_600_000]);
+        same(["unavailable\n", "forwarded\n", true], [fgets($out), fgets($out), $task['created']]);
+        (new Client($url, $hooks['token']))->cancel($task['id']);
+        $e = throws(UnavailableException::class, fn () => (new Client($unkeyedUrl, $hooks['token'], ['backoff' => 0.05]))->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000]));
+        same(503, $e->getStatus());
+        same("unavailable\n", fgets($unkeyedOut));
+    } finally {
+        proc_terminate($process);
+        proc_terminate($unkeyedProcess);
     }
 };
 

@@ -72,9 +72,11 @@ class Receiver:
 class DroppingProxy:
     """Forwards to chime; the first ``POST /api/v1/tasks`` is forwarded and answered by chime,
     then the connection to the client is dropped without an answer, as a network failure
-    after the server stored the task would."""
+    after the server stored the task would. With ``unavailable=True`` the first create is
+    answered 503 instead, as chime answers while its database is unreachable, and not
+    forwarded."""
 
-    def __init__(self, target=None):
+    def __init__(self, target=None, unavailable=False):
         target = (target or URL).split("//", 1)[1]
         self.dropped = 0
         self.forwarded_creates = 0
@@ -85,6 +87,15 @@ class DroppingProxy:
 
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if unavailable and self.command == "POST" and self.path == "/api/v1/tasks" and proxy.dropped == 0:
+                    proxy.dropped += 1
+                    answer = b'{"error": {"code": "unavailable", "message": "the database is unavailable; retry shortly"}}'
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                    return
                 conn = http.client.HTTPConnection(target, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 conn.request(self.command, self.path, body=body or None, headers=headers)

@@ -9,7 +9,7 @@ import uuid
 
 from chime_client import (
     Client, InvalidArgument, InvalidState, KeyConflict, NotFound, PermissionDenied, StaleReceipt,
-    TransportError, Unauthenticated, verify_signature,
+    TransportError, Unauthenticated, Unavailable, verify_signature,
 )
 
 from support import URL, Biz, DroppingProxy, Receiver, require_chime
@@ -192,6 +192,20 @@ class RetriesWithTheSameKey(unittest.TestCase):
             direct.cancel(task.id)
         finally:
             proxy.close()
+
+    def test_a_keyed_create_answered_503_is_sent_again(self):
+        proxy, unkeyed = DroppingProxy(unavailable=True), DroppingProxy(unavailable=True)
+        try:
+            client = Client(proxy.url, hooks.token, backoff=0.05)
+            task = client.create(hooks.name, key=f"retry-{uuid.uuid4()}", delay_ms=3_600_000)
+            self.assertEqual((proxy.dropped, proxy.forwarded_creates, task.created), (1, 1, True))
+            Client(URL, hooks.token).cancel(task.id)
+            with self.assertRaises(Unavailable) as caught:
+                Client(unkeyed.url, hooks.token, backoff=0.05).create(hooks.name, delay_ms=3_600_000)
+            self.assertEqual((caught.exception.status, unkeyed.forwarded_creates), (503, 0))
+        finally:
+            proxy.close()
+            unkeyed.close()
 
     def test_an_unkeyed_create_is_not_sent_twice(self):
         proxy = DroppingProxy()

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import {
   Client, ChimeError, InvalidArgumentError, InvalidStateError, KeyConflictError, NotFoundError, PermissionDeniedError,
-  StaleReceiptError, TransportError, UnauthenticatedError, verifySignature,
+  StaleReceiptError, TransportError, UnauthenticatedError, UnavailableError, verifySignature,
 } from "chime-client";
 import { URL_ as URL, biz, collect, droppingProxy, receiver, requireChime, waitFor } from "./support.js";
 
@@ -183,6 +183,21 @@ describe("retries with the same key", () => {
       await direct.cancel(task.id);
     } finally {
       proxy.close();
+    }
+  });
+
+  test("a keyed create answered 503 is sent again; an unkeyed one is not", async () => {
+    const proxy = await droppingProxy({ unavailable: true });
+    const unkeyed = await droppingProxy({ unavailable: true });
+    try {
+      const task = await new Client(proxy.url, hooks.token, { backoffMs: 50 }).create({ biz_type: hooks.name, key: `retry-${randomUUID()}`, delay_ms: 3_600_000 });
+      assert.deepEqual([proxy.state.dropped, proxy.state.forwardedCreates, task.created], [1, 1, true]);
+      await new Client(URL, hooks.token).cancel(task.id);
+      const e = await rejects(UnavailableError, new Client(unkeyed.url, hooks.token, { backoffMs: 50 }).create({ biz_type: hooks.name, delay_ms: 3_600_000 }));
+      assert.deepEqual([e.status, unkeyed.state.forwardedCreates], [503, 0]);
+    } finally {
+      proxy.close();
+      unkeyed.close();
     }
   });
 

@@ -54,12 +54,19 @@ export async function receiver() {
  * the connection to the client is destroyed without an answer, as a network failure after
  * the server stored the task would.
  */
-export async function droppingProxy() {
+export async function droppingProxy({ unavailable = false } = {}) {
   const state = { dropped: 0, forwardedCreates: 0 };
   const server = createServer((req, res) => {
     const chunks = [];
     req.on("data", (c) => chunks.push(c));
     req.on("end", async () => {
+      // `unavailable`: the first create is answered 503 as chime does without its database, not forwarded.
+      if (unavailable && req.method === "POST" && req.url === "/api/v1/tasks" && state.dropped === 0) {
+        state.dropped++;
+        res.writeHead(503, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: { code: "unavailable", message: "the database is unavailable; retry shortly" } }));
+        return;
+      }
       const headers = { ...req.headers };
       delete headers.host;
       delete headers.connection;

@@ -55,12 +55,13 @@ stop_chime() {
     rm -rf "$data"
 }
 trap stop_chime EXIT
+ready() { python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "http://127.0.0.1:$port/readyz" 2>/dev/null; }
 for _ in $(seq 1 240); do
-    curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    ready && break
     kill -0 "$chime_pid" 2>/dev/null || { echo "error: chime serve exited; its log:" >&2; cat "$data/chime.log" >&2; exit 1; }
     sleep 0.5
 done
-curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null || { echo "error: chime not ready after 120 s; its log:" >&2; tail -50 "$data/chime.log" >&2; exit 1; }
+ready || { echo "error: chime not ready after 120 s; its log:" >&2; tail -50 "$data/chime.log" >&2; exit 1; }
 # The admin command attaches to the running embedded database.
 CHIME_TEST_ADMIN_TOKEN=$("$chime" admin-token create --name clients-test | tail -1)
 export CHIME_TEST_URL="http://127.0.0.1:$port" CHIME_TEST_ADMIN_TOKEN

@@ -83,7 +83,7 @@ pub async fn revoke(pool: &Pool, id_or_prefix: &str) -> Result<AdminToken, Error
         [one] => one,
         [] => return Err(Error::NotFound(format!("no admin token has the id or prefix `{}`", id_or_prefix.escape_debug()))),
         _ => {
-            return Err(Error::Conflict(format!(
+            return Err(Error::invalid_state(format!(
                 "{} admin tokens start with `{}`; give more of the prefix, or the id (`chime admin-token list`)",
                 matches.len(),
                 id_or_prefix.escape_debug()

@@ -27,7 +27,7 @@ pub async fn ensure(pool: &Pool, callback_url: &str) -> Result<Option<String>, c
     match biz_types::create(pool, "demo", &settings, CallbackHosts::Any).await {
         Ok(_) => Ok(Some(biz_types::create_token(pool, "demo").await?)),
         // Another node made it first.
-        Err(crate::error::Error::Conflict(_)) => Ok(None),
+        Err(crate::error::Error::Conflict(..)) => Ok(None),
         Err(e) => Err(e),
     }
 }

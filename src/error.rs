@@ -15,9 +15,10 @@ pub enum Error {
     /// Larger than the configured limit. API: 413.
     #[error("{0}")]
     TooLarge(String),
-    /// The request contradicts the current state (wrong task status, key taken). API: 409.
-    #[error("{0}")]
-    Conflict(String),
+    /// The request contradicts the current state; the kind says how (SPEC §11). API: 409,
+    /// with the kind as its code.
+    #[error("{1}")]
+    Conflict(Conflict, String),
     /// A pull consumer's receipt no longer holds the task: its reservation ended (time to
     /// run passed, or settled already) or the receipt is another task's. API: 409.
     #[error("{0}")]
@@ -32,5 +33,38 @@ pub enum Error {
 impl Error {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Invalid { field: field.into(), message: message.into() }
+    }
+
+    /// A key or name already held by another request or object.
+    pub fn key_conflict(message: impl Into<String>) -> Self {
+        Error::Conflict(Conflict::KeyConflict, message.into())
+    }
+
+    /// The operation needs the task (or biz type, or user) in another state.
+    pub fn invalid_state(message: impl Into<String>) -> Self {
+        Error::Conflict(Conflict::InvalidState, message.into())
+    }
+}
+
+/// Which conflict a 409 is: clients branch on it (the API's `error.code`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conflict {
+    /// The key (or name) is held by a different request: a task key created with another
+    /// body, a timer key, a biz type or user name already taken.
+    KeyConflict,
+    /// A create with `on_conflict: "replace"` met the key's task while it is running.
+    TaskRunning,
+    /// The operation needs another state: cancelling or rescheduling a task that is not
+    /// pending, replaying one that is not finished, changing an archived biz type.
+    InvalidState,
+}
+
+impl Conflict {
+    pub const fn code(self) -> &'static str {
+        match self {
+            Conflict::KeyConflict => "key_conflict",
+            Conflict::TaskRunning => "task_running",
+            Conflict::InvalidState => "invalid_state",
+        }
     }
 }

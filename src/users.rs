@@ -48,7 +48,7 @@ pub async fn create(pool: &Pool, username: &str, role: &str, password: &str) -> 
     .bind(role)
     .fetch_optional(pool)
     .await?
-    .ok_or_else(|| Error::Conflict(format!("user `{username}` already exists")))
+    .ok_or_else(|| Error::key_conflict(format!("user `{username}` already exists")))
 }
 
 /// Creates the `admin` account when there is no user at all. Returns the password when it
@@ -157,7 +157,7 @@ async fn lock_user(tx: &mut sqlx::PgConnection, username: &str) -> Result<UserIn
 async fn keep_an_admin(tx: &mut sqlx::PgConnection, username: &str) -> Result<(), Error> {
     let admins: i64 = crate::db::query_scalar("SELECT count(*) FROM users WHERE role = 'admin' AND NOT disabled").fetch_one(&mut *tx).await?;
     if admins == 0 {
-        return Err(Error::Conflict(format!("`{username}` is the last enabled admin; make another user an admin first")));
+        return Err(Error::invalid_state(format!("`{username}` is the last enabled admin; make another user an admin first")));
     }
     Ok(())
 }

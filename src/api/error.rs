@@ -8,6 +8,8 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+pub use crate::error::Conflict;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// 400: the body is not JSON, or a path or query value is malformed.
@@ -25,9 +27,10 @@ pub enum ApiError {
     /// 405, with the Allow header.
     #[error("{message}")]
     MethodNotAllowed { message: String, allow: &'static str },
-    /// 409: wrong state, or a key already used with another request.
-    #[error("{0}")]
-    Conflict(String),
+    /// 409: a key already used with another request, a running task met by a replace, or
+    /// the wrong state; the kind is the answer's code.
+    #[error("{1}")]
+    Conflict(Conflict, String),
     /// 409: the receipt's reservation is over; the consumer must drop the task.
     #[error("{0}")]
     StaleReceipt(String),
@@ -59,7 +62,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
-            ApiError::Conflict(_) => "conflict",
+            ApiError::Conflict(kind, _) => kind.code(),
             ApiError::StaleReceipt(_) => "stale_receipt",
             ApiError::TimedOut(_) => "request_timeout",
             ApiError::TooLarge(_) => "payload_too_large",
@@ -83,7 +86,7 @@ impl From<crate::error::Error> for ApiError {
             Error::Invalid { .. } => ApiError::Invalid(e.to_string()),
             Error::NotFound(m) => ApiError::NotFound(m),
             Error::Forbidden(m) => ApiError::Forbidden(m),
-            Error::Conflict(m) => ApiError::Conflict(m),
+            Error::Conflict(kind, m) => ApiError::Conflict(kind, m),
             Error::StaleReceipt(m) => ApiError::StaleReceipt(m),
             Error::TooLarge(m) => ApiError::TooLarge(m),
             Error::Secret(e) => ApiError::Internal(e.into()),
@@ -119,7 +122,7 @@ impl ResponseError for ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Conflict(_) | ApiError::StaleReceipt(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(..) | ApiError::StaleReceipt(_) => StatusCode::CONFLICT,
             ApiError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -169,7 +172,7 @@ pub struct ErrorDetail {
 /// (`openapi::tests::every_error_code_is_documented`).
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-#[schema(description = "Machine-readable reason, fixed per HTTP status: `bad_request` 400 (body not JSON, malformed id), `unauthenticated` 401, `permission_denied` 403 (another biz type's task or name, an archived biz type's token, or a token of the wrong kind: an admin token outside `/api/v1/admin/`, an API token inside), `not_found` 404, `method_not_allowed` 405, `request_timeout` 408 (the body arrived too slowly), `conflict` 409 (wrong task state, or key reused with a different request), `stale_receipt` 409 (a pull receipt whose reservation is over: drop the task), `payload_too_large` 413, `invalid_argument` 422 (a field is invalid; the message names it), `rate_limited` 429, `unavailable` 503 (database unreachable; retry), `internal` 500.")]
+#[schema(description = "Machine-readable reason, fixed per HTTP status: `bad_request` 400 (body not JSON, malformed id), `unauthenticated` 401, `permission_denied` 403 (another biz type's task or name, an archived biz type's token, or a token of the wrong kind: an admin token outside `/api/v1/admin/`, an API token inside), `not_found` 404, `method_not_allowed` 405, `request_timeout` 408 (the body arrived too slowly), `key_conflict` 409 (a key or name already held: a task key created with a different request, a timer key, a biz type or user name), `task_running` 409 (an `on_conflict: \"replace\"` create met the key's task while it runs), `invalid_state` 409 (the operation needs another state: cancelling or rescheduling a task that is not pending, replaying one that is not finished, changing an archived biz type, reserving from a callback biz type), `stale_receipt` 409 (a pull receipt whose reservation is over: drop the task), `payload_too_large` 413, `invalid_argument` 422 (a field is invalid; the message names it), `rate_limited` 429, `unavailable` 503 (database unreachable; retry), `internal` 500.")]
 #[allow(dead_code)]
 pub enum ErrorCode {
     BadRequest,
@@ -178,7 +181,9 @@ pub enum ErrorCode {
     NotFound,
     MethodNotAllowed,
     RequestTimeout,
-    Conflict,
+    KeyConflict,
+    TaskRunning,
+    InvalidState,
     StaleReceipt,
     PayloadTooLarge,
     InvalidArgument,

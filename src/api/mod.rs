@@ -3,6 +3,7 @@
 
 mod admin;
 mod auth;
+mod bulk;
 mod error;
 mod openapi;
 mod pull;
@@ -51,8 +52,13 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         .route(web::delete().to(tasks::cancel)),
                 )
                 .service(resource("/tasks/{id}/replay", "POST").route(web::post().to(tasks::replay)))
+                .service(resource("/biz-types/{name}/tasks/cancel", "POST").route(web::post().to(bulk::cancel)))
+                .service(resource("/biz-types/{name}/tasks/replay", "POST").route(web::post().to(bulk::replay)))
                 .service(
-                    resource("/biz-types/{name}/tasks/by-key/{key:.*}", "GET").route(web::get().to(tasks::get_by_key)),
+                    resource("/biz-types/{name}/tasks/by-key/{key:.*}", "GET, PATCH, DELETE")
+                        .route(web::get().to(tasks::get_by_key))
+                        .route(web::patch().to(tasks::reschedule_by_key))
+                        .route(web::delete().to(tasks::cancel_by_key)),
                 )
                 .service(
                     resource("/timers", "GET, POST").route(web::post().to(timers::create)).route(web::get().to(timers::list)),

@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
 
-use super::{admin, pull, tasks, timers};
+use super::{admin, bulk, pull, tasks, timers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -53,6 +53,10 @@ use super::{admin, pull, tasks, timers};
         tasks::cancel,
         tasks::replay,
         tasks::get_by_key,
+        tasks::reschedule_by_key,
+        tasks::cancel_by_key,
+        bulk::cancel,
+        bulk::replay,
         super::metrics,
         timers::create,
         timers::list,
@@ -306,7 +310,9 @@ mod tests {
             ApiError::Forbidden(String::new()),
             ApiError::NotFound(String::new()),
             ApiError::MethodNotAllowed { message: String::new(), allow: "GET" },
-            ApiError::Conflict(String::new()),
+            ApiError::Conflict(crate::error::Conflict::KeyConflict, String::new()),
+            ApiError::Conflict(crate::error::Conflict::TaskRunning, String::new()),
+            ApiError::Conflict(crate::error::Conflict::InvalidState, String::new()),
             ApiError::StaleReceipt(String::new()),
             ApiError::TimedOut(String::new()),
             ApiError::TooLarge(String::new()),

@@ -55,7 +55,7 @@ async fn pull_biz_type(caller: &Caller, state: &AppState, name: &str) -> Result<
     caller.require(state, name).await?;
     let biz = biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ApiError::NotFound(format!("no biz type named `{name}`")))?;
     if biz.mode != "pull" {
-        return Err(ApiError::Conflict(format!(
+        return Err(ApiError::Conflict(super::error::Conflict::InvalidState, format!(
             "biz type `{name}` delivers by callback; set its mode to pull to reserve its tasks"
         )));
     }
@@ -91,7 +91,7 @@ fn ttr(raw: Option<i64>, biz: &BizType) -> Result<i64, ApiError> {
         (status = 403, description = r#"The biz type is not the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `jobs`, not `billing`"}})),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 408, response = super::openapi::RequestTimeout),
-        (status = 409, description = r#"The biz type delivers by callback."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "biz type `hooks` delivers by callback; set its mode to pull to reserve its tasks"}})),
+        (status = 409, description = r#"The biz type delivers by callback."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "biz type `hooks` delivers by callback; set its mode to pull to reserve its tasks"}})),
         (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "max: must be between 1 and 100"}})),
         (status = 500, response = super::openapi::Internal),
@@ -201,7 +201,7 @@ pub(super) struct AckRequest {
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 408, response = super::openapi::RequestTimeout),
-        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
+        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`invalid_state`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
         (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "receipt: required; send the receipt that reserve returned with the task"}})),
         (status = 500, response = super::openapi::Internal),
@@ -249,7 +249,7 @@ pub(super) struct NackRequest {
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 408, response = super::openapi::RequestTimeout),
-        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
+        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`invalid_state`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
         (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "delay_ms: must be between 0 and 10 years in milliseconds"}})),
         (status = 500, response = super::openapi::Internal),
@@ -309,7 +309,7 @@ pub(super) struct TouchRequest {
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 408, response = super::openapi::RequestTimeout),
-        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`conflict`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
+        (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`invalid_state`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
         (status = 413, response = super::openapi::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "ttr_ms: must be between 1 and 86400000 (a day)"}})),
         (status = 500, response = super::openapi::Internal),

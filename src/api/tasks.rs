@@ -121,7 +121,9 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
     summary = r#"Schedule a task"#,
     description = r#"Schedules one callback to the biz type's callback URL. Give at most one of `run_at` and `delay_ms`; with neither, the task is due now. `run_at` is an absolute RFC 3339 time (with `Z` or an offset) from 24 hours in the past (a past time fires at once) to 10 years ahead. `delay_ms` is relative: milliseconds from the moment the server accepts the request, measured on the server's clock, so it is immune to skew of the client's clock.
 
-**Idempotency.** Give a `key` to make retries safe: repeating the request with the same `key` and the same body answers **200** with the task created the first time (nothing new is scheduled; the body is compared as JSON, so key order and spacing do not matter, and a repeated `delay_ms` request is a repeat even though time has passed). The same `key` with a different body answers **409**. A key stays taken while its task is retained.
+**Idempotency.** Give a `key` to make retries safe: repeating the request with the same `key` and the same body answers **200** with the task created the first time (nothing new is scheduled; the body is compared as JSON, so key order and spacing do not matter, and a repeated `delay_ms` request is a repeat even though time has passed). The same `key` with a different body answers **409** `key_conflict`. A key stays taken while its task is retained.
+
+**When the key is taken** (`on_conflict`): `reject` (the default) is the idempotency above. `replace`: the key's task, if pending, takes this request's `run_at`/`delay_ms`, `payload` and deadline (`expires_at`/`ttl_ms`; none: none) → **200** with the changed task (a debounce: the same `delay_ms` request sent again pushes the task back); if it is running → **409** `task_running`; if it is finished (succeeded, failed, cancelled or expired), a new task takes the key → **201**, and the old one keeps its history (look-up by key answers the new one). `keep`: the key's task as it is → **200**, whatever the body. `on_conflict` is not part of the request compared for a repeat: after a `replace`, the same request sent with `reject` is a repeat (200).
 
 **Deadline.** `expires_at` (a time after the due time) or `ttl_ms` (milliseconds after it) sets a deadline: no callback starts at or after it, and a task not delivered by then (held back by a pause, a backlog, a rate limit or waiting for a retry) ends `expired`.
 
@@ -131,16 +133,16 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
     params(("traceparent" = Option<String>, Header, description = r#"W3C Trace Context of the caller (`00-<trace id>-<parent id>-<flags>`), kept with the task; a malformed value is ignored."#)),
     request_body(content = crate::tasks::CreateTask),
     responses(
-        (status = 200, description = r#"A task with this key was already created by the same request; this is that task, unchanged."#, body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
-        (status = 201, description = r#"The task was created."#, links(("GetTask" = (operation_id = "getTask", parameters(("id" = "$response.body#/id")), description = r#"The `id` in the answer identifies the task in `GET /api/v1/tasks/{id}`."#)), ("UpdateTask" = (operation_id = "updateTask", parameters(("id" = "$response.body#/id")))), ("CancelTask" = (operation_id = "cancelTask", parameters(("id" = "$response.body#/id")))), ("ReplayTask" = (operation_id = "replayTask", parameters(("id" = "$response.body#/id")))), ("GetTaskByKey" = (operation_id = "getTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key")), description = r#"A task created with a `key` can be found again by it."#))), body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
+        (status = 200, description = r#"A task with this key was already created by the same request, or `on_conflict` is `keep`: this is that task, unchanged. Or `on_conflict` is `replace` and the key's task was pending: this is that task, changed."#, body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
+        (status = 201, description = r#"The task was created (with `on_conflict: "replace"`, also when the key's task had finished: the key now finds this one)."#, links(("GetTask" = (operation_id = "getTask", parameters(("id" = "$response.body#/id")), description = r#"The `id` in the answer identifies the task in `GET /api/v1/tasks/{id}`."#)), ("UpdateTask" = (operation_id = "updateTask", parameters(("id" = "$response.body#/id")))), ("CancelTask" = (operation_id = "cancelTask", parameters(("id" = "$response.body#/id")))), ("ReplayTask" = (operation_id = "replayTask", parameters(("id" = "$response.body#/id")))), ("GetTaskByKey" = (operation_id = "getTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key")), description = r#"A task created with a `key` can be found again by it."#)), ("UpdateTaskByKey" = (operation_id = "updateTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key")))), ("CancelTaskByKey" = (operation_id = "cancelTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key"))))), body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
         (status = 400, response = super::openapi::BadBody),
         (status = 401, response = super::openapi::Unauthenticated),
         (status = 403, description = r#"`biz_type` names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has the name given in `biz_type`."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `order-clos`"}})),
         (status = 408, response = super::openapi::RequestTimeout),
-        (status = 409, description = r#"The `key` is already taken by a task created with a different request body."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "key `order-123` is already used by a task created with a different request"}})),
+        (status = 409, description = r#"`key_conflict`: the `key` is already taken by a task created with a different request body (`on_conflict` absent or `reject`). `task_running`: `on_conflict` is `replace` and the key's task is running."#, body = super::error::Error, example = json!({"error": {"code": "key_conflict", "message": "key `order-123` is already used by a task created with a different request"}})),
         (status = 413, description = r#"The payload (or the whole body) is larger than the server's limit (default 64 KiB for the payload)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
-        (status = 422, description = r#"A field is missing, unknown or invalid (e.g. `run_at` not RFC 3339 or out of range, both `run_at` and `delay_ms` given, `key` empty or too long); the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "run_at: must be an RFC 3339 time such as 2026-11-21T09:30:00Z (input contains invalid characters)"}})),
+        (status = 422, description = r#"A field is missing, unknown or invalid (e.g. `run_at` not RFC 3339 or out of range, both `run_at` and `delay_ms` given, `key` empty or too long, `on_conflict` not `reject`, `replace` or `keep`); the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "run_at: must be an RFC 3339 time such as 2026-11-21T09:30:00Z (input contains invalid characters)"}})),
         (status = 429, description = r#"The biz type's create rate limit is exceeded; retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::openapi::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
@@ -155,7 +157,7 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, req: HttpRequest
     check_rate(&caller, &state)?;
     match state.creates.create(caller.0.biz_type_id, &caller.0.biz_type, item).await? {
         CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task)),
-        CreateOutcome::Existing(task) => Ok(HttpResponse::Ok().json(task)),
+        CreateOutcome::Existing(task) | CreateOutcome::Replaced(task) => Ok(HttpResponse::Ok().json(task)),
         CreateOutcome::Failed(e) => Err(e.into()),
     }
 }
@@ -215,7 +217,7 @@ pub(super) struct BatchAnswer<'a> {
     operation_id = "createTasksBatch",
     tag = "tasks",
     summary = r#"Schedule up to 1000 tasks"#,
-    description = r#"Creates 1 to 1000 tasks in one call. Each item is handled exactly like a single `POST /api/v1/tasks` and succeeds or fails on its own: the answer is always 200 (once the request itself is valid), with one result per item, in order. Items repeating a key that appeared earlier in the same batch are answered like repeats of that earlier item (200 with the same task if the item is identical, 409 otherwise). The whole call counts once against the create rate limit. The body may be at most 32 MiB."#,
+    description = r#"Creates 1 to 1000 tasks in one call. Each item is handled exactly like a single `POST /api/v1/tasks` and succeeds or fails on its own: the answer is always 200 (once the request itself is valid), with one result per item, in order. Items repeating a key that appeared earlier in the same batch are answered like repeats of that earlier item (200 with the same task if the item is identical or says `on_conflict: "keep"`, 409 otherwise; a `replace` item replaces it, in item order). Each item may carry its own `on_conflict`. The whole call counts once against the create rate limit. The body may be at most 32 MiB."#,
     params(("traceparent" = Option<String>, Header, description = r#"W3C Trace Context of the caller, kept with every task of the batch; a malformed value is ignored."#)),
     request_body(content = BatchRequest),
     responses(
@@ -261,7 +263,7 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, req: HttpR
             Some(e) => Err(e),
             None => match outcomes.next().expect("one outcome per valid item") {
                 CreateOutcome::Created(task) => Ok((201, task)),
-                CreateOutcome::Existing(task) => Ok((200, task)),
+                CreateOutcome::Existing(task) | CreateOutcome::Replaced(task) => Ok((200, task)),
                 CreateOutcome::Failed(e) => Err(e.into()),
             },
         })
@@ -365,7 +367,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
+pub(super) fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
     raw.map(|s| {
         DateTime::parse_from_rfc3339(s)
             .map(|t| t.with_timezone(&Utc))
@@ -473,7 +475,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 408, response = super::openapi::RequestTimeout),
-        (status = 409, description = r#"The task is not pending (it is running or finished)."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "only a pending task can be changed; this one is succeeded"}})),
+        (status = 409, description = r#"The task is not pending (it is running or finished)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be changed; this one is succeeded"}})),
         (status = 413, description = r#"The new payload is larger than the server's limit (default 64 KiB)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
         (status = 422, description = r#"Nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "give run_at, delay_ms or payload to change"}})),
         (status = 500, response = super::openapi::Internal),
@@ -488,6 +490,11 @@ pub async fn reschedule(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
+    patch(&caller, &state, tasks::Target::Id(id), body).await
+}
+
+/// A PATCH of the task found by id or by key: the body checked, then the change made.
+async fn patch(caller: &Caller, state: &AppState, target: tasks::Target<'_>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
     let request: PatchRequest = from_raw(raw_json(&body)?)?;
     if request.run_at.is_none() && request.delay_ms.is_none() && request.payload.is_none() {
@@ -500,7 +507,83 @@ pub async fn reschedule(
     if let Some(payload) = request.payload {
         tasks::check_payload(payload, state.max_payload_bytes)?;
     }
-    let task = tasks::reschedule(&state.pool, caller.0.biz_type_id, id, when, request.payload).await?;
+    let task = tasks::reschedule_target(&state.pool, caller.0.biz_type_id, target, when, request.payload).await?;
+    Ok(HttpResponse::Ok().json(task))
+}
+
+/// The biz type and key of a by-key path, checked: the biz type must be the caller's (403,
+/// or 404 if there is none), the key one a create would take (422).
+async fn key_path(caller: &Caller, state: &AppState, path: web::Path<(String, String)>) -> Result<String, ApiError> {
+    let (name, key) = path.into_inner();
+    caller.require(state, &name).await?;
+    tasks::validate_key(&key)?;
+    Ok(key)
+}
+
+#[utoipa::path(
+    patch,
+    path = "/api/v1/biz-types/{name}/tasks/by-key/{key}",
+    operation_id = "updateTaskByKey",
+    tag = "tasks",
+    summary = r#"Reschedule a pending task, or replace its payload, by its client key"#,
+    description = r#"Exactly `PATCH /api/v1/tasks/{id}` (same body, same answers), of the task holding `key` in this biz type (the newest one, when `on_conflict: "replace"` gave the key to a new task). One call where a look-up by key and a PATCH by id would be two, with a race between them."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
+        ("key" = String, Path, description = r#"The client key given at creation, percent-encoded (it may contain `/`)."#, min_length = 1, max_length = 256, pattern = r#"^[^\u0000-\u001f\u007f-\u009f]+$"#)
+    ),
+    request_body(content = PatchRequest),
+    responses(
+        (status = 200, description = r#"The task as changed."#, body = crate::tasks::Task),
+        (status = 400, response = super::openapi::BadBody),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
+        (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in this biz type"}})),
+        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 409, description = r#"The task is not pending (it is running or finished): `invalid_state`."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be changed; this one is succeeded"}})),
+        (status = 413, description = r#"The new payload is larger than the server's limit (default 64 KiB)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
+        (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters), nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must not contain control characters"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
+pub async fn reschedule_by_key(
+    caller: Caller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let key = key_path(&caller, &state, path).await?;
+    patch(&caller, &state, tasks::Target::Key(&key), body).await
+}
+
+#[utoipa::path(
+    delete,
+    path = "/api/v1/biz-types/{name}/tasks/by-key/{key}",
+    operation_id = "cancelTaskByKey",
+    tag = "tasks",
+    summary = r#"Cancel a pending task by its client key"#,
+    description = r#"Exactly `DELETE /api/v1/tasks/{id}` (same answers), of the task holding `key` in this biz type (the newest one, when `on_conflict: "replace"` gave the key to a new task): "the order was paid: cancel its close-timer" in one call. Recorded in the audit log like a cancel by id."#,
+    params(
+        ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
+        ("key" = String, Path, description = r#"The client key given at creation, percent-encoded (it may contain `/`)."#, min_length = 1, max_length = 256, pattern = r#"^[^\u0000-\u001f\u007f-\u009f]+$"#)
+    ),
+    responses(
+        (status = 200, description = r#"The cancelled task."#, body = crate::tasks::Task),
+        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
+        (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in this biz type"}})),
+        (status = 409, description = r#"The task is running or already finished: `invalid_state`."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be cancelled; this one is running"}})),
+        (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must be 1 to 256 bytes"}})),
+        (status = 500, response = super::openapi::Internal),
+        (status = 503, response = super::openapi::Unavailable)
+    ),
+    security(("bearerAuth" = []))
+)]
+pub async fn cancel_by_key(caller: Caller, state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
+    let key = key_path(&caller, &state, path).await?;
+    let task = tasks::cancel_target(&state.pool, caller.0.biz_type_id, tasks::Target::Key(&key)).await?;
+    audit::record(&state.pool, &caller.actor(), "task.cancel", "task", &task.id.to_string(), None, None).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 
@@ -520,7 +603,7 @@ pub async fn reschedule(
         (status = 401, response = super::openapi::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 409, description = r#"The task is running or already finished."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "only a pending task can be cancelled; this one is running"}})),
+        (status = 409, description = r#"The task is running or already finished."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be cancelled; this one is running"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -549,7 +632,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<St
         (status = 401, response = super::openapi::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 409, description = r#"The task is pending or running, so there is nothing to replay."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "only a finished task can be replayed; this one is pending"}})),
+        (status = 409, description = r#"The task is pending or running, so there is nothing to replay."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a finished task can be replayed; this one is pending"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),

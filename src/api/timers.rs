@@ -65,7 +65,7 @@ fn snapshot(timer: &Timer) -> serde_json::Value {
         (status = 403, description = r#"The request names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `report`, not `billing`"}})),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 408, response = super::openapi::RequestTimeout),
-        (status = 409, description = r#"A timer with this key exists in the biz type."#, body = super::error::Error, example = json!({"error": {"code": "conflict", "message": "a timer with key `nightly` already exists in this biz type"}})),
+        (status = 409, description = r#"A timer with this key exists in the biz type."#, body = super::error::Error, example = json!({"error": {"code": "key_conflict", "message": "a timer with key `nightly` already exists in this biz type"}})),
         (status = 413, description = r#"The payload is over the size limit."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
         (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "cron: needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), such as `0 30 9 * * Mon-Fri`; this one has 5"}})),
         (status = 500, response = super::openapi::Internal),

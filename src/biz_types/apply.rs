@@ -372,7 +372,7 @@ async fn write(tx: &mut PgConnection, step: &Step, hosts: CallbackHosts) -> Resu
     // between the plan and the writers, and nothing is committed.
     let off = diff(&step.planned, &written);
     if !off.is_empty() {
-        return Err(Error::Conflict(format!("biz type `{name}` was written differently from its plan ({}); nothing was changed", off.join(", "))).into());
+        return Err(Error::invalid_state(format!("biz type `{name}` was written differently from its plan ({}); nothing was changed", off.join(", "))).into());
     }
     Ok(())
 }

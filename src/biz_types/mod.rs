@@ -267,7 +267,7 @@ impl BizType {
 
 /// The refusal of a change to an archived biz type (409).
 pub(crate) fn archived(name: &str) -> Error {
-    Error::Conflict(format!("biz type `{name}` is archived: it cannot be changed, and its name stays reserved"))
+    Error::invalid_state(format!("biz type `{name}` is archived: it cannot be changed, and its name stays reserved"))
 }
 
 /// Creates a biz type; `hosts` is the install's rule for callback URLs.
@@ -311,8 +311,9 @@ pub async fn create_in(
             .fetch_optional(&mut *conn)
             .await?;
         return Err(match archived_name {
-            Some(true) => archived(name),
-            _ => Error::Conflict(format!("biz type `{name}` already exists")),
+            // The name is taken for good: a key conflict, not a state to wait out.
+            Some(true) => Error::key_conflict(archived(name).to_string()),
+            _ => Error::key_conflict(format!("biz type `{name}` already exists")),
         });
     };
     store(conn, &inserted.with(&settings.for_create())?).await

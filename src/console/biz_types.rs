@@ -190,7 +190,7 @@ fn done_revealing(req: &HttpRequest, session: &Session, name: &str, message: &st
 /// The form again, as typed, with every reason it was refused next to its field.
 fn refused(req: &HttpRequest, session: &Session, biz_type: Option<BizType>, form: Form, problems: Problems, tokens: Vec<TokenInfo>) -> Result<HttpResponse, ConsoleError> {
     let name_taken = |e| match e {
-        Error::Conflict(message) => Error::Invalid { field: "name".into(), message },
+        Error::Conflict(_, message) => Error::Invalid { field: "name".into(), message },
         other => other,
     };
     let errors = Problems(problems.0.into_iter().map(name_taken).collect()).by_field()?;

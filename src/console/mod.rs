@@ -72,6 +72,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/tasks", web::get().to(tasks::list))
                 .route("/tasks/replay-failed", web::get().to(tasks::ask_replay_failed))
                 .route("/tasks/replay-failed", web::post().to(tasks::replay_failed))
+                .route("/tasks/cancel-pending", web::get().to(tasks::ask_cancel_pending))
+                .route("/tasks/cancel-pending", web::post().to(tasks::cancel_pending))
                 .route("/tasks/{id}", web::get().to(tasks::show))
                 .route("/tasks/{id}/cancel", web::post().to(tasks::cancel))
                 .route("/tasks/{id}/replay", web::post().to(tasks::replay))
@@ -164,7 +166,7 @@ impl From<Error> for ConsoleError {
             Error::Invalid { .. } | Error::TooLarge(_) => ConsoleError::Invalid(e.to_string()),
             Error::NotFound(m) => ConsoleError::NotFound(m),
             Error::Forbidden(m) => ConsoleError::Forbidden(m),
-            Error::Conflict(m) | Error::StaleReceipt(m) => ConsoleError::Conflict(m),
+            Error::Conflict(_, m) | Error::StaleReceipt(m) => ConsoleError::Conflict(m),
             Error::Secret(e) => {
                 tracing::error!(error = %e, "console: a signing secret cannot be opened");
                 ConsoleError::Internal(e.to_string())

@@ -1,5 +1,5 @@
 //! Task pages: search, one task with its attempts, cancel, reschedule, replay, and bulk
-//! replay of the failed tasks matching a filter.
+//! replay (of failed or expired tasks) and bulk cancel (of pending ones) by filter.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -13,7 +13,8 @@ use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
 use crate::error::Error;
-use crate::tasks::{self, Attempt, FailedFilter, ListFilter, Status, Task, When};
+use crate::tasks::bulk::{self, BulkFilter};
+use crate::tasks::{self, Attempt, ListFilter, Status, Task, When};
 
 const PAGE_SIZE: i64 = 50;
 
@@ -243,13 +244,41 @@ pub struct BulkForm {
     csrf: String,
     #[serde(default)]
     biz_type: String,
+    /// Bulk replay: `failed` (the default) or `expired`. Bulk cancel: pending, always.
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    key_prefix: String,
     #[serde(default)]
     from: String,
     #[serde(default)]
     to: String,
-    /// Absent: show how many would be replayed and ask; "yes": replay them.
+    /// Absent: show how many would be changed and ask; "yes": change them.
     #[serde(default)]
     confirm: String,
+}
+
+/// A bulk action of the console: the API's bulk cancel and bulk replay, by the same filter
+/// rules (`BulkFilter::new`).
+#[derive(Clone, Copy, PartialEq)]
+enum Bulk {
+    Replay(Status),
+    Cancel,
+}
+
+impl Bulk {
+    fn path(self) -> &'static str {
+        match self {
+            Bulk::Replay(_) => "/console/tasks/replay-failed",
+            Bulk::Cancel => "/console/tasks/cancel-pending",
+        }
+    }
+    fn status(self) -> Status {
+        match self {
+            Bulk::Replay(status) => status,
+            Bulk::Cancel => Status::Pending,
+        }
+    }
 }
 
 #[derive(Template)]
@@ -257,7 +286,12 @@ pub struct BulkForm {
 struct ConfirmPage {
     ctx: Ctx,
     count: i64,
+    /// "replay" or "cancel".
+    action: &'static str,
+    path: &'static str,
+    status: Status,
     biz_type: String,
+    key_prefix: String,
     from: String,
     to: String,
 }
@@ -267,54 +301,127 @@ impl BulkForm {
         Filter { biz_type: self.biz_type.clone(), from: self.from.clone(), to: self.to.clone(), ..Filter::default() }
     }
 
-    /// The failed tasks this form names; or, when a field is wrong, the failed tasks' list
-    /// page with every field's problem.
-    async fn failed(&self, req: &HttpRequest, session: &Session, state: &AppState) -> Result<Result<FailedFilter, HttpResponse>, ConsoleError> {
-        match (parse_local_time("from", &self.from), parse_local_time("to", &self.to)) {
-            (Ok(from), Ok(to)) => Ok(Ok(FailedFilter { biz_type_id: self.filter().biz_type_id(state).await?, from, to })),
-            (from, to) => {
-                let errors = Problems(vec![from.err(), to.err()].into_iter().flatten().collect()).by_field()?;
-                let filter = Filter { status: Status::Failed.to_string(), ..self.filter() };
+    /// A replay form's state: failed unless it says expired.
+    fn replay(&self) -> Result<Bulk, Error> {
+        match self.status.as_str() {
+            "" | "failed" => Ok(Bulk::Replay(Status::Failed)),
+            "expired" => Ok(Bulk::Replay(Status::Expired)),
+            _ => Err(Error::invalid("status", "a bulk replay takes failed or expired tasks")),
+        }
+    }
+
+    /// The tasks this form names, by the API's rules. The console's confirm step (a page
+    /// that says how many) stands for the API's `"all": true`: a filter of a biz type alone
+    /// (or of every biz type) is taken. When a field is wrong, the list page with every
+    /// field's problem.
+    async fn bulk_filter(&self, bulk: Bulk, req: &HttpRequest, session: &Session, state: &AppState) -> Result<Result<BulkFilter, HttpResponse>, ConsoleError> {
+        let prefix = Some(self.key_prefix.clone()).filter(|p| !p.is_empty());
+        let filter = match (parse_local_time("from", &self.from), parse_local_time("to", &self.to)) {
+            (Ok(from), Ok(to)) => BulkFilter::new(self.filter().biz_type_id(state).await?, prefix, from, to, None, true)
+                // The console's form names its times `from` and `to`.
+                .map_err(|e| match e {
+                    Error::Invalid { field, message } if field.starts_with("run_at_") => Error::Invalid { field: field["run_at_".len()..].into(), message },
+                    e => e,
+                })
+                .map_err(|e| Problems(vec![e])),
+            (from, to) => Err(Problems(vec![from.err(), to.err()].into_iter().flatten().collect())),
+        };
+        match filter {
+            Ok(filter) => Ok(Ok(filter)),
+            Err(problems) => {
+                let errors = problems.by_field()?;
+                let filter = Filter { status: bulk.status().to_string(), ..self.filter() };
                 list_page(req, session, state, filter, vec![], None, errors).await.map(Err)
             }
         }
     }
+
+    /// The confirm page's address for this form.
+    fn ask(&self, bulk: Bulk) -> String {
+        let ask = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("biz_type", &self.biz_type)
+            .append_pair("status", bulk.status().as_str())
+            .append_pair("key_prefix", &self.key_prefix)
+            .append_pair("from", &self.from)
+            .append_pair("to", &self.to)
+            .finish();
+        format!("{}?{ask}", bulk.path())
+    }
 }
 
-/// Asks whether to replay the failed tasks matching the list's filter, saying how many: a
-/// page of its own (GET), so that reloading it asks again and changes nothing.
-pub async fn ask_replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, query: web::Query<BulkForm>) -> Result<HttpResponse, ConsoleError> {
-    let form = query.into_inner();
-    let failed = match form.failed(&req, &session, &state).await? {
-        Ok(failed) => failed,
+/// Asks whether to make the bulk change, saying how many tasks it takes: a page of its own
+/// (GET), so that reloading it asks again and changes nothing.
+async fn ask(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<AppState>, form: BulkForm) -> Result<HttpResponse, ConsoleError> {
+    let filter = match form.bulk_filter(bulk, &req, &session, &state).await? {
+        Ok(filter) => filter,
         Err(refused) => return Ok(refused),
     };
-    let count = tasks::count_failed(&state.pool, &failed).await?;
-    let page = ConfirmPage { ctx: Ctx::new(&session, &req, "tasks"), count, biz_type: form.biz_type, from: form.from, to: form.to };
+    let count = bulk::count(&state.pool, &filter, bulk.status()).await?;
+    let action = if bulk == Bulk::Cancel { "cancel" } else { "replay" };
+    let page = ConfirmPage {
+        ctx: Ctx::new(&session, &req, "tasks"),
+        count,
+        action,
+        path: bulk.path(),
+        status: bulk.status(),
+        biz_type: form.biz_type,
+        key_prefix: form.key_prefix,
+        from: form.from,
+        to: form.to,
+    };
     render(StatusCode::OK, &page.ctx, &page)
 }
 
-/// Replays the failed tasks matching the list's filter, once confirmed on the page that
-/// says how many; an unconfirmed form (a page from before that page existed) is sent there.
-pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+/// Makes the bulk change, once confirmed on the page that says how many; an unconfirmed
+/// form (a page from before that page existed) is sent there. Audited with the filter and
+/// the counts, as the API's.
+async fn apply(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<AppState>, form: BulkForm) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
-    let form = form.into_inner();
-    let filter = form.filter();
-    let failed = match form.failed(&req, &session, &state).await? {
-        Ok(failed) => failed,
+    let filter = match form.bulk_filter(bulk, &req, &session, &state).await? {
+        Ok(filter) => filter,
         Err(refused) => return Ok(refused),
     };
     if form.confirm != "yes" {
-        let ask = url::form_urlencoded::Serializer::new(String::new())
-            .append_pair("biz_type", &form.biz_type)
-            .append_pair("from", &form.from)
-            .append_pair("to", &form.to)
-            .finish();
-        return Ok(see_other(&format!("/console/tasks/replay-failed?{ask}")));
+        return Ok(see_other(&form.ask(bulk)));
     }
-    let replayed = tasks::replay_failed(&state.pool, &failed).await?;
-    let scope = serde_json::json!({"biz_type": form.biz_type, "from": form.from, "to": form.to, "replayed": replayed});
-    audit::record(&state.pool, &session.actor(), "task.bulk_replay", "task", "failed tasks", None, Some(scope)).await?;
-    let back = format!("/console/tasks?{}", Filter { status: Status::Pending.to_string(), ..filter }.query());
-    Ok(done(&back, &format!("Replayed {replayed} failed tasks: they are pending and due now.")))
+    let (counts, action, verb) = match bulk {
+        Bulk::Replay(status) => (bulk::replay(&state.pool, &filter, status).await?, "task.bulk_replay", "Replayed"),
+        Bulk::Cancel => (bulk::cancel(&state.pool, &filter).await?, "task.bulk_cancel", "Cancelled"),
+    };
+    let scope = serde_json::json!({
+        "biz_type": form.biz_type, "status": bulk.status().as_str(), "key_prefix": filter.key_prefix,
+        "from": form.from, "to": form.to, "matched": counts.matched, "changed": counts.changed,
+    });
+    let target = if form.biz_type.is_empty() { "every biz type" } else { form.biz_type.as_str() };
+    audit::record(&state.pool, &session.actor(), action, "task", target, None, Some(scope)).await?;
+    let (message, then) = match bulk {
+        Bulk::Replay(status) => (format!("{verb} {} {status} tasks: they are pending and due now.", counts.changed), Status::Pending),
+        Bulk::Cancel => (format!("{verb} {} pending tasks.", counts.changed), Status::Cancelled),
+    };
+    let back = format!("/console/tasks?{}", Filter { status: then.to_string(), ..form.filter() }.query());
+    Ok(done(&back, &message))
+}
+
+/// The bulk replay's confirm page (failed or expired tasks).
+pub async fn ask_replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, query: web::Query<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+    let form = query.into_inner();
+    let bulk = form.replay()?;
+    ask(bulk, req, session, state, form).await
+}
+
+/// Replays the failed (or expired) tasks matching the list's filter, once confirmed.
+pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+    let form = form.into_inner();
+    let bulk = form.replay()?;
+    apply(bulk, req, session, state, form).await
+}
+
+/// The bulk cancel's confirm page (pending tasks).
+pub async fn ask_cancel_pending(req: HttpRequest, session: Session, state: web::Data<AppState>, query: web::Query<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+    ask(Bulk::Cancel, req, session, state, query.into_inner()).await
+}
+
+/// Cancels the pending tasks matching the list's filter, hot and cold, once confirmed.
+pub async fn cancel_pending(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+    apply(Bulk::Cancel, req, session, state, form.into_inner()).await
 }

@@ -121,7 +121,7 @@ async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, timer
 /// Each field's problem: a taken key and an over-large payload are shown at their fields.
 fn field_errors(problems: Problems) -> Result<Vec<(String, String)>, ConsoleError> {
     let at_field = |e| match e {
-        Error::Conflict(message) => Error::Invalid { field: "key".into(), message },
+        Error::Conflict(_, message) => Error::Invalid { field: "key".into(), message },
         Error::TooLarge(message) => Error::Invalid { field: "payload".into(), message },
         other => other,
     };

@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::db::Pool;
 use uuid::Uuid;
 
+use super::replace::OnConflict;
 use super::{Deadline, Task, When, check_payload, validate_key};
 use crate::error::Error;
 
@@ -49,6 +50,14 @@ pub struct CreateTask<'a> {
     /// Deadline as milliseconds after the due time (1 to 10 years), instead of `expires_at`.
     #[schema(minimum = 1, maximum = 316_224_000_000_i64)]
     pub ttl_ms: Option<i64>,
+    /// What to do when `key` is already taken. `reject` (default): the same request again
+    /// answers 200 with the task, a different one 409 `key_conflict`. `replace`: a pending
+    /// task takes this request's time, payload and deadline (200); a running one answers 409
+    /// `task_running`; a finished, cancelled or expired one keeps its history and a new task
+    /// takes the key (201). `keep`: the key's task as it is (200), whatever the body. Not part
+    /// of the request compared to tell a repeat: the same request sent with another
+    /// `on_conflict` is a repeat. null is the same as leaving it out.
+    pub on_conflict: Option<OnConflict>,
 }
 
 /// A validated create request.
@@ -65,6 +74,8 @@ pub struct NewTask {
     pub deadline: Option<Deadline>,
     /// The W3C `traceparent` the create request carried, if well-formed.
     pub traceparent: Option<String>,
+    /// What to do when the key is taken.
+    pub on_conflict: OnConflict,
 }
 
 impl CreateTask<'_> {
@@ -77,15 +88,21 @@ impl CreateTask<'_> {
         let deadline = Deadline::parse(self.expires_at.as_deref(), self.ttl_ms, when, now)?;
         let payload = self.payload.unwrap_or(RawValue::NULL);
         check_payload(payload, max_payload_bytes)?;
-        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, deadline, traceparent: None })
+        let on_conflict = self.on_conflict.unwrap_or_default();
+        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, deadline, traceparent: None, on_conflict })
     }
 }
 
 /// SHA-256 of a create request. It is hashed as serde_json's value, whose maps are sorted, so
 /// the hash ignores key order and spacing: the same request sent again, however it is
-/// formatted, is a repeat. The value lives only while it is hashed, one request at a time.
+/// formatted, is a repeat. `on_conflict` is left out: it says what to do about another
+/// request, and is no part of this one (a request sent again with `reject` after it replaced
+/// the task is a repeat). The value lives only while it is hashed, one request at a time.
 pub fn request_hash(request: &RawValue) -> Vec<u8> {
-    let value: serde_json::Value = serde_json::from_str(request.get()).unwrap_or_default();
+    let mut value: serde_json::Value = serde_json::from_str(request.get()).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        fields.remove("on_conflict");
+    }
     Sha256::digest(serde_json::to_vec(&value).unwrap_or_default()).to_vec()
 }
 
@@ -161,14 +178,17 @@ pub async fn insert<'e>(
 pub enum CreateOutcome {
     /// A new task (201).
     Created(Task),
-    /// The same request was made before under this key (200).
+    /// The same request was made before under this key, or `on_conflict` said `keep` (200).
     Existing(Task),
+    /// The key's pending task, changed by an `on_conflict: "replace"` create (200).
+    Replaced(Task),
     Failed(Error),
 }
 
 /// Inserts the tasks of one biz type in one statement (plus one more only when a key was
-/// already taken), returning one outcome per input, in order. The created tasks' payloads
-/// are moved out of `items` into the outcomes; on an error, `items` are as they were.
+/// already taken, and a transaction per `replace` item whose key was), returning one
+/// outcome per input, in order. The created tasks' payloads are moved out of `items` into
+/// the outcomes; on an error, `items` are as they were.
 pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: &mut [NewTask]) -> Result<Vec<CreateOutcome>, Error> {
     // A key repeated inside the batch is answered from its first occurrence.
     let mut first_with_key: HashMap<&str, usize> = HashMap::new();
@@ -205,14 +225,18 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
     let existing = existing_by_key(pool, biz_type_id, &taken_keys).await?;
 
     let mut outcomes: Vec<CreateOutcome> = Vec::with_capacity(items.len());
+    // Items whose key was taken and that say `replace` (or `keep`, when the key's holder went
+    // away meanwhile): answered one by one below, in order, after the others.
+    let mut one_by_one: Vec<usize> = Vec::new();
     for i in 0..items.len() {
         // A repeated key is held by the task its first occurrence created in this batch, or
         // else by the task found in `existing` (which a later item may repeat exactly even
         // when the first occurrence conflicted with it).
         let outcome = if let Some(first) = repeat_of[i]
             && let CreateOutcome::Created(t) = &outcomes[first]
+            && items[i].on_conflict != OnConflict::Replace
         {
-            if items[first].request_hash == items[i].request_hash {
+            if items[first].request_hash == items[i].request_hash || items[i].on_conflict == OnConflict::Keep {
                 CreateOutcome::Existing(t.clone())
             } else {
                 CreateOutcome::Failed(key_conflict(&items[i]))
@@ -222,18 +246,30 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
             CreateOutcome::Created(task)
         } else {
             let item = &items[i];
-            match item.key.as_deref().and_then(|k| existing.get(k)) {
-                Some((hash, task)) if *hash == item.request_hash => CreateOutcome::Existing(task.clone()),
-                _ => CreateOutcome::Failed(key_conflict(item)),
+            match (item.on_conflict, item.key.as_deref().and_then(|k| existing.get(k))) {
+                // A replace applies even to the same request again: a debounce sends the
+                // same `delay_ms` each time, to push the task back.
+                (OnConflict::Replace, _) | (OnConflict::Keep, None) => {
+                    one_by_one.push(i);
+                    CreateOutcome::Failed(key_conflict(item))
+                }
+                (OnConflict::Keep, Some((_, task))) => CreateOutcome::Existing(task.clone()),
+                (OnConflict::Reject, Some((hash, task))) if *hash == item.request_hash => CreateOutcome::Existing(task.clone()),
+                (OnConflict::Reject, _) => CreateOutcome::Failed(key_conflict(item)),
             }
         };
         outcomes.push(outcome);
     }
+    // The others are written already: an error here is this item's alone (were it the
+    // batch's, the batcher would write the others again, one by one).
+    for i in one_by_one {
+        outcomes[i] = super::replace::create_taken(pool, biz_type_id, biz_type, &mut items[i]).await.unwrap_or_else(CreateOutcome::Failed);
+    }
     Ok(outcomes)
 }
 
-fn key_conflict(item: &NewTask) -> Error {
-    Error::Conflict(format!(
+pub(super) fn key_conflict(item: &NewTask) -> Error {
+    Error::key_conflict(format!(
         "key `{}` is already used by a task created with a different request",
         item.key.as_deref().unwrap_or_default()
     ))

@@ -22,9 +22,12 @@
 //!   it (succeeded, failed, or pending again at a retry time, the backoff computed once for
 //!   callbacks and nacks), with its attempt; lease recovery puts back what a dead holder
 //!   left. Only the current holder can settle.
-//! * `queries.rs`: reads and lists, and the changes a client or support person asks for:
-//!   `cancel` (pending only), and `requeue`, "back to pending at T", shared by reschedule
-//!   (pending only), replay (finished only) and bulk replay.
+//! * `queries.rs`: reads and lists, and the changes a client or support person asks for,
+//!   by id or by key: `cancel` (pending only), and `requeue`, "back to pending at T", shared
+//!   by reschedule (pending only), replay (finished only) and bulk replay.
+//! * `bulk.rs`: cancel or replay every task matching a filter, in bounded batches.
+//! * `replace.rs`: a create whose key is taken and that says `on_conflict: "replace"`
+//!   (requeue the pending task, or give the key to a new one) or `"keep"`.
 //! * `placement.rs`: where a row lives (below), moving cold rows in, and the keys of
 //!   retired partitions. `stats.rs`: counts for `/metrics` and the dashboard.
 //!   `wake.rs`: the notification that wakes sleeping engines and reserves.
@@ -37,21 +40,24 @@
 //! the horizon), so leases, records and the counts read the partitions alone.
 
 mod batcher;
+pub mod bulk;
 mod create;
 pub mod lease;
 pub mod load;
 mod payload;
 pub mod placement;
 mod queries;
+mod replace;
 pub mod stats;
 pub mod wake;
 
 pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};
+pub use replace::OnConflict;
 pub use payload::check_payload;
 pub use queries::{
-    FailedFilter, ListFilter, Page, cancel, cancel_archived, count_failed, find_by_key, get, others_with_key, get_by_key, list, read, remove_unfired, replay,
-    replay_failed, reschedule,
+    ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, list, others_with_key, read, remove_unfired,
+    replay, reschedule, reschedule_target,
 };
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};

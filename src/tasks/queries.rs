@@ -152,59 +152,6 @@ pub async fn find_by_key(pool: &Pool, key: &str) -> Result<Vec<Task>, Error> {
     .await?)
 }
 
-/// The failed tasks matching a filter: of one biz type or all, due in [from, to).
-#[derive(Debug, Clone, Default)]
-pub struct FailedFilter {
-    pub biz_type_id: Option<i32>,
-    pub from: Option<DateTime<Utc>>,
-    pub to: Option<DateTime<Utc>>,
-}
-
-/// How many failed tasks match (failed tasks are never in cold storage).
-pub async fn count_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
-    Ok(crate::db::query_scalar(
-        "SELECT count(*) FROM tasks
-          WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
-            AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)",
-    )
-    .bind(f.biz_type_id)
-    .bind(f.from)
-    .bind(f.to)
-    .fetch_one(pool)
-    .await?)
-}
-
-/// Failed tasks replayed per transaction by `replay_failed`.
-const REPLAY_BATCH: i64 = 1000;
-
-/// Replays every failed task matching the filter, as `replay` does one, a batch per
-/// transaction; returns how many. Failed tasks are never in cold storage.
-pub async fn replay_failed(pool: &Pool, f: &FailedFilter) -> Result<i64, Error> {
-    let mut replayed = 0;
-    loop {
-        let mut tx = pool.begin().await?;
-        // Locks the batch; a replayed task is pending, so the next batch does not see it.
-        let ids: Vec<Uuid> = crate::db::query_scalar(
-            "SELECT id FROM tasks
-              WHERE status = 'failed' AND ($1::int IS NULL OR biz_type_id = $1)
-                AND ($2::timestamptz IS NULL OR run_at >= $2) AND ($3::timestamptz IS NULL OR run_at < $3)
-              LIMIT $4
-                FOR UPDATE SKIP LOCKED",
-        )
-        .bind(f.biz_type_id)
-        .bind(f.from)
-        .bind(f.to)
-        .bind(REPLAY_BATCH)
-        .fetch_all(&mut *tx)
-        .await?;
-        replayed += requeue(&mut tx, false, &ids, Some(When::After { delay_ms: 0 }), None, true).await?.len() as i64;
-        tx.commit().await?;
-        if (ids.len() as i64) < REPLAY_BATCH {
-            return Ok(replayed);
-        }
-    }
-}
-
 fn encode_cursor(run_at: DateTime<Utc>, id: Uuid) -> String {
     URL_SAFE_NO_PAD.encode(format!("{}|{id}", run_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)))
 }
@@ -221,7 +168,7 @@ fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), Error> {
 
 /// Locks the task wherever it lives and checks that the caller's biz type owns it.
 /// Returns its status and whether it is in cold storage.
-async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(Status, bool), Error> {
+pub(super) async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(Status, bool), Error> {
     for (table, cold) in [("tasks", false), ("tasks_cold", true)] {
         let row: Option<(i32, Status)> =
             crate::db::query_as(AssertSqlSafe(format!("SELECT biz_type_id, status FROM {table} WHERE id = $1 FOR UPDATE")))
@@ -238,13 +185,49 @@ async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(Status, bo
     Err(Error::NotFound(format!("no task with id {id}")))
 }
 
+/// Which task a client's change is for: by chime's id, or by the client's key (the task
+/// holding it, the newest of the key's tasks).
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    Id(Uuid),
+    Key(&'a str),
+}
+
+/// Locks the task a change is for, as `lock` does; returns its id too.
+async fn lock_target(tx: &mut PgConnection, owner: i32, target: Target<'_>) -> Result<(Uuid, Status, bool), Error> {
+    match target {
+        Target::Id(id) => lock(tx, owner, id).await.map(|(status, cold)| (id, status, cold)),
+        Target::Key(key) => lock_by_key(tx, owner, key).await,
+    }
+}
+
+/// Locks the task holding `key` in biz type `owner`: the key's row by its primary key gives
+/// the task, whose row is then locked as `lock` does. The key's row itself is not locked: a
+/// replace that hands the key to a new task meanwhile leaves this change with the old one
+/// (finished, so refused as by id), as if it had come first.
+async fn lock_by_key(tx: &mut PgConnection, owner: i32, key: &str) -> Result<(Uuid, Status, bool), Error> {
+    let unknown = || Error::NotFound(format!("no task with key `{key}` in this biz type"));
+    let id: Uuid = crate::db::query_scalar("SELECT task_id FROM task_keys WHERE biz_type_id = $1 AND key = $2")
+        .bind(owner)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(unknown)?;
+    match lock(tx, owner, id).await {
+        Ok((status, cold)) => Ok((id, status, cold)),
+        // Retired with its partition, its key not yet forgotten.
+        Err(Error::NotFound(_)) => Err(unknown()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
 /// keep it), optionally with a new payload, each moved to whichever of the hot partitions
 /// or cold storage its time belongs in. `fresh_start` also clears the attempt count and
-/// last error and the deadline (a replay). The one statement reschedule, replay and bulk replay share; a
+/// last error and the deadline (a replay). The one statement reschedule, replay and bulk replay (`bulk.rs`) share; a
 /// lease's retry stays in place (`lease::record`). The tasks must be locked by the caller
 /// and all in cold storage (`cold`) or all not.
-async fn requeue(
+pub(super) async fn requeue(
     tx: &mut PgConnection,
     cold: bool,
     ids: &[Uuid],
@@ -314,10 +297,21 @@ pub async fn reschedule(
     when: Option<When>,
     payload: Option<&serde_json::value::RawValue>,
 ) -> Result<Task, Error> {
+    reschedule_target(pool, owner, Target::Id(id), when, payload).await
+}
+
+/// `reschedule`, of the task found by id or by key.
+pub async fn reschedule_target(
+    pool: &Pool,
+    owner: i32,
+    target: Target<'_>,
+    when: Option<When>,
+    payload: Option<&serde_json::value::RawValue>,
+) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
-    let (status, cold) = lock(&mut tx, owner, id).await?;
+    let (id, status, cold) = lock_target(&mut tx, owner, target).await?;
     if status != Status::Pending {
-        return Err(Error::Conflict(format!("only a pending task can be changed; this one is {status}")));
+        return Err(Error::invalid_state(format!("only a pending task can be changed; this one is {status}")));
     }
     let task = one(requeue(&mut tx, cold, &[id], when, payload, false).await?)?;
     tx.commit().await?;
@@ -330,7 +324,7 @@ pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;
     if !status.is_finished() {
-        return Err(Error::Conflict(format!("only a finished task can be replayed; this one is {status}")));
+        return Err(Error::invalid_state(format!("only a finished task can be replayed; this one is {status}")));
     }
     let task = one(requeue(&mut tx, cold, &[id], Some(When::After { delay_ms: 0 }), None, true).await?)?;
     tx.commit().await?;
@@ -339,10 +333,15 @@ pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
 
 /// Cancels a pending task. A running or finished task cannot be cancelled.
 pub async fn cancel(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
+    cancel_target(pool, owner, Target::Id(id)).await
+}
+
+/// `cancel`, of the task found by id or by key.
+pub async fn cancel_target(pool: &Pool, owner: i32, target: Target<'_>) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
-    let (status, cold) = lock(&mut tx, owner, id).await?;
+    let (id, status, cold) = lock_target(&mut tx, owner, target).await?;
     if status != Status::Pending {
-        return Err(Error::Conflict(format!("only a pending task can be cancelled; this one is {status}")));
+        return Err(Error::invalid_state(format!("only a pending task can be cancelled; this one is {status}")));
     }
     let table = if cold { "tasks_cold" } else { "tasks" };
     let task = crate::db::query_as::<Task>(AssertSqlSafe(format!(

@@ -188,7 +188,7 @@ pub async fn create(pool: &Pool, biz_type_id: i32, request: CreateTimer) -> Resu
     .bind(request.catch_up.unwrap_or(false))
     .fetch_optional(pool)
     .await?;
-    timer.ok_or_else(|| Error::Conflict(format!("a timer with key `{}` already exists in this biz type", request.key)))
+    timer.ok_or_else(|| Error::key_conflict(format!("a timer with key `{}` already exists in this biz type", request.key)))
 }
 
 pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<Timer>, Error> {

@@ -89,7 +89,7 @@ async fn the_admin_api_runs_a_biz_type_from_creation_to_archive() {
     let all = app.get("/api/v1/admin/biz-types?archived=true", &admin).await.body;
     assert_eq!((names(&all), all["items"][0]["archived_at"].is_string()), (vec!["orders".to_string()], true), "{all}");
     let again = app.post("/api/v1/admin/biz-types", &admin, json!({"name": "orders", "mode": "pull"})).await;
-    assert_eq!((again.status, again.code()), (409, "conflict"), "{}", again.body);
+    assert_eq!((again.status, again.code()), (409, "key_conflict"), "{}", again.body);
     assert!(again.message().contains("archived") && again.message().contains("reserved"), "{}", again.message());
     for (method, path, body) in [
         ("POST", "/api/v1/admin/biz-types/orders/tokens", None),
@@ -97,7 +97,7 @@ async fn the_admin_api_runs_a_biz_type_from_creation_to_archive() {
         ("PATCH", "/api/v1/admin/biz-types/orders", Some(json!({"paused": true}))),
     ] {
         let reply = app.request(method, path, Some(&admin), body.map(|b| b.to_string().into_bytes())).await;
-        assert_eq!((reply.status, reply.code()), (409, "conflict"), "{method} {path}: {}", reply.body);
+        assert_eq!((reply.status, reply.code()), (409, "invalid_state"), "{method} {path}: {}", reply.body);
     }
 
     let actor = format!("admin-token:{prefix} (ci)");
@@ -263,7 +263,7 @@ async fn the_admin_api_manages_console_users() {
     assert_eq!(sign_in_attempt(&app, "helen", "second-password").await.status, 401);
     for (method, body) in [("PATCH", Some(json!({"role": "support"}))), ("PATCH", Some(json!({"disabled": true}))), ("DELETE", None)] {
         let reply = app.request(method, "/api/v1/admin/users/admin", Some(&admin), body.map(|b| b.to_string().into_bytes())).await;
-        assert_eq!((reply.status, reply.code()), (409, "conflict"), "{method}: {}", reply.body);
+        assert_eq!((reply.status, reply.code()), (409, "invalid_state"), "{method}: {}", reply.body);
         assert!(reply.message().contains("last enabled admin"), "{}", reply.message());
     }
     assert_eq!(app.delete("/api/v1/admin/users/helen", &admin).await.status, 204);

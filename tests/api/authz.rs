@@ -31,7 +31,12 @@ const API: &[(&str, &str, &str, u16, u16)] = &[
     ("GET", "/api/v1/tasks/{task}", "", 200, 403),
     ("GET", "/api/v1/biz-types/{biz}/tasks/by-key/{key}", "", 200, 403),
     ("PATCH", "/api/v1/tasks/{task}", r#"{"delay_ms": 7200000}"#, 200, 403),
+    ("PATCH", "/api/v1/biz-types/{biz}/tasks/by-key/{key}", r#"{"delay_ms": 7200000}"#, 200, 403),
     ("DELETE", "/api/v1/tasks/{task}", "", 200, 403),
+    ("DELETE", "/api/v1/biz-types/{biz}/tasks/by-key/{key2}", "", 200, 403),
+    // Filters that match nothing: later rows still find their tasks.
+    ("POST", "/api/v1/biz-types/{biz}/tasks/cancel", r#"{"key_prefix": "nothing-"}"#, 200, 403),
+    ("POST", "/api/v1/biz-types/{biz}/tasks/replay", r#"{"status": "failed", "key_prefix": "nothing-"}"#, 200, 403),
     ("POST", "/api/v1/tasks/{failed}/replay", "", 200, 403),
     ("POST", "/api/v1/timers", r#"{"biz_type": "jobs", "key": "t2", "cron": "0 0 0 1 1 * 2099"}"#, 201, 403),
     ("GET", "/api/v1/timers", "", 200, 200),
@@ -159,6 +164,8 @@ async fn api_fixtures(app: &TestApp) -> ApiFixtures {
     ids.insert("failed", failed["id"].as_str().unwrap().to_string());
     let pending = app.create_task(&token, json!({"biz_type": "jobs", "key": "k", "delay_ms": 3600000})).await;
     ids.insert("task", pending["id"].as_str().unwrap().to_string());
+    app.create_task(&token, json!({"biz_type": "jobs", "key": "k2", "delay_ms": 3600000})).await;
+    ids.insert("key2", "k2".to_string());
     let timer = app.post("/api/v1/timers", &token, json!({"biz_type": "jobs", "key": "t1", "cron": NEVER})).await;
     assert_eq!(timer.status, 201, "{}", timer.body);
     ids.insert("timer", timer.body["id"].as_str().unwrap().to_string());
@@ -285,6 +292,8 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     ("GET", "/console/cluster", &[], Staff, 200),
     ("GET", "/console/audit", &[], Staff, 200),
     ("GET", "/console/tasks/replay-failed?biz_type={biz}", &[], Staff, 200),
+    ("GET", "/console/tasks/replay-failed?biz_type={biz}&status=expired", &[], Staff, 200),
+    ("GET", "/console/tasks/cancel-pending?biz_type={biz}", &[], Staff, 200),
     // Every action answers with a redirect (post/redirect/get); one that makes a secret
     // leaves it for the page it leads to, which shows it once.
     ("POST", "/console/biz-types", &[("name", "{new}"), ("mode", "pull")], Admin, 303),
@@ -298,6 +307,7 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     ("POST", "/console/tasks/{task}/cancel", &[], Staff, 303),
     ("POST", "/console/tasks/{failed}/replay", &[], Staff, 303),
     ("POST", "/console/tasks/replay-failed", &[("biz_type", "{biz}"), ("confirm", "yes")], Staff, 303),
+    ("POST", "/console/tasks/cancel-pending", &[("biz_type", "{biz}"), ("key_prefix", "nothing-"), ("confirm", "yes")], Staff, 303),
     ("POST", "/console/timers", &[("biz_type", "{biz}"), ("key", "{new}"), ("cron", NEVER), ("timezone", "UTC"), ("active", "on")], Admin, 303),
     ("POST", "/console/timers/{timer}", &[("cron", "0 0 0 2 1 * 2099"), ("timezone", "UTC"), ("active", "on")], Admin, 303),
     ("POST", "/console/timers/{timer}/deactivate", &[], Admin, 303),

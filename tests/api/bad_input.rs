@@ -92,7 +92,7 @@ async fn bad_input_gets_a_clear_4xx() {
         case("payload number beyond a double's exponent", "POST", t, r#"{"biz_type": "orders", "payload": [-1E+400]}"#, 422, "invalid_argument", "payload"),
         case("timer payload number beyond range", "POST", "/api/v1/timers", r#"{"biz_type": "orders", "key": "t", "cron": "0 0 9 * * *", "payload": 1e131072}"#, 422, "invalid_argument", "payload"),
         case("timers list: NUL in the cursor", "GET", "/api/v1/timers?cursor=a%00b", "", 422, "invalid_argument", "cursor"),
-        case("replay a pending task", "POST", &format!("{task_path}/replay"), "", 409, "conflict", "pending"),
+        case("replay a pending task", "POST", &format!("{task_path}/replay"), "", 409, "invalid_state", "pending"),
     ];
 
     let mut failures = Vec::new();

@@ -11,6 +11,8 @@ mod bad_input;
 #[allow(dead_code)]
 mod browser;
 mod browser_smoke;
+mod bulk;
+mod by_key;
 mod callback_hosts;
 mod cli;
 mod console;

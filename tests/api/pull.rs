@@ -270,7 +270,7 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
         assert!(reply.message().contains(field), "{}", reply.message());
     }
     let reply = app.post("/api/v1/biz-types/hooks/reserve", &callback, json!({})).await;
-    assert_eq!((reply.status, reply.code()), (409, "conflict"), "a callback biz type cannot be reserved from");
+    assert_eq!((reply.status, reply.code()), (409, "invalid_state"), "a callback biz type cannot be reserved from");
     assert_eq!(app.post("/api/v1/biz-types/hooks/reserve", &token, json!({})).await.status, 403);
     assert_eq!(app.post("/api/v1/biz-types/nope/reserve", &token, json!({})).await.status, 404);
 
@@ -289,7 +289,7 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
     app.force_status(task_id, "running").await;
     for action in ["ack", "nack", "touch"] {
         let reply = app.post(&format!("/api/v1/tasks/{task_id}/{action}"), &callback, receipt.clone()).await;
-        assert_eq!((reply.status, reply.code()), (409, "conflict"), "{action}");
+        assert_eq!((reply.status, reply.code()), (409, "invalid_state"), "{action}");
     }
     assert_eq!(app.get(&format!("/api/v1/tasks/{task_id}"), &callback).await.body["status"], "running");
 }

@@ -73,7 +73,7 @@ async fn create_is_idempotent_on_key() {
 
     let different = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "key": "k1", "delay_ms": 6000})).await;
     assert_eq!(different.status, 409);
-    assert_eq!(different.code(), "conflict");
+    assert_eq!(different.code(), "key_conflict");
     assert!(different.message().contains("k1"));
 
     // The key is per biz type: another biz type may use it.
@@ -323,7 +323,7 @@ async fn reschedule_changes_pending_tasks_only() {
     for status in ["running", "succeeded", "failed"] {
         app.force_status(id, status).await;
         let reply = app.patch(&path, &token, json!({"delay_ms": 5})).await;
-        assert_eq!((reply.status, reply.code()), (409, "conflict"), "{status}");
+        assert_eq!((reply.status, reply.code()), (409, "invalid_state"), "{status}");
         assert!(reply.message().contains(status));
     }
 

@@ -80,7 +80,7 @@ async fn create_get_list_and_delete_a_timer() {
     assert_eq!(rest.body["items"][0]["key"], "nightly");
 
     let again = app.post("/api/v1/timers", &token, json!({"biz_type": "reports", "key": "nightly", "cron": "* * * * * *"})).await;
-    assert_eq!((again.status, again.code()), (409, "conflict"));
+    assert_eq!((again.status, again.code()), (409, "key_conflict"));
 
     assert_eq!(app.delete(&format!("/api/v1/timers/{id}"), &token).await.status, 204);
     assert_eq!(app.get(&format!("/api/v1/timers/{id}"), &token).await.status, 404);

@@ -171,7 +171,7 @@ impl Bench {
         };
         let biz = match biz_types::create(&self.pool, &name, &settings, chime::callback_hosts::CallbackHosts::Any).await {
             Ok(biz) => biz,
-            Err(chime::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the bench an empty database"),
+            Err(chime::error::Error::Conflict(..)) => bail!("biz type {name} exists: give the bench an empty database"),
             Err(e) => return Err(e.into()),
         };
         let token = biz_types::create_token(&self.pool, &name).await?;

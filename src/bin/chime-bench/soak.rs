@@ -105,7 +105,7 @@ async fn create_biz_types(pool: &Pool, receiver_url: &str) -> anyhow::Result<Has
         };
         match biz_types::create(pool, name, &settings, chime::callback_hosts::CallbackHosts::Any).await {
             Ok(_) => {}
-            Err(chime::error::Error::Conflict(_)) => bail!("biz type {name} exists: give the soak an empty database"),
+            Err(chime::error::Error::Conflict(..)) => bail!("biz type {name} exists: give the soak an empty database"),
             Err(e) => return Err(e.into()),
         }
         tokens.insert(name, biz_types::create_token(pool, name).await?);

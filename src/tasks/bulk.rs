@@ -1,0 +1,199 @@
+//! Cancelling or replaying every task that matches a filter (SPEC §11), any number of them:
+//! in batches of `BATCH`, a transaction each, so that no transaction holds many locks or
+//! runs long, and the engine's claims (of this biz type and of others) go on between them.
+//!
+//! Each batch walks an index in (run_at, id) order from where the last one stopped (keyset),
+//! so a row that does not match (its key has another prefix, another timer) is read once in
+//! the whole operation, not once per batch. Rows locked at that moment by someone else (the
+//! engine claiming them, a client changing one) are passed over (SKIP LOCKED) rather than
+//! waited for: a claimed task is about to run, and would not be pending to cancel anyway.
+//! The caller gets the counts when every batch is done.
+//!
+//! Which index: pending tasks are walked in `tasks_claim_idx` (biz type, run_at, id), and
+//! `tasks_cold_list_idx` in cold storage; failed ones in `tasks_failed_idx`, expired ones in
+//! `tasks_list_idx`. A key prefix is a filter on that walk, not an index of its own: the walk
+//! reads the biz type's tasks of that state once, 30 ms for 100,000 pending tasks (a prefix
+//! matching 1,111 of them, cancelled; `tests/api/bulk.rs`, debug build), and a prefix index
+//! on `task_keys` would have to be joined back to the tasks, a probe per partition for each.
+//! Cancelling all 100,000 took 1.1 to 1.4 s, with a steady biz type's callbacks 2 ms late
+//! (p50; p99 under 15 ms) meanwhile.
+
+use chrono::{DateTime, Utc};
+use sqlx::{Postgres, QueryBuilder};
+use uuid::Uuid;
+
+use super::{Status, When, check_time, validate_key};
+use crate::db::Pool;
+use crate::error::Error;
+
+/// Tasks changed per transaction. 1,000 keeps each transaction to some milliseconds of
+/// locks, and the statements per 100,000 tasks to a hundred.
+pub const BATCH: i64 = 1000;
+
+/// Which tasks a bulk operation acts on: those of the biz type (None: of every biz type,
+/// for the console) matching every condition given.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BulkFilter {
+    pub biz_type_id: Option<i32>,
+    /// The key starts with this (case-sensitive, as keys are).
+    pub key_prefix: Option<String>,
+    /// run_at ≥ this
+    pub run_at_from: Option<DateTime<Utc>>,
+    /// run_at < this
+    pub run_at_to: Option<DateTime<Utc>>,
+    /// Occurrences of this timer.
+    pub timer_id: Option<Uuid>,
+}
+
+impl BulkFilter {
+    /// The filter the API and the console both build, by the same rules: a key prefix is
+    /// checked as a key is, times as a list's filter times are, and a filter without any
+    /// condition acts on every task of the biz type, so it must say so (`all`).
+    pub fn new(
+        biz_type_id: Option<i32>,
+        key_prefix: Option<String>,
+        run_at_from: Option<DateTime<Utc>>,
+        run_at_to: Option<DateTime<Utc>>,
+        timer_id: Option<Uuid>,
+        all: bool,
+    ) -> Result<BulkFilter, Error> {
+        if let Some(prefix) = &key_prefix {
+            validate_key(prefix).map_err(|e| match e {
+                Error::Invalid { message, .. } => Error::invalid("key_prefix", message),
+                e => e,
+            })?;
+        }
+        let run_at_from = run_at_from.map(|t| check_time("run_at_from", t)).transpose()?;
+        let run_at_to = run_at_to.map(|t| check_time("run_at_to", t)).transpose()?;
+        if let (Some(from), Some(to)) = (run_at_from, run_at_to)
+            && from >= to
+        {
+            return Err(Error::invalid("run_at_to", "must be after run_at_from (the range is run_at_from ≤ run_at < run_at_to)"));
+        }
+        let filter = BulkFilter { biz_type_id, key_prefix, run_at_from, run_at_to, timer_id };
+        if !all && !filter.has_condition() {
+            return Err(Error::invalid(
+                "all",
+                "the filter has no condition, so it would act on every task: give key_prefix, run_at_from, run_at_to or timer_id, or say \"all\": true",
+            ));
+        }
+        Ok(filter)
+    }
+
+    fn has_condition(&self) -> bool {
+        self.key_prefix.is_some() || self.run_at_from.is_some() || self.run_at_to.is_some() || self.timer_id.is_some()
+    }
+
+    /// `WHERE …` of one walk: the state (written out, so that the partial index serves it),
+    /// the filter's conditions, and the position after the last batch.
+    fn push_where(&self, q: &mut QueryBuilder<Postgres>, status: Status, after: Option<(DateTime<Utc>, Uuid)>) {
+        q.push(" WHERE status = '").push(status.as_str()).push("'");
+        if let Some(id) = self.biz_type_id {
+            q.push(" AND biz_type_id = ").push_bind(id);
+        }
+        if let Some(prefix) = &self.key_prefix {
+            q.push(" AND starts_with(key, ").push_bind(prefix.clone()).push(")");
+        }
+        if let Some(from) = self.run_at_from {
+            q.push(" AND run_at >= ").push_bind(from);
+        }
+        if let Some(to) = self.run_at_to {
+            q.push(" AND run_at < ").push_bind(to);
+        }
+        if let Some(timer) = self.timer_id {
+            q.push(" AND timer_id = ").push_bind(timer);
+        }
+        if let Some((run_at, id)) = after {
+            q.push(" AND (run_at, id) > (").push_bind(run_at).push(", ").push_bind(id).push(")");
+        }
+    }
+}
+
+/// What a bulk operation found and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BulkCount {
+    /// Tasks that matched (with `dry_run`, all that match now).
+    pub matched: i64,
+    /// Of those, cancelled or replayed (0 for a dry run).
+    pub changed: i64,
+}
+
+/// How many tasks in `status` match, hot and (for pending) cold: a dry run.
+pub async fn count(pool: &Pool, filter: &BulkFilter, status: Status) -> Result<i64, Error> {
+    let mut total = 0;
+    for table in tables(status) {
+        let mut q = QueryBuilder::new(format!("SELECT count(*) FROM {table}"));
+        filter.push_where(&mut q, status, None);
+        total += q.build_query_scalar::<i64>().fetch_one(pool).await?;
+    }
+    Ok(total)
+}
+
+/// Where tasks in this state can be: only pending ones are ever in cold storage (a cold
+/// task is pending or cancelled; a failed or expired one was due, so hot).
+fn tables(status: Status) -> &'static [&'static str] {
+    if status == Status::Pending { &["tasks", "tasks_cold"] } else { &["tasks"] }
+}
+
+/// Cancels every pending task matching the filter, hot and cold, a batch per transaction.
+pub async fn cancel(pool: &Pool, filter: &BulkFilter) -> Result<BulkCount, Error> {
+    let mut count = BulkCount::default();
+    for table in tables(Status::Pending) {
+        let mut after = None;
+        loop {
+            let mut q = QueryBuilder::new(format!(
+                // Locks the batch's rows (skipping those someone else holds: a claim, a
+                // change), then cancels them through each partition's primary key, given
+                // the ids as an array, as the claim does (`sql/claim.sql` says why not a join).
+                "WITH picked AS (SELECT id, run_at FROM {table}"
+            ));
+            filter.push_where(&mut q, Status::Pending, after);
+            q.push(" ORDER BY run_at, id LIMIT ").push_bind(BATCH).push(" FOR UPDATE SKIP LOCKED");
+            q.push(format!(
+                "), done AS (
+                     UPDATE {table} SET status = 'cancelled', finished_at = now(), updated_at = now()
+                      WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND status = 'pending'
+                     RETURNING 1
+                 ), last AS (
+                     SELECT run_at, id FROM picked ORDER BY run_at DESC, id DESC LIMIT 1
+                 )
+                 SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM done), last.run_at, last.id
+                   FROM (SELECT 1) one LEFT JOIN last ON true"
+            ));
+            let (picked, done, run_at, id): (i64, i64, Option<DateTime<Utc>>, Option<Uuid>) =
+                q.build_query_as().fetch_one(pool).await?;
+            count.matched += picked;
+            count.changed += done;
+            match (run_at, id) {
+                (Some(run_at), Some(id)) if picked == BATCH => after = Some((run_at, id)),
+                _ => break,
+            }
+        }
+    }
+    Ok(count)
+}
+
+/// Replays every task in `status` (failed or expired) matching the filter, as one replay
+/// does (`queries::replay`: pending, due now, attempts counted afresh), a batch per
+/// transaction. Delivered at the biz type's rate, like any due task.
+pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status) -> Result<BulkCount, Error> {
+    let mut count = BulkCount::default();
+    let mut after = None;
+    loop {
+        let mut tx = pool.begin().await?;
+        // Locks the batch, skipping rows someone else holds.
+        let mut q = QueryBuilder::new("SELECT id, run_at FROM tasks");
+        filter.push_where(&mut q, status, after);
+        q.push(" ORDER BY run_at, id LIMIT ").push_bind(BATCH).push(" FOR UPDATE SKIP LOCKED");
+        let picked: Vec<(Uuid, DateTime<Utc>)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        let ids: Vec<Uuid> = picked.iter().map(|(id, _)| *id).collect();
+        let replayed = super::queries::requeue(&mut tx, false, &ids, Some(When::After { delay_ms: 0 }), None, true).await?;
+        tx.commit().await?;
+        count.matched += picked.len() as i64;
+        count.changed += replayed.len() as i64;
+        match picked.last() {
+            Some((id, run_at)) if picked.len() as i64 == BATCH => after = Some((*run_at, *id)),
+            _ => return Ok(count),
+        }
+    }
+}

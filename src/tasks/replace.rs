@@ -1,0 +1,153 @@
+//! A create whose key is taken, when it says what to do about it (`on_conflict`, SPEC §11):
+//! `replace` changes the key's pending task or gives the key to a new task, `keep` answers
+//! with the key's task. `reject`, the default, is `create_batch`'s own answer (a repeat or
+//! a conflict); it needs nothing here.
+//!
+//! Each such create is a transaction of its own that locks the key's row in `task_keys`
+//! first, so that creates of one key queue up there and each sees what the last one did,
+//! and then the task's row, as a cancel does, so that it cannot be claimed meanwhile: a
+//! replace racing with the engine finds the task either pending (and changes it before the
+//! claim sees it: the claim skips locked rows) or running (409 `task_running`), never half
+//! of each. The fresh path (a key nobody holds) stays `insert`'s one statement.
+
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::create::{CreateOutcome, NewTask, Rows, insert, key_conflict};
+use super::Deadline;
+use super::queries::{lock, read, requeue};
+use super::Status;
+use crate::db::Pool;
+use crate::error::{Conflict, Error};
+
+/// What a create does when its key is already taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnConflict {
+    /// The same request again is a repeat (200), another one a conflict (409 `key_conflict`).
+    #[default]
+    Reject,
+    /// A pending task takes this request's time, payload and deadline; a finished one
+    /// leaves the key to a new task (and joins the key's earlier tasks); a running one is a
+    /// conflict (409 `task_running`).
+    Replace,
+    /// The key's task as it is, whatever the request.
+    Keep,
+}
+
+/// Tries at most this often when the key changes hands between two statements (its task
+/// retired, or a concurrent create took it back): each try sees a later state, and two
+/// changes in a row are already unlikely.
+const TRIES: usize = 3;
+
+/// Answers a `replace` or `keep` create whose key was taken when `insert` ran; in a
+/// transaction per try. Its payload is moved into the outcome when it becomes a task's.
+pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, item: &mut NewTask) -> Result<CreateOutcome, Error> {
+    let key = item.key.clone().expect("only a keyed create can find its key taken");
+    for _ in 0..TRIES {
+        let mut tx = pool.begin().await?;
+        // Locks the key: creates of this key wait here for each other.
+        let holder: Option<Uuid> =
+            crate::db::query_scalar("SELECT task_id FROM task_keys WHERE biz_type_id = $1 AND key = $2 FOR UPDATE")
+                .bind(biz_type_id)
+                .bind(&key)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let state = match holder {
+            None => None,
+            Some(id) => match lock(&mut tx, biz_type_id, id).await {
+                Ok((status, cold)) => Some((id, status, cold)),
+                // A key left behind by a task that is gone (retired with its partition,
+                // its key not yet forgotten): free to take.
+                Err(Error::NotFound(_)) => None,
+                Err(e) => return Err(e),
+            },
+        };
+        let outcome = match (item.on_conflict, state) {
+            (_, None) => give_key(&mut tx, biz_type_id, biz_type, item, None).await?,
+            (OnConflict::Keep, Some((id, ..))) => read(&mut *tx, id).await?.map(CreateOutcome::Existing),
+            (OnConflict::Reject, Some(_)) => Some(CreateOutcome::Failed(key_conflict(item))),
+            (OnConflict::Replace, Some((_, Status::Running, _))) => Some(CreateOutcome::Failed(Error::Conflict(
+                Conflict::TaskRunning,
+                format!("the task holding key `{key}` is running (its callback is under way); once it has finished, the same replace gives the key to a new task"),
+            ))),
+            (OnConflict::Replace, Some((id, Status::Pending, cold))) => {
+                let mut tasks = requeue(&mut tx, cold, &[id], Some(item.when), Some(&item.payload), false).await?;
+                // And the request's deadline, from the new due time (none: none).
+                if let Some(task) = tasks.last_mut() {
+                    let (at, ttl_ms) = item.deadline.map(Deadline::binds).unwrap_or_default();
+                    task.expires_at = crate::db::query_scalar(
+                        "WITH hot AS (
+                             UPDATE tasks SET expires_at = coalesce($3, run_at + $4 * interval '1 millisecond')
+                              WHERE id = $1 AND run_at = $2 RETURNING expires_at
+                         ), cold AS (
+                             UPDATE tasks_cold SET expires_at = coalesce($3, run_at + $4 * interval '1 millisecond')
+                              WHERE id = $1 RETURNING expires_at
+                         )
+                         SELECT expires_at FROM hot UNION ALL SELECT expires_at FROM cold",
+                    )
+                    .bind(id)
+                    .bind(task.run_at)
+                    .bind(at)
+                    .bind(ttl_ms)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                }
+                // The replacing request is now the key's: sent again, it is a repeat.
+                crate::db::query("UPDATE task_keys SET request_hash = $3 WHERE biz_type_id = $1 AND key = $2")
+                    .bind(biz_type_id)
+                    .bind(&key)
+                    .bind(&item.request_hash)
+                    .execute(&mut *tx)
+                    .await?;
+                tasks.pop().map(CreateOutcome::Replaced)
+            }
+            // Finished, cancelled or expired: the old task keeps its history (and its `key`
+            // column), the key goes to a new task, found by key from now on.
+            (OnConflict::Replace, Some((id, ..))) => give_key(&mut tx, biz_type_id, biz_type, item, Some(id)).await?,
+        };
+        if let Some(outcome) = outcome {
+            tx.commit().await?;
+            return Ok(outcome);
+        }
+    }
+    Err(Error::key_conflict(format!("key `{key}` changed hands {TRIES} times while this create ran; send it again")))
+}
+
+/// Gives the key (locked by this transaction, or free) to a new task made of the item; the
+/// task that held it, if any, joins the key's earlier tasks (`task_keys.earlier`, the
+/// console's history of the key). None if a concurrent create claimed the free key first.
+async fn give_key(
+    tx: &mut sqlx::PgConnection,
+    biz_type_id: i32,
+    biz_type: &str,
+    item: &mut NewTask,
+    old: Option<Uuid>,
+) -> Result<Option<CreateOutcome>, Error> {
+    let key = item.key.clone().expect("a keyed create");
+    let earlier: Option<Vec<Uuid>> =
+        crate::db::query_scalar("DELETE FROM task_keys WHERE biz_type_id = $1 AND key = $2 RETURNING earlier")
+            .bind(biz_type_id)
+            .bind(&key)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let mut rows = Rows::default();
+    rows.push_new(Uuid::now_v7(), item);
+    let created = insert(&mut *tx, biz_type_id, biz_type, None, &rows).await?.pop();
+    drop(rows);
+    let Some(mut task) = created else {
+        return Ok(None);
+    };
+    let mut earlier = earlier.unwrap_or_default();
+    earlier.extend(old);
+    if !earlier.is_empty() {
+        crate::db::query("UPDATE task_keys SET earlier = $3 WHERE biz_type_id = $1 AND key = $2")
+            .bind(biz_type_id)
+            .bind(&key)
+            .bind(&earlier)
+            .execute(&mut *tx)
+            .await?;
+    }
+    task.payload = std::mem::take(&mut item.payload);
+    Ok(Some(CreateOutcome::Created(task)))
+}

@@ -641,4 +641,38 @@ mod tests {
         assert_eq!(sign(&rotated(at + chrono::TimeDelta::seconds(1)), at, br#"{"a":1}"#).unwrap(), both);
         assert_eq!(sign(&rotated(at), at, br#"{"a":1}"#).unwrap(), signature("whsec_new", 1_700_000_000, br#"{"a":1}"#), "the overlap is over at its end");
     }
+
+    /// The vectors the three clients' `verify_signature` are tested on (clients/*/tests) hold
+    /// headers this function must produce, so that the server and the clients cannot drift
+    /// apart: each `signatures` entry exactly, and every `v1` a `verify` case expects to match
+    /// is one the server would send for that body, time and one of the case's secrets.
+    #[test]
+    fn signature_produces_the_clients_shared_vectors() {
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../../clients/signature-vectors.json")).expect("the vectors are JSON");
+        let signatures = vectors["signatures"].as_array().expect("a `signatures` list");
+        assert!(signatures.len() >= 3);
+        for v in signatures {
+            let t = v["t"].as_i64().expect("t");
+            let body = v["body"].as_str().expect("body");
+            assert_eq!(signature(v["secret"].as_str().expect("secret"), t, body.as_bytes()), v["header"].as_str().unwrap(), "{}", v["name"]);
+        }
+        let cases = vectors["verify"].as_array().expect("a `verify` list");
+        let expected_true: Vec<_> = cases.iter().filter(|c| c["expected"] == true).collect();
+        assert!(expected_true.len() >= 5 && expected_true.len() < cases.len(), "both outcomes are covered");
+        for case in expected_true {
+            let header = case["header"].as_str().unwrap();
+            let t: i64 = header.strip_prefix("t=").and_then(|rest| rest.split(',').next()).and_then(|t| t.parse().ok()).expect("t first");
+            let sent: Vec<&str> = header.split(',').filter_map(|part| part.strip_prefix("v1=")).collect();
+            let secrets: Vec<&str> = match &case["secrets"] {
+                serde_json::Value::String(one) => vec![one.as_str()],
+                many => many.as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect(),
+            };
+            let signed = secrets.iter().any(|secret| {
+                let ours = signature(secret, t, case["body"].as_str().unwrap().as_bytes());
+                sent.contains(&ours.rsplit_once("v1=").unwrap().1)
+            });
+            assert!(signed, "{}: no v1 in the header is the server's signature with one of the secrets", case["name"]);
+        }
+    }
 }

@@ -193,6 +193,18 @@ async fn replace_changes_a_pending_task_and_gives_a_finished_ones_key_to_a_new_t
     let as_text = |ids: &[uuid::Uuid]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
     assert_eq!(keys.len(), 1, "one key row, pointing to the newest task");
     assert_eq!((keys[0].0.to_string(), as_text(&keys[0].1)), (newest.clone(), ids[..ids.len() - 1].to_vec()), "the earlier tasks, oldest first");
+
+    // The console's page of each task lists the others that held its key, and not itself.
+    let console = crate::console::sign_in(&app, "admin", crate::console::ADMIN_PASSWORD).await;
+    for id in [&ids[0], newest] {
+        let page = console.get(&format!("/console/tasks/{id}")).await;
+        let history = page.body.split("id=\"key-history\"").nth(1).unwrap_or_else(|| panic!("no key history on {id}'s page"));
+        let history = history.split("</table>").next().unwrap();
+        for other in ids.iter().filter(|other| *other != id) {
+            assert!(history.contains(other.as_str()), "{other} missing from {id}'s page: {history}");
+        }
+        assert!(!history.contains(id.as_str()), "{id}'s page lists itself");
+    }
 }
 
 /// A replace of a pending task takes the request's deadline too (`expires_at`, or `ttl_ms`

@@ -159,10 +159,12 @@ pub async fn apply(pool: &Pool, args: &ApplyArgs, hosts: CallbackHosts) -> anyho
 
 pub async fn token(pool: &Pool, command: TokenCommand) -> anyhow::Result<()> {
     match command {
-        TokenCommand::Create { biz_type } => {
-            let token = biz_types::create_token(pool, &biz_type).await?;
-            audit::record(pool, "cli", "token.create", "biz_type", &biz_type, None, Some(token[..12].into())).await?;
-            println!("API token for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
+        TokenCommand::Create { biz_type, name } => {
+            let (info, token) = biz_types::mint_token(pool, &biz_type, name.as_deref()).await?;
+            let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
+            audit::record(pool, "cli", "token.create", "biz_type", &biz_type, None, Some(record)).await?;
+            let named = info.name.as_ref().map(|n| format!(" named {n}")).unwrap_or_default();
+            println!("API token{named} for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
             println!("{token}");
         }
     }
@@ -209,6 +211,18 @@ pub async fn admin_token(pool: &Pool, command: AdminTokenCommand) -> anyhow::Res
     Ok(())
 }
 
+/// A password piped on stdin (its first line), or `None` when stdin is a terminal or empty.
+fn piped_line() -> std::io::Result<Option<String>> {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        return Ok(None);
+    }
+    let mut input = String::new();
+    std::io::stdin().read_to_string(&mut input)?;
+    let line = input.lines().next().unwrap_or_default().to_string();
+    Ok(Some(line).filter(|l| !l.is_empty()))
+}
+
 pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
     match command {
         UserCommand::Create { name, role, password } => {
@@ -223,6 +237,43 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             users::create(pool, &name, &role, &password).await?;
             audit::record(pool, "cli", "user.create", "user", &name, None, Some(serde_json::json!({"role": role}))).await?;
             println!("created {role} user {name}");
+        }
+        UserCommand::List => {
+            let time = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+            for u in users::list(pool).await? {
+                let state = if u.disabled { "disabled" } else { "enabled" };
+                let last = u.last_sign_in_at.map_or("never signed in".to_string(), |t| format!("last signed in {}", time(t)));
+                println!("{}\t{}\t{state}\tcreated {}\t{last}", u.name, u.role, time(u.created_at));
+            }
+        }
+        UserCommand::Disable { name } => {
+            let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(true), ..Default::default() }).await?;
+            audit::record(pool, "cli", "user.update", "user", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+            println!("disabled user {name}: they cannot sign in, and their open sessions have ended");
+        }
+        UserCommand::Enable { name } => {
+            let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(false), ..Default::default() }).await?;
+            audit::record(pool, "cli", "user.update", "user", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+            println!("enabled user {name}: they can sign in again with their password");
+        }
+        UserCommand::ResetPassword { name, password } => {
+            let given = match password {
+                Some(p) => Some(p),
+                None => piped_line().context("reading the password from stdin")?,
+            };
+            let generated = given.is_none();
+            let password = given.unwrap_or_else(users::generate_password);
+            let changes = users::UserChanges { password: Some(password.clone()), ..Default::default() };
+            let (before, after) = users::update(pool, &name, &changes).await?;
+            let mut record = serde_json::to_value(&after)?;
+            record["password"] = if generated { "generated" } else { "given" }.into();
+            audit::record(pool, "cli", "user.reset_password", "user", &name, serde_json::to_value(&before).ok(), Some(record)).await?;
+            let disabled = if after.disabled { format!("; {name} is disabled: `chime user enable {name}` to let them sign in") } else { String::new() };
+            println!("reset the password of {name}: their sessions have ended{disabled}");
+            if generated {
+                println!("new password (shown only this once):");
+                println!("{password}");
+            }
         }
     }
     Ok(())

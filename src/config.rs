@@ -457,6 +457,10 @@ pub enum TokenCommand {
     Create {
         #[arg(long)]
         biz_type: String,
+        /// What the token is for ("ci", "billing worker"): token lists show it, beside when
+        /// each was last used, so that it is clear which one is safe to revoke.
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 
@@ -493,6 +497,21 @@ pub enum UserCommand {
         #[arg(long, value_parser = ["admin", "support"])]
         role: String,
         #[arg(long, hide_env_values = true, env = "CHIME_USER_PASSWORD")]
+        password: Option<String>,
+    },
+    /// List console users: name, role, enabled or disabled, created, last sign-in.
+    List,
+    /// Disable a user: they cannot sign in, and their open sessions end at once. The last
+    /// enabled admin cannot be disabled.
+    Disable { name: String },
+    /// Enable a disabled user again (with the password they had).
+    Enable { name: String },
+    /// Give a user a new password and end their sessions (a lost `admin` password too). The
+    /// password comes from --password, or a line piped on stdin; with neither, one is
+    /// generated and printed (only this once) as the last line.
+    ResetPassword {
+        name: String,
+        #[arg(long, hide_env_values = true)]
         password: Option<String>,
     },
 }

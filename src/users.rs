@@ -25,15 +25,38 @@ fn validate_username(username: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn validate(username: &str, role: &str, password: &str) -> Result<(), Error> {
-    validate_username(username)?;
+pub fn validate_role(role: &str) -> Result<(), Error> {
     if !ROLES.contains(&role) {
         return Err(Error::invalid("role", "must be admin or support"));
     }
+    Ok(())
+}
+
+/// The one rule on passwords, wherever one is set (console, API, command line).
+pub fn validate_password(password: &str) -> Result<(), Error> {
     if password.chars().count() < 8 {
         return Err(Error::invalid("password", "must be at least 8 characters"));
     }
     Ok(())
+}
+
+/// Every problem with a new user's fields, side by side (a form shows them all at once).
+pub fn problems(username: &str, role: &str, password: &str) -> Vec<Error> {
+    [validate_username(username), validate_role(role), validate_password(password)].into_iter().filter_map(Result::err).collect()
+}
+
+fn validate(username: &str, role: &str, password: &str) -> Result<(), Error> {
+    match problems(username, role, password).into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A password made here, to be shown once (first start, a reset): 20 letters and digits,
+/// about 119 bits.
+pub fn generate_password() -> String {
+    let mut rng = rand::rng();
+    (0..20).map(|_| rng.sample(rand::distr::Alphanumeric) as char).collect()
 }
 
 /// Creates a user; returns it as lists show it.
@@ -60,10 +83,7 @@ pub async fn ensure_first_admin(pool: &Pool, configured: Option<&str>) -> Result
     if any {
         return Ok(None);
     }
-    let generated = configured.is_none().then(|| {
-        let mut rng = rand::rng();
-        (0..20).map(|_| rng.sample(rand::distr::Alphanumeric) as char).collect::<String>()
-    });
+    let generated = configured.is_none().then(generate_password);
     let password = configured.or(generated.as_deref()).unwrap_or_default();
     validate("admin", "admin", password).map_err(|_| Error::invalid("CHIME_ADMIN_PASSWORD", "must be at least 8 characters"))?;
     let created = crate::db::query(
@@ -114,6 +134,33 @@ pub async fn verify(pool: &Pool, username: &str, password: &str) -> Result<Optio
     Ok(row.filter(|_| ok).map(|(id, username, role, _)| User { id, username, role }))
 }
 
+/// Notes that the user signed in just now (the users page shows it).
+pub async fn record_sign_in(pool: &Pool, user_id: i32) -> Result<(), Error> {
+    crate::db::query("UPDATE users SET last_sign_in_at = now() WHERE id = $1").bind(user_id).execute(pool).await?;
+    Ok(())
+}
+
+/// Sets a signed-in user's own password (the caller checked the current one): their other
+/// sessions end, as after any new password, but not `keep_session` (the token hash of the
+/// session that asked), so that changing it does not sign the person out. Returns the user.
+pub async fn set_own_password(pool: &Pool, user_id: i32, password: &str, keep_session: &[u8]) -> Result<UserInfo, Error> {
+    validate_password(password)?;
+    let hash = hash_password(password);
+    let mut tx = pool.begin().await?;
+    // Locks the user's row until the commit; a disabled user has no session to ask with.
+    let user: UserInfo = crate::db::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE users SET password_hash = $2 WHERE id = $1 AND NOT disabled RETURNING {USER_COLUMNS}"
+    )))
+    .bind(user_id)
+    .bind(hash)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(|| Error::invalid_state("this user was disabled or deleted meanwhile"))?;
+    crate::db::query("DELETE FROM sessions WHERE user_id = $1 AND token_hash <> $2").bind(user_id).bind(keep_session).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(user)
+}
+
 /// A console user as lists show it (never the password hash).
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[schema(as = User)]
@@ -122,9 +169,11 @@ pub struct UserInfo {
     pub role: String,
     pub disabled: bool,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When they last signed in to the console; null: not since chime recorded it.
+    pub last_sign_in_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-const USER_COLUMNS: &str = "username AS name, role, disabled, created_at";
+const USER_COLUMNS: &str = "username AS name, role, disabled, created_at, last_sign_in_at";
 
 pub async fn list(pool: &Pool) -> Result<Vec<UserInfo>, Error> {
     Ok(crate::db::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users ORDER BY username"))).fetch_all(pool).await?)
@@ -165,15 +214,11 @@ async fn keep_an_admin(tx: &mut sqlx::PgConnection, username: &str) -> Result<()
 /// Changes a user's role, password or disabled flag; returns the user before and after. A
 /// new password or disabling signs the user out everywhere.
 pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Result<(UserInfo, UserInfo), Error> {
-    if let Some(role) = &changes.role
-        && !ROLES.contains(&role.as_str())
-    {
-        return Err(Error::invalid("role", "must be admin or support"));
+    if let Some(role) = &changes.role {
+        validate_role(role)?;
     }
-    if let Some(password) = &changes.password
-        && password.chars().count() < 8
-    {
-        return Err(Error::invalid("password", "must be at least 8 characters"));
+    if let Some(password) = &changes.password {
+        validate_password(password)?;
     }
     let mut tx = pool.begin().await?;
     let before = lock_user(&mut tx, username).await?;

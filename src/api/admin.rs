@@ -410,7 +410,7 @@ pub(super) async fn rotate_secret(
     operation_id = "adminListApiTokens",
     tag = "admin",
     summary = r#"List a biz type's API tokens"#,
-    description = r#"Newest first, revoked ones included; never the tokens themselves."#,
+    description = r#"Newest first, revoked ones included; never the tokens themselves. Each with its name (if given) and when it last let a request in (to within a minute), to tell which one is safe to revoke."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name."#)
     ),
@@ -429,6 +429,17 @@ pub(super) async fn list_tokens(_: Admin, state: web::Data<AppState>, name: web:
     Ok(HttpResponse::Ok().json(ApiTokenList { items: biz_types::list_tokens(&state.pool, b.id).await? }))
 }
 
+/// What a new API token is for (the body is optional).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = CreateApiToken)]
+pub(super) struct TokenRequest {
+    /// What the token is for ("ci", "billing worker"), shown in token lists: at most 64
+    /// characters, no control characters; absent or blank: unnamed.
+    #[schema(max_length = 64)]
+    name: Option<String>,
+}
+
 /// A new API token: `token` is shown only this once.
 #[derive(Serialize, ToSchema)]
 #[schema(as = NewApiToken)]
@@ -445,25 +456,31 @@ pub(super) struct NewToken<'a> {
     operation_id = "adminCreateApiToken",
     tag = "admin",
     summary = r#"Create an API token"#,
-    description = r#"The token is answered only this once; only its SHA-256 is kept."#,
+    description = r#"The token is answered only this once; only its SHA-256 is kept. An optional body names what it is for (`{"name": "ci"}`), so that token lists say which one is which; they show when each was last used too."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name."#)
     ),
+    request_body(content = Option<TokenRequest>, example = json!({"name": "ci"})),
     responses(
         (status = 201, description = r#"The new token."#, links(("RevokeApiToken" = (operation_id = "adminRevokeApiToken", parameters(("name" = "$request.path.name"), ("id" = "$response.body#/id"))))), body = NewToken),
+        (status = 400, response = super::openapi::BadBody),
         (status = 401, response = super::openapi::AdminUnauthenticated),
         (status = 403, response = super::openapi::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
+        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 422, description = r#"The token's `name` is too long or holds control characters."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "name: must be at most 64 characters, without control characters"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
-pub(super) async fn create_token(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn create_token(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+    let asked: Option<TokenRequest> = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?;
     found(&state, &name).await?;
-    let (info, token) = biz_types::mint_token(&state.pool, &name).await?;
-    audit::record(&state.pool, &admin.0.actor(), "token.create", "biz_type", &name, None, Some(info.prefix.clone().into())).await?;
+    let (info, token) = biz_types::mint_token(&state.pool, &name, asked.and_then(|a| a.name).as_deref()).await?;
+    let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
+    audit::record(&state.pool, &admin.0.actor(), "token.create", "biz_type", &name, None, Some(record)).await?;
     Ok(HttpResponse::Created().json(NewToken { info: &info, token: &token }))
 }
 

@@ -142,6 +142,10 @@ fn add_what_utoipa_cannot_say(doc: &mut Value) {
     let mut rotate = operation(doc, rotate_path, "post");
     rotate["content"]["application/json"]["schema"] = json!({"$ref": "#/components/schemas/RotateSecret"});
     doc["paths"][rotate_path]["post"]["requestBody"] = rotate;
+    let tokens_path = "/api/v1/admin/biz-types/{name}/tokens";
+    let mut create_token = operation(doc, tokens_path, "post");
+    create_token["content"]["application/json"]["schema"] = json!({"$ref": "#/components/schemas/CreateApiToken"});
+    doc["paths"][tokens_path]["post"]["requestBody"] = create_token;
     // A body given by reference is not known to be required.
     doc["paths"]["/api/v1/admin/biz-types"]["post"]["requestBody"]["required"] = json!(true);
 }

@@ -19,6 +19,8 @@ use crate::error::Error;
 /// What a valid bearer token grants: acting on one biz type.
 #[derive(Debug, Clone)]
 pub struct TokenAuth {
+    /// The token's row: where its last use is recorded.
+    pub token_id: Uuid,
     pub biz_type_id: i32,
     pub biz_type: String,
     pub create_rate_limit: Option<f64>,
@@ -40,25 +42,42 @@ pub(crate) fn hash(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
-/// Creates a token for the named biz type and returns it; it cannot be shown again.
+/// Creates an unnamed token for the named biz type and returns it; it cannot be shown again.
 pub async fn create_token(pool: &Pool, biz_type: &str) -> Result<String, Error> {
-    Ok(mint_token(pool, biz_type).await?.1)
+    Ok(mint_token(pool, biz_type, None).await?.1)
 }
 
-/// Creates a token for the named biz type (not an archived one): returns it as lists show
-/// it, and the token itself, which cannot be shown again.
-pub async fn mint_token(pool: &Pool, biz_type: &str) -> Result<(TokenInfo, String), Error> {
+/// A token's name, as the console, the admin API and `chime token create` take it: what
+/// it is for, at most 64 characters, no control characters (the table's CHECK). Blank or
+/// absent: unnamed.
+pub fn token_name(name: Option<&str>) -> Result<Option<String>, Error> {
+    let Some(name) = name.map(str::trim).filter(|n| !n.is_empty()) else { return Ok(None) };
+    if name.chars().count() > 64 || name.chars().any(char::is_control) {
+        return Err(Error::invalid("name", "must be at most 64 characters, without control characters"));
+    }
+    Ok(Some(name.to_string()))
+}
+
+/// The columns lists show (`TokenInfo`).
+const TOKEN_COLUMNS: &str = "id, name, prefix, created_at, last_used_at, revoked_at";
+
+/// Creates a token for the named biz type (not an archived one), named `name` (what it is
+/// for; see `token_name`): returns it as lists show it, and the token itself, which cannot
+/// be shown again.
+pub async fn mint_token(pool: &Pool, biz_type: &str, name: Option<&str>) -> Result<(TokenInfo, String), Error> {
+    let name = token_name(name)?;
     let biz_type_id = super::id_of(pool, biz_type).await?;
     let token = format!("chime_{}", random_base64(32));
-    let info = crate::db::query_as(
-        "INSERT INTO api_tokens (id, biz_type_id, token_hash, prefix)
-         SELECT $1, id, $3, $4 FROM biz_types WHERE id = $2 AND archived_at IS NULL
-         RETURNING id, prefix, created_at, revoked_at",
-    )
+    let info = crate::db::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO api_tokens (id, biz_type_id, token_hash, prefix, name)
+         SELECT $1, id, $3, $4, $5 FROM biz_types WHERE id = $2 AND archived_at IS NULL
+         RETURNING {TOKEN_COLUMNS}"
+    )))
     .bind(Uuid::now_v7())
     .bind(biz_type_id)
     .bind(hash(&token))
     .bind(&token[..12])
+    .bind(name)
     .fetch_optional(pool)
     .await?
     .ok_or_else(|| super::archived(biz_type))?;
@@ -67,15 +86,31 @@ pub async fn mint_token(pool: &Pool, biz_type: &str) -> Result<(TokenInfo, Strin
 
 /// The grant of an unrevoked token, or `None`.
 pub async fn authenticate(pool: &Pool, token: &str) -> Result<Option<TokenAuth>, sqlx::Error> {
-    let row: Option<(i32, String, Option<f64>, bool)> = crate::db::query_as(
-        "SELECT b.id, b.name, b.create_rate_limit, b.archived_at IS NOT NULL
+    let row: Option<(Uuid, i32, String, Option<f64>, bool)> = crate::db::query_as(
+        "SELECT t.id, b.id, b.name, b.create_rate_limit, b.archived_at IS NOT NULL
            FROM api_tokens t JOIN biz_types b ON b.id = t.biz_type_id
           WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
     )
     .bind(hash(token))
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(biz_type_id, biz_type, create_rate_limit, archived)| TokenAuth { biz_type_id, biz_type, create_rate_limit, archived }))
+    Ok(row.map(|(token_id, biz_type_id, biz_type, create_rate_limit, archived)| TokenAuth { token_id, biz_type_id, biz_type, create_rate_limit, archived }))
+}
+
+/// Records that the token let a request in, unless a use was recorded less than a minute
+/// ago (by any node: the database's clock decides). `TokenCache::use_due` keeps a node from
+/// asking more than once a minute per token, so this is no write per request.
+pub async fn record_use(pool: &Pool, token_id: Uuid) -> Result<(), sqlx::Error> {
+    // Locks the token's row for the update only; a use recorded meanwhile by another node
+    // is seen once the lock is had (the WHERE is checked again), and nothing is written.
+    crate::db::query(
+        "UPDATE api_tokens SET last_used_at = now()
+          WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
+    )
+    .bind(token_id)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// A token as lists show it: never the token itself.
@@ -83,13 +118,19 @@ pub async fn authenticate(pool: &Pool, token: &str) -> Result<Option<TokenAuth>,
 #[schema(as = ApiToken)]
 pub struct TokenInfo {
     pub id: Uuid,
+    /// What it is for, as given when it was made; null: unnamed.
+    pub name: Option<String>,
+    /// Its first characters, to recognise it.
     pub prefix: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it last let a request in, to within a minute; null: never since it was made (or
+    /// since chime recorded uses).
+    pub last_used_at: Option<chrono::DateTime<chrono::Utc>>,
     pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 pub async fn list_tokens(pool: &Pool, biz_type_id: i32) -> Result<Vec<TokenInfo>, Error> {
-    Ok(crate::db::query_as("SELECT id, prefix, created_at, revoked_at FROM api_tokens WHERE biz_type_id = $1 ORDER BY created_at DESC")
+    Ok(crate::db::query_as(sqlx::AssertSqlSafe(format!("SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE biz_type_id = $1 ORDER BY created_at DESC")))
         .bind(biz_type_id)
         .fetch_all(pool)
         .await?)
@@ -231,9 +272,15 @@ pub fn validate_signing_secret(secret: &str) -> Result<(), Error> {
 /// seconds rather than one per request. A revoked token, or a changed create rate limit,
 /// takes effect within `TTL`; an archived biz type at once (every node empties its cache
 /// when told that biz types changed).
+///
+/// It also keeps "last used" cheap: a token's use is recorded (`record_use`) at most once a
+/// minute per token by each node, rather than written on every request.
 #[derive(Default)]
 pub struct TokenCache {
     entries: Mutex<HashMap<String, (TokenAuth, Instant)>>,
+    /// When this node last asked to record each token's use. Kept when `entries` is
+    /// emptied (a biz type changed), so that a busy token is not recorded again at once.
+    uses: Mutex<HashMap<Uuid, Instant>>,
 }
 
 impl TokenCache {
@@ -256,5 +303,44 @@ impl TokenCache {
             entries.clear();
         }
         entries.insert(token, (auth, Instant::now()));
+    }
+
+    /// Whether this node should record a use of the token now: the first use it sees, then
+    /// once a minute at most. Counts this as the recording.
+    pub fn use_due(&self, token_id: Uuid) -> bool {
+        self.use_due_at(token_id, Instant::now())
+    }
+
+    fn use_due_at(&self, token_id: Uuid, now: Instant) -> bool {
+        let mut uses = self.uses.lock().expect("token cache lock");
+        if uses.get(&token_id).is_some_and(|at| now.saturating_duration_since(*at) < Self::USE_EVERY) {
+            return false;
+        }
+        if uses.len() >= Self::MAX_ENTRIES {
+            uses.clear();
+        }
+        uses.insert(token_id, now);
+        true
+    }
+
+    /// How often a token's use is recorded, at most: "last used" is to the minute.
+    const USE_EVERY: Duration = Duration::from_secs(60);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tokens_use_is_due_once_a_minute() {
+        let cache = TokenCache::default();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let start = Instant::now();
+        assert!(cache.use_due_at(a, start), "the first use is recorded");
+        assert!(!cache.use_due_at(a, start + Duration::from_secs(59)), "not again within the minute");
+        assert!(cache.use_due_at(b, start + Duration::from_secs(1)), "each token has its own minute");
+        cache.clear();
+        assert!(!cache.use_due_at(a, start + Duration::from_secs(30)), "emptying the cache does not reset it");
+        assert!(cache.use_due_at(a, start + Duration::from_secs(60)), "a minute later it is due again");
     }
 }

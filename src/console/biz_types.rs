@@ -327,18 +327,40 @@ pub async fn rotate_secret(
     Ok(done_revealing(&req, &session, &b.name, &message, "signing secret", &rotated.secret))
 }
 
+/// The "New token" form: what the token is for (optional).
+#[derive(Debug, Deserialize)]
+pub struct TokenForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    token_name: String,
+}
+
 pub async fn create_token(
     req: HttpRequest,
     session: Session,
     state: web::Data<AppState>,
     name: web::Path<String>,
-    form: web::Form<CsrfForm>,
+    form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let b = found(&state, &name).await?;
-    let token = biz_types::create_token(&state.pool, &name).await?;
-    audit::record(&state.pool, &session.actor(), "token.create", "biz_type", &name, None, Some(token[..12].into())).await?;
-    Ok(done_revealing(&req, &session, &b.name, "Token created.", "API token", &token))
+    let (info, token) = match biz_types::mint_token(&state.pool, &name, Some(&form.token_name)).await {
+        Ok(minted) => minted,
+        // On this page `name` is the biz type's: the token's name has a field of its own.
+        Err(Error::Invalid { field, message }) if field == "name" => {
+            let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
+            return refused(&req, &session, Some(b.clone()), Form::of(&b), Error::invalid("token_name", message).into(), tokens);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
+    audit::record(&state.pool, &session.actor(), "token.create", "biz_type", &name, None, Some(record)).await?;
+    let message = match &info.name {
+        Some(token_name) => format!("Token {token_name} created."),
+        None => "Token created.".to_string(),
+    };
+    Ok(done_revealing(&req, &session, &b.name, &message, "API token", &token))
 }
 
 pub async fn revoke_token(

@@ -19,6 +19,7 @@ mod reveal;
 mod session;
 mod tasks;
 mod timers;
+mod users;
 
 pub use login_limits::LoginLimiter;
 pub use session::Session;
@@ -88,6 +89,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/timers/{id}/delete", web::post().to(timers::delete))
                 .route("/cluster", web::get().to(cluster::show))
                 .route("/audit", web::get().to(audit_log::list))
+                .route("/users", web::get().to(users::list))
+                .route("/users", web::post().to(users::create))
+                .route("/users/{name}/role", web::post().to(users::set_role))
+                .route("/users/{name}/disable", web::post().to(users::disable))
+                .route("/users/{name}/enable", web::post().to(users::enable))
+                .route("/users/{name}/reset-password", web::post().to(users::reset_password))
+                .route("/account", web::get().to(users::account))
+                .route("/account/password", web::post().to(users::change_password))
                 .default_service(web::to(|| async { Err::<HttpResponse, _>(ConsoleError::NotFound("no such page".into())) })),
         );
 }

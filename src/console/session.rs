@@ -41,6 +41,9 @@ pub struct Session {
     /// Seals what this session is shown once (`reveal`): derived from the cookie's token,
     /// which the database does not hold, so it exists only while the browser sends it.
     pub(super) reveal_key: super::reveal::Key,
+    /// The stored hash of this session's token: the session a user's own password change
+    /// keeps while their others end.
+    pub(super) token_hash: Vec<u8>,
 }
 
 impl Session {
@@ -103,17 +106,18 @@ impl FromRequest for Session {
             let state = state.ok_or_else(|| ConsoleError::Internal("no application state".into()))?;
             let sign_in = || ConsoleError::SignIn { next: next.clone() };
             let token = token.ok_or_else(sign_in)?;
+            let token_hash = hash(&token);
             let row: Option<(i32, String, String, String)> = crate::db::query_as(
                 "SELECT u.id, u.username, u.role, s.csrf_token
                    FROM sessions s JOIN users u ON u.id = s.user_id
                   WHERE s.token_hash = $1 AND s.expires_at > now() AND NOT u.disabled",
             )
-            .bind(hash(&token))
+            .bind(&token_hash)
             .fetch_optional(&state.pool)
             .await?;
             let (id, username, role, csrf) = row.ok_or_else(sign_in)?;
             let reveal_key = super::reveal::Key::of_session(&token);
-            Ok(Session { user: User { id, username, role }, csrf, reveal_key })
+            Ok(Session { user: User { id, username, role }, csrf, reveal_key, token_hash })
         })
     }
 }
@@ -229,6 +233,7 @@ pub async fn login(
     if let Some(old) = req.cookie(COOKIE) {
         crate::db::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(old.value())).execute(&state.pool).await?;
     }
+    users::record_sign_in(&state.pool, user.id).await?;
     audit::record(&state.pool, &format!("user:{}", user.username), "user.sign_in", "user", &user.username, None, None).await?;
     tracing::info!(user = %user.username, %address, "console: signed in");
     let session = Cookie::build(COOKIE, token)

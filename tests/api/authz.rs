@@ -89,7 +89,9 @@ async fn snapshot(pool: &Pool) -> Vec<String> {
         // Not `materialized_until`: the leader moves it on by itself.
         "SELECT (id, biz_type_id, key, cron, timezone, payload, active, catch_up, updated_at)::text FROM timers ORDER BY id",
         "SELECT b::text FROM biz_types b ORDER BY id",
-        "SELECT x::text FROM api_tokens x ORDER BY id",
+        // Not `last_used_at`: a request its token lets in records it (a refused one too,
+        // at most once a minute, off the request's path).
+        "SELECT (x.id, x.biz_type_id, x.token_hash, x.prefix, x.name, x.created_at, x.revoked_at)::text FROM api_tokens x ORDER BY id",
         "SELECT u::text FROM users u ORDER BY id",
         "SELECT s::text FROM sessions s ORDER BY token_hash",
         "SELECT l::text FROM audit_log l ORDER BY id",
@@ -314,11 +316,23 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     ("POST", "/console/timers/{timer}/activate", &[], Admin, 303),
     ("POST", "/console/timers/{timer}/delete", &[], Admin, 303),
     ("POST", "/console/biz-types/{gone}/archive", &[], Admin, 303),
+    ("GET", "/console/users", &[], Admin, 200),
+    ("POST", "/console/users", &[("name", "{new}"), ("role", "support"), ("password", "")], Admin, 303),
+    ("POST", "/console/users/{user}/role", &[("role", "admin")], Admin, 303),
+    ("POST", "/console/users/{user}/disable", &[], Admin, 303),
+    ("POST", "/console/users/{user}/enable", &[], Admin, 303),
+    ("POST", "/console/users/{user}/reset-password", &[], Admin, 303),
+    // Every user's own password, support staff's too.
+    ("GET", "/console/account", &[], Staff, 200),
+    ("POST", "/console/account/password", &[("current_password", "{password}"), ("new_password", "changed-password"), ("confirm_password", "changed-password")], Staff, 303),
     ("POST", "/console/logout", &[], Staff, 303),
 ];
 
-/// A pending task, a failed task, a timer and a token of `orders` for one user to act on.
+/// A pending task, a failed task, a timer, a token of `orders` and a user for one user to
+/// act on, and that user's own password.
 async fn console_fixtures(app: &TestApp, token: &str, user: &str) -> HashMap<&'static str, String> {
+    chime::users::create(&app.pool, &format!("u-{user}"), "support", "fixture-password").await.unwrap();
+    let password = if user == "admin" { ADMIN_PASSWORD } else { "support-password" };
     let pending = app.create_task(token, json!({"biz_type": "orders", "delay_ms": 3600000})).await;
     let failed = app.create_task(token, json!({"biz_type": "orders"})).await;
     app.force_status(failed["id"].as_str().unwrap(), "failed").await;
@@ -335,6 +349,8 @@ async fn console_fixtures(app: &TestApp, token: &str, user: &str) -> HashMap<&'s
         ("failed", failed["id"].as_str().unwrap().to_string()),
         ("timer", timer.body["id"].as_str().unwrap().to_string()),
         ("token_id", token_id.to_string()),
+        ("user", format!("u-{user}")),
+        ("password", password.to_string()),
     ])
 }
 

@@ -128,6 +128,83 @@ async fn user_create_stores_an_argon2_hash() {
     }
 }
 
+/// `user list` shows each user's role, state, creation and last sign-in; `user disable`
+/// keeps a user out and ends their open session, `enable` lets them back in; the last
+/// enabled admin cannot be disabled (the admin API's rule and words). `user reset-password`
+/// recovers a lost admin password: with no password given it prints a generated one as the
+/// last line (once); or takes --password, or a line on stdin; the old password stops
+/// working and the user's sessions end. Every change is audited under `cli`.
+#[tokio::test]
+async fn user_list_disable_enable_and_reset_password() {
+    use crate::console::{ADMIN_PASSWORD, sign_in, sign_in_attempt};
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+    assert!(chime(&env, &["user", "create", "helen", "--role", "support", "--password", "support-password"], None).await.ok);
+    let helen = sign_in(&app, "helen", "support-password").await;
+
+    let out = chime(&env, &["user", "list"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert!(lines[0].starts_with("admin\tadmin\tenabled\tcreated ") && lines[0].ends_with("never signed in"), "{}", lines[0]);
+    assert!(lines[1].starts_with("helen\tsupport\tenabled\tcreated ") && lines[1].contains("last signed in 20"), "{}", lines[1]);
+
+    let out = chime(&env, &["user", "disable", "helen"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(helen.get("/console").await.status, 303, "the open session still works");
+    assert_eq!(sign_in_attempt(&app, "helen", "support-password").await.status, 401);
+    assert!(chime(&env, &["user", "list"], None).await.stdout.contains("helen\tsupport\tdisabled"));
+    let out = chime(&env, &["user", "disable", "admin"], None).await;
+    assert!(!out.ok && out.stderr.contains("`admin` is the last enabled admin; make another user an admin first"), "{}", out.stderr);
+    let out = chime(&env, &["user", "enable", "helen"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(sign_in_attempt(&app, "helen", "support-password").await.status, 303);
+
+    // A lost first admin password.
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let out = chime(&env, &["user", "reset-password", "admin"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stdout.contains("shown only this once"), "{}", out.stdout);
+    let generated = out.last_line().to_string();
+    assert_eq!(generated.len(), 20, "{}", out.stdout);
+    assert_eq!(admin.get("/console").await.status, 303, "the admin's session survived the reset");
+    assert_eq!(sign_in_attempt(&app, "admin", ADMIN_PASSWORD).await.status, 401, "the old password still works");
+    assert_eq!(sign_in_attempt(&app, "admin", &generated).await.status, 303);
+
+    let out = chime(&env, &["user", "reset-password", "helen", "--password", "given-password"], None).await;
+    assert!(out.ok && !out.stdout.contains("shown only this once"), "{}{}", out.stdout, out.stderr);
+    assert_eq!(sign_in_attempt(&app, "helen", "given-password").await.status, 303);
+    let out = chime(&env, &["user", "reset-password", "helen"], Some("piped-password\n")).await;
+    assert!(out.ok && !out.stdout.contains("piped-password"), "{}{}", out.stdout, out.stderr);
+    assert_eq!(sign_in_attempt(&app, "helen", "piped-password").await.status, 303);
+
+    for (args, says) in [(&["user", "reset-password", "helen", "--password", "short"][..], "password: must be at least 8 characters"), (&["user", "disable", "nobody"][..], "no user named `nobody`")] {
+        let out = chime(&env, args, None).await;
+        assert!(!out.ok && out.stderr.contains(says), "{args:?}: {}", out.stderr);
+    }
+    assert_eq!(sign_in_attempt(&app, "helen", "piped-password").await.status, 303, "a refused reset changed the password");
+
+    let audit: Vec<(String, String)> = sqlx::query_as("SELECT action, target FROM audit_log WHERE actor = 'cli' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let audit: Vec<(&str, &str)> = audit.iter().map(|(a, t)| (a.as_str(), t.as_str())).collect();
+    assert_eq!(
+        audit,
+        [
+            ("user.create", "helen"),
+            ("user.update", "helen"),
+            ("user.update", "helen"),
+            ("user.reset_password", "admin"),
+            ("user.reset_password", "helen"),
+            ("user.reset_password", "helen")
+        ]
+    );
+    let leaked: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE after::text LIKE '%' || $1 || '%' OR after::text LIKE '%given-password%'")
+        .bind(&generated)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(leaked, 0, "a password in the audit log");
+}
+
 /// --help documents every setting with its environment variable and default.
 #[tokio::test]
 async fn help_documents_settings() {

@@ -141,3 +141,47 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
 async fn task_status(app: &TestApp, id: &str) -> String {
     sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1::uuid").bind(id).fetch_one(&app.pool).await.unwrap()
 }
+
+/// An admin creates a support user on the Users page; she signs in in her own browser and
+/// does not see the page; the admin disables her (confirming): her next page is the
+/// sign-in page, and signing in again is refused. Enabled again, she gets back in.
+#[tokio::test]
+async fn a_support_user_created_then_disabled_cannot_sign_in() {
+    let app = crate::helpers::spawn_app().await;
+    let admin = Browser::start().await;
+    sign_in(&admin, &app, "admin", "test-admin-password").await;
+    admin.click("header nav a[href='/console/users']").await;
+    admin.fill("#new-user input[name=name]", "helen").await;
+    admin.select("#new-user select[name=role]", "support").await;
+    admin.fill("#new-user input[name=password]", "support-password").await;
+    admin.submit("#new-user").await;
+    assert!(admin.text(".flash").await.contains("support user helen created"), "{}", admin.text(".flash").await);
+    assert!(admin.text("#user-helen").await.contains("never"), "no sign-in yet");
+
+    let helen = Browser::start().await;
+    sign_in(&helen, &app, "helen", "support-password").await;
+    assert!(!helen.exists("header nav a[href='/console/users']").await, "support staff see Users in the nav");
+    helen.goto("/console/users").await;
+    assert!(helen.source().await.contains("only an admin can do this"));
+
+    admin.goto("/console/users").await;
+    assert!(!admin.text("#user-helen").await.contains("never"), "the sign-in is shown");
+    // The Disable button asks first (console.js); the person says yes.
+    admin.execute("window.confirm = () => true").await;
+    admin.submit("#user-helen form.disable").await;
+    assert!(admin.text(".flash").await.contains("helen disabled"));
+    assert!(admin.text("#user-helen").await.contains("disabled"));
+
+    helen.goto("/console/tasks").await;
+    assert!(helen.current_url().await.contains("/console/login"), "her open session still works: {}", helen.current_url().await);
+    helen.fill("#login input[name=username]", "helen").await;
+    helen.fill("#login input[name=password]", "support-password").await;
+    helen.submit("#login").await;
+    assert_eq!(helen.text(".flash.error").await, "wrong user name or password");
+
+    admin.submit("#user-helen form.enable").await;
+    assert!(admin.text(".flash").await.contains("helen enabled"));
+    sign_in(&helen, &app, "helen", "support-password").await;
+    helen.close().await;
+    admin.close().await;
+}

@@ -182,6 +182,10 @@ pub async fn set_role(
     let changes = UserChanges { role: Some(form.role.clone()), ..UserChanges::default() };
     Ok(match change(&req, &session, &state, &name, &changes, "user.update", None).await? {
         Ok((before, after)) if before.role == after.role => done(PAGE, &format!("{name} was {} already.", after.role)),
+        // An admin who made themselves support staff can no longer see the users page.
+        Ok((_, after)) if *name == session.user.username && after.role != "admin" => {
+            done("/console", &format!("You are now {}: another admin manages users from here on.", after.role))
+        }
         Ok((_, after)) => done(PAGE, &format!("{name} is now {}.", after.role)),
         Err(refused) => refused,
     })

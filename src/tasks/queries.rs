@@ -223,10 +223,10 @@ async fn lock_by_key(tx: &mut PgConnection, owner: i32, key: &str) -> Result<(Uu
 
 /// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
 /// keep it), optionally with a new payload, each moved to whichever of the hot partitions
-/// or cold storage its time belongs in. `fresh_start` also clears the attempt count and
-/// last error and the deadline (a replay). The one statement reschedule, replay and bulk replay (`bulk.rs`) share; a
-/// lease's retry stays in place (`lease::record`). The tasks must be locked by the caller
-/// and all in cold storage (`cold`) or all not.
+/// or cold storage its time belongs in. `fresh_start` also clears the attempt count, the
+/// last error and the deadline (a replay). The one statement reschedule, replay and bulk
+/// replay (`bulk.rs`) share; a lease's retry stays in place (`lease::record`). The tasks
+/// must be locked by the caller and all in cold storage (`cold`) or all not.
 pub(super) async fn requeue(
     tx: &mut PgConnection,
     cold: bool,

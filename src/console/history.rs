@@ -1,0 +1,131 @@
+//! A task's history as its page tells it: every attempt numbered across replays (the
+//! attempts table numbers them from 1 again after each replay), with a row where each
+//! replay happened and who made it, read from the audit log.
+//!
+//! A single replay (console or API) is audited per task (`task.replay`, target the task's
+//! id). A bulk replay is audited once (`task.bulk_replay`, target the biz type's name, or
+//! "every biz type" from the console, with its filter): writing a row per task would cost
+//! as much as the replay itself at 100,000 tasks. So where the attempts show a replay (a
+//! number that starts again) that no per-task entry explains, the bulk entries of the
+//! task's biz type made in that interval, whose key prefix the task's key matches, name it.
+//! Both reads are probes of `audit_log_target_idx` (migration 0019).
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use crate::audit::{self, Entry};
+use crate::db::Pool;
+use crate::tasks::{Attempt, Task};
+
+/// How much later than the first attempt after it a replay's audit entry may be written:
+/// the entry is recorded after the replay commits, and a due task can be claimed and
+/// attempted in between.
+const AUDIT_LAG: TimeDelta = TimeDelta::seconds(5);
+
+/// One row of the history: an attempt, or a replay or release of the task.
+pub struct Event {
+    /// The attempt's running number over the whole history, from 1 (0 on a mark row).
+    pub ordinal: usize,
+    pub attempt: Option<Attempt>,
+    pub mark: Option<Mark>,
+}
+
+/// A replay or release: when, by whom, and how (an action of the audit log).
+pub struct Mark {
+    /// None: the attempts show a replay that no audit entry explains.
+    pub at: Option<DateTime<Utc>>,
+    pub actor: String,
+    /// "replay", "bulk replay", "release", or "replay" with an unknown actor.
+    pub what: &'static str,
+}
+
+impl Mark {
+    fn of(entry: &Entry) -> Mark {
+        let what = match entry.action.as_str() {
+            "task.bulk_replay" => "bulk replay",
+            "task.release" => "release",
+            _ => "replay",
+        };
+        Mark { at: Some(entry.at), actor: entry.actor.clone(), what }
+    }
+}
+
+/// The audit entries a task's history reads, oldest first.
+pub struct Audited {
+    /// `task.replay` and `task.release` of this task.
+    pub own: Vec<Entry>,
+    /// `task.bulk_replay` of its biz type (or of every biz type).
+    pub bulk: Vec<Entry>,
+}
+
+impl Audited {
+    pub async fn read(pool: &Pool, task: &Task) -> Result<Audited, sqlx::Error> {
+        let own = audit::for_target(pool, "task", &task.id.to_string(), &["task.replay", "task.release"]).await?;
+        let mut bulk = audit::for_target(pool, "task", &task.biz_type, &["task.bulk_replay"]).await?;
+        bulk.extend(audit::for_target(pool, "task", "every biz type", &["task.bulk_replay"]).await?);
+        // Only those made after the task was: older ones cannot be its replays.
+        bulk.retain(|e| e.at >= task.created_at);
+        bulk.sort_by_key(|e| (e.at, e.id));
+        Ok(Audited { own, bulk })
+    }
+}
+
+/// The rows of the history: attempts (oldest first, as `tasks::get` reads them) with the
+/// audited replays and releases between them, and a mark where the attempts show a replay
+/// that no entry of the task explains.
+pub fn events(task: &Task, attempts: Vec<Attempt>, audited: Audited) -> Vec<Event> {
+    let Audited { own, bulk } = audited;
+    let mut own = own.into_iter().peekable();
+    let mut events = Vec::with_capacity(attempts.len() + own.len());
+    let mut replayed_since_last = false;
+    let mut last: Option<(i32, bool, DateTime<Utc>)> = None;
+    let mut ordinal = 0;
+    for attempt in attempts {
+        while let Some(entry) = own.next_if(|e| e.at <= attempt.started_at) {
+            replayed_since_last |= entry.action == "task.replay";
+            events.push(Event { ordinal: 0, attempt: None, mark: Some(Mark::of(&entry)) });
+        }
+        if let Some((number, snoozed, started)) = last
+            && !replayed_since_last
+            && (attempt.number < number || (attempt.number == number && !snoozed))
+        {
+            // Numbers started again: a replay. Its entry may have been written just after
+            // this attempt started (AUDIT_LAG); else a bulk replay in the interval.
+            let mark = match own.next_if(|e| e.action == "task.replay" && e.at <= attempt.started_at + AUDIT_LAG) {
+                Some(entry) => Mark::of(&entry),
+                None => bulk_between(task, &bulk, started, Some(attempt.started_at)),
+            };
+            events.push(Event { ordinal: 0, attempt: None, mark: Some(mark) });
+        }
+        ordinal += 1;
+        last = Some((attempt.number, attempt.snoozed_until.is_some(), attempt.started_at));
+        replayed_since_last = false;
+        events.push(Event { ordinal, attempt: Some(attempt), mark: None });
+    }
+    for entry in own {
+        replayed_since_last |= entry.action == "task.replay";
+        events.push(Event { ordinal: 0, attempt: None, mark: Some(Mark::of(&entry)) });
+    }
+    // Replayed since its last attempt and not attempted again yet.
+    if let Some((_, _, started)) = last
+        && !replayed_since_last
+        && task.attempt_count == 0
+    {
+        events.push(Event { ordinal: 0, attempt: None, mark: Some(bulk_between(task, &bulk, started, None)) });
+    }
+    events
+}
+
+/// The bulk replay that took `task` between two times (`until` None: up to now), or a
+/// mark that says no entry names who replayed it.
+fn bulk_between(task: &Task, bulk: &[Entry], since: DateTime<Utc>, until: Option<DateTime<Utc>>) -> Mark {
+    let matches = |e: &&Entry| {
+        let prefix = e.after.as_ref().and_then(|a| a.get("key_prefix")).and_then(|p| p.as_str());
+        e.at > since
+            && until.is_none_or(|u| e.at <= u + AUDIT_LAG)
+            && prefix.is_none_or(|p| task.key.as_deref().is_some_and(|k| k.starts_with(p)))
+    };
+    match bulk.iter().find(matches) {
+        Some(entry) => Mark::of(entry),
+        None => Mark { at: None, actor: String::new(), what: "replay" },
+    }
+}

@@ -1,6 +1,6 @@
 //! Cancel or replay the rows selected on the task list: each task by the rules of its own
-//! page's button (the store's `cancel` and `replay`, and the task page's rule that a succeeded
-//! task is replayed only by an admin, after its confirm page), each audited as that button is, and one message saying how
+//! page's button (the store's `cancel` and `replay`, and `tasks::replay_refused`; a succeeded
+//! task, which an admin replays after its own confirm page, is skipped), each audited as that button is, and one message saying how
 //! many were done and which were skipped and why.
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -72,13 +72,12 @@ async fn one(session: &Session, state: &AppState, raw: &str, replay: bool) -> Re
         Err(e) => return Err(failed(e)),
     };
     let action = if replay {
+        if let Some(why) = super::tasks::replay_refused(session, &task) {
+            return Err(why);
+        }
         if task.status == Status::Succeeded {
-            // A succeeded task is delivered again only after its own confirm page.
-            return Err(if session.is_admin() {
-                "succeeded: replay it from its own page, which asks first".into()
-            } else {
-                "succeeded: only an admin may deliver it again".into()
-            });
+            // An admin delivers a succeeded task again only after its own confirm page.
+            return Err("succeeded: replay it from its own page, which asks first".into());
         }
         tasks::replay(&state.pool, task.biz_type_id, id).await.map_err(failed)?;
         "task.replay"

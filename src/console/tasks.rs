@@ -279,15 +279,19 @@ pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<
 
 /// Who may replay a task in this state: a succeeded task was delivered, so replaying it
 /// calls the receiver a second time for the same thing; that is an admin's decision.
-/// Failed, cancelled and expired tasks are open to support.
-fn may_replay(session: &Session, task: &Task) -> Result<(), ConsoleError> {
-    if task.status == Status::Succeeded && !session.is_admin() {
-        return Err(ConsoleError::Forbidden(format!(
+/// Failed, cancelled and expired tasks are open to support. Why not, or None. (The
+/// selected rows' replay asks the same.)
+pub(super) fn replay_refused(session: &Session, task: &Task) -> Option<String> {
+    (task.status == Status::Succeeded && !session.is_admin()).then(|| {
+        format!(
             "this task succeeded: replaying it delivers it again, which only an admin may do; `{}` is {}. Ask an admin.",
             session.user.username, session.user.role
-        )));
-    }
-    Ok(())
+        )
+    })
+}
+
+fn may_replay(session: &Session, task: &Task) -> Result<(), ConsoleError> {
+    replay_refused(session, task).map_or(Ok(()), |why| Err(ConsoleError::Forbidden(why)))
 }
 
 #[derive(Template)]

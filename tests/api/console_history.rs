@@ -212,7 +212,7 @@ async fn selected_rows_are_changed_by_the_single_actions_rules() {
     let fields: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (page, _) = support.post_and_follow("/console/tasks/selected", &fields).await;
     assert!(page.body.contains("Replayed 3 of 4 selected tasks. Skipped 1:"), "{}", page.body);
-    assert!(page.body.contains(&format!("{} (succeeded: only an admin may deliver it again)", ids[3])), "{}", page.body);
+    assert!(page.body.contains(&format!("{} (this task succeeded: replaying it delivers it again, which only an admin may do", ids[3])), "{}", page.body);
     assert_eq!(status_of(&app, &token, &ids[3]).await, "succeeded");
     let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'user:helen' AND action IN ('task.cancel', 'task.replay')")
         .fetch_one(&app.pool)

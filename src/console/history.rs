@@ -78,8 +78,7 @@ pub fn events(task: &Task, attempts: Vec<Attempt>, audited: Audited) -> Vec<Even
     let mut events = Vec::with_capacity(attempts.len() + own.len());
     let mut replayed_since_last = false;
     let mut last: Option<(i32, bool, DateTime<Utc>)> = None;
-    let mut ordinal = 0;
-    for attempt in attempts {
+    for (i, attempt) in attempts.into_iter().enumerate() {
         while let Some(entry) = own.next_if(|e| e.at <= attempt.started_at) {
             replayed_since_last |= entry.action == "task.replay";
             events.push(Event { ordinal: 0, attempt: None, mark: Some(Mark::of(&entry)) });
@@ -96,10 +95,9 @@ pub fn events(task: &Task, attempts: Vec<Attempt>, audited: Audited) -> Vec<Even
             };
             events.push(Event { ordinal: 0, attempt: None, mark: Some(mark) });
         }
-        ordinal += 1;
         last = Some((attempt.number, attempt.snoozed_until.is_some(), attempt.started_at));
         replayed_since_last = false;
-        events.push(Event { ordinal, attempt: Some(attempt), mark: None });
+        events.push(Event { ordinal: i + 1, attempt: Some(attempt), mark: None });
     }
     for entry in own {
         replayed_since_last |= entry.action == "task.replay";

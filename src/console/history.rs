@@ -127,3 +127,106 @@ fn bulk_between(task: &Task, bulk: &[Entry], since: DateTime<Utc>, until: Option
         None => Mark { at: None, actor: String::new(), what: "replay" },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn task(attempt_count: i32) -> Task {
+        Task {
+            id: Uuid::now_v7(),
+            biz_type_id: 1,
+            biz_type: "orders".into(),
+            key: Some("order-7".into()),
+            run_at: at("2026-11-24T12:00:00Z"),
+            payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+            status: crate::tasks::Status::Succeeded,
+            attempt_count,
+            timer_id: None,
+            last_error: None,
+            created_at: at("2026-11-24T10:00:00Z"),
+            updated_at: at("2026-11-24T12:00:00Z"),
+            finished_at: None,
+            expires_at: None,
+            traceparent: None,
+        }
+    }
+
+    fn attempt(number: i32, started: &str, snoozed: bool) -> Attempt {
+        Attempt {
+            number,
+            started_at: at(started),
+            duration_ms: 1,
+            status_code: Some(200),
+            error: None,
+            response_excerpt: None,
+            redirected_to: None,
+            snoozed_until: snoozed.then(|| at("2026-11-24T11:30:00Z")),
+        }
+    }
+
+    fn entry(action: &str, at_: &str, target: &str, after: Option<serde_json::Value>) -> Entry {
+        Entry { id: 1, at: at(at_), actor: "user:admin".into(), action: action.into(), target_type: "task".into(), target: target.into(), before: None, after }
+    }
+
+    fn rows(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match (&e.attempt, &e.mark) {
+                (Some(a), _) => format!("#{} try {}", e.ordinal, a.number),
+                (None, Some(m)) => format!("{} by {:?}", m.what, m.actor),
+                _ => unreachable!(),
+            })
+            .collect()
+    }
+
+    /// A snoozed attempt's number is used again by the next (not a replay); a number that
+    /// starts again is one, named by the bulk replay of the interval whose key prefix the
+    /// task's key has, or said to be unknown; an entry written just after the attempt it
+    /// led to started still stands before it.
+    #[test]
+    fn replays_are_found_between_attempts() {
+        let t = task(1);
+        let attempts = vec![
+            attempt(1, "2026-11-24T11:00:00Z", true),
+            attempt(1, "2026-11-24T11:30:00Z", false),
+            attempt(1, "2026-11-24T11:40:00Z", false),
+            attempt(1, "2026-11-24T11:50:00Z", false),
+            attempt(1, "2026-11-24T11:55:00Z", false),
+        ];
+        let own = vec![entry("task.replay", "2026-11-24T11:50:02Z", &t.id.to_string(), None)];
+        let bulk = vec![
+            entry("task.bulk_replay", "2026-11-24T11:35:00Z", "orders", Some(serde_json::json!({"key_prefix": "invoice-"}))),
+            entry("task.bulk_replay", "2026-11-24T11:36:00Z", "orders", Some(serde_json::json!({"key_prefix": "order-"}))),
+        ];
+        let events = events(&t, attempts, Audited { own, bulk });
+        assert_eq!(
+            rows(&events),
+            [
+                "#1 try 1",
+                "#2 try 1",
+                "bulk replay by \"user:admin\"",
+                "#3 try 1",
+                "replay by \"user:admin\"",
+                "#4 try 1",
+                "replay by \"\"",
+                "#5 try 1",
+            ]
+        );
+    }
+
+    /// Replayed after its last attempt and not attempted since: the mark closes the list.
+    #[test]
+    fn a_replay_not_attempted_yet_is_shown_last() {
+        let t = task(0);
+        let attempts = vec![attempt(1, "2026-11-24T11:00:00Z", false)];
+        let bulk = vec![entry("task.bulk_replay", "2026-11-24T11:10:00Z", "orders", Some(serde_json::json!({"key_prefix": null})))];
+        let events = events(&t, attempts, Audited { own: vec![], bulk });
+        assert_eq!(rows(&events), ["#1 try 1", "bulk replay by \"user:admin\""]);
+    }
+}

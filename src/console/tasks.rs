@@ -306,6 +306,10 @@ struct ReplayPage {
 pub async fn ask_replay(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let (task, _) = found(&state, parse_id(&id)?).await?;
     may_replay(&session, &task)?;
+    if task.status != Status::Succeeded {
+        // Nothing to ask (or nothing to replay): its page says which, and offers the button.
+        return Ok(see_other(&format!("/console/tasks/{}", task.id)));
+    }
     let page = ReplayPage { ctx: Ctx::new(&session, &req, "tasks"), task };
     render(StatusCode::OK, &page.ctx, &page)
 }

@@ -161,6 +161,8 @@ async fn replaying_a_succeeded_task_asks_first_and_is_for_admins() {
     assert_eq!(support.post(&format!("/console/tasks/{failed_id}/replay"), &[]).await.status, 303, "a failed task stays open to support");
     assert_eq!(status_of(&app, &token, failed_id).await, "pending");
 
+    let other = admin.get(&format!("/console/tasks/{failed_id}/replay")).await;
+    assert_eq!((other.status, other.location()), (303, format!("/console/tasks/{failed_id}").as_str()), "only a succeeded task is asked about");
     let (ask, _) = admin.post_and_follow(&format!("/console/tasks/{done_id}/replay"), &[]).await;
     assert_eq!(ask.status, 200);
     assert!(ask.body.contains("id=\"confirm-replay\"") && ask.body.contains("called <strong>again</strong>"), "{}", ask.body);
@@ -298,4 +300,31 @@ async fn reschedule_is_prefilled_in_the_chosen_zone_with_errors_on_the_form() {
     assert!(page.body.contains("Task rescheduled"), "{}", page.body);
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["run_at"], "2030-02-01T08:30:00Z", "09:30 in Paris in winter");
     assert!(page.body.contains("2030-01-15 12:00:00.000 UTC"), "first due is kept: {}", page.body);
+}
+
+/// A running callback task names the node holding it (its host and pid, from `nodes`)
+/// and the lease's end; no release is offered, since a node's lease is recovered by the
+/// cluster itself when the node dies.
+#[tokio::test]
+async fn a_running_task_names_the_node_holding_it() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 600000})).await;
+    let id = task["id"].as_str().unwrap();
+    let (node, host, pid): (uuid::Uuid, String, i32) =
+        sqlx::query_as("INSERT INTO nodes (id, hostname, pid, version, listen) VALUES (gen_random_uuid(), 'worker-3', 4242, 'test', '127.0.0.1:1') RETURNING id, hostname, pid")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    sqlx::query("UPDATE tasks SET status = 'running', leased_by = $2, lease_until = '2030-01-01T00:00:00Z', attempt_count = 1 WHERE id = $1::uuid")
+        .bind(id)
+        .bind(node)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let page = admin.get(&format!("/console/tasks/{id}")).await;
+    assert!(page.body.contains(&format!("node {host} (pid {pid}), until 2030-01-01 00:00:00.000 UTC")), "{}", page.body);
+    assert!(page.body.contains(r#"id="status">running<"#));
+    assert!(!page.body.contains("id=\"release\""), "a node's lease is not released by hand");
 }

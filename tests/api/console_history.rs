@@ -300,6 +300,14 @@ async fn reschedule_is_prefilled_in_the_chosen_zone_with_errors_on_the_form() {
     assert!(page.body.contains("Task rescheduled"), "{}", page.body);
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["run_at"], "2030-02-01T08:30:00Z", "09:30 in Paris in winter");
     assert!(page.body.contains("2030-01-15 12:00:00.000 UTC"), "first due is kept: {}", page.body);
+
+    // A time at or after the task's deadline: the store's refusal, on the form.
+    let late = app.create_task(&token, json!({"biz_type": "orders", "run_at": "2030-01-15T12:00:00Z", "expires_at": "2030-01-16T00:00:00Z"})).await;
+    let late_id = late["id"].as_str().unwrap();
+    let page = admin.post(&format!("/console/tasks/{late_id}/reschedule"), &[("run_at", "2030-01-16T00:30"), ("zone", "UTC")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    assert!(page.body.contains("deadline") && page.body.contains(r#"id="reschedule""#) && page.body.contains(r#"value="2030-01-16T00:30""#), "{}", page.body);
+    assert_eq!(app.get(&format!("/api/v1/tasks/{late_id}"), &token).await.body["run_at"], "2030-01-15T12:00:00Z", "nothing moved");
 }
 
 /// A running callback task names the node holding it (its host and pid, from `nodes`)

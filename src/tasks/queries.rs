@@ -142,6 +142,34 @@ pub async fn others_with_key(pool: &Pool, task: &Task) -> Result<Vec<Task>, Erro
     .await?)
 }
 
+/// What the task page tells beside the task: when it was first due, and who holds it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Holding {
+    /// The run_at it was created with, kept through reschedules, replays and retries;
+    /// None for tasks made before migration 0019.
+    pub first_run_at: Option<DateTime<Utc>>,
+    /// Running: the node (callbacks) or the receipt (pull) holding it, and until when.
+    pub leased_by: Option<Uuid>,
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The holding node's hostname and pid, while it is registered in `nodes`.
+    pub node: Option<String>,
+    /// Its biz type is pull: a holder is a consumer's receipt, never a node.
+    pub pull: bool,
+}
+
+/// The task's `Holding`, or None: a probe of the primary key of each part of `all_tasks`
+/// (as `read`), and of `nodes`.
+pub async fn holding(pool: &Pool, id: Uuid) -> Result<Option<Holding>, Error> {
+    Ok(crate::db::query_as::<Holding>(
+        "SELECT t.first_run_at, t.leased_by, t.lease_until, n.hostname || ' (pid ' || n.pid || ')' AS node, b.mode = 'pull' AS pull
+           FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id LEFT JOIN nodes n ON n.id = t.leased_by
+          WHERE t.id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?)
+}
+
 /// Tasks holding this client key, in any biz type (the console's search box).
 pub async fn find_by_key(pool: &Pool, key: &str) -> Result<Vec<Task>, Error> {
     Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
@@ -259,16 +287,18 @@ pub(super) async fn requeue(
                     created_at,
                     CASE WHEN $7 THEN coalesce($8::timestamptz, new_run_at + $9::bigint * interval '1 millisecond')
                          ELSE expires_at END AS expires_at,
-                    traceparent
+                    traceparent,
+                    -- Kept: when it was first due, whatever moved it since.
+                    first_run_at
                FROM moved
          ), hot AS (
              INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                expires_at, traceparent)
+                                expires_at, traceparent, first_run_at)
              SELECT * FROM new WHERE run_at < (SELECT until FROM hot_horizon)
              RETURNING *
          ), cold AS (
              INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                     expires_at, traceparent)
+                                     expires_at, traceparent, first_run_at)
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (

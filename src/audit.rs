@@ -80,3 +80,20 @@ pub async fn list(pool: &Pool, search: &Search<'_>, limit: i64) -> Result<Vec<En
     .fetch_all(pool)
     .await
 }
+
+/// The entries about one target (e.g. `"task"`, a task's id) whose action is one of
+/// `actions`, made at or after `since`, oldest first, at most 200: a range of
+/// audit_log_target_idx.
+pub async fn for_target(pool: &Pool, target_type: &str, target: &str, actions: &[&str], since: DateTime<Utc>) -> Result<Vec<Entry>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT id, at, actor, action, target_type, target, before, after FROM audit_log
+          WHERE target_type = $1 AND target = $2 AND at >= $4 AND action = ANY($3)
+          ORDER BY at, id LIMIT 200",
+    )
+    .bind(target_type)
+    .bind(target)
+    .bind(actions)
+    .bind(since)
+    .fetch_all(pool)
+    .await
+}

@@ -14,8 +14,10 @@ mod biz_types;
 mod charts;
 mod cluster;
 mod dashboard;
+mod history;
 mod login_limits;
 mod reveal;
+mod selected;
 mod session;
 mod tasks;
 mod timers;
@@ -75,9 +77,12 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/tasks/replay-failed", web::post().to(tasks::replay_failed))
                 .route("/tasks/cancel-pending", web::get().to(tasks::ask_cancel_pending))
                 .route("/tasks/cancel-pending", web::post().to(tasks::cancel_pending))
+                .route("/tasks/selected", web::post().to(selected::apply))
                 .route("/tasks/{id}", web::get().to(tasks::show))
                 .route("/tasks/{id}/cancel", web::post().to(tasks::cancel))
+                .route("/tasks/{id}/replay", web::get().to(tasks::ask_replay))
                 .route("/tasks/{id}/replay", web::post().to(tasks::replay))
+                .route("/tasks/{id}/release", web::post().to(tasks::release))
                 .route("/tasks/{id}/reschedule", web::post().to(tasks::reschedule))
                 .route("/timers", web::get().to(timers::list))
                 .route("/timers", web::post().to(timers::create))

@@ -15,7 +15,8 @@ use crate::audit;
 use crate::biz_types::{self, BizType};
 use crate::error::Error;
 use crate::tasks::bulk::{self, BulkFilter};
-use crate::tasks::{self, Attempt, ListFilter, Status, Task, When};
+use super::history;
+use crate::tasks::{self, Attempt, Holding, ListFilter, Status, Task, When};
 
 const PAGE_SIZE: i64 = 50;
 
@@ -137,38 +138,101 @@ async fn list_page(
 struct TaskPage {
     ctx: Ctx,
     task: Task,
+    /// "retrying" for a pending task with attempts made, else its status.
+    state: &'static str,
     payload: String,
-    attempts: Vec<Attempt>,
+    /// Its attempts numbered across replays, with the replays and releases between them.
+    events: Vec<history::Event>,
+    /// When it was first due, and who holds it while running.
+    holding: Holding,
     /// Other tasks that held this task's key: the key's current task, those before it.
     others: Vec<Task>,
-    /// The reschedule form's time as typed, and why it was refused.
+    /// The zone the reschedule form's time is in (an IANA name), and the time as typed
+    /// (prefilled with the current due time in that zone).
+    zone: String,
     run_at: String,
-    error: Option<(String, String)>,
+    /// Each reschedule field refused, and why.
+    errors: Vec<(String, String)>,
     /// Its failure notices (`failure_notices`), oldest first.
     notices: Vec<failure_notices::Notice>,
 }
 
 impl TaskPage {
     fn error_for(&self, field: &str) -> &str {
-        super::error_for(self.error.as_slice(), field)
+        super::error_for(&self.errors, field)
     }
 }
 
-/// The task's page; with an error, answered 422 with the reschedule form as it was typed.
+/// The state a person reads: a pending task with attempts made is retrying.
+fn state_of(task: &Task) -> &'static str {
+    if task.status == Status::Pending && task.attempt_count > 0 { "retrying" } else { task.status.as_str() }
+}
+
+/// A zone a form names: an IANA name chrono-tz knows (empty: UTC).
+fn parse_zone(raw: &str) -> Result<chrono_tz::Tz, Error> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(chrono_tz::UTC);
+    }
+    raw.parse().map_err(|_| Error::invalid("zone", format!("`{raw}` is not a time zone; give an IANA name such as UTC or Europe/Paris")))
+}
+
+/// A time typed in the form, in `zone` unless it names its own offset; the API's rules
+/// for times (`check_time`, through `parse_local_time`) apply to the result.
+fn parse_zoned_time(field: &str, raw: &str, zone: chrono_tz::Tz) -> Result<Option<chrono::DateTime<chrono::Utc>>, Error> {
+    use chrono::TimeZone;
+    let trimmed = raw.trim();
+    if zone == chrono_tz::UTC || trimmed.is_empty() || chrono::DateTime::parse_from_rfc3339(trimmed).is_ok() {
+        return parse_local_time(field, raw);
+    }
+    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"] {
+        if let Ok(local) = chrono::NaiveDateTime::parse_from_str(trimmed, format) {
+            return match zone.from_local_datetime(&local).single() {
+                Some(t) => parse_local_time(field, &t.with_timezone(&chrono::Utc).to_rfc3339()),
+                None => Err(Error::invalid(field, format!("`{trimmed}` is skipped or repeated by a clock change in {zone}; choose a time an hour away"))),
+            };
+        }
+    }
+    Err(Error::invalid(field, format!("`{trimmed}` is not a time such as 2026-11-22 09:30 ({zone})")))
+}
+
+/// The reschedule form's time: the task's due time in `zone`.
+fn due_in(task: &Task, zone: chrono_tz::Tz) -> String {
+    task.run_at.with_timezone(&zone).format("%Y-%m-%dT%H:%M:%S").to_string()
+}
+
+/// The task's page; with errors, answered 422 with the reschedule form as it was typed.
+#[allow(clippy::too_many_arguments)]
 async fn task_page(
     req: &HttpRequest,
     session: &Session,
     state: &AppState,
     task: Task,
     attempts: Vec<Attempt>,
+    zone: String,
     run_at: String,
-    error: Option<(String, String)>,
+    errors: Vec<(String, String)>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let status = if error.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
+    let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
     let payload = super::pretty_json(&task.payload);
     let others = tasks::others_with_key(&state.pool, &task).await?;
     let notices = failure_notices::for_task(&state.pool, task.id).await?;
-    let page = TaskPage { ctx: Ctx::new(session, req, "tasks"), task, payload, attempts, others, run_at, error, notices };
+    let holding = tasks::holding(&state.pool, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
+    let audited = history::Audited::read(&state.pool, &task).await?;
+    let events = history::events(&task, attempts, audited);
+    let page = TaskPage {
+        ctx: Ctx::new(session, req, "tasks"),
+        state: state_of(&task),
+        task,
+        payload,
+        events,
+        holding,
+        others,
+        zone,
+        run_at,
+        errors,
+        notices,
+    };
     render(status, &page.ctx, &page)
 }
 
@@ -180,9 +244,29 @@ fn parse_id(raw: &str) -> Result<Uuid, ConsoleError> {
     raw.parse().map_err(|_| ConsoleError::NotFound(format!("`{raw}` is not a task id")))
 }
 
-pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
+#[derive(Deserialize)]
+pub struct ShowQuery {
+    /// The zone the reschedule form is in (an IANA name; empty: UTC).
+    #[serde(default)]
+    zone: String,
+}
+
+pub async fn show(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    query: web::Query<ShowQuery>,
+) -> Result<HttpResponse, ConsoleError> {
     let (task, attempts) = found(&state, parse_id(&id)?).await?;
-    task_page(&req, &session, &state, task, attempts, String::new(), None).await
+    let (zone, errors) = match parse_zone(&query.zone) {
+        Ok(zone) => (zone, vec![]),
+        Err(Error::Invalid { field, message }) => (chrono_tz::UTC, vec![(field, message)]),
+        Err(e) => return Err(e.into()),
+    };
+    let run_at = due_in(&task, zone);
+    let zone = if errors.is_empty() { zone.name().to_string() } else { query.into_inner().zone };
+    task_page(&req, &session, &state, task, attempts, zone, run_at, errors).await
 }
 
 pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
@@ -193,12 +277,106 @@ pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<
     Ok(done(&format!("/console/tasks/{}", task.id), "Task cancelled."))
 }
 
-pub async fn replay(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+/// Who may replay a task in this state: a succeeded task was delivered, so replaying it
+/// calls the receiver a second time for the same thing; that is an admin's decision.
+/// Failed, cancelled and expired tasks are open to support. Why not, or None. (The
+/// selected rows' replay asks the same.)
+pub(super) fn replay_refused(session: &Session, task: &Task) -> Option<String> {
+    (task.status == Status::Succeeded && !session.is_admin()).then(|| {
+        format!(
+            "this task succeeded: replaying it delivers it again, which only an admin may do; `{}` is {}. Ask an admin.",
+            session.user.username, session.user.role
+        )
+    })
+}
+
+fn may_replay(session: &Session, task: &Task) -> Result<(), ConsoleError> {
+    replay_refused(session, task).map_or(Ok(()), |why| Err(ConsoleError::Forbidden(why)))
+}
+
+#[derive(Template)]
+#[template(path = "task_replay.html")]
+struct ReplayPage {
+    ctx: Ctx,
+    task: Task,
+}
+
+/// Asks before replaying a succeeded task (a page of its own: reloading it changes
+/// nothing); other finished tasks are replayed from their page's button directly.
+pub async fn ask_replay(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
+    let (task, _) = found(&state, parse_id(&id)?).await?;
+    may_replay(&session, &task)?;
+    if task.status != Status::Succeeded {
+        // Nothing to ask (or nothing to replay): its page says which, and offers the button.
+        return Ok(see_other(&format!("/console/tasks/{}", task.id)));
+    }
+    let page = ReplayPage { ctx: Ctx::new(&session, &req, "tasks"), task };
+    render(StatusCode::OK, &page.ctx, &page)
+}
+
+#[derive(Deserialize)]
+pub struct ReplayForm {
+    #[serde(default)]
+    csrf: String,
+    /// "yes" from the confirm page; a succeeded task is replayed only with it.
+    #[serde(default)]
+    confirm: String,
+}
+
+pub async fn replay(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<ReplayForm>) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     let (task, _) = found(&state, parse_id(&id)?).await?;
+    may_replay(&session, &task)?;
+    if task.status == Status::Succeeded && form.confirm != "yes" {
+        return Ok(see_other(&format!("/console/tasks/{}/replay", task.id)));
+    }
     tasks::replay(&state.pool, task.biz_type_id, task.id).await?;
-    audit::record(&state.pool, &session.actor(), "task.replay", "task", &task.id.to_string(), None, None).await?;
+    audit::record(
+        &state.pool,
+        &session.actor(),
+        "task.replay",
+        "task",
+        &task.id.to_string(),
+        Some(serde_json::json!({"status": task.status})),
+        Some(serde_json::json!({"status": Status::Pending})),
+    )
+    .await?;
     Ok(done(&format!("/console/tasks/{}", task.id), "Task replayed: it is pending and due now."))
+}
+
+#[derive(Deserialize)]
+pub struct ReleaseForm {
+    #[serde(default)]
+    csrf: String,
+    /// The receipt the page showed holding it: released only if it still does.
+    #[serde(default)]
+    receipt: String,
+}
+
+/// Puts a task held by a pull consumer an admin judged dead back to pending now (admins
+/// only, audited), rather than waiting for its time to run to pass.
+pub async fn release(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<ReleaseForm>) -> Result<HttpResponse, ConsoleError> {
+    session.admin_form(&form.csrf)?;
+    let (task, _) = found(&state, parse_id(&id)?).await?;
+    let back = format!("/console/tasks/{}", task.id);
+    let Ok(receipt) = form.receipt.trim().parse::<Uuid>() else {
+        return Err(Error::invalid("receipt", "is not a receipt; reload the task's page and release it from there").into());
+    };
+    let reason = format!("released by {}: the consumer holding it was given up for dead", session.actor());
+    if !tasks::lease::release(&state.pool, task.biz_type_id, task.id, receipt, &reason).await? {
+        return Ok(done(&back, "Not released: the task is no longer held by that consumer (it was acked, nacked or recovered meanwhile). Read its state below."));
+    }
+    audit::record(
+        &state.pool,
+        &session.actor(),
+        "task.release",
+        "task",
+        &task.id.to_string(),
+        Some(serde_json::json!({"status": "running", "receipt": receipt})),
+        Some(serde_json::json!({"status": "pending"})),
+    )
+    .await?;
+    Ok(done(&back, "Task released: it is pending and due now; the consumer's receipt no longer settles it."))
 }
 
 #[derive(Deserialize)]
@@ -207,6 +385,9 @@ pub struct RescheduleForm {
     csrf: String,
     #[serde(default)]
     run_at: String,
+    /// The zone `run_at` is in (an IANA name; empty: UTC).
+    #[serde(default)]
+    zone: String,
 }
 
 pub async fn reschedule(
@@ -219,16 +400,27 @@ pub async fn reschedule(
     session.admin_form(&form.csrf)?;
     let (task, attempts) = found(&state, parse_id(&id)?).await?;
     // The API's rules for run_at: a time RFC 3339 can name, at most 24 hours past and 10
-    // years ahead.
-    let when = parse_local_time("run_at", &form.run_at)
+    // years ahead; every field's problem at once.
+    let zone = parse_zone(&form.zone);
+    let when = parse_zoned_time("run_at", &form.run_at, *zone.as_ref().unwrap_or(&chrono_tz::UTC))
         .and_then(|t| t.ok_or_else(|| Error::invalid("run_at", "give the new time")))
         .and_then(|t| When::parse(Some(&t.to_rfc3339()), None, chrono::Utc::now()));
-    let when = match when {
-        Ok(when) => when,
-        Err(Error::Invalid { field, message }) => return task_page(&req, &session, &state, task, attempts, form.into_inner().run_at, Some((field, message))).await,
-        Err(e) => return Err(e.into()),
+    let moved = match (zone, when) {
+        (Ok(_), Ok(when)) => match tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None).await {
+            Ok(moved) => Ok(moved),
+            // Past its deadline, say: shown on the form as the API names it.
+            Err(e @ Error::Invalid { .. }) => Err(Problems(vec![e])),
+            Err(e) => return Err(e.into()),
+        },
+        (zone, when) => Err(Problems(vec![zone.err(), when.err()].into_iter().flatten().collect())),
     };
-    let moved = tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None).await?;
+    let moved = match moved {
+        Ok(moved) => moved,
+        Err(problems) => {
+            let form = form.into_inner();
+            return task_page(&req, &session, &state, task, attempts, form.zone, form.run_at, problems.by_field()?).await;
+        }
+    };
     audit::record(
         &state.pool,
         &session.actor(),

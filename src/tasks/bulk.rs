@@ -187,7 +187,7 @@ pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status) -> Result<
         q.push(" ORDER BY run_at, id LIMIT ").push_bind(BATCH).push(" FOR UPDATE SKIP LOCKED");
         let picked: Vec<(Uuid, DateTime<Utc>)> = q.build_query_as().fetch_all(&mut *tx).await?;
         let ids: Vec<Uuid> = picked.iter().map(|(id, _)| *id).collect();
-        let replayed = super::queries::requeue(&mut tx, false, &ids, Some(When::After { delay_ms: 0 }), None, true).await?;
+        let replayed = super::queries::requeue(&mut tx, false, &ids, Some(When::After { delay_ms: 0 }), None, true, Some(None)).await?;
         tx.commit().await?;
         count.matched += picked.len() as i64;
         count.changed += replayed.len() as i64;

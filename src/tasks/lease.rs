@@ -6,7 +6,8 @@
 //! * `record` settles leases: succeeded, failed, or pending again at a retry time (backoff
 //!   computed here, once, for both), with one attempt each; `touch` extends a reservation,
 //!   `give_back` returns tasks a stopping node claimed ahead and never started;
-//! * `recover_expired_leases` (the leader, or any node) puts back what a dead holder left;
+//! * `recover_expired_leases` (the leader, or any node) puts back what a dead holder left,
+//!   and `release` what a person judged a dead pull consumer holds, before its time runs out;
 //! * `expire_overdue` (the leader) ends the pending tasks whose deadline passed unclaimed.
 //!
 //! Deadlines are kept at every step (no callback starts at or after `expires_at`): the
@@ -435,6 +436,21 @@ pub async fn recover_expired_leases(pool: &Pool) -> Result<u64, sqlx::Error> {
     let recovered: Vec<(String, bool)> = crate::db::query_as(include_str!("sql/recover_leases.sql")).fetch_all(pool).await?;
     count_expired(recovered.iter().filter(|(_, expired)| *expired).map(|(biz_type, _)| biz_type.as_str()));
     Ok(recovered.len() as u64)
+}
+
+/// Puts a task held by a pull consumer that a person judged dead back to pending now, as
+/// lease recovery would once its time to run passed, with the lost attempt recorded under
+/// `reason`; only while it is still held under `receipt` (see release.sql). Returns whether
+/// it was released; the other nodes' reserves are woken.
+pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, reason: &str) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let released: i64 =
+        crate::db::query_scalar(include_str!("sql/release.sql")).bind(id).bind(biz_type_id).bind(receipt).bind(reason).fetch_one(&mut *tx).await?;
+    if released > 0 {
+        wake::notify(&mut *tx, wake::Wake::Due).await?;
+    }
+    tx.commit().await?;
+    Ok(released > 0)
 }
 
 /// Counts tasks ended `expired`, one biz type name per task.

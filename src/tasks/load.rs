@@ -78,8 +78,8 @@ pub async fn insert_backlog(pool: &Pool, backlog: &Backlog<'_>, first: u64, coun
     // `tasks`' partitions. New rows: no lock that a claim waits on, but one statement of up
     // to a million rows holds its transaction (and the WAL) until it is done.
     let done = db::query(
-        "INSERT INTO tasks (id, biz_type_id, run_at, payload, status, attempt_count, finished_at)
-         SELECT gen_random_uuid(), $1, r.at, $5::jsonb,
+        "INSERT INTO tasks (id, biz_type_id, run_at, first_run_at, payload, status, attempt_count, finished_at)
+         SELECT gen_random_uuid(), $1, r.at, r.at, $5::jsonb,
                 CASE WHEN $6 THEN 'succeeded' ELSE 'pending' END, CASE WHEN $6 THEN 1 ELSE 0 END,
                 CASE WHEN $6 THEN r.at + interval '1 second' END
            FROM generate_series($2::bigint, $2 + $3 - 1) i,

@@ -62,7 +62,7 @@ pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert,
 pub use replace::OnConflict;
 pub use payload::check_payload;
 pub use queries::{
-    ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, list, others_with_key, read, remove_unfired,
+    Holding, ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, holding, list, others_with_key, read, remove_unfired,
     replay, reschedule, reschedule_target,
 };
 

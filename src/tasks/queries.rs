@@ -7,7 +7,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, QueryBuilder};
 use crate::db::Pool;
 use uuid::Uuid;
 
-use super::{Attempt, Status, Task, When};
+use super::{Attempt, Deadline, Status, Task, When};
 use crate::error::Error;
 
 const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id";
@@ -142,6 +142,34 @@ pub async fn others_with_key(pool: &Pool, task: &Task) -> Result<Vec<Task>, Erro
     .await?)
 }
 
+/// What the task page tells beside the task: when it was first due, and who holds it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Holding {
+    /// The run_at it was created with, kept through reschedules, replays and retries;
+    /// None for tasks made before migration 0019.
+    pub first_run_at: Option<DateTime<Utc>>,
+    /// Running: the node (callbacks) or the receipt (pull) holding it, and until when.
+    pub leased_by: Option<Uuid>,
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The holding node's hostname and pid, while it is registered in `nodes`.
+    pub node: Option<String>,
+    /// Its biz type is pull: a holder is a consumer's receipt, never a node.
+    pub pull: bool,
+}
+
+/// The task's `Holding`, or None: a probe of the primary key of each part of `all_tasks`
+/// (as `read`), and of `nodes`.
+pub async fn holding(pool: &Pool, id: Uuid) -> Result<Option<Holding>, Error> {
+    Ok(crate::db::query_as::<Holding>(
+        "SELECT t.first_run_at, t.leased_by, t.lease_until, n.hostname || ' (pid ' || n.pid || ')' AS node, b.mode = 'pull' AS pull
+           FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id LEFT JOIN nodes n ON n.id = t.leased_by
+          WHERE t.id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?)
+}
+
 /// Tasks holding this client key, in any biz type (the console's search box).
 pub async fn find_by_key(pool: &Pool, key: &str) -> Result<Vec<Task>, Error> {
     Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
@@ -223,10 +251,12 @@ async fn lock_by_key(tx: &mut PgConnection, owner: i32, key: &str) -> Result<(Uu
 
 /// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
 /// keep it), optionally with a new payload, each moved to whichever of the hot partitions
-/// or cold storage its time belongs in. `fresh_start` also clears the attempt count and
-/// last error and the deadline (a replay). The one statement reschedule, replay and bulk replay (`bulk.rs`) share; a
-/// lease's retry stays in place (`lease::record`). The tasks must be locked by the caller
-/// and all in cold storage (`cold`) or all not.
+/// or cold storage its time belongs in. `fresh_start` also clears the attempt count and the
+/// last error (a replay). `deadline`: None keeps the deadline, Some sets it (to none, or
+/// from the new run_at). The one statement reschedule, replay, bulk replay (`bulk.rs`) and
+/// a create's replace (`replace.rs`) share; a lease's retry stays in place
+/// (`lease::record`). The tasks must be locked by the caller and all in cold storage
+/// (`cold`) or all not.
 pub(super) async fn requeue(
     tx: &mut PgConnection,
     cold: bool,
@@ -234,35 +264,41 @@ pub(super) async fn requeue(
     when: Option<When>,
     payload: Option<&serde_json::value::RawValue>,
     fresh_start: bool,
+    deadline: Option<Option<Deadline>>,
 ) -> Result<Vec<Task>, Error> {
     if ids.is_empty() {
         return Ok(vec![]);
     }
     let source = if cold { "tasks_cold" } else { "tasks" };
     let (run_at, delay_ms) = when.map(When::binds).unwrap_or_default();
+    let (expires_at, ttl_ms) = deadline.flatten().map(Deadline::binds).unwrap_or_default();
     let tasks = crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "WITH old AS (
              DELETE FROM {source} WHERE id = ANY($1) RETURNING *
+         ), moved AS (
+             SELECT *, coalesce($2::timestamptz, now() + $3::bigint * interval '1 millisecond', run_at) AS new_run_at
+               FROM old
          ), new AS (
-             SELECT id, biz_type_id, key,
-                    coalesce($2::timestamptz, now() + $3::bigint * interval '1 millisecond', run_at) AS run_at,
+             SELECT id, biz_type_id, key, new_run_at AS run_at,
                     coalesce($4::jsonb, payload) AS payload,
                     CASE WHEN $5 THEN 0 ELSE attempt_count END AS attempt_count,
                     timer_id,
                     CASE WHEN $5 THEN NULL ELSE last_error END AS last_error,
                     created_at,
-                    -- A replay is a fresh start: the deadline was the first run's.
-                    CASE WHEN $5 THEN NULL ELSE expires_at END AS expires_at,
-                    traceparent
-               FROM old
+                    CASE WHEN $7 THEN coalesce($8::timestamptz, new_run_at + $9::bigint * interval '1 millisecond')
+                         ELSE expires_at END AS expires_at,
+                    traceparent,
+                    -- Kept: when it was first due, whatever moved it since.
+                    first_run_at
+               FROM moved
          ), hot AS (
              INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                expires_at, traceparent)
+                                expires_at, traceparent, first_run_at)
              SELECT * FROM new WHERE run_at < (SELECT until FROM hot_horizon)
              RETURNING *
          ), cold AS (
              INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                     expires_at, traceparent)
+                                     expires_at, traceparent, first_run_at)
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (
@@ -279,6 +315,9 @@ pub(super) async fn requeue(
     .bind(payload)
     .bind(fresh_start)
     .bind(super::wake::CHANNEL)
+    .bind(deadline.is_some())
+    .bind(expires_at)
+    .bind(ttl_ms)
     .fetch_all(&mut *tx)
     .await?;
     Ok(tasks)
@@ -313,7 +352,7 @@ pub async fn reschedule_target(
     if status != Status::Pending {
         return Err(Error::invalid_state(format!("only a pending task can be changed; this one is {status}")));
     }
-    let task = one(requeue(&mut tx, cold, &[id], when, payload, false).await?)?;
+    let task = one(requeue(&mut tx, cold, &[id], when, payload, false, None).await?)?;
     if let Some(when) = when {
         // No callback starts at or after the deadline: a task moved there could only expire.
         let deadline: Option<DateTime<Utc>> =
@@ -339,7 +378,8 @@ pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     if !status.is_finished() {
         return Err(Error::invalid_state(format!("only a finished task can be replayed; this one is {status}")));
     }
-    let task = one(requeue(&mut tx, cold, &[id], Some(When::After { delay_ms: 0 }), None, true).await?)?;
+    // A replay is a fresh start: the deadline was the first run's.
+    let task = one(requeue(&mut tx, cold, &[id], Some(When::After { delay_ms: 0 }), None, true, Some(None)).await?)?;
     tx.commit().await?;
     Ok(task)
 }

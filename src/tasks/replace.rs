@@ -14,7 +14,6 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::create::{CreateOutcome, NewTask, Rows, insert, key_conflict};
-use super::Deadline;
 use super::queries::{lock, read, requeue};
 use super::Status;
 use crate::db::Pool;
@@ -72,27 +71,10 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
                 format!("the task holding key `{key}` is running (its callback is under way); once it has finished, the same replace gives the key to a new task"),
             ))),
             (OnConflict::Replace, Some((id, Status::Pending, cold))) => {
-                let mut tasks = requeue(&mut tx, cold, &[id], Some(item.when), Some(&item.payload), false).await?;
-                // And the request's deadline, from the new due time (none: none).
-                if let Some(task) = tasks.last_mut() {
-                    let (at, ttl_ms) = item.deadline.map(Deadline::binds).unwrap_or_default();
-                    task.expires_at = crate::db::query_scalar(
-                        "WITH hot AS (
-                             UPDATE tasks SET expires_at = coalesce($3, run_at + $4 * interval '1 millisecond')
-                              WHERE id = $1 AND run_at = $2 RETURNING expires_at
-                         ), cold AS (
-                             UPDATE tasks_cold SET expires_at = coalesce($3, run_at + $4 * interval '1 millisecond')
-                              WHERE id = $1 RETURNING expires_at
-                         )
-                         SELECT expires_at FROM hot UNION ALL SELECT expires_at FROM cold",
-                    )
-                    .bind(id)
-                    .bind(task.run_at)
-                    .bind(at)
-                    .bind(ttl_ms)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                }
+                // The request's time, payload and deadline (none: none), the deadline
+                // counted from the new due time.
+                let mut tasks =
+                    requeue(&mut tx, cold, &[id], Some(item.when), Some(&item.payload), false, Some(item.deadline)).await?;
                 // The replacing request is now the key's: sent again, it is a repeat.
                 crate::db::query("UPDATE task_keys SET request_hash = $3 WHERE biz_type_id = $1 AND key = $2")
                     .bind(biz_type_id)

@@ -122,6 +122,12 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     assert!(browser.exists("#biz-type fieldset[disabled]").await, "the settings are read-only");
     assert!(!browser.exists("#biz-type button[type=submit]").await);
     assert!(!browser.exists("#pause").await && !browser.exists("#rotate-secret").await && !browser.exists("#create-token").await);
+    // A succeeded task is an admin's to deliver again (issue 16): support is not offered it.
+    browser.goto(&format!("/console/tasks/{}", ids[2])).await;
+    assert!(!browser.exists("#replay").await, "support is offered the replay of a succeeded task");
+    // A failed one is support's to replay: made failed here as a receiver's permanent
+    // error would leave it.
+    sqlx::query("UPDATE tasks SET status = 'failed', finished_at = now() WHERE id = $1::uuid").bind(&ids[2]).execute(&app.pool).await.unwrap();
     browser.goto(&format!("/console/tasks/{}", ids[2])).await;
     browser.submit("#replay").await;
     assert!(browser.text(".flash").await.contains("Task replayed"));
@@ -134,7 +140,8 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     }
     browser.goto(&format!("/console/tasks/{}", ids[2])).await;
     assert_eq!(browser.text("#status").await, "succeeded");
-    assert_eq!(browser.texts("#attempts tbody tr").await.len(), 4, "two failures, the bulk replay's success, this replay's");
+    assert_eq!(browser.texts("#attempts tbody tr.attempt").await.len(), 4, "two failures, the bulk replay's success, this replay's");
+    assert_eq!(browser.texts("#attempts tbody tr.mark").await.len(), 2, "a row at each replay: the bulk one and helen's");
     browser.close().await;
 }
 
@@ -184,4 +191,71 @@ async fn a_support_user_created_then_disabled_cannot_sign_in() {
     sign_in(&helen, &app, "helen", "support-password").await;
     helen.close().await;
     admin.close().await;
+}
+
+/// Issue 16, "read its history after two replays, reload after each action without
+/// repeating it": a task that failed once then succeeded is replayed twice by an admin,
+/// each time through the confirm page a succeeded task asks for; reloading the confirm page
+/// and the page after the replay repeats nothing; the history then numbers its four
+/// attempts 1 to 4 across the replays, with a row naming who replayed it at each.
+#[tokio::test]
+async fn a_tasks_history_after_two_replays_reads_in_order_and_reloads_repeat_nothing() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![Answer::status(500)], Answer::status(200)).await;
+    let settings = chime::biz_types::Settings {
+        callback_url: Some(receiver.url.clone()),
+        max_attempts: Some(3),
+        backoff_initial_ms: Some(100),
+        backoff_max_ms: Some(200),
+        ..Default::default()
+    };
+    chime::biz_types::create(&app.pool, "orders", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+    let token = chime::biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "order-7"})).await;
+    let id = task["id"].as_str().unwrap().to_string();
+    let succeeded = || async {
+        for _ in 0..300 {
+            if task_status(&app, &id).await == "succeeded" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("task {id} did not succeed");
+    };
+    succeeded().await;
+    let replays = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_log WHERE action = 'task.replay'").fetch_one(&app.pool).await.unwrap()
+    };
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+
+    for round in 1..=2 {
+        browser.goto(&format!("/console/tasks/{id}")).await;
+        browser.click("#replay").await;
+        browser.wait_for("#confirm-replay", Duration::from_secs(10)).await;
+        assert!(browser.text("#replay-question").await.contains("called again"), "{}", browser.text("#replay-question").await);
+        browser.client().refresh().await.expect("reloading the confirm page");
+        assert_eq!(task_status(&app, &id).await, "succeeded", "round {round}: asking (and asking again) changes nothing");
+        browser.submit("#confirm-replay").await;
+        assert!(browser.text(".flash").await.contains("Task replayed"));
+        browser.client().refresh().await.expect("reloading the task's page");
+        assert_eq!(replays().await, round, "round {round}: the reload replayed it again");
+        succeeded().await;
+    }
+
+    browser.goto(&format!("/console/tasks/{id}")).await;
+    let ordinals: Vec<String> =
+        browser.texts("#attempts tbody tr.attempt td:first-child").await.into_iter().map(|t| t.trim().to_string()).collect();
+    assert_eq!(ordinals, ["1", "2", "3", "4"], "one failure, its retry's success, one success after each replay");
+    let tries: Vec<String> = browser.texts("#attempts tbody tr.attempt td:nth-child(2)").await.into_iter().map(|t| t.trim().to_string()).collect();
+    assert_eq!(tries, ["1", "2", "1", "1"], "each replay starts the task's own count again");
+    let marks = browser.texts("#attempts tbody tr.mark").await;
+    assert_eq!(marks.len(), 2, "{marks:?}");
+    assert!(marks.iter().all(|m| m.starts_with("Replayed by user:admin at ")), "{marks:?}");
+    let rows = browser.texts("#attempts tbody tr").await;
+    assert!(rows[2].starts_with("Replayed") && rows[4].starts_with("Replayed"), "each mark stands before the attempt it led to: {rows:?}");
+    let first: chrono::DateTime<chrono::Utc> = task["run_at"].as_str().unwrap().parse().unwrap();
+    assert!(browser.text("#first-due").await.starts_with(&first.format("%Y-%m-%d %H:%M:%S").to_string()), "{}", browser.text("#first-due").await);
+    browser.screenshot(shot("task-history.png")).await;
+    browser.close().await;
 }

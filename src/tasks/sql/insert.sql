@@ -1,7 +1,7 @@
 -- Inserts tasks of biz type $1, given column by column as arrays ($2 to $7: id, key, run_at
 -- or delay in ms, payload as JSON text, hash of the request; $11 to $13: the deadline, or
 -- its distance in ms from run_at, and the traceparent), as occurrences of timer $8 or of
--- none. Used by single creates (batched), batch creates and timer occurrences.
+-- none; `first_run_at` is the run_at it is given here, kept by every later move. Used by single creates (batched), batch creates and timer occurrences.
 --
 -- Keys are claimed in task_keys first; an item whose key is taken is not inserted (ON
 -- CONFLICT DO NOTHING; a concurrent insert of the same key is waited for until it commits
@@ -25,14 +25,14 @@ WITH input AS (
 ), fresh AS (
     SELECT * FROM input WHERE key IS NULL OR id IN (SELECT task_id FROM taken)
 ), hot AS (
-    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent)
-    SELECT id, $1, key, run_at, payload, $8, expires_at, traceparent FROM fresh
+    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent, first_run_at)
+    SELECT id, $1, key, run_at, payload, $8, expires_at, traceparent, run_at FROM fresh
      WHERE run_at < (SELECT until FROM hot_horizon)
     RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at,
               expires_at, traceparent
 ), cold AS (
-    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent)
-    SELECT id, $1, key, run_at, payload, $8, expires_at, traceparent FROM fresh
+    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent, first_run_at)
+    SELECT id, $1, key, run_at, payload, $8, expires_at, traceparent, run_at FROM fresh
      WHERE run_at >= (SELECT until FROM hot_horizon)
     RETURNING id, key, run_at, status, attempt_count, timer_id, last_error, created_at, updated_at, finished_at,
               expires_at, traceparent

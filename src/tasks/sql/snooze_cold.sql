@@ -20,7 +20,8 @@ WITH snoozed AS (
     RETURNING t.*, s.until AS snoozed_until
 )
 INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, status, attempt_count, timer_id, last_error,
-                        lease_until, leased_by, created_at, updated_at, finished_at, expires_at, traceparent)
+                        lease_until, leased_by, created_at, updated_at, finished_at, expires_at, traceparent,
+                        first_run_at)
 SELECT id, biz_type_id, key, snoozed_until, payload, 'pending', attempt_count - 1, timer_id, NULL,
-       NULL, NULL, created_at, now(), NULL, expires_at, traceparent
+       NULL, NULL, created_at, now(), NULL, expires_at, traceparent, first_run_at
   FROM moved

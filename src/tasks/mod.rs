@@ -60,10 +60,10 @@ pub mod wake;
 pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};
 pub use replace::OnConflict;
-pub use payload::check_payload;
+pub use payload::{check_payload, containment};
 pub use queries::{
-    ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, list, others_with_key, read, remove_unfired,
-    replay, reschedule, reschedule_target,
+    COUNT_CAP, KeySearch, ListFilter, Page, Target, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys, find_by_key, get,
+    get_by_key, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target, search_keys,
 };
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
@@ -146,6 +146,32 @@ impl sqlx::Encode<'_, sqlx::Postgres> for Status {
     fn encode_by_ref(&self, buf: &mut sqlx::postgres::PgArgumentBuffer) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
         <&str as sqlx::Encode<sqlx::Postgres>>::encode_by_ref(&self.as_str(), buf)
     }
+}
+
+/// "Retrying": a pending task that has been tried and waits for its next attempt (it has an
+/// attempt, or a last error kept from one), as opposed to one not yet tried. Not a status of
+/// its own (the row says pending); the one definition, as SQL on a task row `t`, that lists
+/// and counts filter with, and `Task::is_retrying` says the same of a task read.
+pub const RETRYING_SQL: &str = "(t.status = 'pending' AND (t.attempt_count > 0 OR t.last_error IS NOT NULL))";
+
+impl Task {
+    /// See `RETRYING_SQL`.
+    pub fn is_retrying(&self) -> bool {
+        self.status == Status::Pending && (self.attempt_count > 0 || self.last_error.is_some())
+    }
+}
+
+/// The range of ids starting with `text`, when it reads as the start of a task id: 8 to 32
+/// hexadecimal digits, dashes anywhere ignored. Ids are UUIDv7 (time first), so a prefix is
+/// a range of the primary keys' order: (lowest, highest) with the rest all 0 or all f.
+pub fn id_prefix(text: &str) -> Option<(Uuid, Uuid)> {
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    if !(8..=32).contains(&hex.len()) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let low = format!("{hex:0<32}");
+    let high = format!("{hex:f<32}");
+    Some((Uuid::parse_str(&low).ok()?, Uuid::parse_str(&high).ok()?))
 }
 
 /// Longest client key, in bytes.

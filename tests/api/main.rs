@@ -17,6 +17,7 @@ mod callback_hosts;
 mod cli;
 mod console;
 mod console_browser;
+mod console_find;
 mod database_hosts;
 mod deadlines;
 mod delivery;

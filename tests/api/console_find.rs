@@ -269,6 +269,8 @@ async fn finding_tasks_among_a_large_table() {
     for name in ["orders", "billing", "coupons", "emails"] {
         app.biz_type(name).await;
     }
+    // The search indexes made ON ONLY by migration 0019 completed as the leader would.
+    chime::partitions::complete_indexes(&app.pool).await.unwrap();
     // Written straight into the partitions as the years would leave them, over the last 20
     // hours (below the hot horizon, inside the partitions that exist): a quarter pending, a
     // twentieth failed, the rest succeeded; one pending task in 100 retrying; every task
@@ -340,4 +342,51 @@ async fn finding_tasks_among_a_large_table() {
     assert!(found.contains(&format!("{biz_type}-{target}")) && found.iter().all(|k| k.starts_with(&key_prefix)), "{found:?}");
     assert!(keys(&pages[6]).iter().all(|k| k.starts_with(&format!("{biz_type}-12"))) && keys(&pages[6]).len() == 50);
     assert_eq!(keys(&pages[7]), [format!("{biz_type}-{target}")]);
+}
+
+/// What the search indexes cost at insert: 100,000 keyed tasks with a payload created
+/// through the batch API (1,000 a request), without task_keys_prefix_idx, tasks_payload_idx
+/// and tasks_retrying_idx, then with them. Prints the two times; run by hand
+/// (`cargo test --release --test api insert_cost_of -- --ignored --nocapture`).
+#[tokio::test]
+#[ignore = "a measurement, not a check: run by hand"]
+async fn insert_cost_of_the_search_indexes() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    chime::partitions::complete_indexes(&app.pool).await.unwrap();
+    let drop = "DROP INDEX task_keys_prefix_idx, tasks_payload_idx, tasks_retrying_idx";
+    let make = [
+        r#"CREATE INDEX task_keys_prefix_idx ON task_keys (biz_type_id, key COLLATE "C")"#,
+        "CREATE INDEX tasks_payload_idx ON tasks USING gin (payload jsonb_path_ops)",
+        "CREATE INDEX tasks_retrying_idx ON tasks (biz_type_id, run_at, id) WHERE status = 'pending' AND (attempt_count > 0 OR last_error IS NOT NULL)",
+    ];
+    let rounds: i64 = std::env::var("CHIME_FIND_ROWS").ok().and_then(|n| n.parse().ok()).unwrap_or(100_000) / 1000;
+    for (round, with) in [(0, false), (1, true), (2, false), (3, true)] {
+        if with {
+            for statement in make {
+                sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&app.pool).await.unwrap();
+            }
+        } else {
+            sqlx::query(drop).execute(&app.pool).await.unwrap();
+        }
+        let started = Instant::now();
+        for batch in 0..rounds {
+            let items: Vec<Value> = (0..1000)
+                .map(|i| {
+                    let n = (round * rounds + batch) * 1000 + i;
+                    json!({"biz_type": "orders", "key": format!("order-{n}"), "delay_ms": 3_600_000, "payload": {"order_id": n, "customer": format!("c{}", n % 1000)}})
+                })
+                .collect();
+            let reply = app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+            assert_eq!(reply.status, 200);
+        }
+        let took = started.elapsed();
+        println!(
+            "{} search indexes: {} tasks in {:.2} s ({:.0} a second)",
+            if with { "with   " } else { "without" },
+            rounds * 1000,
+            took.as_secs_f64(),
+            (rounds * 1000) as f64 / took.as_secs_f64()
+        );
+    }
 }

@@ -99,7 +99,8 @@ struct Found {
     tasks: Vec<Task>,
     next: Option<String>,
     prev: Option<String>,
-    count: i64,
+    /// As `ListPage::count`.
+    count: String,
     searched: &'static str,
 }
 
@@ -114,7 +115,7 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
     match search(&state, &filter).await {
         Ok(found) => list_page(&req, &session, &state, filter, found, vec![]).await,
         Err(problems) => {
-            let none = Found { tasks: vec![], next: None, prev: None, count: -1, searched: "" };
+            let none = Found { tasks: vec![], next: None, prev: None, count: String::new(), searched: "" };
             list_page(&req, &session, &state, filter, none, problems.by_field()?).await
         }
     }
@@ -177,10 +178,12 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
     };
     let link = |name: &str, c: String| format!("/console/tasks?{}&{name}={c}", filter.query());
     if let Some(range) = id_prefix {
-        // Ids are made by chime, not typed: a page of them is plenty.
-        let tasks: Vec<Task> = tasks::by_id_prefix(&state.pool, range, PAGE_SIZE).await?;
+        // Ids are copied from somewhere, not guessed: the first page of them is enough, and
+        // "50+" says to type more of the id.
+        let mut tasks: Vec<Task> = tasks::by_id_prefix(&state.pool, range, PAGE_SIZE + 1).await?;
         if !tasks.is_empty() {
-            let count = tasks.len() as i64;
+            let count = if tasks.len() as i64 > PAGE_SIZE { format!("{PAGE_SIZE}+") } else { tasks.len().to_string() };
+            tasks.truncate(PAGE_SIZE as usize);
             return Ok(Found { tasks, next: None, prev: None, count, searched: "id" });
         }
     }
@@ -193,7 +196,7 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
             tasks: page.items,
             next: page.next_cursor.map(|c| link("cursor", c)),
             prev: page.prev_cursor.map(|c| link("before", c)),
-            count,
+            count: shown_count(count),
             searched: "key",
         });
     }
@@ -205,7 +208,7 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
         tasks: page.items,
         next: page.next_cursor.map(|c| link("cursor", c)),
         prev: page.prev_cursor.map(|c| link("before", c)),
-        count,
+        count: shown_count(count),
         searched: "",
     })
 }
@@ -238,7 +241,7 @@ async fn list_page(
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
     let page = ListPage {
         ctx: Ctx::new(session, req, "tasks"),
-        count: if found.count < 0 { String::new() } else { shown_count(found.count) },
+        count: found.count,
         searched: found.searched,
         filter,
         biz_types: biz_types::list(&state.pool).await?,
@@ -454,7 +457,7 @@ impl BulkForm {
             Err(problems) => {
                 let errors = problems.by_field()?;
                 let filter = Filter { status: bulk.status().to_string(), ..self.filter() };
-                let none = Found { tasks: vec![], next: None, prev: None, count: -1, searched: "" };
+                let none = Found { tasks: vec![], next: None, prev: None, count: String::new(), searched: "" };
                 list_page(req, session, state, filter, none, errors).await.map(Err)
             }
         }

@@ -485,6 +485,19 @@ mod tests {
     }
 
     #[test]
+    fn an_id_prefix_is_8_to_32_hex_digits_and_a_range_of_ids() {
+        let id: Uuid = "0193a4f2-1c2d-7e3f-8a4b-5c6d7e8f9a0b".parse().unwrap();
+        let (low, high) = id_prefix("0193a4f2-1c").unwrap();
+        assert!(low <= id && id <= high);
+        assert_eq!(low.to_string(), "0193a4f2-1c00-0000-0000-000000000000");
+        assert_eq!(high.to_string(), "0193a4f2-1cff-ffff-ffff-ffffffffffff");
+        assert_eq!(id_prefix(&id.to_string()), Some((id, id)));
+        for not_an_id in ["0193a4f", "order-12", "0193a4f2x", "", &"a".repeat(33)] {
+            assert_eq!(id_prefix(not_an_id), None, "{not_an_id}");
+        }
+    }
+
+    #[test]
     fn keys_are_bounded_and_printable() {
         assert!(validate_key("order-123").is_ok());
         assert!(validate_key("订单-123").is_ok());

@@ -226,6 +226,23 @@ pub fn containment(text: &str) -> Result<String, Error> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_containment_filter_is_json_or_a_path_and_a_value() {
+        for (typed, json) in [
+            ("order_id = 123", r#"{"order_id":123}"#),
+            ("payload.order_id=123", r#"{"order_id":123}"#),
+            (r#" {"order_id": 123} "#, r#"{"order_id":123}"#),
+            ("customer.id = c1", r#"{"customer":{"id":"c1"}}"#),
+            (r#"tag = "7""#, r#"{"tag":"7"}"#),
+            ("ok = true", r#"{"ok":true}"#),
+        ] {
+            assert_eq!(containment(typed).unwrap(), json, "{typed}");
+        }
+        for bad in ["", "order_id", "= 1", "a..b = 1", "{}", "{1}", r#"{"a": "\u0000"}"#, r#"{"n": 1e999999}"#, &"x".repeat(3000)] {
+            assert!(matches!(containment(bad), Err(Error::Invalid { field, .. }) if field == "payload"), "{bad}");
+        }
+    }
+
     use super::*;
 
     fn raw(text: &str) -> Box<RawValue> {

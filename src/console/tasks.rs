@@ -218,7 +218,7 @@ fn shown_count(count: i64) -> String {
     let digits = count.min(tasks::COUNT_CAP).to_string();
     let mut shown = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             shown.push(',');
         }
         shown.push(c);

@@ -313,6 +313,7 @@ async fn finding_tasks_among_a_large_table() {
     let target = rows / 2 + 3; // in slot (target % 4) + 1
     let biz_type = ["orders", "billing", "coupons", "emails"][(target % 4) as usize];
     let key_prefix = format!("{biz_type}-{}", target / 10);
+    let some_id: String = sqlx::query_scalar("SELECT task_id::text FROM task_keys WHERE key = $1").bind(format!("{biz_type}-{target}")).fetch_one(&app.pool).await.unwrap();
     let searches = [
         ("unfiltered, oldest first", "/console/tasks".to_string()),
         ("unfiltered, newest first", "/console/tasks?order=newest".to_string()),
@@ -321,6 +322,8 @@ async fn finding_tasks_among_a_large_table() {
         ("retrying", "/console/tasks?status=retrying".to_string()),
         ("key prefix, all biz types", format!("/console/tasks?q={key_prefix}")),
         ("key prefix, one biz type", format!("/console/tasks?biz_type={biz_type}&q={biz_type}-12")),
+        ("key prefix, all, 10,000+ match", "/console/tasks?q=orders-".to_string()),
+        ("id prefix (12 digits)", format!("/console/tasks?q={}", &some_id[..13])),
         ("payload contains, one biz type", format!("/console/tasks?biz_type={biz_type}&payload={}", urlencoding(&format!("order_id = {target}")))),
     ];
     let mut pages = vec![];
@@ -347,7 +350,9 @@ async fn finding_tasks_among_a_large_table() {
     let found = keys(&pages[5]);
     assert!(found.contains(&format!("{biz_type}-{target}")) && found.iter().all(|k| k.starts_with(&key_prefix)), "{found:?}");
     assert!(keys(&pages[6]).iter().all(|k| k.starts_with(&format!("{biz_type}-12"))) && keys(&pages[6]).len() == 50);
-    assert_eq!(keys(&pages[7]), [format!("{biz_type}-{target}")]);
+    assert!(keys(&pages[7]).iter().all(|k| k.starts_with("orders-")) && count(&pages[7]) == "10,000+");
+    assert!(ids(&pages[8]).contains(&some_id) && ids(&pages[8]).iter().all(|id| id.starts_with(&some_id[..13])));
+    assert_eq!(keys(&pages[9]), [format!("{biz_type}-{target}")]);
 }
 
 /// What the search indexes cost at insert: 100,000 keyed tasks with a payload created

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use chrono::{Duration, Utc};
+use sqlx::Connection;
 use serde_json::{Value, json};
 
 use crate::console::{ADMIN_PASSWORD, Console, Page, sign_in};
@@ -407,4 +408,39 @@ async fn insert_cost_of_the_search_indexes() {
             (rounds * 1000) as f64 / took.as_secs_f64()
         );
     }
+}
+
+/// On a database whose collation is not "C" (ICU's en-US here), a key's start still finds
+/// exactly the keys that start with it, in code point order: the search compares in "C"
+/// (task_keys_prefix_idx), not in the database's order, where `order-1` may sort beside
+/// `order1` or `Order-1`.
+#[tokio::test]
+async fn a_key_prefix_is_exact_whatever_the_database_collation() {
+    let mut url = url::Url::parse(&crate::helpers::fresh_database().await).unwrap();
+    let name = format!("{}_icu", url.path().trim_start_matches('/'));
+    let mut conn = sqlx::PgConnection::connect(url.as_str()).await.unwrap();
+    let made = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C' TEMPLATE template0"
+    )))
+    .execute(&mut conn)
+    .await;
+    if let Err(e) = made {
+        // A server built without ICU: nothing to compare against.
+        println!("skipped: this PostgreSQL cannot make an ICU database ({e})");
+        return;
+    }
+    url.set_path(&format!("/{name}"));
+    let mut conn = sqlx::PgConnection::connect(url.as_str()).await.unwrap();
+    chime::db::migrate_on(&mut conn).await.unwrap();
+    let app = crate::helpers::spawn_on(url.to_string(), chime::config::ServeArgs::default()).await;
+    let token = app.biz_type("orders").await;
+    let keys_made = ["order-1", "order1", "order-10", "Order-1x", "order10", "order-1é", "order-2", "order-", "order-1~"];
+    create(&app, &token, keys_made.iter().map(|k| json!({"biz_type": "orders", "key": k})).collect()).await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let page = ok(&admin, "/console/tasks?q=order-1").await;
+    assert_eq!(keys(&page), ["order-1", "order-10", "order-1~", "order-1é"]);
+    assert_eq!(count(&page), "4");
+    let page = ok(&admin, "/console/tasks?biz_type=orders&q=order-").await;
+    assert_eq!(keys(&page), ["order-", "order-1", "order-10", "order-1~", "order-1é", "order-2"]);
 }

@@ -302,7 +302,7 @@ async fn finding_tasks_among_a_large_table() {
     for name in ["orders", "billing", "coupons", "emails"] {
         app.biz_type(name).await;
     }
-    // The search indexes made ON ONLY by migration 0019 completed as the leader would.
+    // The search indexes made ON ONLY by migration 0022 completed as the leader would.
     chime::partitions::complete_indexes(&app.pool).await.unwrap();
     let started = Instant::now();
     load(&app, 1, rows).await;

@@ -415,6 +415,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
         to: parse_time("to", query.to.as_deref())?,
         cursor: query.cursor,
         limit,
+        ..ListFilter::default()
     };
     let page = tasks::list(&state.pool, Some(caller.0.biz_type_id), &filter).await?;
     Ok(HttpResponse::Ok().json(ListAnswer { items: &page.items, next_cursor: page.next_cursor.as_deref() }))

@@ -20,32 +20,52 @@ use crate::tasks::{self, Attempt, Holding, ListFilter, Status, Task, When};
 
 const PAGE_SIZE: i64 = 50;
 
-/// The search form; every field optional.
+/// The search form; every field optional. A GET form: the whole search is in the address,
+/// to be shared or reloaded.
 #[derive(Debug, Default, Clone, Deserialize)]
 pub struct Filter {
     #[serde(default)]
     pub biz_type: String,
+    /// A status, or `retrying` (`tasks::RETRYING_SQL`).
     #[serde(default)]
     pub status: String,
     #[serde(default)]
     pub from: String,
     #[serde(default)]
     pub to: String,
+    /// A key's start, or an id's (8 hex digits or more).
     #[serde(default)]
     pub q: String,
+    /// "Payload contains": JSON or `field = value` (`tasks::containment`); needs a biz type.
+    #[serde(default)]
+    pub payload: String,
+    /// `oldest` (the default) or `newest` first, by due time.
+    #[serde(default)]
+    pub order: String,
+    /// The next page: the last row's position.
     #[serde(default)]
     pub cursor: String,
+    /// The previous page: the first row's position.
+    #[serde(default)]
+    pub before: String,
 }
 
 impl Filter {
-    /// The query string of this filter (without the cursor), for links.
+    /// The query string of this filter (without the page's position), for links.
     fn query(&self) -> String {
-        url::form_urlencoded::Serializer::new(String::new())
+        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        query
             .append_pair("biz_type", &self.biz_type)
             .append_pair("status", &self.status)
             .append_pair("from", &self.from)
-            .append_pair("to", &self.to)
-            .finish()
+            .append_pair("to", &self.to);
+        // Left out when empty: the bulk actions' links back stay as they were.
+        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("order", &self.order)] {
+            if !value.is_empty() {
+                query.append_pair(name, value);
+            }
+        }
+        query.finish()
     }
 
     async fn biz_type_id(&self, state: &AppState) -> Result<Option<i32>, Error> {
@@ -65,48 +85,149 @@ struct ListPage {
     statuses: &'static [Status],
     tasks: Vec<Task>,
     next: Option<String>,
-    searched: bool,
+    prev: Option<String>,
+    /// How many match: "1,234", or "10,000+" past `tasks::COUNT_CAP`; empty when refused.
+    count: String,
+    /// What the box was read as: "key" (a key prefix), "id" (an id prefix), or "" (none).
+    searched: &'static str,
     /// Each field a refused filter is refused for, and why.
     errors: Vec<(String, String)>,
 }
 
+/// One page of a search: its tasks, the links to the pages after and before, the count, and
+/// what the box was read as.
+struct Found {
+    tasks: Vec<Task>,
+    next: Option<String>,
+    prev: Option<String>,
+    /// As `ListPage::count`.
+    count: String,
+    searched: &'static str,
+}
+
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>, filter: web::Query<Filter>) -> Result<HttpResponse, ConsoleError> {
     let filter = filter.into_inner();
-    // An id goes straight to its task; anything else is a client key.
+    // A whole id goes straight to its task.
     if let Ok(id) = filter.q.trim().parse::<Uuid>()
         && tasks::get(&state.pool, id).await?.is_some()
     {
         return Ok(see_other(&format!("/console/tasks/{id}")));
     }
     match search(&state, &filter).await {
-        Ok((tasks, next)) => list_page(&req, &session, &state, filter, tasks, next, vec![]).await,
-        Err(problems) => list_page(&req, &session, &state, filter, vec![], None, problems.by_field()?).await,
+        Ok(found) => list_page(&req, &session, &state, filter, found, vec![]).await,
+        Err(problems) => {
+            let none = Found { tasks: vec![], next: None, prev: None, count: String::new(), searched: "" };
+            list_page(&req, &session, &state, filter, none, problems.by_field()?).await
+        }
     }
 }
 
-/// The tasks with this key, or a page of those matching the filter and the next page's link.
-async fn search(state: &AppState, filter: &Filter) -> Result<(Vec<Task>, Option<String>), Problems> {
+/// The state filter as the list takes it: a status and whether only retrying tasks.
+fn parse_state(raw: &str) -> Result<(Option<Status>, bool), Error> {
+    match raw {
+        "" => Ok((None, false)),
+        "retrying" => Ok((Some(Status::Pending), true)),
+        other => Status::parse(other).map(|s| (Some(s), false)).map_err(|_| {
+            let names: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+            Error::invalid("status", format!("must be one of {}, or retrying", names.join(", ")))
+        }),
+    }
+}
+
+/// Whether the list is newest first.
+fn parse_order(raw: &str) -> Result<bool, Error> {
+    match raw {
+        "" | "oldest" => Ok(false),
+        "newest" => Ok(true),
+        _ => Err(Error::invalid("order", "must be oldest or newest")),
+    }
+}
+
+/// A page of the tasks whose id or key starts with the box's text, or of those matching the
+/// filter; every field checked by the API's rules, every problem at once.
+async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
     let q = filter.q.trim();
+    let payload = filter.payload.trim();
+    let status = parse_state(&filter.status);
+    let order = parse_order(&filter.order);
+    let (from, to) = (parse_local_time("from", &filter.from), parse_local_time("to", &filter.to));
+    let id_prefix = tasks::id_prefix(q);
+    let key = (!q.is_empty() && id_prefix.is_none()).then(|| tasks::validate_key(q));
+    let payload = (!payload.is_empty()).then(|| {
+        tasks::containment(payload).and_then(|json| {
+            // Unbounded, a payload search would read every task of every biz type.
+            if filter.biz_type.is_empty() {
+                Err(Error::invalid("payload", "choose a biz type too: a payload search reads one biz type's tasks"))
+            } else {
+                Ok(json)
+            }
+        })
+    });
+    let (status, newest_first, from, to, payload) = match (status, order, from, to, payload.transpose(), key.transpose()) {
+        (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_)) => (status, order, from, to, payload),
+        (status, order, from, to, payload, key) => {
+            return Err(Problems(
+                [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err()].into_iter().flatten().collect(),
+            ));
+        }
+    };
+    let biz_type_id = filter.biz_type_id(state).await?;
+    let position = |c: &str| Some(c.to_string()).filter(|c| !c.is_empty());
+    let (cursor, backward) = match position(&filter.before) {
+        Some(before) => (Some(before), true),
+        None => (position(&filter.cursor), false),
+    };
+    let link = |name: &str, c: String| format!("/console/tasks?{}&{name}={c}", filter.query());
+    if let Some(range) = id_prefix {
+        // Ids are copied from somewhere, not guessed: the first page of them is enough, and
+        // "50+" says to type more of the id.
+        let mut tasks: Vec<Task> = tasks::by_id_prefix(&state.pool, range, PAGE_SIZE + 1).await?;
+        if !tasks.is_empty() {
+            let count = if tasks.len() as i64 > PAGE_SIZE { format!("{PAGE_SIZE}+") } else { tasks.len().to_string() };
+            tasks.truncate(PAGE_SIZE as usize);
+            return Ok(Found { tasks, next: None, prev: None, count, searched: "id" });
+        }
+    }
     if !q.is_empty() {
         tasks::validate_key(q)?;
-        return Ok((tasks::find_by_key(&state.pool, q).await?, None));
+        let search = tasks::KeySearch { prefix: q, biz_type_id, cursor, backward, limit: PAGE_SIZE };
+        let page = tasks::search_keys(&state.pool, &search).await?;
+        let count = tasks::count_keys(&state.pool, &search).await?;
+        return Ok(Found {
+            tasks: page.items,
+            next: page.next_cursor.map(|c| link("cursor", c)),
+            prev: page.prev_cursor.map(|c| link("before", c)),
+            count: shown_count(count),
+            searched: "key",
+        });
     }
-    let status = Some(filter.status.as_str()).filter(|s| !s.is_empty()).map(Status::parse).transpose();
-    let (from, to) = (parse_local_time("from", &filter.from), parse_local_time("to", &filter.to));
-    let (status, from, to) = match (status, from, to) {
-        (Ok(status), Ok(from), Ok(to)) => (status, from, to),
-        (status, from, to) => return Err(Problems(vec![status.err(), from.err(), to.err()].into_iter().flatten().collect())),
-    };
-    let list = ListFilter {
-        status,
-        from,
-        to,
-        cursor: Some(filter.cursor.clone()).filter(|c| !c.is_empty()),
-        limit: PAGE_SIZE,
-    };
-    let page = tasks::list(&state.pool, filter.biz_type_id(state).await?, &list).await?;
-    let next = page.next_cursor.map(|c| format!("/console/tasks?{}&cursor={c}", filter.query()));
-    Ok((page.items, next))
+    let (status, retrying) = status;
+    let list = ListFilter { status, retrying, from, to, payload, cursor, backward, newest_first, limit: PAGE_SIZE };
+    let page = tasks::list(&state.pool, biz_type_id, &list).await?;
+    let count = tasks::count(&state.pool, biz_type_id, &list).await?;
+    Ok(Found {
+        tasks: page.items,
+        next: page.next_cursor.map(|c| link("cursor", c)),
+        prev: page.prev_cursor.map(|c| link("before", c)),
+        count: shown_count(count),
+        searched: "",
+    })
+}
+
+/// "1,234", or "10,000+" past the count's cap.
+fn shown_count(count: i64) -> String {
+    let digits = count.min(tasks::COUNT_CAP).to_string();
+    let mut shown = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            shown.push(',');
+        }
+        shown.push(c);
+    }
+    if count > tasks::COUNT_CAP {
+        shown.push('+');
+    }
+    shown
 }
 
 /// The list page; with errors, answered 422 with the filter as it was typed.
@@ -115,19 +236,20 @@ async fn list_page(
     session: &Session,
     state: &AppState,
     filter: Filter,
-    tasks: Vec<Task>,
-    next: Option<String>,
+    found: Found,
     errors: Vec<(String, String)>,
 ) -> Result<HttpResponse, ConsoleError> {
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
     let page = ListPage {
         ctx: Ctx::new(session, req, "tasks"),
-        searched: !filter.q.trim().is_empty(),
+        count: found.count,
+        searched: found.searched,
         filter,
         biz_types: biz_types::list(&state.pool).await?,
         statuses: &Status::ALL,
-        tasks,
-        next,
+        tasks: found.tasks,
+        next: found.next,
+        prev: found.prev,
         errors,
     };
     render(status, &page.ctx, &page)
@@ -163,9 +285,9 @@ impl TaskPage {
     }
 }
 
-/// The state a person reads: a pending task with attempts made is retrying.
+/// The state a person reads: a pending task tried before is retrying (`Task::is_retrying`).
 fn state_of(task: &Task) -> &'static str {
-    if task.status == Status::Pending && task.attempt_count > 0 { "retrying" } else { task.status.as_str() }
+    if task.is_retrying() { "retrying" } else { task.status.as_str() }
 }
 
 /// A zone a form names: an IANA name chrono-tz knows (empty: UTC).
@@ -527,7 +649,8 @@ impl BulkForm {
             Err(problems) => {
                 let errors = problems.by_field()?;
                 let filter = Filter { status: bulk.status().to_string(), ..self.filter() };
-                list_page(req, session, state, filter, vec![], None, errors).await.map(Err)
+                let none = Found { tasks: vec![], next: None, prev: None, count: String::new(), searched: "" };
+                list_page(req, session, state, filter, none, errors).await.map(Err)
             }
         }
     }

@@ -60,10 +60,11 @@ pub mod wake;
 pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};
 pub use replace::OnConflict;
-pub use payload::check_payload;
+pub use payload::{check_payload, containment};
 pub use queries::{
-    Holding, ListFilter, Page, Target, cancel, cancel_archived, cancel_target, find_by_key, get, get_by_key, holding, list, others_with_key, read, remove_unfired,
-    replay, reschedule, reschedule_target,
+    COUNT_CAP, Holding, KeySearch, ListFilter, Page, Target, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys,
+    find_by_key, get, get_by_key, holding, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target,
+    search_keys,
 };
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
@@ -146,6 +147,32 @@ impl sqlx::Encode<'_, sqlx::Postgres> for Status {
     fn encode_by_ref(&self, buf: &mut sqlx::postgres::PgArgumentBuffer) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
         <&str as sqlx::Encode<sqlx::Postgres>>::encode_by_ref(&self.as_str(), buf)
     }
+}
+
+/// "Retrying": a pending task that has been tried and waits for its next attempt (it has an
+/// attempt, or a last error kept from one), as opposed to one not yet tried. Not a status of
+/// its own (the row says pending); the one definition, as SQL on a task row `t`, that lists
+/// and counts filter with, and `Task::is_retrying` says the same of a task read.
+pub const RETRYING_SQL: &str = "(t.status = 'pending' AND (t.attempt_count > 0 OR t.last_error IS NOT NULL))";
+
+impl Task {
+    /// See `RETRYING_SQL`.
+    pub fn is_retrying(&self) -> bool {
+        self.status == Status::Pending && (self.attempt_count > 0 || self.last_error.is_some())
+    }
+}
+
+/// The range of ids starting with `text`, when it reads as the start of a task id: 8 to 32
+/// hexadecimal digits, dashes anywhere ignored. Ids are UUIDv7 (time first), so a prefix is
+/// a range of the primary keys' order: (lowest, highest) with the rest all 0 or all f.
+pub fn id_prefix(text: &str) -> Option<(Uuid, Uuid)> {
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    if !(8..=32).contains(&hex.len()) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let low = format!("{hex:0<32}");
+    let high = format!("{hex:f<32}");
+    Some((Uuid::parse_str(&low).ok()?, Uuid::parse_str(&high).ok()?))
 }
 
 /// Longest client key, in bytes.
@@ -455,6 +482,19 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
         ] {
             assert_eq!(traceparent(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_id_prefix_is_8_to_32_hex_digits_and_a_range_of_ids() {
+        let id: Uuid = "0193a4f2-1c2d-7e3f-8a4b-5c6d7e8f9a0b".parse().unwrap();
+        let (low, high) = id_prefix("0193a4f2-1c").unwrap();
+        assert!(low <= id && id <= high);
+        assert_eq!(low.to_string(), "0193a4f2-1c00-0000-0000-000000000000");
+        assert_eq!(high.to_string(), "0193a4f2-1cff-ffff-ffff-ffffffffffff");
+        assert_eq!(id_prefix(&id.to_string()), Some((id, id)));
+        for not_an_id in ["0193a4f", "order-12", "0193a4f2x", "", &"a".repeat(33)] {
+            assert_eq!(id_prefix(not_an_id), None, "{not_an_id}");
         }
     }
 

@@ -179,8 +179,70 @@ fn number_len(text: &str) -> Option<usize> {
     Some((sign + whole_len + fraction_len) as usize)
 }
 
+
+/// Longest "payload contains" filter, in bytes: a filter names a field or a few, not a document.
+pub const MAX_FILTER_BYTES: usize = 2048;
+
+/// A "payload contains" filter as a person types it, as the JSON a task's payload must
+/// contain (PostgreSQL's `@>`): a JSON object (`{"order_id": 123}`), or `order_id = 123`
+/// (`payload.` before the path is optional; `a.b = "x"` is `{"a": {"b": "x"}}`; a value
+/// that is not JSON is taken as a string). Refused by name (`payload`) when empty of
+/// meaning, over-long, or holding what PostgreSQL cannot store (U+0000, numbers out of range).
+pub fn containment(text: &str) -> Result<String, Error> {
+    let invalid = |m: &str| Error::invalid("payload", m.to_string());
+    let text = text.trim();
+    if text.len() > MAX_FILTER_BYTES {
+        return Err(invalid(&format!("must be at most {MAX_FILTER_BYTES} bytes")));
+    }
+    let value: serde_json::Value = if text.starts_with('{') {
+        serde_json::from_str(text).map_err(|e| invalid(&format!("is not a JSON object ({e}); write {{\"order_id\": 123}} or order_id = 123")))?
+    } else {
+        let (path, raw) = text
+            .split_once('=')
+            .ok_or_else(|| invalid("write a JSON object such as {\"order_id\": 123}, or field = value such as order_id = 123"))?;
+        let path = path.trim();
+        let path = path.strip_prefix("payload.").unwrap_or(path);
+        let fields: Vec<&str> = path.split('.').map(str::trim).collect();
+        if fields.iter().any(|f| f.is_empty() || f.chars().any(char::is_control)) {
+            return Err(invalid("name the field before `=`, such as order_id or customer.id"));
+        }
+        let raw = raw.trim();
+        let mut value = serde_json::from_str(raw).unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
+        for field in fields.into_iter().rev() {
+            value = serde_json::json!({ field: value });
+        }
+        value
+    };
+    if !value.is_object() || value.as_object().is_some_and(|o| o.is_empty()) {
+        return Err(invalid("must name at least one field, such as {\"order_id\": 123}"));
+    }
+    let json = serde_json::value::to_raw_value(&value).map_err(|e| invalid(&e.to_string()))?;
+    check_payload(&json, MAX_FILTER_BYTES * 4).map_err(|e| match e {
+        Error::TooLarge(m) => Error::invalid("payload", m),
+        e => e,
+    })?;
+    Ok(json.get().to_string())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_containment_filter_is_json_or_a_path_and_a_value() {
+        for (typed, json) in [
+            ("order_id = 123", r#"{"order_id":123}"#),
+            ("payload.order_id=123", r#"{"order_id":123}"#),
+            (r#" {"order_id": 123} "#, r#"{"order_id":123}"#),
+            ("customer.id = c1", r#"{"customer":{"id":"c1"}}"#),
+            (r#"tag = "7""#, r#"{"tag":"7"}"#),
+            ("ok = true", r#"{"ok":true}"#),
+        ] {
+            assert_eq!(containment(typed).unwrap(), json, "{typed}");
+        }
+        for bad in ["", "order_id", "= 1", "a..b = 1", "{}", "{1}", r#"{"a": "\u0000"}"#, r#"{"n": 1e999999}"#, &"x".repeat(3000)] {
+            assert!(matches!(containment(bad), Err(Error::Invalid { field, .. }) if field == "payload"), "{bad}");
+        }
+    }
+
     use super::*;
 
     fn raw(text: &str) -> Box<RawValue> {

@@ -45,42 +45,81 @@ pub async fn get_by_key(pool: &Pool, biz_type_id: i32, key: &str) -> Result<Opti
 #[derive(Debug, Default)]
 pub struct ListFilter {
     pub status: Option<Status>,
+    /// Only retrying tasks (`super::RETRYING_SQL`), pending ones that were tried; `status`
+    /// is then None or pending.
+    pub retrying: bool,
     /// run_at ≥ from
     pub from: Option<DateTime<Utc>>,
     /// run_at < to
     pub to: Option<DateTime<Utc>>,
+    /// Only tasks whose payload contains this JSON text (`payload @>`, see
+    /// `super::containment`). The walk is the list's, in due order, filtered: the console
+    /// asks for it only within one biz type, which bounds what it reads.
+    pub payload: Option<String>,
     pub cursor: Option<String>,
+    /// The cursor is the first row of a page, and the page before it is wanted.
+    pub backward: bool,
+    /// Latest due first (run_at, id descending).
+    pub newest_first: bool,
     pub limit: i64,
 }
 
 pub struct Page {
     pub items: Vec<Task>,
     pub next_cursor: Option<String>,
+    /// The page before (for the console; the API pages forward only).
+    pub prev_cursor: Option<String>,
 }
 
-/// Tasks of one biz type (or of all, for the console) in (run_at, id) order, a page at a
-/// time. The cursor is the last row's (run_at, id), so pages stay stable while tasks are
-/// added (keyset pagination).
+/// Where a count stops: beyond it a list says "10,000+" (counting every match of a broad
+/// filter among millions would cost more than the page).
+pub const COUNT_CAP: i64 = 10_000;
+
+/// Each walk's status condition, written out rather than bound: a partial index serves a
+/// statement only if its condition provably implies the index's, which a parameter never
+/// does in a generic plan. Without a status, one walk per index, merged.
+fn walks(filter: &ListFilter) -> Vec<String> {
+    match (filter.retrying, filter.status) {
+        (true, _) => vec![format!("t.status = 'pending' AND {}", super::RETRYING_SQL)],
+        (false, Some(status)) => vec![format!("t.status = '{status}'")],
+        (false, None) => vec!["t.status = 'pending'".into(), "t.status <> 'pending'".into()],
+    }
+}
+
+/// The conditions of `filter` other than status and cursor, for the task row `t`.
+fn push_conditions(q: &mut QueryBuilder<Postgres>, filter: &ListFilter) {
+    if let Some(from) = filter.from {
+        q.push(" AND t.run_at >= ").push_bind(from);
+    }
+    if let Some(to) = filter.to {
+        q.push(" AND t.run_at < ").push_bind(to);
+    }
+    if let Some(payload) = &filter.payload {
+        q.push(" AND t.payload @> ").push_bind(payload.clone()).push("::jsonb");
+    }
+}
+
+/// Tasks of one biz type (or of all, for the console) in (run_at, id) order, oldest or
+/// newest first, a page at a time. The cursor is the last row's (run_at, id) (the first
+/// row's, going backward), so pages stay stable while tasks are added (keyset pagination).
 pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<Page, Error> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     // Built per call rather than with `$n IS NULL OR …` so that each filter combination
     // gets a plan that walks an index in (run_at, id) order: tasks_claim_idx holds a biz
     // type's pending tasks, tasks_list_idx the others. Without a status filter, each walk
     // yields a page and the two are merged. Across all biz types, the same is done per biz
-    // type and those pages are merged: both indexes lead with the biz type.
+    // type and those pages are merged: both indexes lead with the biz type. Newest first
+    // (or a page back) walks the same indexes backward.
+    let descending = filter.newest_first != filter.backward;
+    let (beyond, dir) = if descending { ("<", " DESC") } else { (">", "") };
+    let order = format!(" ORDER BY t.run_at{dir}, t.id{dir} LIMIT ");
     let limit = filter.limit + 1;
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new("");
     let all_biz_types = biz_type_id.is_none();
     if all_biz_types {
         q.push("SELECT t.* FROM biz_types b CROSS JOIN LATERAL (");
     }
-    // Each walk's status condition, written out rather than bound: a partial index serves a
-    // statement only if its condition provably implies the index's, which a parameter
-    // never does in a generic plan.
-    let walks: Vec<String> = match filter.status {
-        Some(status) => vec![format!("t.status = '{status}'")],
-        None => vec!["t.status = 'pending'".into(), "t.status <> 'pending'".into()],
-    };
+    let walks = walks(filter);
     let merged = walks.len() > 1;
     if merged {
         q.push("SELECT * FROM (");
@@ -95,31 +134,166 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
             None => q.push("SELECT t.*, b.name AS biz_type FROM all_tasks t WHERE t.biz_type_id = b.id"),
         };
         q.push(" AND ").push(status);
-        if let Some(from) = filter.from {
-            q.push(" AND t.run_at >= ").push_bind(from);
-        }
-        if let Some(to) = filter.to {
-            q.push(" AND t.run_at < ").push_bind(to);
-        }
+        push_conditions(&mut q, filter);
         if let Some((run_at, id)) = after {
-            q.push(" AND (t.run_at, t.id) > (").push_bind(run_at).push(", ").push_bind(id).push(")");
+            q.push(format_args!(" AND (t.run_at, t.id) {beyond} (")).push_bind(run_at).push(", ").push_bind(id).push(")");
         }
-        q.push(" ORDER BY t.run_at, t.id LIMIT ").push_bind(limit).push(")");
+        q.push(&order).push_bind(limit).push(")");
     }
     if merged {
-        q.push(") t ORDER BY t.run_at, t.id LIMIT ").push_bind(limit);
+        q.push(") t").push(&order).push_bind(limit);
     }
     if all_biz_types {
-        q.push(") t ORDER BY t.run_at, t.id LIMIT ").push_bind(limit);
+        q.push(") t").push(&order).push_bind(limit);
     }
     let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
-    let next_cursor = if items.len() as i64 > filter.limit {
-        items.truncate(filter.limit as usize);
-        items.last().map(|t| encode_cursor(t.run_at, t.id))
+    let more = items.len() as i64 > filter.limit;
+    items.truncate(filter.limit as usize);
+    if filter.backward {
+        items.reverse();
+    }
+    let cursor_of = |t: &Task| encode_cursor(t.run_at, t.id);
+    let (next_cursor, prev_cursor) = if filter.backward {
+        (items.last().map(cursor_of), if more { items.first().map(cursor_of) } else { None })
     } else {
-        None
+        (if more { items.last().map(cursor_of) } else { None }, after.and(items.first().map(cursor_of)))
     };
-    Ok(Page { items, next_cursor })
+    Ok(Page { items, next_cursor, prev_cursor })
+}
+
+/// How many tasks `filter` matches (its cursor aside), counting at most `COUNT_CAP + 1`:
+/// more than `COUNT_CAP` means "more than that". Reads the rows it counts through the same
+/// indexes as `list` (or the partitions in any order, unfiltered), stopping at the cap.
+pub async fn count(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<i64, Error> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM all_tasks t WHERE true");
+    if let Some(id) = biz_type_id {
+        q.push(" AND t.biz_type_id = ").push_bind(id);
+    }
+    match (filter.retrying, filter.status) {
+        (true, _) => q.push(" AND ").push(super::RETRYING_SQL),
+        (false, Some(status)) => q.push(format_args!(" AND t.status = '{status}'")),
+        (false, None) => &mut q,
+    };
+    push_conditions(&mut q, filter);
+    q.push(" LIMIT ").push_bind(COUNT_CAP + 1).push(") c");
+    Ok(q.build_query_scalar().fetch_one(pool).await?)
+}
+
+/// The tasks whose id starts with the range `super::id_prefix` made, in id order, at most
+/// `limit`: one range probe of each partition's primary key (id first).
+pub async fn by_id_prefix(pool: &Pool, (low, high): (Uuid, Uuid), limit: i64) -> Result<Vec<Task>, Error> {
+    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id BETWEEN $1 AND $2 ORDER BY t.id LIMIT $3")))
+        .bind(low)
+        .bind(high)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// A search of client keys by prefix: in one biz type or all, in key order, a page at a time.
+#[derive(Debug, Default)]
+pub struct KeySearch<'a> {
+    /// Validated by the caller (`super::validate_key`).
+    pub prefix: &'a str,
+    pub biz_type_id: Option<i32>,
+    pub cursor: Option<String>,
+    /// The cursor is a page's first row, and the page before it is wanted.
+    pub backward: bool,
+    pub limit: i64,
+}
+
+/// The first string after every string that starts with `prefix`, in code point order (the
+/// "C" collation's, for UTF-8): the prefix with its last character that can grow grown by
+/// one. None: no bound (the prefix is all U+10FFFF).
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=0x10FFFF).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+/// The keys' range condition on `k`, for task_keys_prefix_idx (biz_type_id, key COLLATE
+/// "C"): the database's own collation may not sort a prefix's keys together (en_US puts
+/// `order-1` beside `order1`), the "C" collation does, whatever the database's.
+fn push_key_range(q: &mut QueryBuilder<Postgres>, prefix: &str) {
+    q.push(" AND k.key COLLATE \"C\" >= ").push_bind(prefix.to_string());
+    if let Some(end) = prefix_end(prefix) {
+        q.push(" AND k.key COLLATE \"C\" < ").push_bind(end);
+    }
+}
+
+/// The tasks holding keys that start with `search.prefix` (a key's current task), ordered
+/// by key and then biz type. Each biz type's keys are a range of task_keys_prefix_idx, walked
+/// from the cursor for a page and merged; each task is then read by id (a probe of each
+/// partition's primary key, as `read`).
+pub async fn search_keys(pool: &Pool, search: &KeySearch<'_>) -> Result<Page, Error> {
+    let after = search.cursor.as_deref().map(decode_key_cursor).transpose()?;
+    let descending = search.backward;
+    let (beyond, dir) = if descending { ("<", " DESC") } else { (">", "") };
+    let limit = search.limit + 1;
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
+        "SELECT t.*, bt.name AS biz_type FROM (
+             SELECT k.* FROM biz_types bt CROSS JOIN LATERAL (
+                 SELECT k.biz_type_id, k.key, k.task_id FROM task_keys k WHERE k.biz_type_id = bt.id",
+    );
+    push_key_range(&mut q, search.prefix);
+    if let Some((biz_type_id, key)) = &after {
+        q.push(format_args!(" AND k.key COLLATE \"C\" {beyond}= ")).push_bind(key.clone());
+        q.push(format_args!(" AND (k.key COLLATE \"C\" {beyond} ")).push_bind(key.clone());
+        q.push(format_args!(" OR bt.id {beyond} ")).push_bind(*biz_type_id).push(")");
+    }
+    q.push(format_args!(" ORDER BY k.key COLLATE \"C\"{dir} LIMIT ")).push_bind(limit).push(") k");
+    if let Some(id) = search.biz_type_id {
+        q.push(" WHERE bt.id = ").push_bind(id);
+    }
+    q.push(format_args!(" ORDER BY k.key COLLATE \"C\"{dir}, k.biz_type_id{dir} LIMIT ")).push_bind(limit);
+    q.push(
+        ") k JOIN all_tasks t ON t.id = k.task_id AND t.biz_type_id = k.biz_type_id JOIN biz_types bt ON bt.id = t.biz_type_id",
+    );
+    q.push(format_args!(" ORDER BY k.key COLLATE \"C\"{dir}, k.biz_type_id{dir}"));
+    let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
+    let more = items.len() as i64 > search.limit;
+    items.truncate(search.limit as usize);
+    if search.backward {
+        items.reverse();
+    }
+    let cursor_of = |t: &Task| encode_key_cursor(t.biz_type_id, t.key.as_deref().unwrap_or_default());
+    let (next_cursor, prev_cursor) = if search.backward {
+        (items.last().map(cursor_of), if more { items.first().map(cursor_of) } else { None })
+    } else {
+        (if more { items.last().map(cursor_of) } else { None }, after.and(items.first().map(cursor_of)))
+    };
+    Ok(Page { items, next_cursor, prev_cursor })
+}
+
+/// How many keys start with `search.prefix` (in its biz type, or all), at most
+/// `COUNT_CAP + 1`: a range of task_keys_prefix_idx per biz type.
+pub async fn count_keys(pool: &Pool, search: &KeySearch<'_>) -> Result<i64, Error> {
+    let mut q: QueryBuilder<Postgres> =
+        QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM biz_types bt JOIN task_keys k ON k.biz_type_id = bt.id WHERE true");
+    push_key_range(&mut q, search.prefix);
+    if let Some(id) = search.biz_type_id {
+        q.push(" AND bt.id = ").push_bind(id);
+    }
+    q.push(" LIMIT ").push_bind(COUNT_CAP + 1).push(") c");
+    Ok(q.build_query_scalar().fetch_one(pool).await?)
+}
+
+fn encode_key_cursor(biz_type_id: i32, key: &str) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{biz_type_id}|{key}"))
+}
+
+fn decode_key_cursor(cursor: &str) -> Result<(i32, String), Error> {
+    let bad = || Error::invalid("cursor", "is not a cursor returned by this page");
+    let text = String::from_utf8(URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?).map_err(|_| bad())?;
+    let (id, key) = text.split_once('|').ok_or_else(bad)?;
+    super::validate_key(key).map_err(|_| bad())?;
+    Ok((id.parse().map_err(|_| bad())?, key.to_string()))
 }
 
 /// The other tasks that held `task`'s key in its biz type: the key's current task and those
@@ -460,6 +634,17 @@ pub async fn remove_unfired(tx: &mut PgConnection, timer_id: Uuid, biz_type_id: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_ends_before_the_first_string_it_does_not_start() {
+        assert_eq!(prefix_end("order-").as_deref(), Some("order."));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+        let (id, key) = (7, "order|1");
+        assert_eq!(decode_key_cursor(&encode_key_cursor(id, key)).unwrap(), (id, key.to_string()));
+        assert!(decode_key_cursor("bm9wZQ").is_err());
+    }
 
     #[test]
     fn cursors_round_trip_and_reject_garbage() {

@@ -259,3 +259,47 @@ async fn a_tasks_history_after_two_replays_reads_in_order_and_reloads_repeat_not
     browser.screenshot(shot("task-history.png")).await;
     browser.close().await;
 }
+
+/// Finding one task among thousands by the start of its key, as a support person would:
+/// type the start, narrow to its biz type, page on and back, then open the one wanted. The
+/// search stays in the address, to be shared.
+#[tokio::test]
+async fn a_task_is_found_by_its_key_prefix_among_thousands() {
+    let app = crate::helpers::spawn_app().await;
+    let orders = app.biz_type("orders").await;
+    let billing = app.biz_type("billing").await;
+    for batch in 0..3 {
+        let items: Vec<_> = (0..1000).map(|i| json!({"biz_type": "orders", "key": format!("order-{:04}", batch * 1000 + i), "delay_ms": 3_600_000})).collect();
+        let reply = app.post("/api/v1/tasks/batch", &orders, json!({"tasks": items})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let reply = app.post("/api/v1/tasks/batch", &billing, json!({"tasks": [{"biz_type": "billing", "key": "order-1234"}]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+
+    browser.goto("/console/tasks").await;
+    browser.fill("#filter input[name=q]", "order-12").await;
+    browser.submit("#filter").await;
+    assert!(browser.text("#count").await.starts_with("101 keys start with"), "{}", browser.text("#count").await);
+    browser.select("#filter select[name=biz_type]", "orders").await;
+    browser.submit("#filter").await;
+    assert!(browser.text("#count").await.starts_with("100 keys start with"), "{}", browser.text("#count").await);
+    let url = browser.current_url().await;
+    assert!(url.contains("biz_type=orders") && url.contains("q=order-12"), "{url}");
+    let keys = browser.texts("#tasks tbody tr td code").await;
+    assert_eq!((keys.len(), keys[0].as_str(), keys[49].as_str()), (50, "order-1200", "order-1249"));
+    browser.click("#next-page").await;
+    assert_eq!(browser.texts("#tasks tbody tr td code").await[0], "order-1250");
+    browser.click("#prev-page").await;
+    assert_eq!(browser.texts("#tasks tbody tr td code").await[0], "order-1200");
+    browser.screenshot(shot("find-by-key.png")).await;
+
+    browser.fill("#filter input[name=q]", "order-1234").await;
+    browser.submit("#filter").await;
+    assert_eq!(browser.texts("#tasks tbody tr td code").await, ["order-1234"]);
+    browser.click("#tasks tbody tr a").await;
+    assert!(browser.current_url().await.contains("/console/tasks/0"), "{}", browser.current_url().await);
+    assert!(browser.source().await.contains("order-1234"));
+    browser.close().await;
+}

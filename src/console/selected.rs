@@ -1,7 +1,8 @@
 //! Cancel or replay the rows selected on the task list: each task by the rules of its own
-//! page's button (the store's `cancel` and `replay`, and `tasks::replay_refused`; a succeeded
-//! task, which an admin replays after its own confirm page, is skipped), each audited as that button is, and one message saying how
-//! many were done and which were skipped and why.
+//! page's button (the store's `cancel` and `replay`, and `tasks::replay_refused`; a
+//! succeeded task, which an admin replays after its own confirm page, is skipped), each
+//! audited as that button is, and one message saying how many were done and which were
+//! skipped and why.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use uuid::Uuid;

@@ -17,3 +17,35 @@ for (const button of document.querySelectorAll("[data-browser-zone-button]")) {
     button.hidden = false;
   }
 }
+
+// The dashboard's refresh: every few seconds, while the box is ticked (remembered in this
+// browser), the page is fetched again and its live part swapped in. Without this script the
+// box stays hidden and the page is read as served (reload it to update).
+const refresh = document.getElementById("auto-refresh");
+if (refresh) {
+  const key = "chime.dashboard.refresh";
+  const seconds = Number(refresh.dataset.refreshSeconds) || 10;
+  const said = document.getElementById("refreshed");
+  refresh.checked = localStorage.getItem(key) !== "off";
+  document.getElementById("refresh").hidden = false;
+  refresh.addEventListener("change", () => localStorage.setItem(key, refresh.checked ? "on" : "off"));
+  setInterval(async () => {
+    if (!refresh.checked || document.hidden) return;
+    try {
+      const response = await fetch(window.location.href, { credentials: "same-origin" });
+      if (response.redirected || !response.ok) {
+        // Signed out (or the server is unwell): show the page the server gives.
+        window.location.reload();
+        return;
+      }
+      const page = new DOMParser().parseFromString(await response.text(), "text/html");
+      const fresh = page.getElementById("live");
+      if (fresh) {
+        document.getElementById("live").replaceWith(fresh);
+        said.textContent = `updated ${new Date().toLocaleTimeString()}`;
+      }
+    } catch (e) {
+      said.textContent = `not updated (${e.message}); trying again in ${seconds} s`;
+    }
+  }, seconds * 1000);
+}

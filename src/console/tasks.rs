@@ -214,8 +214,8 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
     })
 }
 
-/// "1,234", or "10,000+" past the count's cap.
-fn shown_count(count: i64) -> String {
+/// "1,234", or "10,000+" past the count's cap (the dashboard's counts too).
+pub(super) fn shown_count(count: i64) -> String {
     let digits = count.min(tasks::COUNT_CAP).to_string();
     let mut shown = String::new();
     for (i, c) in digits.chars().enumerate() {

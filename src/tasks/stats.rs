@@ -83,8 +83,11 @@ pub struct QueueCounts {
     pub biz_type_id: i32,
     pub name: String,
     pub paused: bool,
+    /// Pending and never tried (pending minus retrying).
     pub pending: i64,
-    /// Pending and due within the next hour.
+    /// Pending after a failed attempt (`super::RETRYING_SQL`): waiting for the next try.
+    pub retrying: i64,
+    /// Pending or retrying, due within the next hour (overdue ones included).
     pub due_next_hour: i64,
     pub running: i64,
     pub failed: i64,
@@ -92,22 +95,34 @@ pub struct QueueCounts {
     pub expired: i64,
 }
 
-/// Queue counts of every biz type, by name; each count stops at `cap`, so that a huge
-/// backlog cannot make the dashboard slow.
-pub async fn queue_counts(pool: &Pool, cap: i64) -> Result<Vec<QueueCounts>, sqlx::Error> {
-    crate::db::query_as(
-        "SELECT b.id AS biz_type_id, b.name, b.paused,
-                (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending' LIMIT $1) c) AS pending,
+/// The dashboard's counts, one row per biz type by name. Each count stops at `$1` (the
+/// cap), so that a huge backlog cannot make the dashboard slow, and each walks one partial
+/// index only (no table rows where the visibility map allows): `tasks_claim_idx` for
+/// pending and due, `tasks_retrying_idx` (migration 0022, the same condition as
+/// `RETRYING_SQL`) for retrying, `tasks_lease_idx` for running, `tasks_failed_idx` and
+/// `tasks_expired_idx`. Never-tried is all pending minus retrying, the pending walk
+/// stopped at cap + retrying, so that it too is exact below the cap. Locks nothing.
+static QUEUE_COUNTS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT b.id AS biz_type_id, b.name, b.paused, p.all_pending - r.retrying AS pending, r.retrying,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending'
                                                               AND t.run_at < now() + interval '1 hour' LIMIT $1) c) AS due_next_hour,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'running' LIMIT $1) c) AS running,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'failed' LIMIT $1) c) AS failed,
                 (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'expired' LIMIT $1) c) AS expired
-           FROM biz_types b ORDER BY b.name",
+           FROM biz_types b
+          CROSS JOIN LATERAL (SELECT count(*) AS retrying FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND {retrying} LIMIT $1) c) r
+          CROSS JOIN LATERAL (SELECT count(*) AS all_pending
+                                FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = b.id AND t.status = 'pending' LIMIT $1 + r.retrying) c) p
+          ORDER BY b.name",
+        retrying = super::RETRYING_SQL
     )
-    .bind(cap)
-    .fetch_all(pool)
-    .await
+});
+
+/// Queue counts of every biz type, by name; each count stops at `cap` (`pending`, the
+/// never-tried ones, too).
+pub async fn queue_counts(pool: &Pool, cap: i64) -> Result<Vec<QueueCounts>, sqlx::Error> {
+    crate::db::query_as(sqlx::AssertSqlSafe(QUEUE_COUNTS.as_str())).bind(cap).fetch_all(pool).await
 }
 
 /// The attempts of one biz type in one minute of the last hour.
@@ -116,6 +131,8 @@ pub struct Minute {
     pub biz_type_id: i32,
     /// Minutes ago: 0 is this minute.
     pub ago: i32,
+    /// The minute's start (the database's clock).
+    pub minute: chrono::DateTime<chrono::Utc>,
     /// Answered 2xx.
     pub delivered: i64,
     pub failed: i64,
@@ -126,11 +143,12 @@ pub async fn last_hour_by_minute(pool: &Pool) -> Result<Vec<Minute>, sqlx::Error
     crate::db::query_as(
         "SELECT biz_type_id,
                 (extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', started_at)) / 60)::int AS ago,
+                date_trunc('minute', started_at) AS minute,
                 count(*) FILTER (WHERE status_code BETWEEN 200 AND 299) AS delivered,
                 count(*) FILTER (WHERE status_code IS NULL OR status_code NOT BETWEEN 200 AND 299) AS failed
            FROM attempts
           WHERE started_at >= date_trunc('minute', now()) - interval '59 minutes' AND biz_type_id IS NOT NULL
-          GROUP BY 1, 2",
+          GROUP BY 1, 2, 3",
     )
     .fetch_all(pool)
     .await

@@ -303,3 +303,53 @@ async fn a_task_is_found_by_its_key_prefix_among_thousands() {
     assert!(browser.source().await.contains("order-1234"));
     browser.close().await;
 }
+
+/// Reading the dashboard under load (20,000 tasks) as a person would: biz types needing
+/// attention first; the page refreshes itself in place (no reload) and shows a new failure
+/// within seconds; switched off, it stays as it was, and stays off after a reload.
+#[tokio::test]
+async fn the_dashboard_refreshes_itself_until_switched_off() {
+    let app = crate::helpers::spawn_app().await;
+    for name in ["orders", "billing", "coupons", "emails"] {
+        app.biz_type(name).await;
+    }
+    crate::console_find::load(&app, 1, 20_000).await;
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    let names = || async { browser.texts("#dashboard tr.biz-type > td:first-child > a").await };
+    assert_eq!(names().await, ["billing", "orders", "coupons", "emails"], "failed, retrying, then by name");
+    assert_eq!(browser.execute("return document.getElementById('refresh').hidden").await, json!(false), "the script shows the switch");
+    assert_eq!(browser.execute("return document.getElementById('auto-refresh').checked").await, json!(true), "on by default");
+
+    // A task of emails fails: the page shows it without being reloaded.
+    browser.execute("window.notReloaded = true").await;
+    let failing = |key: &'static str| {
+        let app = &app;
+        async move {
+            let id: String = sqlx::query_scalar("SELECT task_id::text FROM task_keys WHERE key = $1").bind(key).fetch_one(&app.pool).await.unwrap();
+            app.force_status(&id, "failed").await;
+        }
+    };
+    failing("emails-3").await;
+    let mut seen = vec![];
+    for _ in 0..30 {
+        seen = names().await;
+        if seen[1] == "emails" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(seen, ["billing", "emails", "orders", "coupons"]);
+    assert_eq!(browser.execute("return window.notReloaded === true").await, json!(true), "swapped in place");
+    assert!(browser.text("#refreshed").await.starts_with("updated "));
+
+    // Switched off, remembered across a reload; a new failure waits for the person.
+    browser.check("#auto-refresh", false).await;
+    browser.goto("/console").await;
+    assert_eq!(browser.execute("return document.getElementById('auto-refresh').checked").await, json!(false), "still off");
+    failing("coupons-2").await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(names().await, ["billing", "emails", "orders", "coupons"], "not refreshed");
+    browser.goto("/console").await;
+    assert_eq!(names().await, ["billing", "coupons", "emails", "orders"]);
+}

@@ -169,7 +169,7 @@ async fn a_payload_search_finds_what_the_payload_contains_within_a_biz_type() {
 /// exist): a quarter pending, a twentieth failed, the rest succeeded; one pending task in 100
 /// retrying; task `n` of biz type `(n % 4) + 1` (by id), keyed `<biz type>-<n>`, with a
 /// payload naming its order. Task `n` is due `(n - first) * 20 h / last` after 20 hours ago.
-async fn load(app: &TestApp, first: i64, last: i64) {
+pub async fn load(app: &TestApp, first: i64, last: i64) {
     sqlx::query(
         "WITH b AS (SELECT array_agg(id ORDER BY id) AS ids, array_agg(name ORDER BY id) AS names FROM biz_types),
               r AS (

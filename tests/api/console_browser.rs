@@ -303,3 +303,35 @@ async fn a_task_is_found_by_its_key_prefix_among_thousands() {
     assert!(browser.source().await.contains("order-1234"));
     browser.close().await;
 }
+
+/// Issue 16, "usable at 390 px wide": on a phone-sized window the dashboard, the task list,
+/// a task's page, a biz type's and a timer's page fit the width (the nav wraps, tables
+/// scroll inside their card): nothing makes the page itself scroll sideways.
+#[tokio::test]
+async fn the_console_fits_a_390_px_wide_screen() {
+    let app = crate::helpers::spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let mut id = String::new();
+    for i in 0..5 {
+        let task = app.create_task(&token, json!({"biz_type": "orders", "key": format!("order-with-a-rather-long-key-{i:04}"), "payload": {"customer": "a-long-customer-name", "i": i}})).await;
+        id = task["id"].as_str().unwrap().to_string();
+    }
+    let timer = app.post("/api/v1/timers", &token, json!({"biz_type": "orders", "key": "nightly", "cron": "0 30 2 * * *"})).await;
+    assert_eq!(timer.status, 201, "{}", timer.body);
+    let timer_id = timer.body["id"].as_str().unwrap().to_string();
+
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    browser.client().set_window_size(390, 844).await.expect("a phone-sized window");
+    let width = browser.execute("return window.innerWidth").await;
+    assert_eq!(width, json!(390), "the window is as narrow as asked");
+    for path in ["/console".to_string(), "/console/tasks".into(), format!("/console/tasks/{id}"), "/console/biz-types/orders".into(), format!("/console/timers/{timer_id}")] {
+        browser.goto(&path).await;
+        let scroll_width = browser.execute("return document.documentElement.scrollWidth").await;
+        assert!(scroll_width.as_i64().unwrap() <= 390, "{path}: the page is {scroll_width} px wide at 390 px");
+        assert!(browser.exists("header.top nav a[href='/console/tasks']").await, "{path}: the nav is there");
+    }
+    browser.goto("/console/tasks").await;
+    browser.screenshot(shot("tasks-390px.png")).await;
+    browser.close().await;
+}

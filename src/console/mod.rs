@@ -280,7 +280,12 @@ impl Ctx {
 
     /// `at` in UTC, saying so, with how long ago or how far ahead: "… UTC (in 6 h)".
     pub fn when(&self, at: impl when::Time) -> when::When {
-        when::When { at: at.time(), now: self.now }
+        when::When { at: at.time(), now: self.now, millis: false }
+    }
+
+    /// As `when`, to the millisecond.
+    pub fn when_ms(&self, at: impl when::Time) -> when::When {
+        when::When { at: at.time(), now: self.now, millis: true }
     }
 }
 

@@ -10,11 +10,14 @@ use chrono::{DateTime, TimeDelta, Utc};
 pub struct When {
     pub at: DateTime<Utc>,
     pub now: DateTime<Utc>,
+    /// Milliseconds too (a task's times, where they tell attempts apart).
+    pub millis: bool,
 }
 
 impl fmt::Display for When {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} UTC ({})", self.at.format("%Y-%m-%d %H:%M:%S"), relative(self.at - self.now))
+        let format = if self.millis { "%Y-%m-%d %H:%M:%S%.3f" } else { "%Y-%m-%d %H:%M:%S" };
+        write!(f, "{} UTC ({})", self.at.format(format), relative(self.at - self.now))
     }
 }
 
@@ -79,7 +82,9 @@ mod tests {
     fn a_time_shows_its_zone_and_how_far_it_is() {
         let now: DateTime<Utc> = "2026-05-04T10:30:00Z".parse().unwrap();
         let at = now + TimeDelta::hours(6);
-        assert_eq!(When { at, now }.to_string(), "2026-05-04 16:30:00 UTC (in 6 h)");
-        assert_eq!(When { at: now - TimeDelta::minutes(3), now }.to_string(), "2026-05-04 10:27:00 UTC (3 min ago)");
+        assert_eq!(When { at, now, millis: false }.to_string(), "2026-05-04 16:30:00 UTC (in 6 h)");
+        assert_eq!(When { at: now - TimeDelta::minutes(3), now, millis: false }.to_string(), "2026-05-04 10:27:00 UTC (3 min ago)");
+        let at = now + TimeDelta::milliseconds(1_250);
+        assert_eq!(When { at, now, millis: true }.to_string(), "2026-05-04 10:30:01.250 UTC (just now)");
     }
 }

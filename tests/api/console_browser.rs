@@ -328,7 +328,15 @@ async fn the_console_fits_a_390_px_wide_screen() {
     for path in ["/console".to_string(), "/console/tasks".into(), format!("/console/tasks/{id}"), "/console/biz-types/orders".into(), format!("/console/timers/{timer_id}")] {
         browser.goto(&path).await;
         let scroll_width = browser.execute("return document.documentElement.scrollWidth").await;
-        assert!(scroll_width.as_i64().unwrap() <= 390, "{path}: the page is {scroll_width} px wide at 390 px");
+        // What sticks out, for the message: the outermost elements reaching past the edge.
+        let wide = browser
+            .execute(
+                "return [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 391 \
+                   && !(e.parentElement && e.parentElement.getBoundingClientRect().right > 391)) \
+                   .map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right)).slice(0, 10)",
+            )
+            .await;
+        assert!(scroll_width.as_i64().unwrap() <= 390, "{path}: the page is {scroll_width} px wide at 390 px; past the edge: {wide}");
         assert!(browser.exists("header.top nav a[href='/console/tasks']").await, "{path}: the nav is there");
     }
     browser.goto("/console/tasks").await;

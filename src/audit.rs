@@ -23,7 +23,7 @@ pub fn masked_url(url: &str) -> String {
 /// `before` and `after` with their URL fields masked (`masked_url`). A change of the
 /// password alone would mask to the same text, and vanish from the diff: it is marked.
 fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option<Value>) {
-    let raw_before = before.clone();
+    let (raw_before, raw_after) = (before.clone(), after.clone());
     let mask = |value: Option<Value>| {
         value.map(|mut value| {
             if let Value::Object(fields) = &mut value {
@@ -37,9 +37,11 @@ fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option
         })
     };
     let (before, mut after) = (mask(before), mask(after));
-    if let (Some(Value::Object(raw_before)), Some(Value::Object(b)), Some(Value::Object(a))) = (&raw_before, &before, &mut after) {
+    if let (Some(Value::Object(raw_before)), Some(Value::Object(raw_after)), Some(Value::Object(b)), Some(Value::Object(a))) =
+        (&raw_before, &raw_after, &before, &mut after)
+    {
         for field in URL_FIELDS {
-            let password_changed = b.get(field) == a.get(field) && raw_before.get(field) != a.get(field) && a.get(field).is_some();
+            let password_changed = b.get(field) == a.get(field) && raw_before.get(field) != raw_after.get(field) && a.get(field).is_some();
             if password_changed && let Some(Value::String(url)) = a.get_mut(field) {
                 url.push_str(" (password changed)");
             }

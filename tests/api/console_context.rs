@@ -184,6 +184,9 @@ async fn passwords_in_urls_are_masked_for_support_and_in_the_audit_log() {
     }
     let stored: Vec<String> = sqlx::query_scalar("SELECT coalesce(before::text, '') || coalesce(after::text, '') FROM audit_log").fetch_all(&app.pool).await.unwrap();
     assert!(stored.iter().all(|row| !row.contains("s3cret")), "{stored:?}");
+    let after: serde_json::Value = sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'biz_type.update'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(after["callback_url"], "http://hook:•••@127.0.0.1:9/hook (password changed)");
+    assert_eq!(after["failure_url"], "http://fail:•••@127.0.0.1:9/failed", "unchanged, so not marked");
 }
 
 /// A timer's page lists its occurrences due by now, newest first, with their state and

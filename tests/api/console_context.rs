@@ -250,3 +250,32 @@ async fn a_timers_page_lists_its_occurrences_and_links_to_them() {
     assert_eq!(refused.status, 422);
     assert!(refused.body.contains("biz type too"), "{}", refused.body);
 }
+
+/// A PATCH by id is audited like a cancel (the new due time, whether the payload was
+/// replaced); a bulk cancel's entry lists the ids of the tasks it cancelled.
+#[tokio::test]
+async fn api_reschedules_and_bulk_entries_are_audited_with_their_tasks() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "o-1", "delay_ms": 3_600_000})).await;
+    let id = task["id"].as_str().unwrap();
+    let moved = app.patch(&format!("/api/v1/tasks/{id}"), &token, json!({"run_at": "2030-01-01T09:00:00Z"})).await;
+    assert_eq!(moved.status, 200, "{}", moved.body);
+    let (actor, target, after): (String, String, serde_json::Value) =
+        sqlx::query_as("SELECT actor, target, after FROM audit_log WHERE action = 'task.reschedule'").fetch_one(&app.pool).await.unwrap();
+    assert!(actor.starts_with("api:"), "{actor}");
+    assert_eq!(target, id);
+    assert_eq!(after, json!({"run_at": "2030-01-01T09:00:00Z", "payload_replaced": false}));
+
+    let mut ids = vec![id.to_string()];
+    for i in 2..=3 {
+        ids.push(app.create_task(&token, json!({"biz_type": "orders", "key": format!("o-{i}"), "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string());
+    }
+    let cancelled = app.post("/api/v1/biz-types/orders/tasks/cancel", &token, json!({"key_prefix": "o-"})).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    let after: serde_json::Value = sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'task.bulk_cancel'").fetch_one(&app.pool).await.unwrap();
+    let mut listed: Vec<String> = after["task_ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    listed.sort();
+    ids.sort();
+    assert_eq!(listed, ids, "{after}");
+}

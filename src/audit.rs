@@ -5,6 +5,10 @@ use serde_json::Value;
 
 use crate::db::Pool;
 
+/// The actor of what chime does by itself: the first admin, the demo biz type and its
+/// token, made on the first start.
+pub const CHIME: &str = "chime";
+
 /// The fields of a recorded object that hold URLs, which may carry `user:pass@`.
 const URL_FIELDS: [&str; 2] = ["callback_url", "failure_url"];
 

@@ -279,3 +279,15 @@ async fn api_reschedules_and_bulk_entries_are_audited_with_their_tasks() {
     ids.sort();
     assert_eq!(listed, ids, "{after}");
 }
+
+/// The first admin, made on the first start, is in the audit log as chime's doing.
+#[tokio::test]
+async fn the_first_admin_is_audited_as_made_by_chime() {
+    let app = spawn_app().await;
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE actor = 'chime'").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(rows, [("chime".to_string(), "user.create".to_string(), "admin".to_string())]);
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let log = admin.get("/console/audit?actor=chime").await;
+    assert!(log.body.contains("user.create") && log.body.contains("first_start"), "{}", log.body);
+}

@@ -343,3 +343,25 @@ async fn the_console_fits_a_390_px_wide_screen() {
     browser.screenshot(shot("tasks-390px.png")).await;
     browser.close().await;
 }
+
+/// Issue 16, "context where it is needed": an admin opens a biz type, reads its last hour
+/// and sends a test callback; the page it comes back to says what the receiver answered,
+/// and a reload sends nothing again.
+#[tokio::test]
+async fn an_admin_tests_a_biz_types_callback_from_its_page() {
+    let app = crate::helpers::spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let settings = chime::biz_types::Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
+    chime::biz_types::create(&app.pool, "orders", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    browser.goto("/console/biz-types/orders").await;
+    assert!(browser.text("#delivery-rate").await.contains("no attempts"), "{}", browser.text("#delivery-rate").await);
+    browser.submit("#test-callback").await;
+    let flash = browser.text(".flash").await;
+    assert!(flash.contains("HTTP 200") && flash.contains("signature accepted"), "{flash}");
+    assert_eq!(receiver.received().len(), 1);
+    browser.client().refresh().await.expect("reloading the biz type's page");
+    assert_eq!(receiver.received().len(), 1, "a reload sends no second test");
+    browser.close().await;
+}

@@ -5,6 +5,57 @@ use serde_json::Value;
 
 use crate::db::Pool;
 
+/// The actor of what chime does by itself: the first admin, the demo biz type and its
+/// token, made on the first start.
+pub const CHIME: &str = "chime";
+
+/// The fields of a recorded object that hold URLs, which may carry `user:pass@`.
+const URL_FIELDS: [&str; 2] = ["callback_url", "failure_url"];
+
+/// `url` with the password of its `user:pass@` replaced by `•••`, for whoever may read it
+/// without being an admin (support staff, the audit log); unchanged without one. Read as
+/// text, so that a URL the parser would refuse is masked too.
+pub fn masked_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else { return url.to_string() };
+    let authority_len = url[scheme_end..].find(['/', '?', '#']).unwrap_or(url.len() - scheme_end);
+    let authority = &url[scheme_end..scheme_end + authority_len];
+    let Some(at) = authority.rfind('@') else { return url.to_string() };
+    let Some(colon) = authority[..at].find(':') else { return url.to_string() };
+    format!("{}•••{}", &url[..scheme_end + colon + 1], &url[scheme_end + at..])
+}
+
+/// `before` and `after` with their URL fields masked (`masked_url`). A change of the
+/// password alone would mask to the same text, and vanish from the diff: it is marked.
+fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option<Value>) {
+    let (raw_before, raw_after) = (before.clone(), after.clone());
+    let mask = |value: Option<Value>| {
+        value.map(|mut value| {
+            if let Value::Object(fields) = &mut value {
+                for field in URL_FIELDS {
+                    if let Some(Value::String(url)) = fields.get_mut(field) {
+                        *url = masked_url(url);
+                    }
+                }
+            }
+            value
+        })
+    };
+    let (before, mut after) = (mask(before), mask(after));
+    if let (Some(Value::Object(raw_before)), Some(Value::Object(raw_after)), Some(Value::Object(b)), Some(Value::Object(a))) =
+        (&raw_before, &raw_after, &before, &mut after)
+    {
+        for field in URL_FIELDS {
+            let password_changed = b.get(field) == a.get(field) && raw_before.get(field) != raw_after.get(field) && a.get(field).is_some();
+            if password_changed && let Some(Value::String(url)) = a.get_mut(field) {
+                url.push_str(" (password changed)");
+            }
+        }
+    }
+    (before, after)
+}
+
+/// Records an action. URL fields in `before` and `after` are stored masked (`masked_url`):
+/// the log is read by support staff, who do not see passwords.
 pub async fn record<'e>(
     db: impl sqlx::PgExecutor<'e>,
     actor: &str,
@@ -14,6 +65,7 @@ pub async fn record<'e>(
     before: Option<Value>,
     after: Option<Value>,
 ) -> Result<(), sqlx::Error> {
+    let (before, after) = masked(before, after);
     crate::db::query("INSERT INTO audit_log (actor, action, target_type, target, before, after) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(actor)
         .bind(action)
@@ -96,4 +148,32 @@ pub async fn for_target(pool: &Pool, target_type: &str, target: &str, actions: &
     .bind(since)
     .fetch_all(pool)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn masks_the_password_of_a_url_only() {
+        assert_eq!(masked_url("https://user:s3cret@host.example/hook?x=1"), "https://user:•••@host.example/hook?x=1");
+        assert_eq!(masked_url("http://u:p:q@h:8080"), "http://u:•••@h:8080");
+        assert_eq!(masked_url("https://user@host/a:b@c"), "https://user@host/a:b@c", "no password; an @ in the path is not userinfo");
+        assert_eq!(masked_url("https://host:8443/hook"), "https://host:8443/hook");
+        assert_eq!(masked_url(""), "");
+        assert_eq!(masked_url("not a url"), "not a url");
+    }
+
+    #[test]
+    fn records_mask_url_fields_and_mark_a_password_change() {
+        let before = json!({"callback_url": "https://a:one@h/x", "failure_url": "https://a:one@h/f", "name": "n"});
+        let after = json!({"callback_url": "https://a:two@h/x", "failure_url": "https://a:one@h/f", "name": "n"});
+        let (before, after) = masked(Some(before), Some(after));
+        assert_eq!(before.unwrap()["callback_url"], "https://a:•••@h/x");
+        let after = after.unwrap();
+        assert_eq!(after["callback_url"], "https://a:•••@h/x (password changed)");
+        assert_eq!(after["failure_url"], "https://a:•••@h/f", "unchanged: not marked");
+        assert!(!after.to_string().contains("one") && !after.to_string().contains("two"));
+    }
 }

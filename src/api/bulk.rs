@@ -119,7 +119,7 @@ fn scope(filter: &BulkFilter) -> serde_json::Value {
     operation_id = "cancelTasks",
     tag = "tasks",
     summary = r#"Cancel every pending task matching a filter"#,
-    description = r#"Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts. Recorded in the audit log (not a dry run) with the filter and the counts."#,
+    description = r#"Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts. Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#)
     ),
@@ -151,6 +151,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     let mut after = scope(&filter);
     after["matched"] = done.matched.into();
     after["cancelled"] = done.changed.into();
+    after["task_ids"] = serde_json::json!(done.ids);
     audit::record(&state.pool, &caller.actor(), "task.bulk_cancel", "task", &name, None, Some(after)).await?;
     Ok(HttpResponse::Ok().json(Cancelled { matched: done.matched, cancelled: done.changed }))
 }
@@ -161,7 +162,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     operation_id = "replayTasks",
     tag = "tasks",
     summary = r#"Replay every failed or expired task matching a filter"#,
-    description = r#"Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts. Recorded in the audit log (not a dry run) with the filter and the counts."#,
+    description = r#"Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts. Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#)
     ),
@@ -198,6 +199,7 @@ pub async fn replay(caller: Caller, state: web::Data<AppState>, name: web::Path<
     after["status"] = status.as_str().into();
     after["matched"] = done.matched.into();
     after["replayed"] = done.changed.into();
+    after["task_ids"] = serde_json::json!(done.ids);
     audit::record(&state.pool, &caller.actor(), "task.bulk_replay", "task", &name, None, Some(after)).await?;
     Ok(HttpResponse::Ok().json(Replayed { matched: done.matched, replayed: done.changed }))
 }

@@ -464,7 +464,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     operation_id = "updateTask",
     tag = "tasks",
     summary = r#"Reschedule a pending task or replace its payload"#,
-    description = r#"Changes the due time (`run_at` or `delay_ms`, as at creation) and/or replaces the payload of a **pending** task; a running or finished task answers 409. The attempt count, last error and key stay as they are (a later create repeating the original request still answers 200 with this task)."#,
+    description = r#"Changes the due time (`run_at` or `delay_ms`, as at creation) and/or replaces the payload of a **pending** task; a running or finished task answers 409. The attempt count, last error and key stay as they are (a later create repeating the original request still answers 200 with this task). Recorded in the audit log (`task.reschedule`: the new due time, and whether the payload was replaced)."#,
     params(
         ("id" = Uuid, Path, description = r#"The task's id."#)
     ),
@@ -509,6 +509,10 @@ async fn patch(caller: &Caller, state: &AppState, target: tasks::Target<'_>, bod
         tasks::check_payload(payload, state.max_payload_bytes)?;
     }
     let task = tasks::reschedule_target(&state.pool, caller.0.biz_type_id, target, when, request.payload).await?;
+    // Audited like a cancel (and like the console's reschedule): the due time it now has,
+    // and whether the payload was replaced (not the payload itself).
+    let after = serde_json::json!({"run_at": task.run_at, "payload_replaced": request.payload.is_some()});
+    audit::record(&state.pool, &caller.actor(), "task.reschedule", "task", &task.id.to_string(), None, Some(after)).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 

@@ -13,7 +13,9 @@ use super::{ConsoleError, Ctx, Problems, Session, done, render, reveal};
 use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType, Settings, TokenInfo};
+use crate::engine::{BizTypeConfig, deliver};
 use crate::error::Error;
+use crate::tasks::stats;
 
 /// The settings form, as typed: kept as text so that a refused form comes back as it was.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -47,13 +49,15 @@ pub struct Form {
 }
 
 impl Form {
-    fn of(b: &BizType) -> Form {
+    /// The settings of `b`; URLs with their password masked unless `admin`.
+    fn of(b: &BizType, admin: bool) -> Form {
+        let url = |u: &str| if admin { u.to_string() } else { audit::masked_url(u) };
         let rate = |r: Option<f64>| r.map(|r| r.to_string()).unwrap_or_default();
         Form {
             csrf: String::new(),
             name: b.name.clone(),
             description: b.description.clone(),
-            callback_url: b.callback_url.clone(),
+            callback_url: url(&b.callback_url),
             mode: b.mode.clone(),
             timeout_ms: b.timeout_ms.to_string(),
             max_attempts: b.max_attempts.to_string(),
@@ -62,7 +66,7 @@ impl Form {
             rate_limit: rate(b.rate_limit),
             max_in_flight: b.max_in_flight.to_string(),
             create_rate_limit: rate(b.create_rate_limit),
-            failure_url: b.failure_url.clone().unwrap_or_default(),
+            failure_url: b.failure_url.as_deref().map(url).unwrap_or_default(),
         }
     }
 
@@ -128,6 +132,59 @@ struct ListPage {
     biz_types: Vec<BizType>,
 }
 
+impl ListPage {
+    /// A callback URL as this user may see it.
+    fn url(&self, url: &str) -> String {
+        if self.ctx.admin { url.to_string() } else { audit::masked_url(url) }
+    }
+}
+
+/// The last hour of one biz type's deliveries, counted by the dashboard's queries.
+struct LastHour {
+    /// Attempts answered 2xx.
+    delivered: i64,
+    /// Attempts that were not (no answer, or another status).
+    failed: i64,
+    /// Median and 99th percentile lateness (ms): how long after its due time an attempt began.
+    p50_ms: Option<i32>,
+    p99_ms: Option<i32>,
+}
+
+impl LastHour {
+    async fn of(pool: &crate::db::Pool, biz_type_id: i32) -> Result<LastHour, sqlx::Error> {
+        let (delivered, failed) = stats::last_hour_by_minute(pool)
+            .await?
+            .iter()
+            .filter(|m| m.biz_type_id == biz_type_id)
+            .fold((0, 0), |(d, f), m| (d + m.delivered, f + m.failed));
+        let (p50_ms, p99_ms) = stats::lateness_last_hour(pool).await?.remove(&biz_type_id).unwrap_or((None, None));
+        Ok(LastHour { delivered, failed, p50_ms, p99_ms })
+    }
+
+    /// Delivered attempts in percent of all, to one decimal; none without an attempt.
+    fn rate(&self) -> Option<String> {
+        let all = self.delivered + self.failed;
+        (all > 0).then(|| format!("{:.1} %", self.delivered as f64 * 100.0 / all as f64))
+    }
+
+    fn p50(&self) -> String {
+        Self::lateness(self.p50_ms)
+    }
+
+    fn p99(&self) -> String {
+        Self::lateness(self.p99_ms)
+    }
+
+    fn lateness(ms: Option<i32>) -> String {
+        match ms {
+            None => "—".into(),
+            Some(ms) if ms < 1_000 => format!("{ms} ms"),
+            Some(ms) if ms < 60_000 => format!("{:.1} s", f64::from(ms) / 1000.0),
+            Some(ms) => format!("{:.1} min", f64::from(ms) / 60_000.0),
+        }
+    }
+}
+
 #[derive(Template)]
 #[template(path = "biz_type.html")]
 struct EditPage {
@@ -138,6 +195,8 @@ struct EditPage {
     /// Each field a refused form is refused for, and why.
     errors: Vec<(String, String)>,
     tokens: Vec<TokenInfo>,
+    /// Its deliveries in the last hour (none on the create form).
+    last_hour: Option<LastHour>,
     /// Shown once: a new signing secret or API token, left by the action that made it.
     revealed: Option<reveal::Revealed>,
 }
@@ -165,7 +224,7 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
 
 pub async fn new(req: HttpRequest, session: Session) -> Result<HttpResponse, ConsoleError> {
     session.require_admin()?;
-    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), errors: vec![], tokens: vec![], revealed: None };
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), errors: vec![], tokens: vec![], last_hour: None, revealed: None };
     render(StatusCode::OK, &page.ctx, &page)
 }
 
@@ -183,7 +242,8 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     let here = page_of(&b.name);
     let revealed = reveal::take(&req, &session, &here);
     let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), form: Form::of(&b), biz_type: Some(b), errors: vec![], tokens, revealed };
+    let last_hour = Some(LastHour::of(&state.pool, b.id).await?);
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), form: Form::of(&b, session.is_admin()), biz_type: Some(b), errors: vec![], tokens, last_hour, revealed };
     let mut response = render(StatusCode::OK, &page.ctx, &page)?;
     reveal::forget(&req, &mut response, &here);
     Ok(response)
@@ -204,7 +264,8 @@ fn refused(req: &HttpRequest, session: &Session, biz_type: Option<BizType>, form
         other => other,
     };
     let errors = Problems(problems.0.into_iter().map(name_taken).collect()).by_field()?;
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, revealed: None };
+    // The form and its errors only: the last hour is on the page a reload leads to.
+    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, revealed: None };
     render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page)
 }
 
@@ -311,7 +372,7 @@ pub async fn rotate_secret(
         Ok(secs) => secs,
         Err(e) => {
             let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-            return refused(&req, &session, Some(b.clone()), Form::of(&b), e.into(), tokens);
+            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), e.into(), tokens);
         }
     };
     let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
@@ -350,7 +411,7 @@ pub async fn create_token(
         // On this page `name` is the biz type's: the token's name has a field of its own.
         Err(Error::Invalid { field, message }) if field == "name" => {
             let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-            return refused(&req, &session, Some(b.clone()), Form::of(&b), Error::invalid("token_name", message).into(), tokens);
+            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), Error::invalid("token_name", message).into(), tokens);
         }
         Err(e) => return Err(e.into()),
     };
@@ -388,4 +449,96 @@ pub async fn archive(session: Session, state: web::Data<AppState>, name: web::Pa
     }
     audit::record(&state.pool, &session.actor(), "biz_type.archive", "biz_type", &name, serde_json::to_value(&before).ok(), record).await?;
     Ok(done(&format!("/console/biz-types/{name}"), &format!("Archived: its tokens no longer work; {cancelled} pending tasks cancelled.")))
+}
+
+/// What a test callback came to, as its page shows it.
+struct Tested {
+    status_code: Option<i16>,
+    duration_ms: i32,
+    error: Option<String>,
+    excerpt: Option<String>,
+}
+
+/// How much of the answer a test callback's message quotes.
+const TEST_EXCERPT_CHARS: usize = 200;
+
+impl Tested {
+    /// Whether the receiver took the signature, as far as its status says: a 2xx accepted
+    /// it, a 401 or 403 refused it (or the request); anything else says nothing about it.
+    fn signature(&self) -> &'static str {
+        match self.status_code {
+            Some(200..=299) => "the receiver accepted it (signature accepted)",
+            Some(401 | 403) => "the receiver refused it: check that it verifies with this biz type's current signing secret",
+            Some(_) => "the status says nothing about the signature",
+            None => "no answer",
+        }
+    }
+
+    fn message(&self, url: &str) -> String {
+        let answer = match self.status_code {
+            Some(code) => format!("HTTP {code} in {} ms", self.duration_ms),
+            None => format!("no answer after {} ms: {}", self.duration_ms, self.error.as_deref().unwrap_or("unknown error")),
+        };
+        let mut message = format!("Test callback to {url}: {answer}; {}.", self.signature());
+        if let (Some(code), Some(error)) = (self.status_code, &self.error)
+            && error != &format!("HTTP {code}")
+        {
+            message.push_str(&format!(" {error}."));
+        }
+        if let Some(excerpt) = &self.excerpt {
+            let quoted: String = excerpt.chars().take(TEST_EXCERPT_CHARS).collect();
+            let more = if quoted.len() < excerpt.len() { "…" } else { "" };
+            message.push_str(&format!(" Answer: {quoted}{more}"));
+        }
+        message
+    }
+}
+
+/// POSTs a signed test body to the biz type's callback URL through the engine's own
+/// sending code (signature, both `v1` during a rotation, redirects, deny list, timeout).
+async fn send_test(state: &AppState, b: &BizType) -> Tested {
+    crate::engine::install_tls_provider();
+    let biz = BizTypeConfig {
+        id: b.id,
+        name: b.name.clone(),
+        callback_url: b.callback_url.clone(),
+        timeout_ms: b.timeout_ms,
+        max_attempts: b.max_attempts,
+        backoff_initial_ms: b.backoff_initial_ms,
+        backoff_max_ms: b.backoff_max_ms,
+        max_in_flight: b.max_in_flight,
+        rate_limit: b.rate_limit,
+        signing_secret: b.signing_secret.clone(),
+        previous_secret: b.previous_secret.clone(),
+        failure_url: b.failure_url.clone(),
+    };
+    let client = match state.callback_hosts.http_client().build() {
+        Ok(client) => client,
+        Err(e) => return Tested { status_code: None, duration_ms: 0, error: Some(format!("no HTTP client: {e}")), excerpt: None },
+    };
+    let sent_at = chrono::Utc::now();
+    let body = serde_json::to_vec(&serde_json::json!({"test": true, "biz_type": b.name, "sent_at": sent_at})).expect("a test body serializes");
+    let headers = [("Chime-Event", "test".to_string())];
+    let request = deliver::Post { url: &biz.callback_url, headers: &headers, fired_at: sent_at, body };
+    let deliver::Posted { sent, duration_ms } = deliver::post(&client, state.callback_hosts, &biz, request).await;
+    Tested { status_code: sent.status_code, duration_ms, error: sent.error, excerpt: sent.excerpt }
+}
+
+/// "Send test callback": a signed test body to the callback URL, its result shown on the
+/// biz type's page (post/redirect/get, as a flash message) and audited.
+pub async fn test_callback(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+    session.admin_form(&form.csrf)?;
+    let b = found(&state, &name).await?;
+    if b.mode != "callback" {
+        return Err(ConsoleError::Conflict(format!("{name} is a pull biz type: it has no callback URL to test; its consumers reserve tasks")));
+    }
+    if b.archived_at.is_some() {
+        return Err(ConsoleError::Conflict(format!("{name} is archived: nothing of it is delivered")));
+    }
+    let tested = send_test(&state, &b).await;
+    let record = serde_json::json!({
+        "callback_url": b.callback_url, "status_code": tested.status_code, "duration_ms": tested.duration_ms, "error": tested.error,
+    });
+    audit::record(&state.pool, &session.actor(), "biz_type.test_callback", "biz_type", &name, None, Some(record)).await?;
+    Ok(done(&page_of(&name), &tested.message(&audit::masked_url(&b.callback_url))))
 }

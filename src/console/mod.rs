@@ -22,6 +22,7 @@ mod session;
 mod tasks;
 mod timers;
 mod users;
+mod when;
 
 pub use login_limits::LoginLimiter;
 pub use session::Session;
@@ -70,6 +71,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/biz-types/{name}/resume", web::post().to(biz_types::resume))
                 .route("/biz-types/{name}/rotate-secret", web::post().to(biz_types::rotate_secret))
                 .route("/biz-types/{name}/archive", web::post().to(biz_types::archive))
+                .route("/biz-types/{name}/test-callback", web::post().to(biz_types::test_callback))
                 .route("/biz-types/{name}/tokens", web::post().to(biz_types::create_token))
                 .route("/biz-types/{name}/tokens/{id}/revoke", web::post().to(biz_types::revoke_token))
                 .route("/tasks", web::get().to(tasks::list))
@@ -254,6 +256,8 @@ pub struct Ctx {
     pub flash: Option<String>,
     pub css: String,
     pub js: String,
+    /// When the page was made: what relative times count from.
+    pub now: DateTime<Utc>,
 }
 
 impl Ctx {
@@ -270,7 +274,18 @@ impl Ctx {
             flash,
             css: assets::url("console.css"),
             js: assets::url("console.js"),
+            now: Utc::now(),
         }
+    }
+
+    /// `at` in UTC, saying so, with how long ago or how far ahead: "… UTC (in 6 h)".
+    pub fn when(&self, at: impl when::Time) -> when::When {
+        when::When { at: at.time(), now: self.now, millis: false }
+    }
+
+    /// As `when`, to the millisecond.
+    pub fn when_ms(&self, at: impl when::Time) -> when::When {
+        when::When { at: at.time(), now: self.now, millis: true }
     }
 }
 

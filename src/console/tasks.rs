@@ -39,6 +39,9 @@ pub struct Filter {
     /// "Payload contains": JSON or `field = value` (`tasks::containment`); needs a biz type.
     #[serde(default)]
     pub payload: String,
+    /// A timer's id: only its occurrences; needs a biz type.
+    #[serde(default)]
+    pub timer: String,
     /// `oldest` (the default) or `newest` first, by due time.
     #[serde(default)]
     pub order: String,
@@ -60,7 +63,7 @@ impl Filter {
             .append_pair("from", &self.from)
             .append_pair("to", &self.to);
         // Left out when empty: the bulk actions' links back stay as they were.
-        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("order", &self.order)] {
+        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("timer", &self.timer), ("order", &self.order)] {
             if !value.is_empty() {
                 query.append_pair(name, value);
             }
@@ -134,6 +137,19 @@ fn parse_state(raw: &str) -> Result<(Option<Status>, bool), Error> {
     }
 }
 
+/// The timer filter: a timer's id, within a biz type (unbounded, it would read every task).
+fn parse_timer(filter: &Filter) -> Result<Option<Uuid>, Error> {
+    let raw = filter.timer.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let id = raw.parse::<Uuid>().map_err(|_| Error::invalid("timer", "must be a timer's id (a UUID, as on the timer's page)"))?;
+    if filter.biz_type.is_empty() {
+        return Err(Error::invalid("timer", "choose the timer's biz type too: a timer filter reads one biz type's tasks"));
+    }
+    Ok(Some(id))
+}
+
 /// Whether the list is newest first.
 fn parse_order(raw: &str) -> Result<bool, Error> {
     match raw {
@@ -163,11 +179,12 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
             }
         })
     });
-    let (status, newest_first, from, to, payload) = match (status, order, from, to, payload.transpose(), key.transpose()) {
-        (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_)) => (status, order, from, to, payload),
-        (status, order, from, to, payload, key) => {
+    let timer = parse_timer(filter);
+    let (status, newest_first, from, to, payload, timer_id) = match (status, order, from, to, payload.transpose(), key.transpose(), timer) {
+        (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_), Ok(timer)) => (status, order, from, to, payload, timer),
+        (status, order, from, to, payload, key, timer) => {
             return Err(Problems(
-                [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err()].into_iter().flatten().collect(),
+                [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err(), timer.err()].into_iter().flatten().collect(),
             ));
         }
     };
@@ -202,7 +219,7 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
         });
     }
     let (status, retrying) = status;
-    let list = ListFilter { status, retrying, from, to, payload, cursor, backward, newest_first, limit: PAGE_SIZE };
+    let list = ListFilter { status, retrying, from, to, payload, timer_id, cursor, backward, newest_first, limit: PAGE_SIZE };
     let page = tasks::list(&state.pool, biz_type_id, &list).await?;
     let count = tasks::count(&state.pool, biz_type_id, &list).await?;
     Ok(Found {
@@ -709,7 +726,7 @@ async fn apply(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<
     };
     let scope = serde_json::json!({
         "biz_type": form.biz_type, "status": bulk.status().as_str(), "key_prefix": filter.key_prefix,
-        "from": form.from, "to": form.to, "matched": counts.matched, "changed": counts.changed,
+        "from": form.from, "to": form.to, "matched": counts.matched, "changed": counts.changed, "task_ids": counts.ids,
     });
     let target = if form.biz_type.is_empty() { "every biz type" } else { form.biz_type.as_str() };
     audit::record(&state.pool, &session.actor(), action, "task", target, None, Some(scope)).await?;

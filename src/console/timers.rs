@@ -14,6 +14,7 @@ use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
 use crate::error::Error;
+use crate::tasks::{self, ListFilter, Task};
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -91,6 +92,28 @@ struct EditPage {
     errors: Vec<(String, String)>,
     biz_types: Vec<BizType>,
     zones: Vec<&'static str>,
+    /// The timer's latest occurrences due by now, newest first (none on the create form).
+    occurrences: Vec<Task>,
+}
+
+/// How many occurrences a timer's page lists, and how far back it looks for them: the
+/// walk reads the biz type's tasks of that window newest first (no index leads with the
+/// timer), so the window bounds it for a timer that fires rarely among many other tasks.
+const OCCURRENCES: i64 = 20;
+const OCCURRENCES_WINDOW: chrono::TimeDelta = chrono::TimeDelta::days(30);
+
+/// The latest occurrences of `timer` due by now, newest first.
+async fn occurrences(state: &AppState, timer: &Timer) -> Result<Vec<Task>, Error> {
+    let now = Utc::now();
+    let filter = ListFilter {
+        timer_id: Some(timer.id),
+        from: Some(now - OCCURRENCES_WINDOW),
+        to: Some(now),
+        newest_first: true,
+        limit: OCCURRENCES,
+        ..ListFilter::default()
+    };
+    Ok(tasks::list(&state.pool, Some(timer.biz_type_id), &filter).await?.items)
 }
 
 impl EditPage {
@@ -107,6 +130,10 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
 
 async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, timer: Option<Timer>, form: Form, errors: Vec<(String, String)>) -> Result<HttpResponse, ConsoleError> {
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
+    let occurrences = match &timer {
+        Some(timer) => occurrences(state, timer).await?,
+        None => vec![],
+    };
     let page = EditPage {
         ctx: Ctx::new(session, req, "timers"),
         timer: timer.map(listed),
@@ -114,6 +141,7 @@ async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, timer
         errors,
         biz_types: biz_types::list(&state.pool).await?,
         zones: chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).collect(),
+        occurrences,
     };
     render(status, &page.ctx, &page)
 }

@@ -110,12 +110,25 @@ impl BulkFilter {
 }
 
 /// What a bulk operation found and did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BulkCount {
     /// Tasks that matched (with `dry_run`, all that match now).
     pub matched: i64,
     /// Of those, cancelled or replayed (0 for a dry run).
     pub changed: i64,
+    /// The ids of the first `CHANGED_IDS` changed, for the audit log: which tasks, as far
+    /// as an entry can reasonably hold them (`changed` says whether there were more).
+    pub ids: Vec<Uuid>,
+}
+
+/// How many changed tasks' ids a bulk operation reports (`BulkCount::ids`).
+pub const CHANGED_IDS: usize = 1_000;
+
+impl BulkCount {
+    fn note(&mut self, ids: impl IntoIterator<Item = Uuid>) {
+        let room = CHANGED_IDS.saturating_sub(self.ids.len());
+        self.ids.extend(ids.into_iter().take(room));
+    }
 }
 
 /// How many tasks in `status` match, hot and (for pending) cold: a dry run.
@@ -153,17 +166,18 @@ pub async fn cancel(pool: &Pool, filter: &BulkFilter) -> Result<BulkCount, Error
                 "), done AS (
                      UPDATE {table} SET status = 'cancelled', finished_at = now(), updated_at = now()
                       WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND status = 'pending'
-                     RETURNING 1
+                     RETURNING id
                  ), last AS (
                      SELECT run_at, id FROM picked ORDER BY run_at DESC, id DESC LIMIT 1
                  )
-                 SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM done), last.run_at, last.id
+                 SELECT (SELECT count(*) FROM picked), ARRAY(SELECT id FROM done), last.run_at, last.id
                    FROM (SELECT 1) one LEFT JOIN last ON true"
             ));
-            let (picked, done, run_at, id): (i64, i64, Option<DateTime<Utc>>, Option<Uuid>) =
+            let (picked, done, run_at, id): (i64, Vec<Uuid>, Option<DateTime<Utc>>, Option<Uuid>) =
                 q.build_query_as().fetch_one(pool).await?;
             count.matched += picked;
-            count.changed += done;
+            count.changed += done.len() as i64;
+            count.note(done);
             match (run_at, id) {
                 (Some(run_at), Some(id)) if picked == BATCH => after = Some((run_at, id)),
                 _ => break,
@@ -191,6 +205,7 @@ pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status) -> Result<
         tx.commit().await?;
         count.matched += picked.len() as i64;
         count.changed += replayed.len() as i64;
+        count.note(replayed.iter().map(|t| t.id));
         match picked.last() {
             Some((id, run_at)) if picked.len() as i64 == BATCH => after = Some((*run_at, *id)),
             _ => return Ok(count),

@@ -56,6 +56,10 @@ pub struct ListFilter {
     /// `super::containment`). The walk is the list's, in due order, filtered: the console
     /// asks for it only within one biz type, which bounds what it reads.
     pub payload: Option<String>,
+    /// Only occurrences of this timer. No index leads with it (`tasks_timer_idx` holds
+    /// pending ones only): like `payload`, the walk is the list's, filtered, and the
+    /// console asks for it within one biz type (and, for a timer's page, a time window).
+    pub timer_id: Option<Uuid>,
     pub cursor: Option<String>,
     /// The cursor is the first row of a page, and the page before it is wanted.
     pub backward: bool,
@@ -96,6 +100,9 @@ fn push_conditions(q: &mut QueryBuilder<Postgres>, filter: &ListFilter) {
     }
     if let Some(payload) = &filter.payload {
         q.push(" AND t.payload @> ").push_bind(payload.clone()).push("::jsonb");
+    }
+    if let Some(timer_id) = filter.timer_id {
+        q.push(" AND t.timer_id = ").push_bind(timer_id);
     }
 }
 

@@ -300,6 +300,7 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     // leaves it for the page it leads to, which shows it once.
     ("POST", "/console/biz-types", &[("name", "{new}"), ("mode", "pull")], Admin, 303),
     ("POST", "/console/biz-types/{biz}", &[("description", "changed"), ("mode", "callback"), ("callback_url", "http://127.0.0.1:9/x")], Admin, 303),
+    ("POST", "/console/biz-types/{biz}/test-callback", &[], Admin, 303),
     ("POST", "/console/biz-types/{biz}/pause", &[], Admin, 303),
     ("POST", "/console/biz-types/{biz}/resume", &[], Admin, 303),
     ("POST", "/console/biz-types/{biz}/rotate-secret", &[], Admin, 303),

@@ -224,7 +224,7 @@ async fn wrong_passwords_from_one_address_do_not_lock_admin_out_from_another() {
     assert!((1..=15).contains(&wait), "{wait}");
     assert!(refused.body.contains(&format!("try again in {wait} seconds")), "{}", refused.body);
     let audited: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+        sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' AND actor <> 'chime' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     let failed = ("address:127.0.0.2".to_string(), "user.sign_in_failed".to_string(), "admin".to_string());
     let signed_in = ("user:admin".to_string(), "user.sign_in".to_string(), "admin".to_string());
     assert_eq!(audited, [vec![failed; 5], vec![signed_in]].concat());

@@ -353,3 +353,65 @@ async fn the_dashboard_refreshes_itself_until_switched_off() {
     browser.goto("/console").await;
     assert_eq!(names().await, ["billing", "coupons", "emails", "orders"]);
 }
+
+/// Issue 16, "usable at 390 px wide": on a phone-sized window the dashboard, the task list,
+/// a task's page, a biz type's and a timer's page fit the width (the nav wraps, tables
+/// scroll inside their card): nothing makes the page itself scroll sideways.
+#[tokio::test]
+async fn the_console_fits_a_390_px_wide_screen() {
+    let app = crate::helpers::spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let mut id = String::new();
+    for i in 0..5 {
+        let task = app.create_task(&token, json!({"biz_type": "orders", "key": format!("order-with-a-rather-long-key-{i:04}"), "payload": {"customer": "a-long-customer-name", "i": i}})).await;
+        id = task["id"].as_str().unwrap().to_string();
+    }
+    let timer = app.post("/api/v1/timers", &token, json!({"biz_type": "orders", "key": "nightly", "cron": "0 30 2 * * *"})).await;
+    assert_eq!(timer.status, 201, "{}", timer.body);
+    let timer_id = timer.body["id"].as_str().unwrap().to_string();
+
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    browser.client().set_window_size(390, 844).await.expect("a phone-sized window");
+    let width = browser.execute("return window.innerWidth").await;
+    assert_eq!(width, json!(390), "the window is as narrow as asked");
+    for path in ["/console".to_string(), "/console/tasks".into(), format!("/console/tasks/{id}"), "/console/biz-types/orders".into(), format!("/console/timers/{timer_id}")] {
+        browser.goto(&path).await;
+        let scroll_width = browser.execute("return document.documentElement.scrollWidth").await;
+        // What sticks out, for the message: the outermost elements reaching past the edge.
+        let wide = browser
+            .execute(
+                "return [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 391 \
+                   && !(e.parentElement && e.parentElement.getBoundingClientRect().right > 391)) \
+                   .map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right)).slice(0, 10)",
+            )
+            .await;
+        assert!(scroll_width.as_i64().unwrap() <= 390, "{path}: the page is {scroll_width} px wide at 390 px; past the edge: {wide}");
+        assert!(browser.exists("header.top nav a[href='/console/tasks']").await, "{path}: the nav is there");
+    }
+    browser.goto("/console/tasks").await;
+    browser.screenshot(shot("tasks-390px.png")).await;
+    browser.close().await;
+}
+
+/// Issue 16, "context where it is needed": an admin opens a biz type, reads its last hour
+/// and sends a test callback; the page it comes back to says what the receiver answered,
+/// and a reload sends nothing again.
+#[tokio::test]
+async fn an_admin_tests_a_biz_types_callback_from_its_page() {
+    let app = crate::helpers::spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let settings = chime::biz_types::Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
+    chime::biz_types::create(&app.pool, "orders", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    browser.goto("/console/biz-types/orders").await;
+    assert!(browser.text("#delivery-rate").await.contains("no attempts"), "{}", browser.text("#delivery-rate").await);
+    browser.submit("#test-callback").await;
+    let flash = browser.text(".flash").await;
+    assert!(flash.contains("HTTP 200") && flash.contains("signature accepted"), "{flash}");
+    assert_eq!(receiver.received().len(), 1);
+    browser.client().refresh().await.expect("reloading the biz type's page");
+    assert_eq!(receiver.received().len(), 1, "a reload sends no second test");
+    browser.close().await;
+}

@@ -17,6 +17,7 @@ mod callback_hosts;
 mod cli;
 mod console;
 mod console_browser;
+mod console_context;
 mod console_dashboard;
 mod console_find;
 mod console_history;

@@ -175,13 +175,9 @@ impl LastHour {
         Self::lateness(self.p99_ms)
     }
 
+    /// As the dashboard writes lateness (`human_ms`).
     fn lateness(ms: Option<i32>) -> String {
-        match ms {
-            None => "—".into(),
-            Some(ms) if ms < 1_000 => format!("{ms} ms"),
-            Some(ms) if ms < 60_000 => format!("{:.1} s", f64::from(ms) / 1000.0),
-            Some(ms) => format!("{:.1} min", f64::from(ms) / 60_000.0),
-        }
+        ms.map_or_else(|| "—".into(), |ms| super::dashboard::human_ms(i64::from(ms)))
     }
 }
 

@@ -195,6 +195,8 @@ struct EditPage {
     last_hour: Option<LastHour>,
     /// Shown once: a new signing secret or API token, left by the action that made it.
     revealed: Option<reveal::Revealed>,
+    /// What was typed into a refused one-field form (rotate, new token): (field, value).
+    typed: Option<(&'static str, String)>,
 }
 
 impl EditPage {
@@ -205,6 +207,11 @@ impl EditPage {
 
     fn error_for(&self, field: &str) -> &str {
         super::error_for(&self.errors, field)
+    }
+
+    /// The value a one-field form shows: what was typed, if it was refused.
+    fn typed_or<'a>(&'a self, field: &str, default: &'a str) -> &'a str {
+        self.typed.as_ref().filter(|(f, _)| *f == field).map_or(default, |(_, v)| v)
     }
 
     /// Until when the secret the last rotation replaced still signs, if it does now.
@@ -220,7 +227,7 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
 
 pub async fn new(req: HttpRequest, session: Session) -> Result<HttpResponse, ConsoleError> {
     session.require_admin()?;
-    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), errors: vec![], tokens: vec![], last_hour: None, revealed: None };
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), errors: vec![], tokens: vec![], last_hour: None, revealed: None, typed: None };
     render(StatusCode::OK, &page.ctx, &page)
 }
 
@@ -239,7 +246,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     let revealed = reveal::take(&req, &session, &here);
     let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
     let last_hour = Some(LastHour::of(&state.pool, b.id).await?);
-    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), form: Form::of(&b, session.is_admin()), biz_type: Some(b), errors: vec![], tokens, last_hour, revealed };
+    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), form: Form::of(&b, session.is_admin()), biz_type: Some(b), errors: vec![], tokens, last_hour, revealed, typed: None };
     let mut response = render(StatusCode::OK, &page.ctx, &page)?;
     reveal::forget(&req, &mut response, &here);
     Ok(response)
@@ -254,14 +261,22 @@ fn done_revealing(req: &HttpRequest, session: &Session, name: &str, message: &st
 }
 
 /// The form again, as typed, with every reason it was refused next to its field.
-fn refused(req: &HttpRequest, session: &Session, biz_type: Option<BizType>, form: Form, problems: Problems, tokens: Vec<TokenInfo>) -> Result<HttpResponse, ConsoleError> {
+fn refused(
+    req: &HttpRequest,
+    session: &Session,
+    biz_type: Option<BizType>,
+    form: Form,
+    problems: Problems,
+    tokens: Vec<TokenInfo>,
+    typed: Option<(&'static str, String)>,
+) -> Result<HttpResponse, ConsoleError> {
     let name_taken = |e| match e {
         Error::Conflict(_, message) => Error::Invalid { field: "name".into(), message },
         other => other,
     };
     let errors = Problems(problems.0.into_iter().map(name_taken).collect()).by_field()?;
     // The form and its errors only: the last hour is on the page a reload leads to.
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, revealed: None };
+    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, revealed: None, typed };
     render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page)
 }
 
@@ -272,11 +287,11 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     let (settings, mut problems) = form.settings();
     problems.extend(biz_types::problems(&name, None, &settings, state.callback_hosts));
     if !problems.is_empty() {
-        return refused(&req, &session, None, form, Problems(problems), vec![]);
+        return refused(&req, &session, None, form, Problems(problems), vec![], None);
     }
     let created = match biz_types::create(&state.pool, &name, &settings, state.callback_hosts).await {
         Ok(b) => b,
-        Err(e) => return refused(&req, &session, None, form, e.into(), vec![]),
+        Err(e) => return refused(&req, &session, None, form, e.into(), vec![], None),
     };
     audit::record(&state.pool, &session.actor(), "biz_type.create", "biz_type", &name, None, serde_json::to_value(&created).ok()).await?;
     let secret = created.signing_secret.expose().map_err(Error::from)?;
@@ -308,7 +323,7 @@ pub async fn update(
         }
         Err(problems) => {
             let tokens = biz_types::list_tokens(&state.pool, current.id).await?;
-            refused(&req, &session, Some(current), form, problems, tokens)
+            refused(&req, &session, Some(current), form, problems, tokens, None)
         }
     }
 }
@@ -368,7 +383,7 @@ pub async fn rotate_secret(
         Ok(secs) => secs,
         Err(e) => {
             let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), e.into(), tokens);
+            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), e.into(), tokens, Some(("overlap_hours", form.overlap_hours.clone())));
         }
     };
     let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
@@ -407,7 +422,7 @@ pub async fn create_token(
         // On this page `name` is the biz type's: the token's name has a field of its own.
         Err(Error::Invalid { field, message }) if field == "name" => {
             let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), Error::invalid("token_name", message).into(), tokens);
+            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), Error::invalid("token_name", message).into(), tokens, Some(("token_name", form.token_name.clone())));
         }
         Err(e) => return Err(e.into()),
     };

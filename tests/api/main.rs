@@ -20,6 +20,7 @@ mod console_browser;
 mod console_context;
 mod console_dashboard;
 mod console_find;
+mod console_forms;
 mod console_history;
 mod console_users;
 mod database_hosts;

@@ -24,6 +24,24 @@ pub fn masked_url(url: &str) -> String {
     format!("{}•••{}", &url[..scheme_end + colon + 1], &url[scheme_end + at..])
 }
 
+/// `text` with the password of every `scheme://user:pass@…` in it masked as `masked_url`
+/// does: an attempt's error names the URL a redirect went to, which may carry one.
+pub fn masked_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        // The scheme: the letters just before "://".
+        let start = rest[..at].char_indices().rev().find(|(_, c)| !(c.is_ascii_alphanumeric() || "+-.".contains(*c))).map_or(0, |(i, c)| i + c.len_utf8());
+        let authority = at + 3;
+        let end = rest[authority..].find(|c: char| c.is_whitespace() || "/?#)>\"'".contains(c)).map_or(rest.len(), |i| authority + i);
+        out.push_str(&rest[..start]);
+        out.push_str(&masked_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `before` and `after` with their URL fields masked (`masked_url`). A change of the
 /// password alone would mask to the same text, and vanish from the diff: it is marked.
 fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option<Value>) {
@@ -154,6 +172,16 @@ pub async fn for_target(pool: &Pool, target_type: &str, target: &str, actions: &
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn masks_the_passwords_of_urls_in_text() {
+        assert_eq!(
+            masked_urls("redirected (307) to https://u:p@b.example/x: refused; then http://c.example/ and (ftp://v:w@d)"),
+            "redirected (307) to https://u:•••@b.example/x: refused; then http://c.example/ and (ftp://v:•••@d)"
+        );
+        assert_eq!(masked_urls("no url here: a://"), "no url here: a://");
+        assert_eq!(masked_urls("•http://u:p@h"), "•http://u:•••@h");
+    }
 
     #[test]
     fn masks_the_password_of_a_url_only() {

@@ -5,9 +5,11 @@
 //! A single replay (console or API) is audited per task (`task.replay`, target the task's
 //! id). A bulk replay is audited once (`task.bulk_replay`, target the biz type's name, or
 //! "every biz type" from the console, with its filter): writing a row per task would cost
-//! as much as the replay itself at 100,000 tasks. So where the attempts show a replay (a
-//! number that starts again) that no per-task entry explains, the bulk entries of the
-//! task's biz type made in that interval, whose key prefix the task's key matches, name it.
+//! as much as the replay itself at 100,000 tasks; the entry lists the ids of the first 1,000
+//! tasks it replayed. So where the attempts show a replay (a number that starts again) that
+//! no per-task entry explains, the bulk entry of the task's biz type made in that interval
+//! that lists the task names it; past its first 1,000 tasks (or in an entry older than the
+//! lists), the one whose key prefix the task's key matches.
 //! Both reads are ranges of `audit_log_target_idx` (migration 0019) from the task's
 //! creation, at most 200 entries each (a biz type replayed in bulk more often than that
 //! in one task's life has its later bulk replays shown as "who is not recorded").
@@ -122,12 +124,26 @@ fn bulk_between(task: &Task, bulk: &[Entry], since: DateTime<Utc>, until: Option
         let prefix = e.after.as_ref().and_then(|a| a.get("key_prefix")).and_then(|p| p.as_str());
         e.at > since
             && until.is_none_or(|u| e.at <= u + AUDIT_LAG)
-            && prefix.is_none_or(|p| task.key.as_deref().is_some_and(|k| k.starts_with(p)))
+            && lists(e, task).unwrap_or_else(|| prefix.is_none_or(|p| task.key.as_deref().is_some_and(|k| k.starts_with(p))))
     };
     match bulk.iter().find(matches) {
         Some(entry) => Mark::of(entry),
         None => Mark { at: None, actor: String::new(), what: "replay" },
     }
+}
+
+/// Whether a bulk entry's list of the tasks it changed has `task`: None when it cannot say
+/// (no list, or more changed than it lists).
+fn lists(entry: &Entry, task: &Task) -> Option<bool> {
+    let after = entry.after.as_ref()?;
+    let ids = after.get("task_ids")?.as_array()?;
+    let id = task.id.to_string();
+    if ids.iter().any(|listed| listed.as_str() == Some(id.as_str())) {
+        return Some(true);
+    }
+    // The console records the count as "changed", the API as "replayed".
+    let changed = after.get("changed").or_else(|| after.get("replayed"))?.as_u64()?;
+    (changed <= ids.len() as u64).then_some(false)
 }
 
 #[cfg(test)]
@@ -220,6 +236,34 @@ mod tests {
                 "#5 try 1",
             ]
         );
+    }
+
+    /// A bulk entry that lists the tasks it replayed names the task's replay only if it lists
+    /// it; one listing fewer than it replayed falls back to its key prefix.
+    #[test]
+    fn a_bulk_replay_listing_its_tasks_names_only_those() {
+        let t = task(1);
+        let attempts = vec![attempt(1, "2026-11-24T11:00:00Z", false), attempt(1, "2026-11-24T11:30:00Z", false)];
+        let other = Uuid::now_v7().to_string();
+        let by = |actor: &str, mut e: Entry| {
+            e.actor = actor.into();
+            e
+        };
+        let replayed = |at_: &str, ids: Vec<String>, changed: u64| {
+            let after = serde_json::json!({"key_prefix": null, "task_ids": ids, "changed": changed});
+            entry("task.bulk_replay", at_, "orders", Some(after))
+        };
+        let bulk = vec![
+            by("user:ann", replayed("2026-11-24T11:10:00Z", vec![other.clone()], 1)),
+            by("user:bob", replayed("2026-11-24T11:11:00Z", vec![t.id.to_string()], 1)),
+        ];
+        assert_eq!(rows(&events(&t, attempts.clone(), Audited { own: vec![], bulk })), ["#1 try 1", "bulk replay by \"user:bob\"", "#2 try 1"]);
+
+        let bulk = vec![by("user:ann", replayed("2026-11-24T11:10:00Z", vec![other.clone()], 1))];
+        assert_eq!(rows(&events(&t, attempts.clone(), Audited { own: vec![], bulk })), ["#1 try 1", "replay by \"\"", "#2 try 1"], "an entry that does not list it");
+
+        let bulk = vec![by("user:ann", replayed("2026-11-24T11:10:00Z", vec![other], 1_001))];
+        assert_eq!(rows(&events(&t, attempts, Audited { own: vec![], bulk })), ["#1 try 1", "bulk replay by \"user:ann\"", "#2 try 1"], "its list is cut short");
     }
 
     /// Replayed after its last attempt and not attempted since: the mark closes the list.

@@ -346,8 +346,8 @@ async fn task_page(
     req: &HttpRequest,
     session: &Session,
     state: &AppState,
-    task: Task,
-    attempts: Vec<Attempt>,
+    mut task: Task,
+    mut attempts: Vec<Attempt>,
     zone: String,
     run_at: String,
     errors: Vec<(String, String)>,
@@ -355,9 +355,20 @@ async fn task_page(
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
     let payload = super::pretty_json(&task.payload);
     let others = tasks::others_with_key(&state.pool, &task).await?;
-    let notices = failure_notices::for_task(&state.pool, task.id).await?;
+    let mut notices = failure_notices::for_task(&state.pool, task.id).await?;
     let holding = tasks::holding(&state.pool, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
     let audited = history::Audited::read(&state.pool, &task).await?;
+    if !session.is_admin() {
+        // A redirect's target, in the attempt and its error, may carry `user:pass@`.
+        task.last_error = task.last_error.as_deref().map(audit::masked_urls);
+        for n in &mut notices {
+            n.last_error = n.last_error.as_deref().map(audit::masked_urls);
+        }
+        for a in &mut attempts {
+            a.redirected_to = a.redirected_to.as_deref().map(audit::masked_url);
+            a.error = a.error.as_deref().map(audit::masked_urls);
+        }
+    }
     let events = history::events(&task, attempts, audited);
     let page = TaskPage {
         ctx: Ctx::new(session, req, "tasks"),

@@ -189,6 +189,38 @@ async fn passwords_in_urls_are_masked_for_support_and_in_the_audit_log() {
     assert_eq!(after["failure_url"], "http://fail:•••@127.0.0.1:9/failed", "unchanged, so not marked");
 }
 
+/// A redirect's target is recorded with the attempt (where it went, or in the error when it
+/// is not followed); a password in it is masked for support staff on the task page, as a
+/// callback URL's is. Real redirects, from a real receiver.
+#[tokio::test]
+async fn passwords_in_redirect_targets_are_masked_for_support_on_the_task_page() {
+    let app = crate::helpers::spawn_node().await;
+    let target = Receiver::start(vec![], Answer::status(200)).await;
+    let port = target.url.rsplit(':').next().unwrap().split('/').next().unwrap().to_string();
+    let followed = Receiver::start(vec![], Answer::redirect(307, &format!("http://hook:s3cret-a@127.0.0.1:{port}/moved"))).await;
+    let refused = Receiver::start(vec![], Answer::redirect(302, &format!("http://hook:s3cret-b@127.0.0.1:{port}/moved"))).await;
+    let mut ids = vec![];
+    for (name, receiver, max_attempts) in [("followed", &followed, 5), ("refused", &refused, 1)] {
+        let settings = Settings { callback_url: Some(receiver.url.clone()), max_attempts: Some(max_attempts), ..Settings::default() };
+        biz_types::create(&app.pool, name, &settings, CallbackHosts::Any).await.unwrap();
+        let token = biz_types::create_token(&app.pool, name).await.unwrap();
+        let id = app.create_task(&token, json!({"biz_type": name})).await["id"].as_str().unwrap().to_string();
+        let done = if name == "followed" { "succeeded" } else { "failed" };
+        crate::delivery::wait_for_status(&app, &token, &id, done).await;
+        ids.push(id);
+    }
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let helen = support_user(&app).await;
+    for (id, secret) in ids.iter().zip(["s3cret-a", "s3cret-b"]) {
+        let path = format!("/console/tasks/{id}");
+        assert!(admin.get(&path).await.body.contains(secret), "an admin sees where it went");
+        let page = helen.get(&path).await;
+        assert_eq!(page.status, 200);
+        assert!(!page.body.contains("s3cret"), "{path}: {}", page.body);
+        assert!(page.body.contains(&format!("http://hook:•••@127.0.0.1:{port}/moved")), "{path}: {}", page.body);
+    }
+}
+
 /// A timer's page lists its occurrences due by now, newest first, with their state and
 /// attempts; its "Tasks" link lists its occurrences only (other tasks of the biz type are
 /// left out). A timer filter that is not a UUID, or without a biz type, is refused on the

@@ -147,6 +147,9 @@ impl Bench {
 
         timers::delete_all(&self.pool, biz.id).await?;
         load::delete_all(&self.pool, biz.id).await?;
+        if delivered < expected {
+            bail!("{} of {expected} timer occurrences due in the measured window were not delivered (the figures above say how far behind the leader was; the node logs say why)", expected - delivered);
+        }
         Ok(())
     }
 

@@ -372,6 +372,10 @@ async fn materialize_pass(pool: &Pool, window: std::time::Duration, only: Option
             .await?
         }
     };
+    if rows.is_empty() {
+        // Nothing due: the usual tick, one statement (the transaction rolls back, unused).
+        return Ok(Pass { written: 0, more: false });
+    }
     let mut more = only.is_none() && rows.len() >= TIMERS_PER_PASS;
     let mut occurrences = crate::tasks::Occurrences::default();
     // Per timer: its id, key, how many occurrences were planned, and its new materialized_until.

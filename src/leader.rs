@@ -279,7 +279,10 @@ pub async fn complete_indexes(direct: &Pool) -> u32 {
 
 /// Writes the timers' occurrences due within `window` as tasks (every tick).
 pub async fn materialize_timers(pool: &Pool, window: Duration) {
-    match timers::materialize_due(pool, window).await {
+    let started = Instant::now();
+    let written = timers::materialize_due(pool, window).await;
+    metrics::timers_materialized(started.elapsed().as_secs_f64());
+    match written {
         Ok(0) => {}
         Ok(n) => metrics::housekeeping(0, n, 0),
         Err(e) => tracing::warn!(error = %e, "could not write timer occurrences; retrying"),

@@ -100,6 +100,8 @@ struct Process {
     leader: Family<NodeLabel, Gauge>,
     cold_moved: Counter,
     occurrences: Counter,
+    /// How long each leader tick spent writing timer occurrences.
+    materialize_seconds: Histogram,
     partitions_dropped: Counter,
     /// Failure notices by biz type and outcome (`failure_notices`).
     failure_notices: Family<NoticeOutcome, Counter>,
@@ -135,6 +137,7 @@ fn process() -> &'static Process {
             leader: Family::default(),
             cold_moved: Counter::default(),
             occurrences: Counter::default(),
+            materialize_seconds: Histogram::new(SECONDS_BUCKETS),
             partitions_dropped: Counter::default(),
             failure_notices: Family::default(),
         };
@@ -157,6 +160,11 @@ fn process() -> &'static Process {
         r.register("chime_leader", "1 if this node is the cluster's leader", p.leader.clone());
         r.register("chime_cold_tasks_moved", "Tasks moved from cold storage into the hot partitions by this node", p.cold_moved.clone());
         r.register("chime_timer_occurrences", "Timer occurrences written as tasks by this node", p.occurrences.clone());
+        r.register(
+            "chime_timer_materialize_seconds",
+            "Time this node spent writing timer occurrences per leader tick (those with nothing due included)",
+            p.materialize_seconds.clone(),
+        );
         r.register("chime_partitions_dropped", "Partitions dropped past retention by this node", p.partitions_dropped.clone());
         r.register("chime_failure_notices", "Failure notice attempts by outcome: delivered, retried, failed (for good)", p.failure_notices.clone());
         Process { registry: r, ..p }
@@ -231,6 +239,11 @@ pub fn housekeeping(cold_moved: u64, occurrences: u64, partitions_dropped: u64) 
     p.cold_moved.inc_by(cold_moved);
     p.occurrences.inc_by(occurrences);
     p.partitions_dropped.inc_by(partitions_dropped);
+}
+
+/// One leader tick's writing of timer occurrences took this long.
+pub fn timers_materialized(seconds: f64) {
+    process().materialize_seconds.observe(seconds);
 }
 
 /// One node's metrics: its HTTP requests and database pool, and, while it leads, the

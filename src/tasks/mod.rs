@@ -48,6 +48,7 @@
 mod batcher;
 pub mod bulk;
 mod create;
+mod occurrences;
 pub mod lease;
 pub mod load;
 mod payload;
@@ -59,6 +60,7 @@ pub mod wake;
 
 pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};
+pub use occurrences::{Occurrences, insert_occurrences};
 pub use replace::OnConflict;
 pub use payload::{check_payload, containment};
 pub use queries::{

@@ -314,3 +314,65 @@ async fn after_downtime_catch_up_fires_one_occurrence_or_none() {
         assert!(found.iter().filter(|o| o.1 > now).count() >= 10, "the coming window is written as usual");
     }
 }
+
+/// More timers than one pass takes (1,000 timers, 10,000 occurrences) are all written by
+/// the leader's passes: every timer gets its whole window, each fire time once, with its
+/// own payload, and a further pass finds nothing due. No node runs on this database, so
+/// the passes here are the only writers.
+#[tokio::test]
+async fn many_timers_are_written_in_passes_each_occurrence_once() {
+    let pool = chime::db::connect(&crate::helpers::fresh_database().await, 4).await.unwrap();
+    let settings = chime::biz_types::Settings { callback_url: Some("http://127.0.0.1:9/".into()), ..Default::default() };
+    let biz = chime::biz_types::create(&pool, "reports", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+    // 1,500 every-minute timers in three zones (second i % 60), and 30 every-second ones.
+    sqlx::query(
+        "INSERT INTO timers (id, biz_type_id, key, cron, timezone, payload, materialized_until)
+         SELECT gen_random_uuid(), $1, 'm' || i, (i % 60) || ' * * * * *',
+                (ARRAY['UTC', 'Asia/Shanghai', 'America/New_York'])[1 + i % 3], jsonb_build_object('i', i), now()
+           FROM generate_series(1, 1500) i
+         UNION ALL
+         SELECT gen_random_uuid(), $1, 's' || i, '* * * * * *', 'Europe/Berlin', jsonb_build_object('i', i), now()
+           FROM generate_series(1, 30) i",
+    )
+    .bind(biz.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut written = 0;
+    for _ in 0..100 {
+        let n = timers::materialize_due(&pool, WINDOW).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        written += n;
+    }
+    // (key, occurrences, distinct fire times, seconds from the first to the last, all right)
+    let per_timer: Vec<(String, i64, i64, f64, bool)> = sqlx::query_as(
+        "SELECT t.key, count(o.id), count(DISTINCT o.run_at), extract(epoch FROM max(o.run_at) - min(o.run_at))::float8, bool_and(o.payload = t.payload AND o.key = t.key || '@' || to_char(o.run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'))
+           FROM timers t LEFT JOIN all_tasks o ON o.timer_id = t.id GROUP BY t.key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(per_timer.len(), 1530);
+    // A timer's first pass also writes the fire times since it was created (late, not
+    // missed), so a slow pass adds a few.
+    for (key, count, distinct, span, right) in &per_timer {
+        assert_eq!(count, distinct, "{key}: no fire time twice");
+        assert!(right, "{key}: each occurrence carries its timer's payload and key");
+        if key.starts_with('m') {
+            assert!((10..=12).contains(count), "{key}: once a minute over the 600 s window: {count}");
+        } else {
+            assert!((600..=660).contains(count), "{key}: once a second over the 600 s window: {count}");
+            assert_eq!(*span as i64 + 1, *count, "{key}: every second from the first to the last, no gap");
+        }
+    }
+    let total: i64 = per_timer.iter().map(|t| t.1).sum();
+    assert_eq!(written as i64, total, "the passes counted what they wrote");
+    let behind: i64 = sqlx::query_scalar("SELECT count(*) FROM timers WHERE materialized_until < now() + interval '540 seconds'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(behind, 0, "every timer's window is written to its end");
+    assert_eq!(timers::materialize_due(&pool, WINDOW).await.unwrap(), 0, "nothing is due any more");
+}

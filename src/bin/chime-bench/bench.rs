@@ -8,7 +8,10 @@
 //! - burst: tasks all due at one instant; rate from the due instant until the last
 //!   success is recorded, and how late the first callback came;
 //! - steady: tasks due at an even rate; how late each callback came;
-//! - backlog: writes millions of future and finished tasks, then repeats burst and steady.
+//! - backlog: writes millions of future and finished tasks, then repeats burst and steady;
+//! - timers: cron timers, their occurrences' lateness and steady beside them (`timers.rs`).
+//!
+//! Burst and timers also report the nodes' memory (RSS): at rest and at its peak.
 //!
 //! Times come from one clock: the receiver's arrival times and the database's, on the
 //! same machine. Tasks due in the future are created before they are due, so creating
@@ -28,9 +31,13 @@ use chime::embedded_pg;
 use chime::tasks::load;
 
 use crate::cli::{BenchArgs, BenchScenario};
+use crate::memory;
 use crate::nodes::Nodes;
 use crate::receiver::{Arrival, Receiver};
 use crate::report::{Report, Target};
+
+#[path = "timers.rs"]
+mod timers;
 
 const BATCH: usize = 1000;
 /// Create-scenario tasks are due this far ahead: they are never delivered during the run.
@@ -121,6 +128,7 @@ impl Bench {
             wants(BenchScenario::Steady),
             wants(BenchScenario::Backlog),
         );
+        let timers = wants(BenchScenario::Timers);
         let counts = self.args.nodes.clone();
         for (i, &nodes) in counts.iter().enumerate() {
             self.nodes.ensure(nodes as usize).await?;
@@ -137,6 +145,9 @@ impl Bench {
                 }
                 if steady || backlog && i == 0 {
                     self.steady(run, "steady").await?;
+                }
+                if i == 0 && timers {
+                    self.timers(run).await?;
                 }
             }
         }
@@ -291,16 +302,22 @@ impl Bench {
         // Time to create the tasks (about 25k/s at worst) before they fall due.
         let lead = TimeDelta::milliseconds(1500 + total as i64 / 25);
         let due = Utc::now() + lead;
+        let pids = self.nodes.pids();
+        let at_rest = memory::max_rss_mib(&pids);
+        let memory = memory::Sampler::start(pids);
         self.create_due(&biz, &vec![due; total]).await?;
         if Utc::now() > due {
             bail!("creating {total} tasks took longer than the {} ms allowed; use a smaller --burst-tasks", lead.num_milliseconds());
         }
         let (arrivals, last_recorded) = self.wait_delivered(&biz, total, Duration::from_secs(60 + total as u64 / 1000)).await?;
+        let peak = memory.peak().await;
         let first = arrivals.iter().map(|a| a.at).min().expect("at least one arrival");
         let rate = total as f64 / secs(last_recorded - due);
         self.report.add(scenario, nodes, &format!("burst of {total}: delivery rate"), "tasks/s", rate, Some(Target::AtLeast(15_000.0)));
         self.report.add(scenario, nodes, "burst: first callback after due", "ms", ms(first - due), Some(Target::AtMost(10.0)));
         self.report.add(scenario, nodes, "burst: duplicates", "tasks", (arrivals.len() - distinct(&arrivals)) as f64, None);
+        self.report.add(scenario, nodes, "node RSS at rest, before the burst", "MiB", at_rest.unwrap_or(f64::NAN), None);
+        self.report.add(scenario, nodes, "node RSS peak, creating and delivering the burst (sampled every 100 ms)", "MiB", peak.unwrap_or(f64::NAN), None);
         self.report.burst_series(&format!("{scenario}, {nodes} node{}", plural(nodes)), due, &arrivals);
         Ok(())
     }

@@ -41,10 +41,13 @@ pub enum Tool {
     durable settings as `chime serve` and removes it at the end. With DATABASE_URL, use a scratch database: the \
     bench adds biz types named bench-* and leaves their tasks behind.\n\n\
     Example, the README's figures: chime bench --runs 3 --svg docs/bench.svg\n\
-    Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1")]
+    Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1\n\
+    100,000 cron timers:        CHIME_TIMER_WINDOW_SECS=120 chime bench --scenarios timers --nodes 1")]
 pub struct BenchArgs {
     /// Scenarios to run, in this order: create-single, create-batch, burst, steady, backlog
-    /// (backlog fills the table, then repeats burst and steady on it).
+    /// (backlog fills the table, then repeats burst and steady on it), timers (cron timers
+    /// beside steady, on the first node count; set CHIME_TIMER_WINDOW_SECS to change how far
+    /// ahead the leader writes their occurrences).
     #[arg(long, value_delimiter = ',', default_value = "create-single,create-batch,burst,steady")]
     pub scenarios: Vec<BenchScenario>,
 
@@ -91,6 +94,14 @@ pub struct BenchArgs {
     /// Finished tasks written before backlog repeats burst and steady.
     #[arg(long, default_value_t = 5_000_000)]
     pub backlog_finished: u64,
+
+    /// Cron timers in the timers scenario: four fifths every minute, one fifth daily.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
+    pub timers: u32,
+
+    /// Seconds the timers scenario measures their occurrences (steady runs beside them).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u32).range(20..=3600))]
+    pub timers_secs: u32,
 
     /// Bytes of each task's payload (a JSON object with a string of about this size).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=65_000))]
@@ -162,4 +173,5 @@ pub enum BenchScenario {
     Burst,
     Steady,
     Backlog,
+    Timers,
 }

@@ -10,6 +10,7 @@
 
 mod bench;
 mod cli;
+mod memory;
 mod nodes;
 mod receiver;
 mod report;

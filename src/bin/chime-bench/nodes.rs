@@ -43,6 +43,11 @@ impl Nodes {
         self.nodes.iter()
     }
 
+    /// The process ids of the running nodes (for their memory).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().filter_map(|n| n.child.id()).collect()
+    }
+
     /// Starts or stops nodes until `count` run.
     pub async fn ensure(&mut self, count: usize) -> anyhow::Result<()> {
         self.stop(count).await;

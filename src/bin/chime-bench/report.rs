@@ -102,6 +102,11 @@ impl Report {
         f.met = f.target.map(|t| t.met(f.median));
     }
 
+    /// The median so far of the figure of `scenario` whose metric contains `metric`.
+    pub fn median_of(&self, scenario: &str, nodes: u32, metric: &str) -> Option<f64> {
+        self.figures.iter().find(|f| f.scenario == scenario && f.nodes == nodes && f.metric.contains(metric)).map(|f| f.median)
+    }
+
     /// Adds the backlog's figures relative to the empty table's, as percentages.
     pub fn compare_backlog(&mut self, nodes: u32) {
         let pairs: Vec<(String, f64, f64)> = self

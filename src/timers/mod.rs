@@ -359,7 +359,7 @@ pub async fn materialize(pool: &Pool, id: Uuid, window: std::time::Duration) -> 
         let key = occurrence_key(&timer.key, *fire);
         rows.push(Uuid::now_v7(), Some(key), crate::tasks::When::At(*run_at), timer.payload.get(), hash.clone());
     }
-    let written = crate::tasks::insert(&mut *tx, timer.biz_type_id, &timer.biz_type, Some(id), &rows).await?.len();
+    let written = crate::tasks::insert(&mut *tx, timer.biz_type_id, Some(id), &rows).await?.len();
     if written < occurrences.len() {
         tracing::warn!(timer = %id, key = %timer.key, skipped = occurrences.len() - written,
             "some occurrence keys were already taken (by a task created with the same key); those occurrences are skipped");

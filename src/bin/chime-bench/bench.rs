@@ -4,7 +4,7 @@
 //!
 //! Scenarios:
 //! - create-single: tasks created one per request by many clients;
-//! - create-batch: tasks created 1000 per request;
+//! - create-batch: tasks created 1000 per request, unkeyed then keyed;
 //! - burst: tasks all due at one instant; rate from the due instant until the last
 //!   success is recorded, and how late the first callback came;
 //! - steady: tasks due at an even rate; how late each callback came;

@@ -64,7 +64,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub single_clients: u32,
 
-    /// Tasks created in batches of 1000 in create-batch.
+    /// Tasks created in batches of 1000 in create-batch (unkeyed, and as many keyed).
     #[arg(long, default_value_t = 200_000)]
     pub batch_tasks: u32,
 

@@ -145,18 +145,51 @@ impl<'a> Rows<'a> {
     }
 }
 
+/// What the database decided about a task `insert` made; the rest is what the caller gave.
+#[derive(Debug, Clone, Copy)]
+pub struct Inserted {
+    pub id: Uuid,
+    pub run_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Inserted {
+    /// The new task, made by a client's create (no timer's): pending, never tried, made of
+    /// `item` (whose payload it takes).
+    pub fn task(self, biz_type_id: i32, biz_type: &str, item: &mut NewTask) -> Task {
+        Task {
+            id: self.id,
+            biz_type_id,
+            biz_type: biz_type.to_string(),
+            key: item.key.clone(),
+            run_at: self.run_at,
+            payload: std::mem::take(&mut item.payload),
+            status: super::Status::Pending,
+            attempt_count: 0,
+            timer_id: None,
+            last_error: None,
+            created_at: self.created_at,
+            updated_at: self.created_at,
+            finished_at: None,
+            expires_at: self.expires_at,
+            traceparent: item.traceparent.clone(),
+        }
+    }
+}
+
 /// Inserts tasks of one biz type, occurrences of `timer_id` or of none, in one statement
-/// (`sql/insert.sql`): the one way a task row is made. Returns the tasks created, their
-/// payloads left out (the caller has them); a row whose key was already taken is not
-/// created, and the caller tells a repeat from a conflict.
+/// (`sql/insert.sql`): the one way a task row is made. Returns what the database decided
+/// of each task created (the caller has the rest); a row whose key was already taken is
+/// not created, and the caller tells a repeat from a conflict.
 pub async fn insert<'e>(
     db: impl sqlx::PgExecutor<'e>,
     biz_type_id: i32,
-    biz_type: &str,
     timer_id: Option<Uuid>,
     rows: &Rows<'_>,
-) -> Result<Vec<Task>, sqlx::Error> {
-    crate::db::query_as(include_str!("sql/insert.sql"))
+) -> Result<Vec<Inserted>, sqlx::Error> {
+    // Columns by position: a row of four decodes in a fraction of the time by name.
+    let found: Vec<(Uuid, DateTime<Utc>, Option<DateTime<Utc>>, DateTime<Utc>)> = crate::db::query_as(include_str!("sql/insert.sql"))
         .bind(biz_type_id)
         .bind(&rows.ids)
         .bind(&rows.keys)
@@ -165,13 +198,13 @@ pub async fn insert<'e>(
         .bind(&rows.payloads)
         .bind(&rows.request_hashes)
         .bind(timer_id)
-        .bind(biz_type)
         .bind(super::wake::CHANNEL)
         .bind(&rows.expires_ats)
         .bind(&rows.ttls)
         .bind(&rows.traceparents)
         .fetch_all(db)
-        .await
+        .await?;
+    Ok(found.into_iter().map(|(id, run_at, expires_at, created_at)| Inserted { id, run_at, expires_at, created_at }).collect())
 }
 
 #[derive(Debug)]
@@ -213,8 +246,9 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
             rows.push_new(id, item);
         }
     }
-    let created = insert(pool, biz_type_id, biz_type, None, &rows).await?;
-    let mut created: HashMap<Uuid, Task> = created.into_iter().map(|t| (t.id, t)).collect();
+    let created = insert(pool, biz_type_id, None, &rows).await?;
+    drop(rows);
+    let mut created: HashMap<Uuid, Inserted> = created.into_iter().map(|t| (t.id, t)).collect();
     let taken_keys: Vec<String> = items
         .iter()
         .zip(&id_of_item)
@@ -241,9 +275,8 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
             } else {
                 CreateOutcome::Failed(key_conflict(&items[i]))
             }
-        } else if let Some(mut task) = created.remove(&id_of_item[i]) {
-            task.payload = std::mem::take(&mut items[i].payload);
-            CreateOutcome::Created(task)
+        } else if let Some(inserted) = created.remove(&id_of_item[i]) {
+            CreateOutcome::Created(inserted.task(biz_type_id, biz_type, &mut items[i]))
         } else {
             let item = &items[i];
             match (item.on_conflict, item.key.as_deref().and_then(|k| existing.get(k))) {

@@ -16,6 +16,7 @@ use crate::db::{self, Pool};
 pub async fn delete_all(pool: &Pool, biz_type_id: i32) -> Result<u64, sqlx::Error> {
     // Hot tasks only: the create scenarios' tasks are due well before the hot horizon.
     let done = db::query("DELETE FROM tasks WHERE biz_type_id = $1").bind(biz_type_id).execute(pool).await?;
+    db::query("DELETE FROM task_keys WHERE biz_type_id = $1").bind(biz_type_id).execute(pool).await?;
     Ok(done.rows_affected())
 }
 

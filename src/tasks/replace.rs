@@ -115,9 +115,9 @@ async fn give_key(
             .await?;
     let mut rows = Rows::default();
     rows.push_new(Uuid::now_v7(), item);
-    let created = insert(&mut *tx, biz_type_id, biz_type, None, &rows).await?.pop();
+    let created = insert(&mut *tx, biz_type_id, None, &rows).await?.pop();
     drop(rows);
-    let Some(mut task) = created else {
+    let Some(inserted) = created else {
         return Ok(None);
     };
     let mut earlier = earlier.unwrap_or_default();
@@ -130,6 +130,5 @@ async fn give_key(
             .execute(&mut *tx)
             .await?;
     }
-    task.payload = std::mem::take(&mut item.payload);
-    Ok(Some(CreateOutcome::Created(task)))
+    Ok(Some(CreateOutcome::Created(inserted.task(biz_type_id, biz_type, item))))
 }

@@ -182,6 +182,108 @@ async fn batch_holds_up_to_1000_tasks() {
     assert_eq!(reply.status, 422);
 }
 
+/// A new task is answered from what the client sent and what the database decided at the
+/// insert (not read back): the answer is the task exactly as GET then shows it, every
+/// field, whether it went to a hot partition or to cold storage, alone or in a batch.
+#[tokio::test]
+async fn a_created_task_is_answered_as_it_is_stored() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let next_year = (Utc::now() + Duration::days(365)).to_rfc3339();
+    let single = app
+        .client
+        .post(format!("{}/api/v1/tasks", app.address))
+        .bearer_auth(&token)
+        .header("traceparent", parent)
+        .json(&json!({"biz_type": "orders", "key": "k-1", "delay_ms": 60000, "ttl_ms": 5000, "payload": {"order": 1, "n": 1.50}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(single.status(), 201);
+    let mut answered = vec![single.json::<Value>().await.unwrap()];
+    let batch = app
+        .post(
+            "/api/v1/tasks/batch",
+            &token,
+            json!({"tasks": [
+                {"biz_type": "orders", "run_at": next_year, "expires_at": (Utc::now() + Duration::days(366)).to_rfc3339(), "payload": [1, "two"]},
+                {"biz_type": "orders", "key": "k-2"},
+            ]}),
+        )
+        .await;
+    assert_eq!(batch.status, 200, "{}", batch.body);
+    answered.extend(batch.body["results"].as_array().unwrap().iter().map(|r| r["task"].clone()));
+    assert_eq!(app.table_of(answered[1]["id"].as_str().unwrap()).await, "tasks_cold");
+
+    for task in answered {
+        let mut got = app.get(&format!("/api/v1/tasks/{}", task["id"].as_str().unwrap()), &token).await.body;
+        got.as_object_mut().unwrap().remove("attempts");
+        assert_eq!(got, task, "GET shows the task as its create answered it");
+    }
+}
+
+/// With `"results": "ids"`, a created or repeated item answers its status and id only, the
+/// id of the task it names; a failed item answers as without it. `"tasks"` or null is the
+/// default, the whole task.
+#[tokio::test]
+async fn batch_answers_ids_only_when_asked() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let old = app.create_task(&token, json!({"biz_type": "orders", "key": "old"})).await;
+    let items = json!([
+        {"biz_type": "orders", "key": "a", "payload": 1},
+        {"biz_type": "orders", "key": "old"},
+        {"biz_type": "orders", "key": "old", "payload": "changed"},
+        {"biz_type": "orders", "delay_ms": -1},
+        {"biz_type": "nosuch"},
+        {"biz_type": "orders"},
+    ]);
+    let reply = app.post("/api/v1/tasks/batch", &token, json!({"tasks": items, "results": "ids"})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let results = reply.body["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [201, 200, 409, 422, 404, 201]);
+    for i in [0, 1, 5] {
+        let fields: Vec<&String> = results[i].as_object().unwrap().keys().collect();
+        assert_eq!(fields, ["id", "status"], "{}", results[i]);
+    }
+    assert_eq!(results[1]["id"], old["id"], "a repeat names the task its key holds");
+    let a = app.get(&format!("/api/v1/tasks/{}", results[0]["id"].as_str().unwrap()), &token).await;
+    assert_eq!((a.status, &a.body["key"], &a.body["payload"]), (200, &json!("a"), &json!(1)));
+    let unkeyed = app.get(&format!("/api/v1/tasks/{}", results[5]["id"].as_str().unwrap()), &token).await;
+    assert_eq!((unkeyed.status, &unkeyed.body["key"]), (200, &Value::Null));
+
+    // The failed items, and repeats, answer the same without the option.
+    let full = app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+    let full = full.body["results"].as_array().unwrap();
+    for i in [2, 3, 4] {
+        assert_eq!(results[i], full[i], "a failed item answers the same either way");
+    }
+    assert_eq!(full[0]["task"]["id"], results[0]["id"], "a repeat of the first item");
+    assert_eq!(full[0]["status"], 200);
+    for results in [json!("tasks"), Value::Null] {
+        let reply = app.post("/api/v1/tasks/batch", &token, json!({"tasks": [{"biz_type": "orders"}], "results": results})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.body["results"][0]["status"], 201);
+        assert_eq!(reply.body["results"][0]["task"]["status"], "pending", "{}", reply.body);
+    }
+}
+
+/// `results` other than `tasks` or `ids` is refused (422, naming it), and nothing is created.
+#[tokio::test]
+async fn batch_refuses_an_unknown_results_option() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    for results in [json!("id"), json!("IDS"), json!(""), json!(1), json!(["ids"])] {
+        let reply = app.post("/api/v1/tasks/batch", &token, json!({"tasks": [{"biz_type": "orders"}], "results": results})).await;
+        assert_eq!((reply.status, reply.code()), (422, "invalid_argument"), "{results}: {}", reply.body);
+        assert!(reply.message().starts_with("results: "), "{results}: {}", reply.message());
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(count, 0);
+}
+
 /// A task due within the hot horizon lands in that day's partition; one due next year in
 /// cold storage. Both are found by id and listed.
 #[tokio::test]

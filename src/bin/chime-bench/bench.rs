@@ -4,7 +4,7 @@
 //!
 //! Scenarios:
 //! - create-single: tasks created one per request by many clients;
-//! - create-batch: tasks created 1000 per request;
+//! - create-batch: tasks created 1000 per request, unkeyed then keyed;
 //! - burst: tasks all due at one instant; rate from the due instant until the last
 //!   success is recorded, and how late the first callback came;
 //! - steady: tasks due at an even rate; how late each callback came;
@@ -225,21 +225,34 @@ impl Bench {
         self.delete_tasks(&biz).await
     }
 
+    /// Unkeyed tasks, then (in a biz type of their own) keyed ones: a key costs an insert
+    /// into task_keys and a check that it is free.
     async fn create_batch(&mut self, run: u32) -> anyhow::Result<()> {
-        let biz = self.new_biz_type(&format!("create-batch-{run}")).await?;
-        let total = self.args.batch_tasks as usize;
-        let run_at = Utc::now() + TimeDelta::milliseconds(CREATE_DELAY_MS);
-        let started = Instant::now();
-        self.create_due(&biz, &vec![run_at; total]).await?;
-        let rate = total as f64 / started.elapsed().as_secs_f64();
-        let metric = format!("create, {BATCH} tasks per request, {} clients", self.args.batch_clients);
-        self.report.add("create-batch", self.nodes.len() as u32, &metric, "tasks/s", rate, Some(Target::AtLeast(100_000.0)));
-        self.delete_tasks(&biz).await
+        for keyed in [false, true] {
+            let biz = self.new_biz_type(&format!("create-batch{}-{run}", if keyed { "-keyed" } else { "" })).await?;
+            let total = self.args.batch_tasks as usize;
+            let run_at = Utc::now() + TimeDelta::milliseconds(CREATE_DELAY_MS);
+            let started = Instant::now();
+            self.create_batches(&biz, &vec![run_at; total], keyed).await?;
+            let rate = total as f64 / started.elapsed().as_secs_f64();
+            let keys = if keyed { ", keyed" } else { "" };
+            let metric = format!("create, {BATCH} tasks per request{keys}, {} clients", self.args.batch_clients);
+            self.report.add("create-batch", self.nodes.len() as u32, &metric, "tasks/s", rate, Some(Target::AtLeast(100_000.0)));
+            self.delete_tasks(&biz).await?;
+        }
+        Ok(())
     }
 
     /// Creates one task per `run_at` through the batch API, `batch_clients` requests at a
     /// time spread over the nodes.
     async fn create_due(&self, biz: &Biz, run_ats: &[DateTime<Utc>]) -> anyhow::Result<()> {
+        self.create_batches(biz, run_ats, false).await
+    }
+
+    /// `create_due`, each task with a key of its own if `keyed`. The answers hold what
+    /// `--batch-results` says (by default ids only, as a client that keeps nothing else
+    /// would ask).
+    async fn create_batches(&self, biz: &Biz, run_ats: &[DateTime<Utc>], keyed: bool) -> anyhow::Result<()> {
         let chunks: Arc<Vec<String>> = Arc::new(
             run_ats
                 .chunks(BATCH)
@@ -249,15 +262,21 @@ impl Bench {
                         .iter()
                         .enumerate()
                         .map(|(i, at)| {
+                            let n = c * BATCH + i;
+                            let key = if keyed { format!(r#""key":"task-{n}","#) } else { String::new() };
                             format!(
-                                r#"{{"biz_type":"{}","run_at":"{}","payload":{}}}"#,
+                                r#"{{"biz_type":"{}",{key}"run_at":"{}","payload":{}}}"#,
                                 biz.name,
                                 at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-                                self.payload(c * BATCH + i)
+                                self.payload(n)
                             )
                         })
                         .collect();
-                    format!(r#"{{"tasks":[{}]}}"#, items.join(","))
+                    // The default left out, so that `tasks` also measures a release without the option.
+                    match self.args.batch_results.as_str() {
+                        "tasks" => format!(r#"{{"tasks":[{}]}}"#, items.join(",")),
+                        results => format!(r#"{{"tasks":[{}],"results":"{results}"}}"#, items.join(",")),
+                    }
                 })
                 .collect(),
         );

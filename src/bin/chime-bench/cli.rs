@@ -67,9 +67,14 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub single_clients: u32,
 
-    /// Tasks created in batches of 1000 in create-batch.
+    /// Tasks created in batches of 1000 in create-batch (unkeyed, and as many keyed).
     #[arg(long, default_value_t = 200_000)]
     pub batch_tasks: u32,
+
+    /// What batch creates ask the answer to hold for each task: `ids` (`"results": "ids"`)
+    /// or `tasks` (the whole task, the API's default).
+    #[arg(long, default_value = "ids", value_parser = ["ids", "tasks"])]
+    pub batch_results: String,
 
     /// Concurrent clients in create-batch (and when creating the burst and steady tasks).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]

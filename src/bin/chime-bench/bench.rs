@@ -8,7 +8,9 @@
 //! - burst: tasks all due at one instant; rate from the due instant until the last
 //!   success is recorded, and how late the first callback came;
 //! - steady: tasks due at an even rate; how late each callback came;
-//! - backlog: writes millions of future and finished tasks, then repeats burst and steady.
+//! - backlog: writes millions of future and finished tasks, then repeats burst and steady;
+//! - scale: writes up to 100M pending tasks over a year (cold storage) and a month of daily
+//!   partitions of finished ones (scale.rs), then repeats burst and steady.
 //!
 //! Times come from one clock: the receiver's arrival times and the database's, on the
 //! same machine. Tasks due in the future are created before they are due, so creating
@@ -114,13 +116,17 @@ struct Bench {
 impl Bench {
     async fn run_all(&mut self) -> anyhow::Result<()> {
         let wants = |s| self.args.scenarios.contains(&s);
-        let (single, batch, burst, steady, backlog) = (
+        let (single, batch, burst, steady, backlog, scale) = (
             wants(BenchScenario::CreateSingle),
             wants(BenchScenario::CreateBatch),
             wants(BenchScenario::Burst),
             wants(BenchScenario::Steady),
             wants(BenchScenario::Backlog),
+            wants(BenchScenario::Scale),
         );
+        // Backlog and scale compare with the empty table's burst and steady, on the first
+        // node count.
+        let loaded = backlog || scale;
         let counts = self.args.nodes.clone();
         for (i, &nodes) in counts.iter().enumerate() {
             self.nodes.ensure(nodes as usize).await?;
@@ -132,10 +138,10 @@ impl Bench {
                 if i == 0 && batch {
                     self.create_batch(run).await?;
                 }
-                if burst || backlog && i == 0 {
+                if burst || loaded && i == 0 {
                     self.burst(run, "burst").await?;
                 }
-                if steady || backlog && i == 0 {
+                if steady || loaded && i == 0 {
                     self.steady(run, "steady").await?;
                 }
             }
@@ -147,7 +153,17 @@ impl Bench {
                 self.burst(run, "backlog burst").await?;
                 self.steady(run, "backlog steady").await?;
             }
-            self.report.compare_backlog(counts[0]);
+            self.report.compare_loaded("backlog", counts[0]);
+        }
+        if scale {
+            self.nodes.ensure(counts[0] as usize).await?;
+            let biz = self.new_biz_type("scale").await?;
+            crate::scale::fill(&self.pool, biz.id, &self.payload(0), &self.args, &mut self.report).await?;
+            for run in 1..=self.args.runs {
+                self.burst(run, "scale burst").await?;
+                self.steady(run, "scale steady").await?;
+            }
+            self.report.compare_loaded("scale", counts[0]);
         }
         Ok(())
     }
@@ -380,7 +396,7 @@ impl Bench {
         let started = Instant::now();
         for (what, count, from, to, finished) in parts {
             let step_us = (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / count.max(1) as f64;
-            let backlog = load::Backlog { biz_type_id: biz.id, from, step_us, payload: &payload, finished };
+            let backlog = load::Backlog { biz_type_id: biz.id, from, step_us, payload: &payload, finished, cold: false };
             let mut written = 0u64;
             while written < count {
                 let n = (count - written).min(1_000_000);

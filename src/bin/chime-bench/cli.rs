@@ -41,10 +41,11 @@ pub enum Tool {
     durable settings as `chime serve` and removes it at the end. With DATABASE_URL, use a scratch database: the \
     bench adds biz types named bench-* and leaves their tasks behind.\n\n\
     Example, the README's figures: chime bench --runs 3 --svg docs/bench.svg\n\
-    Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1")]
+    Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1\n\
+    Flat cost with size:        chime bench --scenarios scale --nodes 1 (100M pending, 30 days of 1M finished)")]
 pub struct BenchArgs {
-    /// Scenarios to run, in this order: create-single, create-batch, burst, steady, backlog
-    /// (backlog fills the table, then repeats burst and steady on it).
+    /// Scenarios to run, in this order: create-single, create-batch, burst, steady, backlog,
+    /// scale (backlog and scale fill the table, then repeat burst and steady on it).
     #[arg(long, value_delimiter = ',', default_value = "create-single,create-batch,burst,steady")]
     pub scenarios: Vec<BenchScenario>,
 
@@ -91,6 +92,20 @@ pub struct BenchArgs {
     /// Finished tasks written before backlog repeats burst and steady.
     #[arg(long, default_value_t = 5_000_000)]
     pub backlog_finished: u64,
+
+    /// Pending tasks written before scale repeats burst and steady, due evenly over the next
+    /// year (nearly all of them in cold storage).
+    #[arg(long, default_value_t = 100_000_000)]
+    pub scale_pending: u64,
+
+    /// Past days whose daily partitions scale writes finished tasks into (at most the
+    /// retention, 30 days by default).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=366))]
+    pub scale_days: u32,
+
+    /// Finished tasks scale writes into each past day's partition.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub scale_finished: u64,
 
     /// Bytes of each task's payload (a JSON object with a string of about this size).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=65_000))]
@@ -162,4 +177,5 @@ pub enum BenchScenario {
     Burst,
     Steady,
     Backlog,
+    Scale,
 }

@@ -13,6 +13,7 @@ mod cli;
 mod nodes;
 mod receiver;
 mod report;
+mod scale;
 mod soak;
 
 use clap::Parser;

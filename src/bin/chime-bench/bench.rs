@@ -53,7 +53,10 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
             Some(_) => None,
             None => Some(Receiver::start(|_| StatusCode::OK).context("starting the bench's receiver")?),
         };
-        let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
+        // Idle connections are dropped well before the nodes' keep-alive (actix-web's 5 s)
+        // closes them: a request sent on one the node is closing fails ("connection closed
+        // before message completed"), which ended runs between scenarios.
+        let client = reqwest::Client::builder().pool_max_idle_per_host(1024).pool_idle_timeout(Duration::from_secs(2)).build()?;
         let nodes = Nodes::new(&url, direct, logs, receiver.is_some(), client.clone());
         let mut bench = Bench {
             client,

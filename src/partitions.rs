@@ -123,6 +123,12 @@ pub fn partition_name(table: &str, from: DateTime<Utc>) -> String {
 /// Creates the partitions from a day ago to `hot_days` ahead and moves the hot horizon to
 /// their end. Safe on many nodes at once. Returns the horizon.
 pub async fn ensure(pool: &Pool, layout: &Layout) -> Result<DateTime<Utc>, sqlx::Error> {
+    ensure_since(pool, layout, BEHIND).await
+}
+
+/// `ensure`, from `behind` ago rather than a day: the partitions that `ensure` made on each
+/// of the past days, as retention keeps them (the bench fills them with finished tasks).
+pub async fn ensure_since(pool: &Pool, layout: &Layout, behind: Duration) -> Result<DateTime<Utc>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     crate::db::query("SELECT pg_advisory_xact_lock($1)").bind(PARTITION_LOCK).execute(&mut *tx).await?;
     // Creating a partition locks its parent for a moment; rather than queue behind a long
@@ -133,7 +139,7 @@ pub async fn ensure(pool: &Pool, layout: &Layout) -> Result<DateTime<Utc>, sqlx:
     let mut created = 0;
     for table in ["tasks", "attempts"] {
         let existing = list(&mut *tx, table).await?;
-        for (from, to) in missing_ranges(layout, &existing, now - BEHIND, end) {
+        for (from, to) in missing_ranges(layout, &existing, now - behind, end) {
             // DDL takes no bind parameters; the values are timestamps we formatted ourselves.
             // Task partitions are queues: rows change state within minutes of arriving, so
             // they are vacuumed and analysed early (stale statistics can make the claim

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use crate::db::{self, Pool};
@@ -60,8 +61,8 @@ pub async fn hot_until(pool: &Pool) -> Result<DateTime<Utc>, sqlx::Error> {
     crate::partitions::horizon(pool).await
 }
 
-/// Backlog rows as years of use would leave them, written straight into `tasks` without the
-/// API: row `i` is due at `from + i * step_us` microseconds.
+/// Backlog rows as years of use would leave them, written straight into `tasks` (or
+/// `tasks_cold`) without the API: row `i` is due at `from + i * step_us` microseconds.
 #[derive(Debug, Clone)]
 pub struct Backlog<'a> {
     pub biz_type_id: i32,
@@ -71,21 +72,30 @@ pub struct Backlog<'a> {
     pub payload: &'a str,
     /// Written as succeeded a second after it was due, else pending.
     pub finished: bool,
+    /// Into `tasks_cold`: every `run_at` is at or after the hot horizon.
+    pub cold: bool,
 }
 
 /// Writes backlog rows `first .. first + count` in one statement.
 pub async fn insert_backlog(pool: &Pool, backlog: &Backlog<'_>, first: u64, count: u64) -> Result<u64, sqlx::Error> {
-    // The caller keeps every `run_at` below the hot horizon (`hot_until`), so the rows go to
-    // `tasks`' partitions. New rows: no lock that a claim waits on, but one statement of up
-    // to a million rows holds its transaction (and the WAL) until it is done.
-    let done = db::query(
-        "INSERT INTO tasks (id, biz_type_id, run_at, first_run_at, payload, status, attempt_count, finished_at)
-         SELECT gen_random_uuid(), $1, r.at, r.at, $5::jsonb,
+    // The caller keeps every `run_at` below the hot horizon (`hot_until`) for `tasks`, at or
+    // after it for `tasks_cold`, so each row is where the layout puts it. New rows: no lock
+    // that a claim waits on, but one statement of up to a million rows holds its
+    // transaction (and the WAL) until it is done. Ids are UUIDv7 of the moment they are
+    // written, as `tasks::create` makes them (Uuid::now_v7): a random id would land on a
+    // random leaf of the primary key, and a load of millions would rewrite the whole index.
+    let table = if backlog.cold { "tasks_cold" } else { "tasks" };
+    let done = db::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id, biz_type_id, run_at, first_run_at, payload, status, attempt_count, finished_at)
+         SELECT (lpad(to_hex(((extract(epoch FROM clock_timestamp()) * 1000)::int8 << 16) | x'7000'::int8
+                             | (random() * 4095)::int8), 16, '0')
+                 || substr(replace(gen_random_uuid()::text, '-', ''), 17))::uuid,
+                $1, r.at, r.at, $5::jsonb,
                 CASE WHEN $6 THEN 'succeeded' ELSE 'pending' END, CASE WHEN $6 THEN 1 ELSE 0 END,
                 CASE WHEN $6 THEN r.at + interval '1 second' END
            FROM generate_series($2::bigint, $2 + $3 - 1) i,
-                LATERAL (SELECT $4::timestamptz + (i * $7::float8) * interval '1 microsecond' AS at) r",
-    )
+                LATERAL (SELECT $4::timestamptz + (i * $7::float8) * interval '1 microsecond' AS at) r"
+    )))
     .bind(backlog.biz_type_id)
     .bind(first as i64)
     .bind(count as i64)
@@ -106,6 +116,37 @@ pub async fn analyze_backlog(pool: &Pool) -> Result<(), sqlx::Error> {
     // EXCLUSIVE on each partition: the nodes' reads and writes go on.
     db::query("VACUUM ANALYZE tasks").execute(pool).await?;
     Ok(())
+}
+
+/// Updates the planner's statistics and the visibility map of both homes of a task after a
+/// large load, as autovacuum would have over the months it stands for (a load of tens of
+/// millions of rows otherwise sets off autovacuum on `tasks_cold` in the middle of the
+/// measurements that follow). Same locks as `analyze_backlog`.
+pub async fn vacuum_loaded(pool: &Pool) -> Result<(), sqlx::Error> {
+    db::query("VACUUM ANALYZE tasks, tasks_cold").execute(pool).await?;
+    Ok(())
+}
+
+/// Bytes on disk: the whole database, `tasks` (every partition, with indexes and TOAST),
+/// `tasks_cold` (the same), and how many partitions `tasks` has.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct Sizes {
+    pub database: i64,
+    pub hot: i64,
+    pub cold: i64,
+    pub partitions: i64,
+}
+
+/// The sizes as PostgreSQL counts them now (reads the catalog and the files' sizes; no lock).
+pub async fn sizes(pool: &Pool) -> Result<Sizes, sqlx::Error> {
+    db::query_as(
+        "SELECT pg_database_size(current_database())::int8 AS database,
+                (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('tasks'))::int8 AS hot,
+                pg_total_relation_size('tasks_cold')::int8 AS cold,
+                (SELECT count(*) FROM pg_partition_tree('tasks') WHERE isleaf)::int8 AS partitions",
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// The soak's timer fire times never written: for each timer of the biz type, every whole

@@ -9,6 +9,8 @@
 //!   success is recorded, and how late the first callback came;
 //! - steady: tasks due at an even rate; how late each callback came;
 //! - backlog: writes millions of future and finished tasks, then repeats burst and steady;
+//! - scale: writes up to 100M pending tasks over a year (cold storage) and a month of daily
+//!   partitions of finished ones (scale.rs), then repeats burst and steady;
 //! - timers: cron timers, their occurrences' lateness and steady beside them (`timers.rs`).
 //!
 //! Burst and timers also report the nodes' memory (RSS): at rest and at its peak.
@@ -58,7 +60,10 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
             Some(_) => None,
             None => Some(Receiver::start(|_| StatusCode::OK).context("starting the bench's receiver")?),
         };
-        let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
+        // Idle connections are dropped well before the nodes' keep-alive (actix-web's 5 s)
+        // closes them: a request sent on one the node is closing fails ("connection closed
+        // before message completed"), which ended runs between scenarios.
+        let client = reqwest::Client::builder().pool_max_idle_per_host(1024).pool_idle_timeout(Duration::from_secs(2)).build()?;
         let nodes = Nodes::new(&url, direct, logs, receiver.is_some(), client.clone());
         let mut bench = Bench {
             client,
@@ -121,14 +126,18 @@ struct Bench {
 impl Bench {
     async fn run_all(&mut self) -> anyhow::Result<()> {
         let wants = |s| self.args.scenarios.contains(&s);
-        let (single, batch, burst, steady, backlog) = (
+        let (single, batch, burst, steady, backlog, scale) = (
             wants(BenchScenario::CreateSingle),
             wants(BenchScenario::CreateBatch),
             wants(BenchScenario::Burst),
             wants(BenchScenario::Steady),
             wants(BenchScenario::Backlog),
+            wants(BenchScenario::Scale),
         );
         let timers = wants(BenchScenario::Timers);
+        // Backlog and scale compare with the empty table's burst and steady, on the first
+        // node count.
+        let loaded = backlog || scale;
         let counts = self.args.nodes.clone();
         for (i, &nodes) in counts.iter().enumerate() {
             self.nodes.ensure(nodes as usize).await?;
@@ -140,10 +149,10 @@ impl Bench {
                 if i == 0 && batch {
                     self.create_batch(run).await?;
                 }
-                if burst || backlog && i == 0 {
+                if burst || loaded && i == 0 {
                     self.burst(run, "burst").await?;
                 }
-                if steady || backlog && i == 0 {
+                if steady || loaded && i == 0 {
                     self.steady(run, "steady").await?;
                 }
                 if i == 0 && timers {
@@ -158,7 +167,17 @@ impl Bench {
                 self.burst(run, "backlog burst").await?;
                 self.steady(run, "backlog steady").await?;
             }
-            self.report.compare_backlog(counts[0]);
+            self.report.compare_loaded("backlog", counts[0]);
+        }
+        if scale {
+            self.nodes.ensure(counts[0] as usize).await?;
+            let biz = self.new_biz_type("scale").await?;
+            crate::scale::fill(&self.pool, biz.id, &self.payload(0), &self.args, &mut self.report).await?;
+            for run in 1..=self.args.runs {
+                self.burst(run, "scale burst").await?;
+                self.steady(run, "scale steady").await?;
+            }
+            self.report.compare_loaded("scale", counts[0]);
         }
         Ok(())
     }
@@ -416,7 +435,7 @@ impl Bench {
         let started = Instant::now();
         for (what, count, from, to, finished) in parts {
             let step_us = (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / count.max(1) as f64;
-            let backlog = load::Backlog { biz_type_id: biz.id, from, step_us, payload: &payload, finished };
+            let backlog = load::Backlog { biz_type_id: biz.id, from, step_us, payload: &payload, finished, cold: false };
             let mut written = 0u64;
             while written < count {
                 let n = (count - written).min(1_000_000);

@@ -42,12 +42,13 @@ pub enum Tool {
     bench adds biz types named bench-* and leaves their tasks behind.\n\n\
     Example, the README's figures: chime bench --runs 3 --svg docs/bench.svg\n\
     Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1\n\
+    Flat cost with size:        chime bench --scenarios scale --nodes 1 (100M pending, 30 days of 1M finished)\n\
     100,000 cron timers:        CHIME_TIMER_WINDOW_SECS=120 chime bench --scenarios timers --nodes 1")]
 pub struct BenchArgs {
-    /// Scenarios to run, in this order: create-single, create-batch, burst, steady, backlog
-    /// (backlog fills the table, then repeats burst and steady on it), timers (cron timers
-    /// beside steady, on the first node count; set CHIME_TIMER_WINDOW_SECS to change how far
-    /// ahead the leader writes their occurrences).
+    /// Scenarios to run, in this order: create-single, create-batch, burst, steady, timers
+    /// (cron timers beside steady, on the first node count; set CHIME_TIMER_WINDOW_SECS to
+    /// change how far ahead the leader writes their occurrences), backlog, scale (backlog
+    /// and scale fill the table, then repeat burst and steady on it).
     #[arg(long, value_delimiter = ',', default_value = "create-single,create-batch,burst,steady")]
     pub scenarios: Vec<BenchScenario>,
 
@@ -107,6 +108,19 @@ pub struct BenchArgs {
     /// Seconds the timers scenario measures their occurrences (steady runs beside them).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u32).range(20..=3600))]
     pub timers_secs: u32,
+    /// Pending tasks written before scale repeats burst and steady, due evenly over the next
+    /// year (nearly all of them in cold storage).
+    #[arg(long, default_value_t = 100_000_000)]
+    pub scale_pending: u64,
+
+    /// Past days whose daily partitions scale writes finished tasks into (at most the
+    /// retention, 30 days by default).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=366))]
+    pub scale_days: u32,
+
+    /// Finished tasks scale writes into each past day's partition.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub scale_finished: u64,
 
     /// Bytes of each task's payload (a JSON object with a string of about this size).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=65_000))]
@@ -179,4 +193,5 @@ pub enum BenchScenario {
     Steady,
     Backlog,
     Timers,
+    Scale,
 }

@@ -14,6 +14,7 @@ mod memory;
 mod nodes;
 mod receiver;
 mod report;
+mod scale;
 mod soak;
 
 use clap::Parser;

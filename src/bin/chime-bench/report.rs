@@ -107,22 +107,24 @@ impl Report {
         self.figures.iter().find(|f| f.scenario == scenario && f.nodes == nodes && f.metric.contains(metric)).map(|f| f.median)
     }
 
-    /// Adds the backlog's figures relative to the empty table's, as percentages.
-    pub fn compare_backlog(&mut self, nodes: u32) {
+    /// Adds the figures of the burst and steady runs on a loaded table (scenarios named
+    /// "`loaded` burst" and "`loaded` steady": backlog, scale) relative to the empty
+    /// table's, as percentages, under the scenario `loaded`.
+    pub fn compare_loaded(&mut self, loaded: &str, nodes: u32) {
         let pairs: Vec<(String, f64, f64)> = self
             .figures
             .iter()
             .filter(|f| f.nodes == nodes && (f.scenario == "burst" || f.scenario == "steady"))
             .filter(|f| f.metric.contains("rate") || f.metric.contains("lateness p"))
             .filter_map(|empty| {
-                let full = self.figures.iter().find(|f| f.scenario == format!("backlog {}", empty.scenario) && f.metric == empty.metric)?;
+                let full = self.figures.iter().find(|f| f.scenario == format!("{loaded} {}", empty.scenario) && f.metric == empty.metric)?;
                 Some((empty.metric.clone(), empty.median, full.median))
             })
             .collect();
         for (metric, empty, full) in pairs {
             let higher_is_better = metric.contains("rate");
             let target = if higher_is_better { Target::AtLeast(90.0) } else { Target::AtMost(110.0) };
-            self.add("backlog", nodes, &format!("{metric}, % of the empty table's"), "%", 100.0 * full / empty, Some(target));
+            self.add(loaded, nodes, &format!("{metric}, % of the empty table's"), "%", 100.0 * full / empty, Some(target));
         }
     }
 

@@ -13,10 +13,15 @@
 -- The UPDATE finds the picked rows through each partition's primary key, given the ids
 -- as an array; not by a join, whose plan rests on statistics: with those of a partition
 -- analysed while empty, the planner chose a nested loop that read the whole partition
--- once per picked row (3.6 s per claim during a burst of 50,000). Nor with a run_at range
--- to prune partitions: with those statistics, the planner walked the list index through
--- the range instead (50,000 rows read when all were due at one instant). The cost is a
--- probe of 200 ids in each retained partition, well under a millisecond each.
+-- once per picked row (3.6 s per claim during a burst of 50,000). The picked rows' run_at
+-- range, min and max of `due` (locked rows: their run_at cannot change), bounds the
+-- update so that PostgreSQL prunes, as it runs, every partition outside it: without it the
+-- ids were probed in every retained partition (30 days of daily partitions: 20,000 buffers
+-- and 9 ms per claim of 200 where the pruned update reads 1,200 in 3 ms; issue 21). The
+-- range narrows the primary key's scan, (id, run_at), and no other index: every other
+-- index on run_at is partial on a status this update does not name, so the planner cannot
+-- walk one through the range (it did when the list index held every status: 50,000 rows
+-- read when all were due at one instant).
 --
 -- Deadlines (SPEC §11: no callback starts at or after `expires_at`). A picked task whose
 -- deadline has passed is ended `expired` here, in the same UPDATE, rather than skipped:
@@ -45,6 +50,7 @@ WITH due AS (
                              ELSE t.last_error END,
            updated_at = now()
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+       AND t.run_at BETWEEN (SELECT min(run_at) FROM due) AND (SELECT max(run_at) FROM due)
     RETURNING t.id, t.biz_type_id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
               t.expires_at, t.traceparent, t.status = 'expired' AS expired, clock_timestamp() AS db_now
 ), notices AS (

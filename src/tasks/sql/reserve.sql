@@ -1,5 +1,6 @@
 -- Reserves up to $2 due tasks of pull biz type $1 for $3 ms: the claim (claim.sql, whose
--- comment explains the plan) with a consumer as the holder. Each task gets a receipt of
+-- comment explains the plan and the run_at bounds that prune the retained partitions)
+-- with a consumer as the holder. Each task gets a receipt of
 -- its own, a random UUID in leased_by, which settles that reservation only.
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, as the claim does; a task is held by one
@@ -9,7 +10,7 @@
 -- claim's reasons (claim.sql), with its failure notice; it comes back with `expired` set,
 -- and `lease::reserve` counts it and hands it to no consumer.
 WITH due AS (
-    SELECT id FROM tasks
+    SELECT id, run_at FROM tasks
      WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now()
      ORDER BY run_at
      LIMIT $2
@@ -27,6 +28,7 @@ WITH due AS (
                              ELSE t.last_error END,
            updated_at = now()
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+       AND t.run_at BETWEEN (SELECT min(run_at) FROM due) AND (SELECT max(run_at) FROM due)
     RETURNING t.*
 ), notices AS (
     INSERT INTO failure_notices (biz_type_id, task_id, event)

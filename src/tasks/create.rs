@@ -178,14 +178,14 @@ impl Inserted {
     }
 }
 
-/// Inserts tasks of one biz type, occurrences of `timer_id` or of none, in one statement
-/// (`sql/insert.sql`): the one way a task row is made. Returns what the database decided
+/// Inserts tasks of one biz type in one statement (`sql/insert.sql`): the one way a
+/// client's task row is made (a timer's occurrences are written by `insert_occurrences`,
+/// which follows it). Returns what the database decided
 /// of each task created (the caller has the rest); a row whose key was already taken is
 /// not created, and the caller tells a repeat from a conflict.
 pub async fn insert<'e>(
     db: impl sqlx::PgExecutor<'e>,
     biz_type_id: i32,
-    timer_id: Option<Uuid>,
     rows: &Rows<'_>,
 ) -> Result<Vec<Inserted>, sqlx::Error> {
     // Columns by position: a row of four decodes in a fraction of the time by name.
@@ -197,7 +197,6 @@ pub async fn insert<'e>(
         .bind(&rows.delays)
         .bind(&rows.payloads)
         .bind(&rows.request_hashes)
-        .bind(timer_id)
         .bind(super::wake::CHANNEL)
         .bind(&rows.expires_ats)
         .bind(&rows.ttls)
@@ -246,7 +245,7 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
             rows.push_new(id, item);
         }
     }
-    let created = insert(pool, biz_type_id, None, &rows).await?;
+    let created = insert(pool, biz_type_id, &rows).await?;
     drop(rows);
     let mut created: HashMap<Uuid, Inserted> = created.into_iter().map(|t| (t.id, t)).collect();
     let taken_keys: Vec<String> = items

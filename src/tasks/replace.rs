@@ -115,7 +115,7 @@ async fn give_key(
             .await?;
     let mut rows = Rows::default();
     rows.push_new(Uuid::now_v7(), item);
-    let created = insert(&mut *tx, biz_type_id, None, &rows).await?.pop();
+    let created = insert(&mut *tx, biz_type_id, &rows).await?.pop();
     drop(rows);
     let Some(inserted) = created else {
         return Ok(None);

@@ -1,7 +1,8 @@
 -- Inserts tasks of biz type $1, given column by column as arrays ($2 to $7: id, key, run_at
--- or delay in ms, payload as JSON text, hash of the request; $10 to $12: the deadline, or
--- its distance in ms from run_at, and the traceparent), as occurrences of timer $8 or of
--- none; `first_run_at` is the run_at it is given here, kept by every later move. Used by single creates (batched), batch creates and timer occurrences.
+-- or delay in ms, payload as JSON text, hash of the request; $9 to $11: the deadline, or
+-- its distance in ms from run_at, and the traceparent; $8 is the wake channel); `first_run_at` is the run_at it is
+-- given here, kept by every later move. Used by single creates (batched), batch creates and
+-- replaces; timer occurrences have their own statement, `insert_occurrences.sql`.
 --
 -- Keys are claimed in task_keys first; an item whose key is taken is not inserted (ON
 -- CONFLICT DO NOTHING; a concurrent insert of the same key is waited for until it commits
@@ -19,7 +20,7 @@ WITH input AS (
     SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
            i.payload, i.request_hash, i.expires_at, i.ttl_ms, i.traceparent
       FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[], $7::bytea[],
-                  $10::timestamptz[], $11::bigint[], $12::text[])
+                  $9::timestamptz[], $10::bigint[], $11::text[])
            AS i(id, key, run_at, delay_ms, payload, request_hash, expires_at, ttl_ms, traceparent)
 ), taken AS (
     INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
@@ -27,15 +28,15 @@ WITH input AS (
     ON CONFLICT DO NOTHING
     RETURNING task_id
 ), hot AS (
-    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent, first_run_at)
-    SELECT id, $1, key, run_at, payload::jsonb, $8, coalesce(expires_at, run_at + ttl_ms * interval '1 millisecond'),
+    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, expires_at, traceparent, first_run_at)
+    SELECT id, $1, key, run_at, payload::jsonb, coalesce(expires_at, run_at + ttl_ms * interval '1 millisecond'),
            traceparent, run_at
       FROM input
      WHERE run_at < (SELECT until FROM hot_horizon) AND (key IS NULL OR id IN (SELECT task_id FROM taken))
     RETURNING id, run_at, expires_at, created_at
 ), cold AS (
-    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, timer_id, expires_at, traceparent, first_run_at)
-    SELECT id, $1, key, run_at, payload::jsonb, $8, coalesce(expires_at, run_at + ttl_ms * interval '1 millisecond'),
+    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, expires_at, traceparent, first_run_at)
+    SELECT id, $1, key, run_at, payload::jsonb, coalesce(expires_at, run_at + ttl_ms * interval '1 millisecond'),
            traceparent, run_at
       FROM input
      WHERE run_at >= (SELECT until FROM hot_horizon) AND (key IS NULL OR id IN (SELECT task_id FROM taken))
@@ -43,7 +44,7 @@ WITH input AS (
 ), wake AS (
     -- Engines sleep until the next due task, at most a second; one due sooner must wake
     -- them (sent on commit, to every node).
-    SELECT pg_notify($9, '') FROM input
+    SELECT pg_notify($8, '') FROM input
      WHERE run_at <= now() + interval '1 second' AND (key IS NULL OR id IN (SELECT task_id FROM taken))
      LIMIT 1
 )

@@ -509,7 +509,7 @@ impl Engine {
 /// as long again for each recorded batch. The generic plans are the custom ones less what
 /// only the parameters' values could give: the partitions are still pruned when the
 /// statement starts and as it runs (issue 21: a burst on 30 days of retained partitions
-/// went from 40% of the empty table's rate to 71%). Session settings: in pooler mode these
+/// went from 40% of the empty table's rate to 61-71%). Session settings: in pooler mode these
 /// sessions take the direct URL.
 fn hot_path(options: PgConnectOptions) -> PgConnectOptions {
     options.options([

@@ -180,9 +180,9 @@ impl Inserted {
 
 /// Inserts tasks of one biz type in one statement (`sql/insert.sql`): the one way a
 /// client's task row is made (a timer's occurrences are written by `insert_occurrences`,
-/// which follows it). Returns what the database decided
-/// of each task created (the caller has the rest); a row whose key was already taken is
-/// not created, and the caller tells a repeat from a conflict.
+/// which follows it). Returns what the database decided of each task created (the caller
+/// has the rest); a row whose key was already taken is not created, and the caller tells a
+/// repeat from a conflict.
 pub async fn insert<'e>(
     db: impl sqlx::PgExecutor<'e>,
     biz_type_id: i32,

@@ -108,21 +108,14 @@ pub async fn insert_backlog(pool: &Pool, backlog: &Backlog<'_>, first: u64, coun
     Ok(done.rows_affected())
 }
 
-/// Updates the planner's statistics of `tasks` after a backlog was written, as autovacuum
-/// would have over the years it stands for.
-pub async fn analyze_backlog(pool: &Pool) -> Result<(), sqlx::Error> {
-    // VACUUM cannot run in a transaction block: the bench's pool (`db::connect`) goes straight
-    // to PostgreSQL, where a statement on the pool runs outside one. It takes SHARE UPDATE
-    // EXCLUSIVE on each partition: the nodes' reads and writes go on.
-    db::query("VACUUM ANALYZE tasks").execute(pool).await?;
-    Ok(())
-}
-
 /// Updates the planner's statistics and the visibility map of both homes of a task after a
 /// large load, as autovacuum would have over the months it stands for (a load of tens of
 /// millions of rows otherwise sets off autovacuum on `tasks_cold` in the middle of the
-/// measurements that follow). Same locks as `analyze_backlog`.
+/// measurements that follow).
 pub async fn vacuum_loaded(pool: &Pool) -> Result<(), sqlx::Error> {
+    // VACUUM cannot run in a transaction block: the bench's pool (`db::connect`) goes straight
+    // to PostgreSQL, where a statement on the pool runs outside one. It takes SHARE UPDATE
+    // EXCLUSIVE on each table and partition: the nodes' reads and writes go on.
     db::query("VACUUM ANALYZE tasks, tasks_cold").execute(pool).await?;
     Ok(())
 }

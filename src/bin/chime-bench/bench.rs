@@ -428,33 +428,20 @@ impl Bench {
         let payload = self.payload(0);
         let horizon = load::hot_until(&self.pool).await?;
         let now = Utc::now();
-        let parts = [
-            ("future", self.args.backlog_future, now + TimeDelta::hours(1), horizon - TimeDelta::hours(1), false),
-            ("finished", self.args.backlog_finished, now - TimeDelta::hours(20), now - TimeDelta::hours(1), true),
+        let part = |what, count, from, to, finished| crate::scale::Part { what, count, from, to, finished, cold: false };
+        let parts = vec![
+            part("future", self.args.backlog_future, now + TimeDelta::hours(1), horizon - TimeDelta::hours(1), false),
+            part("finished", self.args.backlog_finished, now - TimeDelta::hours(20), now - TimeDelta::hours(1), true),
         ];
         let started = Instant::now();
-        for (what, count, from, to, finished) in parts {
-            let step_us = (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / count.max(1) as f64;
-            let backlog = load::Backlog { biz_type_id: biz.id, from, step_us, payload: &payload, finished, cold: false };
-            let mut written = 0u64;
-            while written < count {
-                let n = (count - written).min(1_000_000);
-                load::insert_backlog(&self.pool, &backlog, written, n)
-                    .await
-                    .with_context(|| format!("writing {what} backlog tasks"))?;
-                written += n;
-                eprintln!("bench: backlog: {written} of {count} {what} tasks written ({:.0} s)", started.elapsed().as_secs_f64());
-            }
-        }
-        eprintln!("bench: backlog: VACUUM ANALYZE and CHECKPOINT, as autovacuum and time would have done");
-        load::analyze_backlog(&self.pool).await?;
-        db::query("CHECKPOINT").execute(&self.pool).await?;
+        crate::scale::write(&self.pool, biz.id, &payload, parts, "backlog").await?;
+        crate::scale::settle(&self.pool, "backlog").await?;
         eprintln!("bench: backlog ready after {:.0} s", started.elapsed().as_secs_f64());
         Ok(())
     }
 }
 
-fn secs(d: TimeDelta) -> f64 {
+pub(crate) fn secs(d: TimeDelta) -> f64 {
     d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
 }
 

@@ -14,6 +14,8 @@
 //! create scenarios' business. Unkeyed, so `task_keys` has nothing to hold. Then VACUUM
 //! ANALYZE, as autovacuum would have done over those months, and a CHECKPOINT.
 //!
+//! The backlog scenario writes its rows with the same loader (`write`, `settle`).
+//!
 //! Reported: the load's time and rate, the vacuum's time, and the disk space per million
 //! tasks (the database's growth; `tasks_cold` per million pending; the partitions per
 //! million tasks written into them, nearly all finished).
@@ -27,6 +29,7 @@ use chime::db::{self, Pool};
 use chime::partitions::{self, Layout};
 use chime::tasks::load::{self, Backlog};
 
+use crate::bench::secs;
 use crate::cli::BenchArgs;
 use crate::report::Report;
 
@@ -37,13 +40,66 @@ const CHUNK: u64 = 1_000_000;
 const LOADERS: usize = 2;
 
 /// One stretch of rows to write: `count` rows due evenly over `[from, to)`.
-struct Part {
-    what: &'static str,
-    count: u64,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-    finished: bool,
-    cold: bool,
+pub struct Part {
+    pub what: &'static str,
+    pub count: u64,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub finished: bool,
+    pub cold: bool,
+}
+
+/// Writes `parts` as tasks of biz type `biz_type_id`, `LOADERS` statements of up to `CHUNK`
+/// rows at a time, saying how far it got under `label` (scale, backlog). Returns the rows
+/// written and the seconds it took.
+pub async fn write(pool: &Pool, biz_type_id: i32, payload: &str, parts: Vec<Part>, label: &'static str) -> anyhow::Result<(u64, f64)> {
+    let started = Instant::now();
+    // Every statement to run, in order; the loaders take them in turn.
+    let mut jobs = Vec::new();
+    for (p, part) in parts.iter().enumerate() {
+        let mut first = 0;
+        while first < part.count {
+            let n = (part.count - first).min(CHUNK);
+            jobs.push((p, first, n));
+            first += n;
+        }
+    }
+    let total: u64 = parts.iter().map(|p| p.count).sum();
+    let parts = Arc::new(parts);
+    let jobs = Arc::new(Mutex::new(jobs.into_iter().rev().collect::<Vec<_>>()));
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut loaders = tokio::task::JoinSet::new();
+    for _ in 0..LOADERS {
+        let (pool, parts, jobs, written, payload) = (pool.clone(), parts.clone(), jobs.clone(), written.clone(), payload.to_owned());
+        loaders.spawn(async move {
+            loop {
+                let Some((p, first, n)) = jobs.lock().expect("no loader panics holding the list").pop() else {
+                    return anyhow::Ok(());
+                };
+                let part = &parts[p];
+                let step_us = secs(part.to - part.from) * 1e6 / part.count as f64;
+                let backlog =
+                    Backlog { biz_type_id, from: part.from, step_us, payload: &payload, finished: part.finished, cold: part.cold };
+                load::insert_backlog(&pool, &backlog, first, n).await.with_context(|| format!("writing {} tasks", part.what))?;
+                let done = written.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+                eprintln!("bench: {label}: {done} of {total} tasks written ({:.0} s)", started.elapsed().as_secs_f64());
+            }
+        });
+    }
+    while let Some(done) = loaders.join_next().await {
+        done??;
+    }
+    Ok((total, started.elapsed().as_secs_f64()))
+}
+
+/// VACUUM ANALYZE and a CHECKPOINT after a load, as autovacuum and time would have done
+/// over what it stands for. Returns the seconds it took.
+pub async fn settle(pool: &Pool, label: &str) -> anyhow::Result<f64> {
+    eprintln!("bench: {label}: VACUUM ANALYZE and CHECKPOINT, as autovacuum and time would have done");
+    let started = Instant::now();
+    load::vacuum_loaded(pool).await?;
+    db::query("CHECKPOINT").execute(pool).await?;
+    Ok(started.elapsed().as_secs_f64())
 }
 
 /// Writes the scale scenario's tasks for biz type `biz_type_id` and reports what the load
@@ -88,47 +144,8 @@ pub async fn fill(pool: &Pool, biz_type_id: i32, payload: &str, args: &BenchArgs
         let from = today - TimeDelta::days(d);
         parts.push(Part { what: "finished", count: args.scale_finished, from, to: from + TimeDelta::days(1), finished: true, cold: false });
     }
-    // Every statement to run, in order; the loaders take them in turn.
-    let mut jobs = Vec::new();
-    for (p, part) in parts.iter().enumerate() {
-        let mut first = 0;
-        while first < part.count {
-            let n = (part.count - first).min(CHUNK);
-            jobs.push((p, first, n));
-            first += n;
-        }
-    }
-    let total: u64 = parts.iter().map(|p| p.count).sum();
-    let parts = Arc::new(parts);
-    let jobs = Arc::new(Mutex::new(jobs.into_iter().rev().collect::<Vec<_>>()));
-    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut loaders = tokio::task::JoinSet::new();
-    for _ in 0..LOADERS {
-        let (pool, parts, jobs, written, payload) = (pool.clone(), parts.clone(), jobs.clone(), written.clone(), payload.to_owned());
-        loaders.spawn(async move {
-            loop {
-                let Some((p, first, n)) = jobs.lock().expect("no loader panics holding the list").pop() else {
-                    return anyhow::Ok(());
-                };
-                let part = &parts[p];
-                let step_us = secs(part.to - part.from) * 1e6 / part.count as f64;
-                let backlog =
-                    Backlog { biz_type_id, from: part.from, step_us, payload: &payload, finished: part.finished, cold: part.cold };
-                load::insert_backlog(&pool, &backlog, first, n).await.with_context(|| format!("writing {} tasks", part.what))?;
-                let done = written.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
-                eprintln!("bench: scale: {done} of {total} tasks written ({:.0} s)", started.elapsed().as_secs_f64());
-            }
-        });
-    }
-    while let Some(done) = loaders.join_next().await {
-        done??;
-    }
-    let load_secs = started.elapsed().as_secs_f64();
-    eprintln!("bench: scale: VACUUM ANALYZE and CHECKPOINT, as autovacuum and time would have done");
-    let vacuum_started = Instant::now();
-    load::vacuum_loaded(pool).await?;
-    db::query("CHECKPOINT").execute(pool).await?;
-    let vacuum_secs = vacuum_started.elapsed().as_secs_f64();
+    let (total, load_secs) = write(pool, biz_type_id, payload, parts, "scale").await?;
+    let vacuum_secs = settle(pool, "scale").await?;
     let after = load::sizes(pool).await?;
     eprintln!("bench: scale: ready after {:.0} s", started.elapsed().as_secs_f64());
 
@@ -144,10 +161,6 @@ pub async fn fill(pool: &Pool, biz_type_id: i32, payload: &str, args: &BenchArgs
     add(report, "disk: tasks' partitions per million tasks in them", "MiB", per_million(after.hot - before.hot, finished + hot_count));
     add(report, "disk: database after the load", "MiB", after.database as f64 / (1 << 20) as f64);
     Ok(())
-}
-
-fn secs(d: TimeDelta) -> f64 {
-    d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
 }
 
 /// Midnight UTC of the day: where a daily partition begins.

@@ -1,8 +1,9 @@
 -- Inserts tasks of biz type $1, given column by column as arrays ($2 to $7: id, key, run_at
 -- or delay in ms, payload as JSON text, hash of the request; $9 to $11: the deadline, or
--- its distance in ms from run_at, and the traceparent; $8 is the wake channel); `first_run_at` is the run_at it is
--- given here, kept by every later move. Used by single creates (batched), batch creates and
--- replaces; timer occurrences have their own statement, `insert_occurrences.sql`.
+-- its distance in ms from run_at, and the traceparent; $8 is the wake channel).
+-- `first_run_at` is the run_at it is given here, kept by every later move. Used by single
+-- creates (batched), batch creates and replaces; timer occurrences have their own
+-- statement, `insert_occurrences.sql`.
 --
 -- Keys are claimed in task_keys first; an item whose key is taken is not inserted (ON
 -- CONFLICT DO NOTHING; a concurrent insert of the same key is waited for until it commits

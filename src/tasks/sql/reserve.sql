@@ -1,7 +1,7 @@
 -- Reserves up to $2 due tasks of pull biz type $1 for $3 ms: the claim (claim.sql, whose
 -- comment explains the plan and the run_at bounds that prune the retained partitions)
--- with a consumer as the holder. Each task gets a receipt of
--- its own, a random UUID in leased_by, which settles that reservation only.
+-- with a consumer as the holder. Each task gets a receipt of its own, a random UUID in
+-- leased_by, which settles that reservation only.
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, as the claim does; a task is held by one
 -- engine or one consumer at a time.

@@ -14,9 +14,16 @@
 //! LOCKED`, so nodes never wait for one another nor take the same notice; a notice still
 //! `running` past its hold was left by a sender that died or lost the database, and is
 //! claimed again: at least once, never lost (a receiver deduplicates on `Chime-Notice-Id`).
-//! Only the holder records a result. Senders poll every second (`POLL`) rather than being
-//! woken: a notice is news of a task that has failed for good, where a second does not
-//! matter, and polling needs no notification from every statement that ends a task.
+//! Only the holder records a result. Senders poll (`POLL`) rather than being woken: a
+//! notice is news of a task that has failed for good, where half a second does not matter,
+//! and polling needs no notification from every statement that ends a task.
+//!
+//! Isolation. Biz types do not wait on one another's receivers, as their callbacks do not:
+//! the loop claims again at each poll while earlier notices are still being sent, and a biz
+//! type has at most `PER_BIZ_TYPE` notices in flight on a node, so a failure receiver that
+//! hangs holds that many sends of its own biz type, never a slot of another's. (Before, a
+//! turn sent a batch and waited for its slowest: a receiver taking 45 s delayed every other
+//! biz type's notices by as much.)
 //!
 //! A paused biz type's notices are still sent: a pause holds its tasks back, not the news
 //! of those that failed. An archived one's are not (nothing of it is delivered); they are
@@ -27,9 +34,12 @@
 //! none). It is sent by the callback's own code (`engine::deliver::post`): the same
 //! signature (both `v1` during a rotation's overlap), redirects, deny list and answers.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -42,10 +52,14 @@ use crate::lifecycle::Signal;
 use crate::tasks::lease::Verdict;
 use crate::{metrics, tasks};
 
-/// Longest wait before looking for due notices again.
-const POLL: Duration = Duration::from_secs(1);
-/// Most notices claimed (and sent at once) in one turn.
+/// Longest wait before looking for due notices again: one indexed probe per biz type with
+/// notices due, twice a second per node.
+const POLL: Duration = Duration::from_millis(500);
+/// Most notices claimed in one turn.
 const CLAIM_BATCH: i64 = 50;
+/// Most notices of one biz type a node sends at once: what a hanging failure receiver can
+/// hold up, of its own biz type's notices only.
+const PER_BIZ_TYPE: i64 = 10;
 /// Added to the biz type's timeout to make a sender's hold on a notice: time to record
 /// the result. Longer costs a dead node's notices that much delay.
 const HOLD_MARGIN_MS: i64 = 5_000;
@@ -105,20 +119,29 @@ struct Claimed {
 }
 
 /// Holds up to `limit` due notices for `node_id`: pending ones whose time has come, and
-/// running ones whose sender's hold ran out.
-async fn claim(pool: &Pool, node_id: Uuid, limit: i64) -> Result<Vec<Claimed>, sqlx::Error> {
+/// running ones whose sender's hold ran out; of each biz type no more than `PER_BIZ_TYPE`
+/// less what this node is sending of it already (`sending`: biz type id, count).
+async fn claim(pool: &Pool, node_id: Uuid, limit: i64, sending: &HashMap<i32, i64>) -> Result<Vec<Claimed>, sqlx::Error> {
+    let (busy_ids, busy_counts): (Vec<i32>, Vec<i64>) = sending.iter().map(|(id, n)| (*id, *n)).unzip();
     // Locks: the notices it takes, FOR UPDATE SKIP LOCKED, so that the senders of every
     // node claim at once without waiting for, or taking, one another's. The biz types are
-    // read, not locked. Archived biz types' notices stay as they are: nothing of theirs is
-    // delivered. The previous secret is read only while its overlap lasts, as the engine
-    // reads it.
+    // read, not locked, in a random order so that under a backlog the limit does not
+    // always favour the same ones; each one's notices are a probe of
+    // failure_notices_biz_type_due_idx. Archived biz types' notices stay as they are:
+    // nothing of theirs is delivered. The previous secret is read only while its overlap
+    // lasts, as the engine reads it.
     crate::db::query_as(
         "WITH due AS (
-             SELECT n.id FROM failure_notices n JOIN biz_types b ON b.id = n.biz_type_id
-              WHERE n.status IN ('pending', 'running') AND n.due_at <= now() AND b.archived_at IS NULL
-              ORDER BY n.due_at
+             SELECT d.id
+               FROM (SELECT id FROM biz_types WHERE archived_at IS NULL ORDER BY random()) b
+              CROSS JOIN LATERAL (
+                    SELECT n.id FROM failure_notices n
+                     WHERE n.biz_type_id = b.id AND n.status IN ('pending', 'running') AND n.due_at <= now()
+                     ORDER BY n.due_at
+                     LIMIT greatest(0, $4 - coalesce((SELECT s.n FROM unnest($5::int[], $6::bigint[]) AS s(id, n) WHERE s.id = b.id), 0))
+                       FOR UPDATE OF n SKIP LOCKED
+                    ) d
               LIMIT $1
-                FOR UPDATE OF n SKIP LOCKED
          )
          UPDATE failure_notices n
             SET status = 'running', held_by = $2, attempt_count = n.attempt_count + 1,
@@ -134,6 +157,9 @@ async fn claim(pool: &Pool, node_id: Uuid, limit: i64) -> Result<Vec<Claimed>, s
     .bind(limit)
     .bind(node_id)
     .bind(HOLD_MARGIN_MS)
+    .bind(PER_BIZ_TYPE)
+    .bind(&busy_ids)
+    .bind(&busy_counts)
     .fetch_all(pool)
     .await
 }
@@ -206,51 +232,80 @@ impl Sender {
         Sender { pool, health, node_id, hosts, client, stop }
     }
 
-    /// Takes turns until the node stops: no claim starts once it is stopping; notices being
-    /// sent may finish within the grace, and are dropped when it is over (another node
-    /// sends them again when their hold runs out).
+    /// Takes turns until the node stops, without waiting for the notices of one turn to be
+    /// sent before the next: each is sent on its own, and counts against its biz type's
+    /// `PER_BIZ_TYPE` until it is recorded. No claim starts once the node is stopping;
+    /// notices being sent may finish within the grace, and are dropped when it is over
+    /// (another node sends them again when their hold runs out).
     pub async fn run(self) {
         tracing::info!(node_id = %self.node_id, "failure notice sender started");
         let mut stop = self.stop.clone();
+        let mut leaving = stop.clone();
+        let mut sending = FuturesUnordered::new();
+        let mut busy: HashMap<i32, i64> = HashMap::new();
+        let this = &self;
         while !stop.is_stopping() {
-            if self.health.is_down() {
+            let mut full = false;
+            if !self.health.is_down() {
+                let claimed = self.claim_due(&busy).await;
+                full = claimed.len() as i64 == CLAIM_BATCH;
+                for notice in claimed {
+                    *busy.entry(notice.biz.id).or_default() += 1;
+                    sending.push(async move {
+                        let biz_type_id = notice.biz.id;
+                        this.deliver(notice).await;
+                        biz_type_id
+                    });
+                }
+            }
+            // A full claim may leave more due at once; otherwise wait for the poll (or the
+            // database to come back), counting down each biz type's sends as they end.
+            let mut wait = std::pin::pin!(tokio::time::sleep(if full { Duration::ZERO } else { POLL }));
+            loop {
                 tokio::select! {
-                    () = self.health.came_up() => {}
+                    Some(biz_type_id) = sending.next() => {
+                        if let Some(n) = busy.get_mut(&biz_type_id) {
+                            *n -= 1;
+                            if *n <= 0 {
+                                busy.remove(&biz_type_id);
+                            }
+                        }
+                    }
+                    () = &mut wait, if !self.health.is_down() => break,
+                    () = self.health.came_up(), if self.health.is_down() => break,
                     () = stop.stopping() => break,
                 }
             }
-            let mut leaving = stop.clone();
-            let sent = tokio::select! {
-                sent = self.turn() => sent,
-                () = leaving.leaving() => break,
-            };
-            // A full claim may leave more due at once.
-            if sent < CLAIM_BATCH as usize {
-                tokio::select! {
-                    () = tokio::time::sleep(POLL) => {}
-                    () = stop.stopping() => {}
-                }
-            }
         }
+        tokio::select! {
+            () = async { while sending.next().await.is_some() {} } => {}
+            () = leaving.leaving() => {}
+        }
+        drop(sending);
         self.pool.close().await;
         tracing::info!("failure notice sender stopped: the node is stopping");
     }
 
-    /// One turn: claims the due notices, sends them all at once and records each result.
-    /// Returns how many it sent.
-    pub async fn turn(&self) -> usize {
+    /// Claims due notices (see `claim`), or none when the database cannot be reached.
+    async fn claim_due(&self, busy: &HashMap<i32, i64>) -> Vec<Claimed> {
         if self.stop.is_stopping() {
-            return 0;
+            return vec![];
         }
-        let claimed = match claim(&self.pool, self.node_id, CLAIM_BATCH).await {
+        match claim(&self.pool, self.node_id, CLAIM_BATCH, busy).await {
             Ok(claimed) => claimed,
             Err(e) => {
                 if !self.health.saw(&e) {
                     tracing::warn!(error = %e, "could not claim failure notices; retrying");
                 }
-                return 0;
+                vec![]
             }
-        };
+        }
+    }
+
+    /// One turn, for a test: claims the due notices, sends them all at once and records
+    /// each result. Returns how many it sent.
+    pub async fn turn(&self) -> usize {
+        let claimed = self.claim_due(&HashMap::new()).await;
         let count = claimed.len();
         futures_util::future::join_all(claimed.into_iter().map(|notice| self.deliver(notice))).await;
         count

@@ -500,3 +500,51 @@ async fn an_expired_task_sends_a_task_expired_notice() {
     assert_eq!(sender.turn().await, 1);
     assert_eq!(notices.received()[1].header("chime-event"), Some("task.expired"));
 }
+
+/// One biz type's failure receiver that hangs holds up only its own notices: with the
+/// node's sender loop running and a notice of `slow` hanging at its receiver, a task of
+/// `fast` that fails has its notice delivered within a second of its end.
+#[tokio::test]
+async fn a_hanging_failure_receiver_does_not_hold_up_another_biz_types_notices() {
+    let app = spawn_app().await;
+    let callback = Receiver::start(vec![], Answer::status(500)).await;
+    let hanging = Receiver::start(vec![], Answer { delay: Duration::from_secs(30), ..Answer::status(200) }).await;
+    let quick = Receiver::start(vec![], Answer::status(200)).await;
+    let mut tokens = vec![];
+    for (name, notices) in [("slow", &hanging), ("fast", &quick)] {
+        let settings = Settings {
+            callback_url: Some(callback.url.clone()),
+            failure_url: Some(notices.url.clone()),
+            max_attempts: Some(1),
+            timeout_ms: Some(30_000),
+            ..Default::default()
+        };
+        biz_types::create(&app.pool, name, &settings, CallbackHosts::Any).await.unwrap();
+        tokens.push(biz_types::create_token(&app.pool, name).await.unwrap());
+    }
+    let (sender, _lifecycle) = sender(&app);
+    let _running = tokio::spawn(sender.run());
+    let mut engine = engine(&app);
+
+    app.create_task(&tokens[0], json!({"biz_type": "slow"})).await;
+    engine.turn().await;
+    engine.settled().await;
+    hanging.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(hanging.received().len(), 1, "the slow biz type's notice is hanging at its receiver");
+
+    let task = app.create_task(&tokens[1], json!({"biz_type": "fast"})).await;
+    let id = task["id"].as_str().unwrap();
+    engine.turn().await;
+    engine.settled().await;
+    let (now, ended): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT now(), finished_at FROM tasks WHERE id = $1::uuid AND status = 'failed'").bind(id).fetch_one(&app.pool).await.unwrap();
+    let left = (ended + chrono::TimeDelta::seconds(1) - now).to_std().unwrap_or_default();
+    let received = quick.wait_for(1, left).await;
+    let late = received.first().map(|r| chrono::TimeDelta::from_std(r.at.elapsed()).unwrap());
+    let arrived = late.map(|late| chrono::Utc::now() - late - ended);
+    assert!(
+        arrived.is_some_and(|a| a <= chrono::TimeDelta::seconds(1)),
+        "the fast biz type's notice arrived {arrived:?} after its task ended (the slow one's receiver still hangs: {} received)",
+        hanging.received().len()
+    );
+}

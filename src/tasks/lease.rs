@@ -307,9 +307,9 @@ pub async fn record(pool: &Pool, node_id: Uuid, outcomes: &[Outcome]) -> Result<
 ///
 /// A snoozed task is pending again at the end of its snooze, with its attempt count back
 /// to what it was before this attempt (a snooze does not count toward `max_attempts`; the
-/// attempt row keeps its number, which the next callback uses again). A snooze ending
-/// beyond the hot horizon moves the task to cold storage first (`snooze_cold.sql`), as a
-/// create that far ahead would be placed, so it is not claimed early at the horizon's edge.
+/// attempt row keeps its number, which the next callback uses again). A snooze or retry
+/// ending beyond the hot horizon moves the task to cold storage first (`later_cold.sql`), as
+/// a create that far ahead would be placed, so it is not claimed early at the horizon's edge.
 pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
     let mut ids = Vec::with_capacity(outcomes.len());
     let mut run_ats = Vec::with_capacity(outcomes.len());
@@ -348,24 +348,24 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         redirects.push(o.redirected_to.as_deref());
         biz_type_ids.push(o.biz_type_id);
     }
-    if snoozed.contains(&true) {
-        let (snoozed_ids, snoozed_run_ats, untils): (Vec<Uuid>, Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) = outcomes
-            .iter()
-            .filter_map(|o| match o.verdict {
-                Verdict::Snooze(until) => Some((o.task_id, o.run_at, until)),
-                _ => None,
-            })
-            .fold((vec![], vec![], vec![]), |(mut i, mut r, mut u), (id, run_at, until)| {
-                i.push(id);
-                r.push(run_at);
-                u.push(until);
-                (i, r, u)
-            });
-        crate::db::query(include_str!("sql/snooze_cold.sql"))
-            .bind(&snoozed_ids)
-            .bind(&snoozed_run_ats)
-            .bind(&untils)
+    if retry_ats.iter().any(Option::is_some) {
+        let mut later = (vec![], vec![], vec![], vec![], vec![]);
+        for (o, error) in outcomes.iter().zip(&task_errors) {
+            if let Verdict::RetryAt(until) | Verdict::Snooze(until) = o.verdict {
+                later.0.push(o.task_id);
+                later.1.push(o.run_at);
+                later.2.push(until);
+                later.3.push(matches!(o.verdict, Verdict::Snooze(_)));
+                later.4.push(error.as_deref());
+            }
+        }
+        crate::db::query(include_str!("sql/later_cold.sql"))
+            .bind(&later.0)
+            .bind(&later.1)
+            .bind(&later.2)
             .bind(holder)
+            .bind(&later.3)
+            .bind(&later.4)
             .execute(&mut *tx)
             .await?;
     }

@@ -208,3 +208,66 @@ async fn callbacks_carry_the_creates_trace_with_a_new_span_each() {
     let untraced = received.iter().find(|r| r.header("chime-task-id") == plain["id"].as_str()).unwrap();
     assert_eq!(untraced.header("traceparent"), None);
 }
+
+/// A retry the receiver asks for past the hot horizon (`Retry-After`) waits in cold storage
+/// at the time asked, rather than at the horizon's edge, and is called back when that time
+/// comes. The horizon is pulled in to a second from now so that a 2 s `Retry-After` is past it.
+#[tokio::test]
+async fn a_retry_after_past_the_hot_horizon_waits_in_cold_storage_until_its_time() {
+    let app = spawn_app().await;
+    let busy = Answer { retry_after: Some(2), ..Answer::status(503) };
+    let receiver = Receiver::start(vec![busy], Answer::status(200)).await;
+    let token = biz_type(&app, "refunds", &receiver, Settings::default()).await;
+    let task = app.create_task(&token, json!({"biz_type": "refunds"})).await;
+    let id = task["id"].as_str().unwrap();
+    let horizon: DateTime<Utc> =
+        sqlx::query_scalar("UPDATE hot_horizon h SET until = now() + interval '1 second' FROM hot_horizon old RETURNING old.until").fetch_one(&app.pool).await.unwrap();
+    let mut engine = engine(&app);
+    assert_eq!(engine.turn().await.claimed, 1);
+    engine.settled().await;
+
+    let retrying = app.get(&format!("/api/v1/tasks/{id}"), &token).await.body;
+    let asked = time(&retrying["attempts"][0]["started_at"]) + chrono::TimeDelta::seconds(2);
+    let run_at = time(&retrying["run_at"]);
+    assert!((run_at - asked).num_milliseconds().abs() < 1_000, "due at {run_at}, Retry-After asked for about {asked}: {retrying}");
+    assert_eq!((&retrying["status"], &retrying["attempt_count"]), (&json!("pending"), &json!(1)), "{retrying}");
+    assert_eq!(app.table_of(id).await, "tasks_cold");
+
+    // The horizon moves on (as the leader moves it); the migrator brings the task back and
+    // it is called back when its time comes, not before.
+    sqlx::query("UPDATE hot_horizon SET until = $1").bind(horizon).execute(&app.pool).await.unwrap();
+    chime::leader::move_cold(&app.pool, 100).await;
+    let running = engine.spawn();
+    let done = wait_for_status(&app, &token, id, "succeeded").await;
+    running.stop().await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 2);
+    assert!(received[1].at - received[0].at >= Duration::from_millis(1_900), "called back {:?} after the first", received[1].at - received[0].at);
+    assert_eq!(done["attempt_count"], 2, "the retry counted");
+}
+
+/// A pull consumer's nack with a delay past the hot horizon (5 days, the horizon is 2) keeps
+/// the delay: the task waits in cold storage, due 5 days from now, counted as an attempt,
+/// and is not reservable before.
+#[tokio::test]
+async fn a_nack_delay_past_the_hot_horizon_is_kept() {
+    let app = spawn_app().await;
+    let settings = Settings { mode: Some("pull".into()), ..Default::default() };
+    biz_types::create(&app.pool, "jobs", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "jobs").await.unwrap();
+    let task = app.create_task(&token, json!({"biz_type": "jobs"})).await;
+    let id = task["id"].as_str().unwrap();
+    let reserved = app.post("/api/v1/biz-types/jobs/reserve", &token, json!({"max": 1})).await;
+    let receipt = &reserved.body["tasks"][0]["receipt"];
+    let five_days = chrono::TimeDelta::days(5);
+    let asked = Utc::now() + five_days;
+    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"receipt": receipt, "delay_ms": five_days.num_milliseconds()})).await;
+    assert_eq!(nacked.status, 200, "{}", nacked.body);
+    let task = app.get(&format!("/api/v1/tasks/{id}"), &token).await.body;
+    let run_at = time(&task["run_at"]);
+    assert!((run_at - asked).num_seconds().abs() < 5, "due at {run_at}, nacked until about {asked}: {task}");
+    assert_eq!((&task["status"], &task["attempt_count"]), (&json!("pending"), &json!(1)), "{task}");
+    assert_eq!(app.table_of(id).await, "tasks_cold");
+    let again = app.post("/api/v1/biz-types/jobs/reserve", &token, json!({"max": 1})).await;
+    assert_eq!(again.body["tasks"], json!([]), "not reservable before its time");
+}

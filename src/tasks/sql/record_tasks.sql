@@ -12,8 +12,10 @@
 --
 -- The engine's sessions plan no sequential scan, so the update finds the running tasks
 -- through tasks_lease_idx (running tasks only) or the primary key, whatever the statistics
--- say. (t.id = ANY(ids) here would be re-sorted for every joined row.) A retry stays
--- inside the hot horizon, so that it never needs a partition that does not exist.
+-- say. (t.id = ANY(ids) here would be re-sorted for every joined row.) A retry or snooze
+-- past the hot horizon was moved to cold storage by later_cold.sql just before, so it is not
+-- here; the `least` only keeps a row inside the partitions should the horizon have been
+-- read differently between the two statements.
 WITH settled AS (
     UPDATE tasks t
        SET status = o.status,

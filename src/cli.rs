@@ -20,6 +20,7 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         mode: flags.mode,
         timeout_ms: flags.timeout_ms,
         max_attempts: flags.max_attempts,
+        max_snoozes: flags.max_snoozes,
         backoff_initial_ms: flags.backoff_initial_ms,
         backoff_max_ms: flags.backoff_max_ms,
         rate_limit: flags.rate_limit,
@@ -33,13 +34,14 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
 fn describe(b: &BizType) -> String {
     let rate = |r: Option<f64>| r.map_or("unlimited".to_string(), |r| format!("{r}/s"));
     format!(
-        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}, failure notices to {failure}",
+        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}, failure notices to {failure}",
         name = b.name,
         mode = b.mode,
         state = if b.archived_at.is_some() { "archived" } else if b.paused { "paused" } else { "active" },
         url = if b.callback_url.is_empty() { "-" } else { &b.callback_url },
         timeout = b.timeout_ms,
         attempts = b.max_attempts,
+        snoozes = b.max_snoozes,
         bi = b.backoff_initial_ms,
         bm = b.backoff_max_ms,
         rate = rate(b.rate_limit),

@@ -427,6 +427,10 @@ pub struct BizTypeFlags {
     /// retries for at least 24 hours].
     #[arg(long)]
     pub max_attempts: Option<i32>,
+    /// `Chime-Snooze` answers a task may take (they do not count as attempts) before the
+    /// next one fails it; a replay counts afresh [default: 10000].
+    #[arg(long)]
+    pub max_snoozes: Option<i32>,
     /// First retry delay in milliseconds, doubled per attempt [default: 1000].
     #[arg(long)]
     pub backoff_initial_ms: Option<i32>,

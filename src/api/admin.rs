@@ -65,6 +65,10 @@ pub(super) struct BizTypeRequest {
     /// Attempts before a task fails (default 60).
     #[schema(minimum = 1, maximum = 1000)]
     max_attempts: Option<i64>,
+    /// `Chime-Snooze` answers a task may take (they do not count toward `max_attempts`)
+    /// before the next one fails it; a replay counts afresh (default 10000).
+    #[schema(minimum = 0, maximum = 100_000)]
+    max_snoozes: Option<i64>,
     /// Delay before the first retry, doubling after each (default 1000).
     #[schema(minimum = 0, maximum = 86_400_000)]
     backoff_initial_ms: Option<i64>,
@@ -117,6 +121,7 @@ impl BizTypeRequest {
             mode: self.mode.clone(),
             timeout_ms: int(self.timeout_ms),
             max_attempts: int(self.max_attempts),
+            max_snoozes: int(self.max_snoozes),
             backoff_initial_ms: int(self.backoff_initial_ms),
             backoff_max_ms: int(self.backoff_max_ms),
             rate_limit: self.rate_limit,

@@ -2,6 +2,7 @@
 //! Handlers parse and authorise; the SQL lives in the domain modules.
 
 mod admin;
+mod attempts;
 mod auth;
 mod bulk;
 mod error;
@@ -52,6 +53,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         .route(web::delete().to(tasks::cancel)),
                 )
                 .service(resource("/tasks/{id}/replay", "POST").route(web::post().to(tasks::replay)))
+                .service(resource("/tasks/{id}/attempts", "GET").route(web::get().to(attempts::list)))
                 .service(resource("/biz-types/{name}/tasks/cancel", "POST").route(web::post().to(bulk::cancel)))
                 .service(resource("/biz-types/{name}/tasks/replay", "POST").route(web::post().to(bulk::replay)))
                 .service(

@@ -11,7 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
 
-use super::{admin, bulk, pull, tasks, timers};
+use super::{admin, attempts, bulk, pull, tasks, timers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -49,6 +49,7 @@ use super::{admin, bulk, pull, tasks, timers};
         tasks::list,
         tasks::create_batch,
         tasks::get,
+        attempts::list,
         tasks::reschedule,
         tasks::cancel,
         tasks::replay,

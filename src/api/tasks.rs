@@ -23,13 +23,16 @@ const ENVELOPE_BYTES: usize = 4096;
 /// Most bytes in one batch body.
 const MAX_BATCH_BODY: usize = 32 * 1024 * 1024;
 
-/// A task with its delivery history.
+/// A task with its latest delivery tries.
 #[derive(Serialize, ToSchema)]
 pub(super) struct TaskWithAttempts<'a> {
     #[serde(flatten)]
     task: &'a tasks::Task,
-    /// Every delivery try, oldest first, including those before a replay.
+    /// The last 100 delivery tries, oldest first, including those before a replay; all of
+    /// them, a page at a time, from `GET /api/v1/tasks/{id}/attempts`.
     attempts: &'a [tasks::Attempt],
+    /// How many delivery tries the task has had in all.
+    attempt_total: i64,
 }
 
 /// One entry of a batch answer: a task (201 or 200) or an error.
@@ -70,7 +73,7 @@ struct BatchItemFailed {
     error: super::error::ErrorDetail,
 }
 
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
 }
 
@@ -346,8 +349,8 @@ fn item_error(index: usize, e: &ApiError) -> ItemResult<'static> {
     path = "/api/v1/tasks/{id}",
     operation_id = "getTask",
     tag = "tasks",
-    summary = r#"Get a task with its attempts"#,
-    description = r#"One task of the token's biz type, in any state, with every delivery attempt so far."#,
+    summary = r#"Get a task with its last attempts"#,
+    description = r#"One task of the token's biz type, in any state, with its last 100 delivery attempts and how many it has had (`attempt_total`); `GET /api/v1/tasks/{id}/attempts` pages through all of them."#,
     params(
         ("id" = Uuid, Path, description = r#"The task's id."#)
     ),
@@ -369,7 +372,8 @@ pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
     if task.biz_type_id != caller.0.biz_type_id {
         return Err(ApiError::Forbidden("this task belongs to another biz type".into()));
     }
-    Ok(HttpResponse::Ok().json(TaskWithAttempts { task: &task, attempts: &attempts }))
+    let attempt_total = tasks::attempt_total(&state.pool, id).await?;
+    Ok(HttpResponse::Ok().json(TaskWithAttempts { task: &task, attempts: &attempts, attempt_total }))
 }
 
 #[utoipa::path(

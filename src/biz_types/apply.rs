@@ -46,6 +46,7 @@ struct Entry {
     mode: Option<String>,
     timeout_ms: Option<i32>,
     max_attempts: Option<i32>,
+    max_snoozes: Option<i32>,
     backoff_initial_ms: Option<i32>,
     backoff_max_ms: Option<i32>,
     rate_limit: Option<f64>,
@@ -151,6 +152,7 @@ impl Entry {
             mode: self.mode,
             timeout_ms: self.timeout_ms,
             max_attempts: self.max_attempts,
+            max_snoozes: self.max_snoozes,
             backoff_initial_ms: self.backoff_initial_ms,
             backoff_max_ms: self.backoff_max_ms,
             rate_limit: self.rate_limit,
@@ -235,7 +237,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 12] {
+fn shown(b: &BizType) -> [(&'static str, String); 13] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -243,6 +245,7 @@ fn shown(b: &BizType) -> [(&'static str, String); 12] {
         ("description", format!("{:?}", b.description)),
         ("timeout_ms", b.timeout_ms.to_string()),
         ("max_attempts", b.max_attempts.to_string()),
+        ("max_snoozes", b.max_snoozes.to_string()),
         ("backoff_initial_ms", b.backoff_initial_ms.to_string()),
         ("backoff_max_ms", b.backoff_max_ms.to_string()),
         ("rate_limit", rate(b.rate_limit)),

@@ -28,6 +28,9 @@ use crate::tasks::wake::{self, Wake};
 /// doubling to an hour, for at least 24 hours even with the jitter at its least, so that a
 /// receiver down for a working day loses nothing. The README's table is checked against them.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 60;
+/// Snoozes a task may take before the next fails it (migration 0028's default): 2.8 hours of
+/// a receiver snoozing every second, a week of one snoozing every minute.
+pub const DEFAULT_MAX_SNOOZES: i32 = 10_000;
 pub const DEFAULT_BACKOFF_INITIAL_MS: i32 = 1000;
 pub const DEFAULT_BACKOFF_MAX_MS: i32 = 3_600_000;
 
@@ -49,6 +52,9 @@ pub struct BizType {
     pub timeout_ms: i32,
     /// Attempts before a task is failed for good (a replay starts counting afresh).
     pub max_attempts: i32,
+    /// `Chime-Snooze` answers a task may take (snoozes do not count toward `max_attempts`);
+    /// the next one fails it, so that its history stays bounded. A replay counts afresh.
+    pub max_snoozes: i32,
     /// The first retry's delay; each later one doubles, up to `backoff_max_ms`, with jitter.
     pub backoff_initial_ms: i32,
     pub backoff_max_ms: i32,
@@ -91,6 +97,7 @@ pub struct Settings {
     pub mode: Option<String>,
     pub timeout_ms: Option<i32>,
     pub max_attempts: Option<i32>,
+    pub max_snoozes: Option<i32>,
     pub backoff_initial_ms: Option<i32>,
     pub backoff_max_ms: Option<i32>,
     pub rate_limit: Option<f64>,
@@ -149,6 +156,7 @@ impl Settings {
         let checks = [
             range("timeout_ms", self.timeout_ms, 1, 600_000),
             range("max_attempts", self.max_attempts, 1, 1000),
+            range("max_snoozes", self.max_snoozes, 0, 100_000),
             range("backoff_initial_ms", self.backoff_initial_ms, 0, 86_400_000),
             range("backoff_max_ms", self.backoff_max_ms, 0, 7 * 86_400_000),
             range("max_in_flight", self.max_in_flight, 1, 100_000),
@@ -234,6 +242,7 @@ impl BizType {
             mode: "pull".into(),
             timeout_ms: 10_000,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_snoozes: DEFAULT_MAX_SNOOZES,
             backoff_initial_ms: DEFAULT_BACKOFF_INITIAL_MS,
             backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
             rate_limit: None,
@@ -271,6 +280,7 @@ impl BizType {
             mode: s.mode.clone().unwrap_or_else(|| self.mode.clone()),
             timeout_ms: s.timeout_ms.unwrap_or(self.timeout_ms),
             max_attempts: s.max_attempts.unwrap_or(self.max_attempts),
+            max_snoozes: s.max_snoozes.unwrap_or(self.max_snoozes),
             backoff_initial_ms: s.backoff_initial_ms.unwrap_or(self.backoff_initial_ms),
             backoff_max_ms: s.backoff_max_ms.unwrap_or(self.backoff_max_ms),
             rate_limit: rate(s.rate_limit, self.rate_limit),
@@ -396,7 +406,8 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     Ok(crate::db::query_as::<BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
-                max_in_flight = $10, create_rate_limit = $11, paused = $12, failure_url = $13, updated_at = now()
+                max_in_flight = $10, create_rate_limit = $11, paused = $12, failure_url = $13, max_snoozes = $14,
+                updated_at = now()
           WHERE id = $1
           RETURNING *",
     )
@@ -413,6 +424,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     .bind(b.create_rate_limit)
     .bind(b.paused)
     .bind(&b.failure_url)
+    .bind(b.max_snoozes)
     .fetch_one(&mut *conn)
     .await?)
 }

@@ -35,6 +35,8 @@ pub struct Form {
     #[serde(default)]
     pub max_attempts: String,
     #[serde(default)]
+    pub max_snoozes: String,
+    #[serde(default)]
     pub backoff_initial_ms: String,
     #[serde(default)]
     pub backoff_max_ms: String,
@@ -61,6 +63,7 @@ impl Form {
             mode: b.mode.clone(),
             timeout_ms: b.timeout_ms.to_string(),
             max_attempts: b.max_attempts.to_string(),
+            max_snoozes: b.max_snoozes.to_string(),
             backoff_initial_ms: b.backoff_initial_ms.to_string(),
             backoff_max_ms: b.backoff_max_ms.to_string(),
             rate_limit: rate(b.rate_limit),
@@ -75,6 +78,7 @@ impl Form {
             mode: "callback".into(),
             timeout_ms: "10000".into(),
             max_attempts: biz_types::DEFAULT_MAX_ATTEMPTS.to_string(),
+            max_snoozes: biz_types::DEFAULT_MAX_SNOOZES.to_string(),
             backoff_initial_ms: biz_types::DEFAULT_BACKOFF_INITIAL_MS.to_string(),
             backoff_max_ms: biz_types::DEFAULT_BACKOFF_MAX_MS.to_string(),
             max_in_flight: "100".into(),
@@ -112,6 +116,7 @@ impl Form {
             mode: Some(self.mode.clone()),
             timeout_ms: noted(int("timeout_ms", &self.timeout_ms), &mut problems),
             max_attempts: noted(int("max_attempts", &self.max_attempts), &mut problems),
+            max_snoozes: noted(int("max_snoozes", &self.max_snoozes), &mut problems),
             backoff_initial_ms: noted(int("backoff_initial_ms", &self.backoff_initial_ms), &mut problems),
             backoff_max_ms: noted(int("backoff_max_ms", &self.backoff_max_ms), &mut problems),
             rate_limit: noted(rate("rate_limit", &self.rate_limit), &mut problems),

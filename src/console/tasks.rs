@@ -16,7 +16,7 @@ use crate::biz_types::{self, BizType};
 use crate::error::Error;
 use crate::tasks::bulk::{self, BulkFilter};
 use super::history;
-use crate::tasks::{self, Attempt, Holding, ListFilter, Status, Task, When};
+use crate::tasks::{self, Attempt, AttemptsFrom, Holding, ListFilter, Status, Task, When};
 
 const PAGE_SIZE: i64 = 50;
 
@@ -294,6 +294,12 @@ struct TaskPage {
     errors: Vec<(String, String)>,
     /// Its failure notices (`failure_notices`), oldest first.
     notices: Vec<failure_notices::Notice>,
+    /// How many attempts it has had in all; `events` shows a page of them.
+    attempt_total: i64,
+    /// The cursor of the page of attempts before the one shown; None: none older.
+    older: Option<String>,
+    /// An older page is shown, not the newest.
+    paged: bool,
 }
 
 impl TaskPage {
@@ -347,17 +353,30 @@ async fn task_page(
     session: &Session,
     state: &AppState,
     mut task: Task,
-    mut attempts: Vec<Attempt>,
+    from: AttemptsFrom,
     zone: String,
     run_at: String,
     errors: Vec<(String, String)>,
 ) -> Result<HttpResponse, ConsoleError> {
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
+    // A page of attempts, the newest by default: a task snoozed every second for a day
+    // made a page of 35 MB when all were shown.
+    let paged = matches!(from, AttemptsFrom::Before(_));
+    let page = tasks::attempts(&state.pool, task.id, &from, tasks::ATTEMPTS_SHOWN).await?;
+    let mut attempts = page.items;
+    let attempt_total = tasks::attempt_total(&state.pool, task.id).await?;
+    let before_page = match attempts.first() {
+        Some(first) => tasks::attempts_before(&state.pool, task.id, first).await?,
+        None => 0,
+    };
     let payload = super::pretty_json(&task.payload);
     let others = tasks::others_with_key(&state.pool, &task).await?;
     let mut notices = failure_notices::for_task(&state.pool, task.id).await?;
     let holding = tasks::holding(&state.pool, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
-    let audited = history::Audited::read(&state.pool, &task).await?;
+    let mut audited = history::Audited::read(&state.pool, &task).await?;
+    // Only the replays and releases among the attempts shown, when there are more.
+    let (first, last) = (attempts.first().map(|a| a.started_at), attempts.last().map(|a| a.started_at));
+    audited.own.retain(|e| (page.older.is_none() || first.is_none_or(|f| e.at >= f)) && (page.newer.is_none() || last.is_none_or(|l| e.at <= l)));
     if !session.is_admin() {
         // A redirect's target, in the attempt and its error, may carry `user:pass@`.
         task.last_error = task.last_error.as_deref().map(audit::masked_urls);
@@ -369,7 +388,10 @@ async fn task_page(
             a.error = a.error.as_deref().map(audit::masked_urls);
         }
     }
-    let events = history::events(&task, attempts, audited);
+    let mut events = history::events(&task, attempts, audited);
+    for e in events.iter_mut().filter(|e| e.attempt.is_some()) {
+        e.ordinal += before_page as usize;
+    }
     let page = TaskPage {
         ctx: Ctx::new(session, req, "tasks"),
         state: state_of(&task),
@@ -382,6 +404,9 @@ async fn task_page(
         run_at,
         errors,
         notices,
+        attempt_total,
+        older: page.older,
+        paged,
     };
     render(status, &page.ctx, &page)
 }
@@ -399,6 +424,9 @@ pub struct ShowQuery {
     /// The zone the reschedule form is in (an IANA name; empty: UTC).
     #[serde(default)]
     zone: String,
+    /// Show the attempts before this cursor (a link from the page) rather than the newest.
+    #[serde(default)]
+    attempts_before: String,
 }
 
 pub async fn show(
@@ -408,7 +436,12 @@ pub async fn show(
     id: web::Path<String>,
     query: web::Query<ShowQuery>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (task, attempts) = found(&state, parse_id(&id)?).await?;
+    let id = parse_id(&id)?;
+    let task = tasks::read(&state.pool, id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {id}")))?;
+    let from = match query.attempts_before.as_str() {
+        "" => AttemptsFrom::Newest,
+        cursor => AttemptsFrom::Before(cursor.to_string()),
+    };
     let (zone, errors) = match parse_zone(&query.zone) {
         Ok(zone) => (zone, vec![]),
         Err(Error::Invalid { field, message }) => (chrono_tz::UTC, vec![(field, message)]),
@@ -416,7 +449,7 @@ pub async fn show(
     };
     let run_at = due_in(&task, zone);
     let zone = if errors.is_empty() { zone.name().to_string() } else { query.into_inner().zone };
-    task_page(&req, &session, &state, task, attempts, zone, run_at, errors).await
+    task_page(&req, &session, &state, task, from, zone, run_at, errors).await
 }
 
 pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
@@ -548,7 +581,7 @@ pub async fn reschedule(
     form: web::Form<RescheduleForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let (task, attempts) = found(&state, parse_id(&id)?).await?;
+    let (task, _) = found(&state, parse_id(&id)?).await?;
     // The API's rules for run_at: a time RFC 3339 can name, at most 24 hours past and 10
     // years ahead; every field's problem at once.
     let zone = parse_zone(&form.zone);
@@ -568,7 +601,7 @@ pub async fn reschedule(
         Ok(moved) => moved,
         Err(problems) => {
             let form = form.into_inner();
-            return task_page(&req, &session, &state, task, attempts, form.zone, form.run_at, problems.by_field()?).await;
+            return task_page(&req, &session, &state, task, AttemptsFrom::Newest, form.zone, form.run_at, problems.by_field()?).await;
         }
     };
     audit::record(

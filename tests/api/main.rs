@@ -4,6 +4,7 @@
 
 mod admin;
 mod apply;
+mod attempts;
 mod auth;
 mod authz;
 mod bad_input;

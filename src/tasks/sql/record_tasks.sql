@@ -1,14 +1,16 @@
 -- Settles a batch of leases held by $6 (a node, or a pull consumer's receipt): succeeded,
 -- failed, expired, or pending again at its retry time. A snoozed task ($7) is pending
--- again with its attempt count as before this attempt (a snooze does not count). A task it
--- ends failed or expired in a biz type with a failure_url gets its failure notice in the
--- same statement, so that none is lost and none is made for a task that did not end
--- (`failure_notices`).
+-- again with its attempt count as before this attempt (a snooze does not count), and one
+-- more snooze counted; one that has had its biz type's max_snoozes already is failed
+-- instead, so that a receiver that snoozes for ever cannot grow its history without end
+-- (an attempt row a snooze). A task it ends failed or expired in a biz type with a
+-- failure_url gets its failure notice in the same statement, so that none is lost and none
+-- is made for a task that did not end (`failure_notices`).
 --
 -- Locks: the rows it updates. Only rows still running under this holder are changed: if a
 -- lease ran out and another holder took the task, its state is that holder's to record.
--- The biz types are read, not locked: a failure_url set or cleared meanwhile applies from
--- the next settled task.
+-- The biz types are read, not locked: a failure_url or max_snoozes changed meanwhile
+-- applies from the next settled task.
 --
 -- The engine's sessions plan no sequential scan, so the update finds the running tasks
 -- through tasks_lease_idx (running tasks only) or the primary key, whatever the statistics
@@ -18,21 +20,28 @@
 -- read differently between the two statements.
 WITH settled AS (
     UPDATE tasks t
-       SET status = o.status,
-           run_at = CASE WHEN o.status = 'pending'
+       SET status = CASE WHEN o.snoozed AND t.snoozes >= b.max_snoozes THEN 'failed' ELSE o.status END,
+           run_at = CASE WHEN o.status = 'pending' AND NOT (o.snoozed AND t.snoozes >= b.max_snoozes)
                          THEN least(o.retry_at, (SELECT until FROM hot_horizon) - interval '1 second')
                          ELSE t.run_at END,
            lease_until = NULL, leased_by = NULL,
            attempt_count = CASE WHEN o.snoozed THEN t.attempt_count - 1 ELSE t.attempt_count END,
-           last_error = o.error,
-           finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+           snoozes = CASE WHEN o.snoozed THEN t.snoozes + 1 ELSE t.snoozes END,
+           last_error = CASE WHEN o.snoozed AND t.snoozes >= b.max_snoozes
+                             THEN format('failed: the receiver snoozed it %s times, the most its biz type allows (max_snoozes); '
+                                         'raise max_snoozes, or replay the task to start counting again', t.snoozes)
+                             ELSE o.error END,
+           finished_at = CASE WHEN o.status = 'pending' AND NOT (o.snoozed AND t.snoozes >= b.max_snoozes)
+                              THEN NULL ELSE now() END,
            updated_at = now()
       FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[], $7::boolean[])
-           AS o(id, run_at, status, retry_at, error, snoozed)
+           AS o(id, run_at, status, retry_at, error, snoozed),
+           biz_types b
      WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6
-    RETURNING t.id, t.biz_type_id, t.status
+       AND b.id = t.biz_type_id
+    RETURNING t.id, t.biz_type_id, t.status, b.failure_url
 )
 INSERT INTO failure_notices (biz_type_id, task_id, event)
 SELECT s.biz_type_id, s.id, 'task.' || s.status
-  FROM settled s JOIN biz_types b ON b.id = s.biz_type_id
- WHERE s.status IN ('failed', 'expired') AND b.failure_url IS NOT NULL
+  FROM settled s
+ WHERE s.status IN ('failed', 'expired') AND s.failure_url IS NOT NULL

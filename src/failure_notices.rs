@@ -35,12 +35,12 @@
 //! signature (both `v1` during a rotation's overlap), redirects, deny list and answers.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use serde::Serialize;
+use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use crate::callback_hosts::CallbackHosts;
@@ -241,21 +241,23 @@ impl Sender {
         tracing::info!(node_id = %self.node_id, "failure notice sender started");
         let mut stop = self.stop.clone();
         let mut leaving = stop.clone();
-        let mut sending = FuturesUnordered::new();
+        // Each send is a task of its own, so that it goes on while the loop claims.
+        let this = Arc::new(self);
+        let mut sending = JoinSet::new();
+        // Each send's biz type, and how many each biz type has in flight.
+        let mut owner: HashMap<tokio::task::Id, i32> = HashMap::new();
         let mut busy: HashMap<i32, i64> = HashMap::new();
-        let this = &self;
         while !stop.is_stopping() {
             let mut full = false;
-            if !self.health.is_down() {
-                let claimed = self.claim_due(&busy).await;
+            if !this.health.is_down() {
+                let claimed = this.claim_due(&busy).await;
                 full = claimed.len() as i64 == CLAIM_BATCH;
                 for notice in claimed {
-                    *busy.entry(notice.biz.id).or_default() += 1;
-                    sending.push(async move {
-                        let biz_type_id = notice.biz.id;
-                        this.deliver(notice).await;
-                        biz_type_id
-                    });
+                    let biz_type_id = notice.biz.id;
+                    *busy.entry(biz_type_id).or_default() += 1;
+                    let sender = this.clone();
+                    let task = sending.spawn(async move { sender.deliver(notice).await });
+                    owner.insert(task.id(), biz_type_id);
                 }
             }
             // A full claim may leave more due at once; otherwise wait for the poll (or the
@@ -263,26 +265,29 @@ impl Sender {
             let mut wait = std::pin::pin!(tokio::time::sleep(if full { Duration::ZERO } else { POLL }));
             loop {
                 tokio::select! {
-                    Some(biz_type_id) = sending.next() => {
-                        if let Some(n) = busy.get_mut(&biz_type_id) {
+                    Some(sent) = sending.join_next_with_id() => {
+                        // One that panicked is counted down all the same.
+                        let task = sent.map_or_else(|e| e.id(), |(id, ())| id);
+                        if let Some(biz_type_id) = owner.remove(&task)
+                            && let Some(n) = busy.get_mut(&biz_type_id)
+                        {
                             *n -= 1;
                             if *n <= 0 {
                                 busy.remove(&biz_type_id);
                             }
                         }
                     }
-                    () = &mut wait, if !self.health.is_down() => break,
-                    () = self.health.came_up(), if self.health.is_down() => break,
+                    () = &mut wait, if !this.health.is_down() => break,
+                    () = this.health.came_up(), if this.health.is_down() => break,
                     () = stop.stopping() => break,
                 }
             }
         }
         tokio::select! {
-            () = async { while sending.next().await.is_some() {} } => {}
-            () = leaving.leaving() => {}
+            () = async { while sending.join_next().await.is_some() {} } => {}
+            () = leaving.leaving() => sending.abort_all(),
         }
-        drop(sending);
-        self.pool.close().await;
+        this.pool.close().await;
         tracing::info!("failure notice sender stopped: the node is stopping");
     }
 

@@ -45,6 +45,39 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The content type of `render`'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of `classic`'s text: Prometheus' own text format, for clients that do
+/// not ask for OpenMetrics (curl, `promtool check metrics`).
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a scrape's Accept header asks for OpenMetrics (Prometheus' does): the text
+/// `render` makes. Others get `classic`, as Prometheus' Go client answers them.
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("application/openmetrics-text"))
+}
+
+/// `render`'s OpenMetrics text in Prometheus' classic text format (0.0.4). They differ
+/// where chime's metrics are concerned in one thing that matters: OpenMetrics names a
+/// counter family `x` and its sample `x_total`, while the classic format wants HELP and
+/// TYPE under the sample's name, so a classic parser saw `x_total` without help or type
+/// (`promtool check metrics`: "no help text" for every counter with a sample). `# UNIT` and
+/// `# EOF` are OpenMetrics' own and are left out.
+pub fn classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(openmetrics.len() + 16 * counters.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let described = ["# HELP ", "# TYPE "].into_iter().find_map(|kind| Some((kind, line.strip_prefix(kind)?)));
+        match described.and_then(|(kind, rest)| Some((kind, rest.split_once(' ')?))) {
+            Some((kind, (name, text))) if counters.contains(name) => out.push_str(&format!("{kind}{name}_total {text}")),
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BizType {

@@ -62,21 +62,40 @@ pub fn wants_openmetrics(accept: Option<&str>) -> bool {
 /// (`promtool check metrics`: "no help text" for every counter with a sample). `# UNIT` and
 /// `# EOF` are OpenMetrics' own and are left out.
 pub fn classic(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> =
-        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
-    let mut out = String::with_capacity(openmetrics.len() + 16 * counters.len());
-    for line in openmetrics.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
+    let lines: Vec<&str> = openmetrics.lines().collect();
+    let mut out = String::with_capacity(openmetrics.len() + 1024);
+    for (i, line) in lines.iter().enumerate() {
+        if *line == "# EOF" || line.starts_with("# UNIT ") {
             continue;
         }
-        let described = ["# HELP ", "# TYPE "].into_iter().find_map(|kind| Some((kind, line.strip_prefix(kind)?)));
-        match described.and_then(|(kind, rest)| Some((kind, rest.split_once(' ')?))) {
-            Some((kind, (name, text))) if counters.contains(name) => out.push_str(&format!("{kind}{name}_total {text}")),
+        // A family's HELP comes before its TYPE. Names are not unique across types:
+        // `chime_tasks_failed` is a counter (per node) and a gauge (the leader's count).
+        let counter = |name: &str| {
+            let typed = if line.starts_with("# TYPE ") { Some(line) } else { lines.get(i + 1) };
+            typed.and_then(|t| t.strip_prefix("# TYPE ")?.strip_suffix(" counter")) == Some(name)
+        };
+        let described = ["# HELP ", "# TYPE "].into_iter().find_map(|kind| Some((kind, line.strip_prefix(kind)?.split_once(' ')?)));
+        match described {
+            Some((kind, (name, text))) if counter(name) => out.push_str(&format!("{kind}{name}_total {text}")),
             _ => out.push_str(line),
         }
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_classic_format_names_a_counters_help_and_type_after_its_samples() {
+        let openmetrics = "# HELP a_seconds Time.\n# TYPE a_seconds histogram\n# UNIT a_seconds seconds\na_seconds_sum 1.0\n\
+            # HELP x Things.\n# TYPE x counter\nx_total{b=\"1\"} 2\n# HELP x Things now.\n# TYPE x gauge\nx{b=\"1\"} 1\n# EOF\n";
+        assert_eq!(
+            super::classic(openmetrics),
+            "# HELP a_seconds Time.\n# TYPE a_seconds histogram\na_seconds_sum 1.0\n\
+             # HELP x_total Things.\n# TYPE x_total counter\nx_total{b=\"1\"} 2\n# HELP x Things now.\n# TYPE x gauge\nx{b=\"1\"} 1\n"
+        );
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

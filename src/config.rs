@@ -244,9 +244,10 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub body_timeout_secs: u64,
 
-    /// Most HTTP connections open at once on the API's address, across all workers; more
-    /// wait in the listen queue until one closes. Each is a file descriptor: keep it well
-    /// under `ulimit -n`.
+    /// Most requests in progress at once on the API's address, besides the probes
+    /// (`/healthz`, `/readyz`, `/metrics`); more are answered 503 at once. The server
+    /// accepts 32 connections more, kept for the probes; beyond, connections wait in the
+    /// listen queue. Each is a file descriptor: keep it well under `ulimit -n`.
     #[arg(long, env = "CHIME_MAX_CONNECTIONS", default_value_t = 500,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,

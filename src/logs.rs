@@ -31,13 +31,45 @@ pub fn filter(extra: Option<&str>) -> anyhow::Result<EnvFilter> {
 
 /// Installs the process's subscriber, writing to stderr.
 pub fn init(extra: Option<&str>, format: LogFormat) -> anyhow::Result<()> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let builder = tracing_subscriber::fmt().with_env_filter(filter(extra)?).with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.fmt_fields(OneLineFields).with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => builder.fmt_fields(OneLineFields).with_ansi(std::io::stderr().is_terminal()).finish().with(ClientParseErrors).init(),
         // serde_json escapes control characters in strings: a line per event already.
-        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).finish().with(ClientParseErrors).init(),
     }
     Ok(())
+}
+
+/// Drops actix-http's ERROR for a request it could not parse ("stream error: request parse
+/// error: …"): 431 for huge headers, 400 for a duplicate Host, Transfer-Encoding with
+/// Content-Length or a 70 KB path. That is the client's error, answered already (with the
+/// empty body actix-http's dispatcher makes itself: no application code runs for a request
+/// it cannot parse, so chime cannot give it the API's JSON error), not the node's.
+struct ClientParseErrors;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ClientParseErrors {
+    fn event_enabled(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) -> bool {
+        let meta = event.metadata();
+        if *meta.level() != tracing::Level::ERROR || !meta.target().starts_with("actix_http::h1") {
+            return true;
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        !message.0.starts_with("stream error: request parse error")
+    }
+}
+
+/// An event's message, as its text.
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
 }
 
 /// The default field format with every control character (newline, CR, ESC, NUL…)

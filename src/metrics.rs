@@ -45,6 +45,58 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The content type of `render`'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of `classic`'s text: Prometheus' own text format, for clients that do
+/// not ask for OpenMetrics (curl, `promtool check metrics`).
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a scrape's Accept header asks for OpenMetrics (Prometheus' does): the text
+/// `render` makes. Others get `classic`, as Prometheus' Go client answers them.
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("application/openmetrics-text"))
+}
+
+/// `render`'s OpenMetrics text in Prometheus' classic text format (0.0.4). They differ
+/// where chime's metrics are concerned in one thing that matters: OpenMetrics names a
+/// counter family `x` and its sample `x_total`, while the classic format wants HELP and
+/// TYPE under the sample's name, so a classic parser saw `x_total` without help or type
+/// (`promtool check metrics`: "no help text" for every counter with a sample). `# UNIT` and
+/// `# EOF` are OpenMetrics' own and are left out.
+pub fn classic(openmetrics: &str) -> String {
+    let lines: Vec<&str> = openmetrics.lines().collect();
+    let mut out = String::with_capacity(openmetrics.len() + 1024);
+    for (i, line) in lines.iter().enumerate() {
+        if *line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        // A family's HELP comes before its TYPE. Names are not unique across types:
+        // `chime_tasks_failed` is a counter (per node) and a gauge (the leader's count).
+        let counter = |name: &str| {
+            let typed = if line.starts_with("# TYPE ") { Some(line) } else { lines.get(i + 1) };
+            typed.and_then(|t| t.strip_prefix("# TYPE ")?.strip_suffix(" counter")) == Some(name)
+        };
+        let described = ["# HELP ", "# TYPE "].into_iter().find_map(|kind| Some((kind, line.strip_prefix(kind)?.split_once(' ')?)));
+        match described {
+            Some((kind, (name, text))) if counter(name) => out.push_str(&format!("{kind}{name}_total {text}")),
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_classic_format_names_a_counters_help_and_type_after_its_samples() {
+        let openmetrics = "# HELP a_seconds Time.\n# TYPE a_seconds histogram\n# UNIT a_seconds seconds\na_seconds_sum 1.0\n\
+            # HELP x Things.\n# TYPE x counter\nx_total{b=\"1\"} 2\n# HELP x Things now.\n# TYPE x gauge\nx{b=\"1\"} 1\n# EOF\n";
+        assert_eq!(
+            super::classic(openmetrics),
+            "# HELP a_seconds Time.\n# TYPE a_seconds histogram\na_seconds_sum 1.0\n\
+             # HELP x_total Things.\n# TYPE x_total counter\nx_total{b=\"1\"} 2\n# HELP x Things now.\n# TYPE x gauge\nx{b=\"1\"} 1\n"
+        );
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BizType {

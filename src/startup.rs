@@ -6,11 +6,16 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use actix_web::dev::{Payload, Server, ServerHandle, Service, ServiceRequest};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use actix_web::dev::{Payload, Server, ServerHandle, Service, ServiceRequest, ServiceResponse};
+use actix_web::http::header;
 use actix_web::error::PayloadError;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpMessage, HttpServer, middleware, web};
 use anyhow::Context;
+use futures_util::future::Either;
 use futures_util::{Stream, StreamExt};
 use crate::db::Pool;
 use tokio::time::Instant;
@@ -26,6 +31,16 @@ use crate::{biz_types, console, demo, engine, failure_notices, leader, metrics, 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request without credentials (no Authorization header, no session cookie),
+/// and any sign-in post, has to send its body, whatever CHIME_BODY_TIMEOUT_SECS says: a
+/// sign-in form is a few hundred bytes, and anyone can send these. 520 sign-in posts
+/// sending a byte a second held their connections for the whole body timeout (30 s).
+const ANONYMOUS_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections accepted beyond CHIME_MAX_CONNECTIONS, for the probes: once that many other
+/// requests are in progress, further ones are answered 503 at once (`RequestLimit`), so
+/// that `/healthz`, `/readyz` and `/metrics` always find a connection whatever holds the
+/// others. Before, 520 slow sign-in bodies made `/healthz` wait 22 s for a free one.
+const PROBE_CONNECTIONS: usize = 32;
 /// After a stop signal, the listener stays open this long (at most a quarter of the grace) with
 /// `/readyz` answering 503, so that a load balancer that polls it sees the node go before
 /// its requests find no listener. Kubernetes removes a terminating pod from its Services
@@ -83,16 +98,20 @@ impl Application {
         let signal = lifecycle.signal();
         let state = web::Data::new(AppState::new(pool.clone(), health.clone(), settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
+        let login_key = web::Data::new(console::LoginKey::default());
         let proxies = web::Data::new(settings.trusted_proxies.clone().unwrap_or_default());
         let metrics_here = settings.metrics_listen.is_none();
         let body_timeout = Duration::from_secs(settings.body_timeout_secs);
         let http_grace = http_grace(settings);
         let app_metrics = node_metrics.clone();
+        let limit = Arc::new(RequestLimit { in_progress: AtomicUsize::new(0), max: settings.max_connections as usize });
         let mut server = HttpServer::new(move || {
             let counted = app_metrics.clone();
+            let limit = limit.clone();
             App::new()
                 .app_data(state.clone())
                 .app_data(login_limiter.clone())
+                .app_data(login_key.clone())
                 .app_data(app_metrics.clone())
                 .app_data(proxies.clone())
                 .wrap(from_fn(api::by_phase))
@@ -100,6 +119,17 @@ impl Application {
                 .wrap_fn(move |mut req, service| {
                     limit_body_time(&mut req, body_timeout);
                     service.call(req)
+                })
+                .wrap_fn(move |req, service| match limit.enter(req.path()) {
+                    Ok(held) => {
+                        let response = service.call(req);
+                        Either::Left(async move {
+                            let response = response.await;
+                            drop(held);
+                            response.map(ServiceResponse::map_into_left_body)
+                        })
+                    }
+                    Err(busy) => Either::Right(std::future::ready(Ok(req.error_response(busy).map_into_right_body()))),
                 })
                 .wrap_fn(move |req, service| {
                     // The pattern, found before routing from the app's resource map.
@@ -133,7 +163,7 @@ impl Application {
         .client_request_timeout(HEADER_TIMEOUT);
         // actix-web counts connections per worker.
         let workers = settings.http_workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
-        server = server.workers(workers).max_connections((settings.max_connections as usize).div_ceil(workers));
+        server = server.workers(workers).max_connections((settings.max_connections as usize + PROBE_CONNECTIONS).div_ceil(workers));
         let mut servers = vec![start(server.run())];
         let mut metrics_port = None;
         if let Some(address) = settings.metrics_listen {
@@ -306,11 +336,50 @@ fn start(server: Server) -> (ServerHandle, tokio::task::JoinHandle<std::io::Resu
     (server.handle(), tokio::spawn(server))
 }
 
+/// Requests in progress other than the probes, and how many there may be
+/// (CHIME_MAX_CONNECTIONS); the server accepts `PROBE_CONNECTIONS` connections more.
+struct RequestLimit {
+    in_progress: AtomicUsize,
+    max: usize,
+}
+
+/// A request counted by `RequestLimit` until it is answered.
+struct Counted(Option<Arc<RequestLimit>>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(limit) = &self.0 {
+            limit.in_progress.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl RequestLimit {
+    /// Lets a probe through uncounted, and another request while fewer than `max` are in
+    /// progress; refuses it otherwise.
+    fn enter(self: &Arc<Self>, path: &str) -> Result<Counted, api::ApiError> {
+        if ["/healthz", "/readyz", "/metrics"].contains(&path) {
+            return Ok(Counted(None));
+        }
+        if self.in_progress.fetch_add(1, Ordering::Relaxed) >= self.max {
+            self.in_progress.fetch_sub(1, Ordering::Relaxed);
+            return Err(api::ApiError::Unavailable(format!(
+                "this node is answering {} requests (CHIME_MAX_CONNECTIONS); retry shortly or on another node",
+                self.max
+            )));
+        }
+        Ok(Counted(Some(self.clone())))
+    }
+}
+
 /// Ends a request's body with a `TimedOut` error once `timeout` has passed since its
-/// headers arrived (the API answers 408). actix-web's `client_request_timeout` covers only
-/// the headers: without this, a client sending its body a byte at a time would hold its
-/// connection, and a file descriptor, for as long as it likes.
+/// headers arrived (the API answers 408); `ANONYMOUS_BODY_TIMEOUT` for a request without
+/// credentials or a sign-in. actix-web's `client_request_timeout` covers only the headers:
+/// without this, a client sending its body a byte at a time would hold its connection,
+/// and a file descriptor, for as long as it likes.
 fn limit_body_time(req: &mut ServiceRequest, timeout: Duration) {
+    let anonymous = !req.headers().contains_key(header::AUTHORIZATION) && req.cookie(console::SESSION_COOKIE).is_none();
+    let timeout = if anonymous || req.path() == "/console/login" { timeout.min(ANONYMOUS_BODY_TIMEOUT) } else { timeout };
     let deadline = tokio::time::Instant::now() + timeout;
     let body = futures_util::stream::unfold(Some(req.take_payload()), move |payload| async move {
         let mut payload = payload?;

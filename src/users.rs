@@ -1,22 +1,23 @@
-//! Console users. Passwords are stored as argon2 hashes only.
+//! Console users. Passwords are stored as argon2 hashes only, made and checked on the
+//! threads of `hashing`.
 
-use argon2::password_hash::{PasswordHasher, SaltString};
-use argon2::Argon2;
-use rand::{Rng, RngCore};
+mod hashing;
+
+use rand::Rng;
 use crate::db::Pool;
 
 use crate::error::Error;
 
+pub use hashing::Busy;
+
 pub const ROLES: [&str; 2] = ["admin", "support"];
 
-fn hash_password(password: &str) -> String {
-    let mut salt = [0u8; 16];
-    rand::rng().fill_bytes(&mut salt);
-    let salt = SaltString::encode_b64(&salt).expect("16 bytes is a valid salt");
-    Argon2::default().hash_password(password.as_bytes(), &salt).expect("argon2 with default parameters").to_string()
+async fn hash_password(password: &str) -> String {
+    hashing::hash(password.to_string()).await
 }
 
-/// The users table's CHECK on names, so that a name no user can have is refused here.
+/// The users table's CHECK on names, so that a name no user can have is refused here. A
+/// name is one name in any case: unique and looked up by `lower(username)`.
 fn validate_username(username: &str) -> Result<(), Error> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "_.@-".contains(c);
     if username.is_empty() || username.len() > 64 || !username.chars().all(ok_char) || !username.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
@@ -64,14 +65,15 @@ pub async fn create(pool: &Pool, username: &str, role: &str, password: &str) -> 
     validate(username, role, password)?;
     crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO users (username, password_hash, role) VALUES ($1, $2, $3)
-         ON CONFLICT (username) DO NOTHING RETURNING {USER_COLUMNS}"
+         ON CONFLICT DO NOTHING RETURNING {USER_COLUMNS}"
     )))
     .bind(username)
-    .bind(hash_password(password))
+    .bind(hash_password(password).await)
     .bind(role)
     .fetch_optional(pool)
     .await?
-    .ok_or_else(|| Error::key_conflict(format!("user `{username}` already exists")))
+    // Either constraint: the name, or the same name in another case (0025).
+    .ok_or_else(|| Error::key_conflict(format!("user `{username}` already exists (names are the same in any case)")))
 }
 
 /// Creates the `admin` account when there is no user at all. Returns the password when it
@@ -89,9 +91,9 @@ pub async fn ensure_first_admin(pool: &Pool, configured: Option<&str>) -> Result
     let created = crate::db::query(
         "INSERT INTO users (username, password_hash, role)
          SELECT 'admin', $1, 'admin' WHERE NOT EXISTS (SELECT 1 FROM users)
-         ON CONFLICT (username) DO NOTHING",
+         ON CONFLICT DO NOTHING",
     )
-    .bind(hash_password(password))
+    .bind(hash_password(password).await)
     .execute(pool)
     .await?
     .rows_affected();
@@ -111,32 +113,39 @@ pub struct User {
     pub role: String,
 }
 
-/// The user with this name and password, if the password is right and the user not
-/// disabled. A wrong name costs an argon2 hash too, so timing does not tell names apart.
-pub async fn verify(pool: &Pool, username: &str, password: &str) -> Result<Option<User>, Error> {
-    use argon2::password_hash::{PasswordHash, PasswordVerifier};
+/// What a sign-in's name and password come to.
+#[derive(Debug)]
+pub enum Verdict {
+    Right(User),
+    /// No such user, a disabled one, or the wrong password: callers cannot tell which.
+    Wrong,
+    /// Too many passwords are being checked; nothing was (an anonymous caller only).
+    Busy,
+}
+
+/// Checks a name and password: right if the user exists, is not disabled and the password
+/// is theirs. A wrong name costs an argon2 hash too, so timing does not tell names apart.
+/// `anonymous` (sign-in): answered `Busy` rather than queued behind a flood (`hashing`).
+pub async fn verify(pool: &Pool, username: &str, password: &str, anonymous: bool) -> Result<Verdict, Error> {
     // A name no user can have (a NUL byte, 15 KB) is not looked up: PostgreSQL refuses NUL.
     let row: Option<(i32, String, String, String)> = if validate_username(username).is_ok() {
-        crate::db::query_as("SELECT id, username, role, password_hash FROM users WHERE username = $1 AND NOT disabled")
+        crate::db::query_as("SELECT id, username, role, password_hash FROM users WHERE lower(username) = lower($1) AND NOT disabled")
             .bind(username)
             .fetch_optional(pool)
             .await?
     } else {
         None
     };
-    static UNKNOWN_USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static UNKNOWN_USER: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
     let hash = match &row {
         Some(r) => r.3.clone(),
-        None => UNKNOWN_USER.get_or_init(|| hash_password("no such user")).clone(),
+        None => UNKNOWN_USER.get_or_init(|| hash_password("no such user")).await.clone(),
     };
-    let password = password.to_string();
-    // argon2 takes tens of milliseconds of CPU: off the async workers.
-    let ok = tokio::task::spawn_blocking(move || {
-        PasswordHash::new(&hash).is_ok_and(|h| Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+    Ok(match (hashing::verify(password.to_string(), hash, anonymous).await, row) {
+        (Err(Busy), _) => Verdict::Busy,
+        (Ok(true), Some((id, username, role, _))) => Verdict::Right(User { id, username, role }),
+        (Ok(_), _) => Verdict::Wrong,
     })
-    .await
-    .unwrap_or(false);
-    Ok(row.filter(|_| ok).map(|(id, username, role, _)| User { id, username, role }))
 }
 
 /// Notes that the user signed in just now (the users page shows it).
@@ -150,7 +159,7 @@ pub async fn record_sign_in(pool: &Pool, user_id: i32) -> Result<(), Error> {
 /// session that asked), so that changing it does not sign the person out. Returns the user.
 pub async fn set_own_password(pool: &Pool, user_id: i32, password: &str, keep_session: &[u8]) -> Result<UserInfo, Error> {
     validate_password(password)?;
-    let hash = hash_password(password);
+    let hash = hash_password(password).await;
     let mut tx = pool.begin().await?;
     // Locks the user's row until the commit; a disabled user has no session to ask with.
     let user: UserInfo = crate::db::query_as(sqlx::AssertSqlSafe(format!(
@@ -197,7 +206,7 @@ pub struct UserChanges {
 async fn lock_user(tx: &mut sqlx::PgConnection, username: &str) -> Result<UserInfo, Error> {
     crate::db::query("SELECT 1 FROM users WHERE role = 'admin' AND NOT disabled ORDER BY id FOR UPDATE").execute(&mut *tx).await?;
     let user: Option<UserInfo> = if validate_username(username).is_ok() {
-        crate::db::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1 FOR UPDATE")))
+        crate::db::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS} FROM users WHERE lower(username) = lower($1) FOR UPDATE")))
             .bind(username)
             .fetch_optional(&mut *tx)
             .await?
@@ -227,10 +236,13 @@ pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Resul
     }
     let mut tx = pool.begin().await?;
     let before = lock_user(&mut tx, username).await?;
-    let hash = changes.password.as_deref().map(hash_password);
+    let hash = match changes.password.as_deref() {
+        Some(password) => Some(hash_password(password).await),
+        None => None,
+    };
     let after: UserInfo = crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE users SET role = coalesce($2, role), password_hash = coalesce($3, password_hash), disabled = coalesce($4, disabled)
-          WHERE username = $1 RETURNING {USER_COLUMNS}"
+          WHERE lower(username) = lower($1) RETURNING {USER_COLUMNS}"
     )))
     .bind(username)
     .bind(&changes.role)
@@ -240,7 +252,7 @@ pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Resul
     .await?;
     keep_an_admin(&mut tx, username).await?;
     if changes.password.is_some() || after.disabled {
-        crate::db::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = $1)").bind(username).execute(&mut *tx).await?;
+        crate::db::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE lower(username) = lower($1))").bind(username).execute(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok((before, after))
@@ -250,7 +262,7 @@ pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Resul
 pub async fn delete(pool: &Pool, username: &str) -> Result<UserInfo, Error> {
     let mut tx = pool.begin().await?;
     let user = lock_user(&mut tx, username).await?;
-    crate::db::query("DELETE FROM users WHERE username = $1").bind(username).execute(&mut *tx).await?;
+    crate::db::query("DELETE FROM users WHERE lower(username) = lower($1)").bind(username).execute(&mut *tx).await?;
     keep_an_admin(&mut tx, username).await?;
     tx.commit().await?;
     Ok(user)

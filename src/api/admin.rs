@@ -516,6 +516,7 @@ pub(super) async fn revoke_token(admin: Admin, state: web::Data<AppState>, path:
     let b = found(&state, &name).await?;
     let id: Uuid = id.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a token id (a UUID)", id.escape_debug())))?;
     let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
+    state.forget_tokens();
     audit::record(&state.pool, &admin.0.actor(), "token.revoke", "biz_type", &name, None, Some(prefix.into())).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -122,13 +122,19 @@ async fn openapi() -> HttpResponse {
     operation_id = "metrics",
     tag = "metrics",
     summary = r#"Prometheus metrics of this node"#,
-    description = r#"Counters of tasks claimed, delivered, retried and failed per biz type; callbacks in flight; histograms of callback duration, lateness (fire time minus run_at) and claim batch size; HTTP requests by route pattern and status; the node's database pool; and, on the leader only, pending, retrying and failed tasks and the age of the oldest due task per biz type (the README lists them). OpenMetrics text format. Asks for no credentials. When CHIME_METRICS_LISTEN is set, served on that address only, and this path answers 404 here."#,
+    description = r#"Counters of tasks claimed, delivered, retried and failed per biz type; callbacks in flight; histograms of callback duration, lateness (fire time minus run_at) and claim batch size; HTTP requests by route pattern and status; the node's database pool; and, on the leader only, pending, retrying and failed tasks and the age of the oldest due task per biz type (the README lists them). OpenMetrics text format when the Accept header asks for it (as Prometheus does), else Prometheus' classic text format (0.0.4). Asks for no credentials. When CHIME_METRICS_LISTEN is set, served on that address only, and this path answers 404 here."#,
     responses(
-        (status = 200, description = r#"The metrics."#, body = String, content_type = "application/openmetrics-text")
+        (status = 200, description = r#"The metrics."#, content((String = "application/openmetrics-text"), (String = "text/plain")))
     )
 )]
-pub(super) async fn metrics(node: web::Data<crate::metrics::Node>) -> HttpResponse {
-    HttpResponse::Ok().content_type(crate::metrics::CONTENT_TYPE).body(node.render().await)
+pub(super) async fn metrics(req: HttpRequest, node: web::Data<crate::metrics::Node>) -> HttpResponse {
+    let accept = req.headers().get(actix_web::http::header::ACCEPT).and_then(|a| a.to_str().ok());
+    let text = node.render().await;
+    if crate::metrics::wants_openmetrics(accept) {
+        HttpResponse::Ok().content_type(crate::metrics::CONTENT_TYPE).body(text)
+    } else {
+        HttpResponse::Ok().content_type(crate::metrics::CLASSIC_CONTENT_TYPE).body(crate::metrics::classic(&text))
+    }
 }
 
 #[utoipa::path(

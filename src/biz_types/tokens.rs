@@ -136,14 +136,26 @@ pub async fn list_tokens(pool: &Pool, biz_type_id: i32) -> Result<Vec<TokenInfo>
         .await?)
 }
 
-/// Revokes a token of the biz type; returns its prefix. Revoking twice is harmless.
+/// Revokes a token of the biz type; returns its prefix. Revoking twice is harmless. Every
+/// node is told on commit (`Wake::Settings`) and forgets the tokens it had checked, so the
+/// token is refused from then on rather than after `TokenCache::TTL`; the node that
+/// revoked it should forget its own at once (`AppState::forget_tokens`), before its answer.
 pub async fn revoke_token(pool: &Pool, biz_type_id: i32, id: Uuid) -> Result<String, Error> {
-    crate::db::query_scalar("UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND biz_type_id = $2 RETURNING prefix")
-        .bind(id)
-        .bind(biz_type_id)
-        .fetch_optional(pool)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no token {id} in this biz type")))
+    // Locks the token's row; the notification goes out when the statement commits.
+    crate::db::query_as::<(String, ())>(
+        "WITH revoked AS (
+            UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND biz_type_id = $2 RETURNING prefix
+         )
+         SELECT prefix, pg_notify($3, $4) FROM revoked",
+    )
+    .bind(id)
+    .bind(biz_type_id)
+    .bind(crate::tasks::wake::CHANNEL)
+    .bind(crate::tasks::wake::Wake::Settings.payload())
+    .fetch_optional(pool)
+    .await?
+    .map(|(prefix, ())| prefix)
+    .ok_or_else(|| Error::NotFound(format!("no token {id} in this biz type")))
 }
 
 /// How long the replaced secret may keep signing after a rotation, at most: 30 days.
@@ -269,9 +281,9 @@ pub fn validate_signing_secret(secret: &str) -> Result<(), Error> {
 }
 
 /// Valid tokens seen lately, so that a busy client costs one token look-up every few
-/// seconds rather than one per request. A revoked token, or a changed create rate limit,
-/// takes effect within `TTL`; an archived biz type at once (every node empties its cache
-/// when told that biz types changed).
+/// seconds rather than one per request. A revoked token or an archived biz type takes effect
+/// at once (every node empties its cache when told that biz types or tokens changed); a
+/// changed create rate limit within `TTL`, as does anything a lost notification missed.
 ///
 /// It also keeps "last used" cheap: a token's use is recorded (`record_use`) at most once a
 /// minute per token by each node, rather than written on every request.

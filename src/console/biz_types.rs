@@ -450,8 +450,9 @@ pub async fn revoke_token(
     let (name, id) = path.into_inner();
     let b = found(&state, &name).await?;
     let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
+    state.forget_tokens();
     audit::record(&state.pool, &session.actor(), "token.revoke", "biz_type", &name, None, Some(prefix.clone().into())).await?;
-    Ok(done(&format!("/console/biz-types/{name}"), &format!("Token {prefix}… revoked; API calls with it are refused within seconds.")))
+    Ok(done(&format!("/console/biz-types/{name}"), &format!("Token {prefix}… revoked; API calls with it are refused from now on.")))
 }
 
 /// Archives the biz type (after the button's confirmation).

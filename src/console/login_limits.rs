@@ -66,7 +66,8 @@ fn key(address: IpAddr, username: Option<&str>) -> [u8; 32] {
     hash.update(counted(address).to_string());
     if let Some(name) = username {
         hash.update([0]);
-        hash.update(name);
+        // Names are one name in any case: `HELEN` counts as `helen`.
+        hash.update(name.to_ascii_lowercase());
     }
     hash.finalize().into()
 }
@@ -101,6 +102,19 @@ impl LoginLimiter {
         entries.remove(&key(address, Some(username)));
         if let Some(f) = entries.get_mut(&key(address, None)) {
             f.count = f.count.saturating_sub(1);
+        }
+    }
+}
+
+impl LoginLimiter {
+    /// The attempt was not tried after all (no password was checked): takes back what
+    /// `begin` counted.
+    pub fn not_tried(&self, address: IpAddr, username: &str) {
+        let mut entries = self.entries.lock().expect("login limiter lock");
+        for k in [key(address, None), key(address, Some(username))] {
+            if let Some(f) = entries.get_mut(&k) {
+                f.count = f.count.saturating_sub(1);
+            }
         }
     }
 }

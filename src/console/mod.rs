@@ -25,7 +25,7 @@ mod users;
 mod when;
 
 pub use login_limits::LoginLimiter;
-pub use session::Session;
+pub use session::{COOKIE as SESSION_COOKIE, LoginKey, Session};
 
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::cookie::{Cookie, SameSite};

@@ -3,7 +3,9 @@
 //! The session cookie holds 32 random bytes; the database keeps only their SHA-256, with
 //! the user and the session's CSRF token. Signing in always makes a new session (a
 //! session id planted before sign-in is worthless). The sign-in form itself is protected
-//! by a double-submit token: a random value in a cookie and in the form must match.
+//! by a signed double-submit token: a random value and its HMAC under a key the nodes share
+//! (`LoginKey`), in a cookie and in the form, which must match; a pair the client made up
+//! is refused, whatever it put in both.
 //! Sign-in attempts are limited per client address (behind trusted proxies, the one they
 //! forwarded: `client_address`) and user name (`login_limits`); failed ones are logged and
 //! audited.
@@ -30,7 +32,8 @@ use crate::audit;
 use crate::client_address::TrustedProxies;
 use crate::users::{self, User};
 
-const COOKIE: &str = "chime_session";
+/// The session cookie; a request without it (or an Authorization header) is anonymous.
+pub const COOKIE: &str = "chime_session";
 const LOGIN_COOKIE: &str = "chime_login";
 const SESSION_HOURS: i64 = 12;
 
@@ -151,8 +154,59 @@ pub(super) fn secure(req: &HttpRequest) -> bool {
     req.connection_info().scheme() == "https"
 }
 
-fn login_page(req: &HttpRequest, status: StatusCode, next: String, username: String, error: Option<String>) -> HttpResponse {
-    let csrf = random_token();
+/// The key that signs sign-in form tokens, shared by the nodes through the database
+/// (`console_keys`) and read once per node, on first use.
+#[derive(Default)]
+pub struct LoginKey(tokio::sync::OnceCell<[u8; 32]>);
+
+impl LoginKey {
+    async fn get(&self, state: &AppState) -> Result<&[u8; 32], ConsoleError> {
+        self.0
+            .get_or_try_init(|| async {
+                let mut made = [0u8; 32];
+                rand::rng().fill_bytes(&mut made);
+                // The first node to ask makes it; the others read it. A key row is never
+                // updated, so nothing is locked beyond the insert's own row.
+                let key: Vec<u8> = crate::db::query_scalar(
+                    "WITH made AS (
+                        INSERT INTO console_keys (purpose, key) VALUES ('login', $1) ON CONFLICT DO NOTHING RETURNING key
+                     )
+                     SELECT key FROM made UNION ALL SELECT key FROM console_keys WHERE purpose = 'login' LIMIT 1",
+                )
+                .bind(made.as_slice())
+                .fetch_one(&state.pool)
+                .await
+                .map_err(crate::error::Error::from)?;
+                key.try_into().map_err(|_| ConsoleError::Internal("the console's login key is not 32 bytes".into()))
+            })
+            .await
+    }
+}
+
+/// A new sign-in form token: 32 random bytes and their HMAC-SHA256, both base64url, joined
+/// by a dot.
+fn signed_token(key: &[u8; 32]) -> String {
+    let random = random_token();
+    format!("{random}.{}", URL_SAFE_NO_PAD.encode(login_mac(key, &random)))
+}
+
+fn login_mac(key: &[u8; 32], random: &str) -> Vec<u8> {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(b"chime login form\0");
+    mac.update(random.as_bytes());
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Whether the cookie and the form carry the same token, and it is one this cluster made.
+fn login_token_ok(key: &[u8; 32], cookie: &str, form: &str) -> bool {
+    let Some((random, mac)) = form.split_once('.') else { return false };
+    let Ok(mac) = URL_SAFE_NO_PAD.decode(mac) else { return false };
+    constant_time_eq(cookie.as_bytes(), form.as_bytes()) && constant_time_eq(&mac, &login_mac(key, random))
+}
+
+fn login_page(req: &HttpRequest, key: &[u8; 32], status: StatusCode, next: String, username: String, error: Option<String>) -> HttpResponse {
+    let csrf = signed_token(key);
     let page = LoginPage { csrf: csrf.clone(), next, username, error, css: assets::url("console.css") };
     let cookie = Cookie::build(LOGIN_COOKIE, csrf)
         .path("/console/login")
@@ -166,8 +220,13 @@ fn login_page(req: &HttpRequest, status: StatusCode, next: String, username: Str
         .body(page.render().unwrap_or_default())
 }
 
-pub async fn login_form(req: HttpRequest, query: web::Query<LoginQuery>) -> HttpResponse {
-    login_page(&req, StatusCode::OK, safe_next(query.next.as_deref()), String::new(), None)
+pub async fn login_form(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    key: web::Data<LoginKey>,
+    query: web::Query<LoginQuery>,
+) -> Result<HttpResponse, ConsoleError> {
+    Ok(login_page(&req, key.get(&state).await?, StatusCode::OK, safe_next(query.next.as_deref()), String::new(), None))
 }
 
 #[derive(Deserialize)]
@@ -187,14 +246,16 @@ pub async fn login(
     state: web::Data<AppState>,
     limiter: web::Data<LoginLimiter>,
     proxies: web::Data<TrustedProxies>,
+    key: web::Data<LoginKey>,
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     let form = form.into_inner();
     let next = safe_next(Some(&form.next));
     let cookie = req.cookie(LOGIN_COOKIE).map(|c| c.value().to_string()).unwrap_or_default();
-    if form.csrf.is_empty() || !constant_time_eq(cookie.as_bytes(), form.csrf.as_bytes()) {
+    let key = key.get(&state).await?;
+    if !login_token_ok(key, &cookie, &form.csrf) {
         let error = "the sign-in form expired; please sign in again".to_string();
-        return Ok(login_page(&req, StatusCode::FORBIDDEN, next, form.username, Some(error)));
+        return Ok(login_page(&req, key, StatusCode::FORBIDDEN, next, form.username, Some(error)));
     }
     let address = proxies.client(&req);
     let failures = match limiter.begin(address, &form.username, Instant::now()) {
@@ -204,18 +265,30 @@ pub async fn login(
             tracing::debug!(user = %shown_name(&form.username), %address, "console: sign-in refused while waiting");
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             let error = format!("too many failed sign-ins; try again in {}", in_words(secs));
-            let mut page = login_page(&req, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(error));
+            let mut page = login_page(&req, key, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(error));
             page.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
             return Ok(page);
         }
     };
-    let Some(user) = users::verify(&state.pool, &form.username, &form.password).await? else {
-        let name = shown_name(&form.username);
-        tracing::warn!(user = %name, %address, failures, "console: sign-in failed");
-        let after = serde_json::json!({"address": address.to_string(), "failures": failures});
-        audit::record(&state.pool, &format!("address:{address}"), "user.sign_in_failed", "user", &name, None, Some(after)).await?;
-        let error = "wrong user name or password".to_string();
-        return Ok(login_page(&req, StatusCode::UNAUTHORIZED, next, form.username, Some(error)));
+    let user = match users::verify(&state.pool, &form.username, &form.password, true).await? {
+        users::Verdict::Right(user) => user,
+        users::Verdict::Busy => {
+            // Not tried: the attempt does not count against the name or the address.
+            limiter.not_tried(address, &form.username);
+            tracing::debug!(user = %shown_name(&form.username), %address, "console: sign-in refused, too many being checked");
+            let error = "too many sign-ins are being checked at once; try again in a second".to_string();
+            let mut page = login_page(&req, key, StatusCode::SERVICE_UNAVAILABLE, next, form.username, Some(error));
+            page.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1));
+            return Ok(page);
+        }
+        users::Verdict::Wrong => {
+            let name = shown_name(&form.username);
+            tracing::warn!(user = %name, %address, failures, "console: sign-in failed");
+            let after = serde_json::json!({"address": address.to_string(), "failures": failures});
+            audit::record(&state.pool, &format!("address:{address}"), "user.sign_in_failed", "user", &name, None, Some(after)).await?;
+            let error = "wrong user name or password".to_string();
+            return Ok(login_page(&req, key, StatusCode::UNAUTHORIZED, next, form.username, Some(error)));
+        }
     };
     limiter.succeeded(address, &form.username);
     // A fresh session on every sign-in; expired ones are cleared on the way.
@@ -295,6 +368,20 @@ mod tests {
             assert_eq!(safe_next(Some(bad)), "/console", "{bad}");
         }
         assert_eq!(safe_next(None), "/console");
+    }
+
+    #[test]
+    fn a_login_token_must_be_signed_and_the_same_in_cookie_and_form() {
+        let key = [7u8; 32];
+        let token = signed_token(&key);
+        assert!(login_token_ok(&key, &token, &token));
+        assert!(!login_token_ok(&[8u8; 32], &token, &token), "another cluster's key");
+        let other = signed_token(&key);
+        assert!(!login_token_ok(&key, &token, &other), "two genuine tokens, not the same");
+        let (random, _) = token.split_once('.').unwrap();
+        for forged in ["", ".", "chosen-by-the-client", random, &format!("{random}.AAAA"), &format!("{random}.{}", URL_SAFE_NO_PAD.encode([0u8; 32]))] {
+            assert!(!login_token_ok(&key, forged, forged), "{forged}");
+        }
     }
 
     #[test]

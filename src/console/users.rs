@@ -286,7 +286,9 @@ pub async fn change_password(
         response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
         return Ok(response);
     }
-    let current_ok = users::verify(&state.pool, &name, &form.current_password).await?.is_some_and(|u| u.id == session.user.id);
+    // Signed in: queued behind a flood of sign-ins rather than refused.
+    let verdict = users::verify(&state.pool, &name, &form.current_password, false).await?;
+    let current_ok = matches!(verdict, users::Verdict::Right(u) if u.id == session.user.id);
     if current_ok {
         limiter.succeeded(address, &name);
     }

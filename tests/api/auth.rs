@@ -118,3 +118,33 @@ async fn a_revoked_token_stops_working_within_seconds() {
     }
     assert_eq!(reply.status, 401);
 }
+
+/// A token revoked through the admin API is refused at once by every node that had checked
+/// (and cached) it: by the node that revoked it from its answer on, and by another as soon
+/// as the settings notification reaches it, not after the token cache's 5 s.
+#[tokio::test]
+async fn a_revoked_token_is_refused_at_once_on_every_node() {
+    let app = spawn_app().await;
+    let other = crate::helpers::spawn_second_node(&app).await;
+    let token = app.biz_type("orders").await;
+    let admin = crate::admin::admin_token(&app).await;
+    for node in [&app, &other] {
+        assert_eq!(node.get("/api/v1/tasks", &token).await.status, 200, "checked and cached");
+    }
+    let id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM api_tokens").fetch_one(&app.pool).await.unwrap();
+    let reply = app.request("DELETE", &format!("/api/v1/admin/biz-types/orders/tokens/{id}"), Some(&admin), None).await;
+    assert_eq!(reply.status, 204, "{}", reply.body);
+    let revoked = std::time::Instant::now();
+    let here = app.get("/api/v1/tasks", &token).await.status;
+    // The other node is told by notification: asked until it refuses, for up to 6 s.
+    let mut there = other.get("/api/v1/tasks", &token).await.status;
+    while there != 401 && revoked.elapsed() < std::time::Duration::from_secs(6) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        there = other.get("/api/v1/tasks", &token).await.status;
+    }
+    let took = revoked.elapsed();
+    println!("after the revocation: {here} from the node that revoked it; {there} from the other after {took:?}");
+    assert_eq!(here, 401, "the node that revoked it refuses it at once");
+    assert_eq!(there, 401);
+    assert!(took < std::time::Duration::from_secs(1), "the other node refused it only after {took:?}");
+}

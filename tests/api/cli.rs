@@ -303,3 +303,29 @@ async fn config_file_is_read_and_validated() {
     assert!(!out.ok && out.stderr.contains("listen_addr"), "{}", out.stderr);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A user name is one name in any case: after `chime user create helen`, `HELEN` is refused
+/// by the command line and by the admin API (409), helen signs in as `HeLeN`, and the admin
+/// API changes her as `Helen`. Before, `HELEN` was a second user.
+#[tokio::test]
+async fn user_names_are_the_same_in_any_case() {
+    use crate::console::sign_in_attempt;
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+    assert!(chime(&env, &["user", "create", "helen", "--role", "support", "--password", "support-password"], None).await.ok);
+    let twin = chime(&env, &["user", "create", "HELEN", "--role", "admin", "--password", "another-password"], None).await;
+    let admin = crate::admin::admin_token(&app).await;
+    let body = json!({"name": "hElEn", "role": "admin", "password": "another-password"});
+    let api = app.request("POST", "/api/v1/admin/users", Some(&admin), Some(body.to_string().into_bytes())).await;
+    let names: Vec<String> = sqlx::query_scalar("SELECT username FROM users ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    println!("`chime user create HELEN`: ok {} ({}); the admin API's hElEn: {} {}; users {names:?}", twin.ok, twin.stderr.trim(), api.status, api.body);
+    assert!(!twin.ok && twin.stderr.contains("already exists"), "{}", twin.stderr);
+    assert_eq!(api.status, 409, "{}", api.body);
+    assert_eq!(names, ["admin", "helen"]);
+
+    let page = sign_in_attempt(&app, "HeLeN", "support-password").await;
+    assert_eq!(page.status, 303, "helen signs in in any case: {}", page.body);
+    let changed = app.request("PATCH", "/api/v1/admin/users/Helen", Some(&admin), Some(json!({"disabled": true}).to_string().into_bytes())).await;
+    assert_eq!(changed.status, 200, "{}", changed.body);
+    assert_eq!(changed.body["name"], "helen", "{}", changed.body);
+}

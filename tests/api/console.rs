@@ -737,3 +737,40 @@ async fn a_form_shows_every_fields_problem_at_once() {
         assert!(page.body.contains(&format!("data-field=\"{field}\">{field}: ")), "asking to replay: no error at {field}: {}", page.body);
     }
 }
+
+/// The sign-in form's token is signed by the cluster: a cookie and form field the client
+/// made up together (equal, as double-submit asked) are refused with the right password,
+/// as is a token of the right shape with a made-up signature, while the pair a login
+/// page handed out, from either node, signs in. Before, any equal pair passed.
+#[tokio::test]
+async fn a_sign_in_token_the_client_made_up_is_refused() {
+    let app = spawn_app().await;
+    let other = crate::helpers::spawn_second_node(&app).await;
+    let client = no_redirects();
+    let post = |cookie: String, csrf: String| {
+        let client = client.clone();
+        let address = app.address.clone();
+        async move {
+            let reply = client
+                .post(format!("{address}/console/login"))
+                .header(COOKIE, format!("chime_login={cookie}"))
+                .form(&[("username", "admin"), ("password", ADMIN_PASSWORD), ("csrf", &csrf), ("next", "/console")])
+                .send()
+                .await
+                .unwrap();
+            reply.status().as_u16()
+        }
+    };
+    let page = client.get(format!("{}/console/login", other.address)).send().await.unwrap();
+    let genuine = cookie(page.headers(), "chime_login").unwrap();
+    assert_eq!(csrf_in(&page.text().await.unwrap()), genuine, "the form carries the cookie's token");
+    let (random, _) = genuine.split_once('.').unwrap_or((genuine.as_str(), ""));
+    let shaped = format!("{random}.{}", "A".repeat(43));
+    let made_up = post("chosen-by-the-client".into(), "chosen-by-the-client".into()).await;
+    let unsigned = post(random.into(), random.into()).await;
+    let bad_signature = post(shaped.clone(), shaped).await;
+    let handed_out = post(genuine.clone(), genuine).await;
+    println!("made-up pair: {made_up}; unsigned: {unsigned}; bad signature: {bad_signature}; handed out by another node: {handed_out}");
+    assert_eq!([made_up, unsigned, bad_signature], [403, 403, 403]);
+    assert_eq!(handed_out, 303, "the pair another node handed out signs in here");
+}

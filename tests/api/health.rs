@@ -82,7 +82,7 @@ async fn metrics_listen_moves_metrics_off_the_api_address() {
     let client = crate::helpers::client();
     let on_api = client.get(format!("{address}/metrics")).send().await.unwrap();
     assert_eq!(on_api.status(), 404);
-    let own = client.get(format!("http://{metrics_address}/metrics")).send().await.unwrap();
+    let own = client.get(format!("http://{metrics_address}/metrics")).header("accept", "application/openmetrics-text").send().await.unwrap();
     assert_eq!(own.status(), 200);
     let text = own.text().await.unwrap();
     assert!(text.contains("# TYPE chime_db_pool_connections_in_use gauge") && text.ends_with("# EOF\n"), "{text}");

@@ -36,6 +36,7 @@ mod leader;
 mod metrics;
 mod nodes;
 mod pooler;
+mod protocol;
 mod operating;
 mod pull;
 mod receiver;

@@ -143,3 +143,36 @@ async fn a_migration_behind_a_long_transaction_gives_up() {
     let out = chime(&env, &["migrate"], None).await;
     assert!(out.ok, "{}", out.stderr);
 }
+
+/// Migration 0025 on a database where user names differ only in case: the oldest keeps its
+/// name, the others are renamed `<name>-<id>` (cut to 64 characters) with an audit entry
+/// naming the old name, keep their passwords, and `chime migrate` succeeds.
+#[tokio::test]
+async fn user_names_that_differ_only_in_case_are_renamed_by_the_migration() {
+    let db_url = crate::helpers::empty_database().await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let mut before = sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!() };
+    before.migrations = before.migrations.iter().filter(|m| m.version < 25).cloned().collect::<Vec<_>>().into();
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db_url).await.unwrap();
+    before.run(&mut conn).await.unwrap();
+    let long = format!("h{}", "e".repeat(63));
+    for name in ["helen", "HELEN", "Helen", "ivan", long.as_str(), &long.to_uppercase()] {
+        sqlx::query("INSERT INTO users (username, password_hash, role) VALUES ($1, 'hash of ' || $1, 'support')").bind(name).execute(&pool).await.unwrap();
+    }
+
+    let env = [("DATABASE_URL", db_url.as_str())];
+    let migrate = crate::cli::chime(&env, &["migrate"], None).await;
+    assert!(migrate.ok, "{}", migrate.stderr);
+    let users: Vec<(String, String)> = sqlx::query_as("SELECT username, password_hash FROM users ORDER BY id").fetch_all(&pool).await.unwrap();
+    let audited: Vec<(String, String, serde_json::Value)> =
+        sqlx::query_as("SELECT actor, target, before FROM audit_log WHERE action = 'user.rename' ORDER BY id").fetch_all(&pool).await.unwrap();
+    println!("users after 0025: {users:?}; audited: {audited:?}");
+    let renamed_long = format!("{}-6", &long.to_uppercase()[..62]);
+    let names: Vec<&str> = users.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["helen", "HELEN-2", "Helen-3", "ivan", long.as_str(), renamed_long.as_str()]);
+    assert_eq!(users[1].1, "hash of HELEN", "the renamed user keeps their password");
+    assert_eq!(audited.len(), 3);
+    assert_eq!(audited[0], ("chime".to_string(), "HELEN-2".to_string(), serde_json::json!({"name": "HELEN"})));
+    let twin = sqlx::query("INSERT INTO users (username, password_hash, role) VALUES ('IVAN', 'x', 'support')").execute(&pool).await;
+    assert!(twin.is_err(), "no new pair can be made");
+}

@@ -441,7 +441,7 @@ pub struct BizTypeFlags {
     /// Callbacks per second across the whole cluster; 0 = unlimited [default: unlimited].
     #[arg(long)]
     pub rate_limit: Option<f64>,
-    /// Callbacks in flight at once, per node [default: 100].
+    /// Callbacks (or reserved tasks) in flight at once, across the whole cluster [default: 100].
     #[arg(long)]
     pub max_in_flight: Option<i32>,
     /// API create calls per second; 0 = unlimited [default: unlimited].

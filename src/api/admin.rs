@@ -78,7 +78,7 @@ pub(super) struct BizTypeRequest {
     /// Callbacks per second across the cluster; 0: unlimited (the default).
     #[schema(minimum = 0, maximum = 1_000_000)]
     rate_limit: Option<f64>,
-    /// Callbacks in flight per node (default 100).
+    /// Callbacks (or reserved tasks) in flight at once, across the cluster (default 100).
     #[schema(minimum = 1, maximum = 100_000)]
     max_in_flight: Option<i64>,
     /// API creates per second; 0: unlimited (the default).

@@ -61,7 +61,7 @@ pub struct BizType {
     /// Callbacks (or reservations) per second across the cluster, shared by the live
     /// nodes; None: unlimited.
     pub rate_limit: Option<f64>,
-    /// Callbacks in flight (or tasks reserved) at once, per node.
+    /// Callbacks in flight (or tasks reserved) at once, across the whole cluster.
     pub max_in_flight: i32,
     /// Create calls per second through the API, per node; None: unlimited.
     pub create_rate_limit: Option<f64>,

@@ -43,6 +43,15 @@
 //! `run` takes turns and sleeps between them, while a test can take single turns and wait
 //! for the callbacks they started (`Engine::settled`) instead of sleeping.
 //!
+//! In-flight cap. A biz type's max_in_flight is for the whole cluster too: a receiver sized
+//! for 50 requests at once gets 50 however many nodes deliver. Each node keeps no more
+//! than the cap itself (its own count, free), and each claim takes no more than the cap
+//! leaves after every node's leases, counted in the database under a lock per biz type
+//! (claim.sql), so two nodes claiming at once cannot both take the last slots. A lease is
+//! counted from its claim (a task claimed ahead holds its slot while it waits) until its
+//! outcome is recorded or it is given back or recovered. A claim the cap held back makes
+//! the node look again within `CAPPED_POLL`, since another node's freed slot wakes no one.
+//!
 //! Rate limits. A biz type's rate is for the whole cluster; each node takes its share,
 //! the rate divided by the live delivering nodes (re-counted with the settings). A node
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
@@ -77,6 +86,12 @@ use crate::{metrics, nodes};
 const IDLE_POLL: Duration = Duration::from_millis(1000);
 /// How often biz type settings are re-read without being told of a change.
 const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
+/// How soon a biz type whose cap (max_in_flight, across the cluster) held back its claim
+/// is claimed again, unless this node is woken first. A slot another node frees is
+/// usually taken again by that node at once (its own callback ending wakes it); this is
+/// for the slots it does not take, a node stopping or with nothing left claimed. Shorter
+/// costs each node a claim (a lock and a count of the leases) that often per capped biz type.
+const CAPPED_POLL: Duration = Duration::from_millis(100);
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
 /// How far ahead of their due time tasks are claimed. Longer holds in-flight slots for
@@ -199,7 +214,8 @@ pub struct Engine {
     recorder: JoinHandle<Drained>,
     /// Outcomes sent to the recorder and not yet written (`MAX_UNRECORDED`).
     unrecorded: Arc<AtomicUsize>,
-    /// Callbacks in flight (or waiting for their due time) per biz type id.
+    /// Callbacks in flight (or waiting for their due time) on this node, per biz type id:
+    /// this node's part of the biz type's cap, which the claim checks across the cluster.
     in_flight: HashMap<i32, Arc<AtomicI32>>,
     limiters: rate::Limiters,
     /// Live delivering nodes, re-counted with the settings: a rate limit's divisor.
@@ -349,7 +365,7 @@ impl Engine {
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
-            let (claimed, expired) = match lease::claim(&self.pool, biz.id, free, ahead_ms, lease_ms, self.node_id).await {
+            let lease::Claim { leased: claimed, expired, capped } = match lease::claim(&self.pool, biz.id, free, ahead_ms, lease_ms, self.node_id).await {
                 Ok(c) => c,
                 Err(e) => {
                     // An unreachable database is reported once, by `health`.
@@ -360,7 +376,11 @@ impl Engine {
                 }
             };
             metrics::expired(&biz.name, expired as u64);
-            if ((claimed.len() + expired) as i64) < free {
+            if capped {
+                // Every slot of the cluster is taken: this node is woken when one of its own
+                // callbacks ends, not when another node's does, so it looks again soon.
+                rate_wait = rate_wait.min(CAPPED_POLL);
+            } else if ((claimed.len() + expired) as i64) < free {
                 caught_up.push(biz.id);
                 claims_ahead &= ahead_ms > 0;
             } else if free == slots {

@@ -52,19 +52,25 @@ pub struct Claimed {
     pub db_now: DateTime<Utc>,
 }
 
+/// What a claim took.
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// The tasks now leased to this node.
+    pub leased: Vec<Claimed>,
+    /// Tasks picked whose deadline had passed, ended `expired` instead.
+    pub expired: usize,
+    /// The biz type's cap (max_in_flight, across the cluster) left tasks due untaken: a
+    /// slot frees when a lease anywhere is settled, given back or recovered, and no node is
+    /// told when another's does.
+    pub capped: bool,
+}
+
 /// Leases up to `limit` tasks of one biz type to node `node_id`: those due now, and those
-/// due within the next `ahead_ms`, which the caller holds until they are due. Tasks it
-/// picked whose deadline had passed are ended `expired` instead (see claim.sql): the
-/// answer is the leased tasks and how many expired.
-pub async fn claim(
-    pool: &Pool,
-    biz_type_id: i32,
-    limit: i64,
-    ahead_ms: i64,
-    lease_ms: i64,
-    node_id: Uuid,
-) -> Result<(Vec<Claimed>, usize), sqlx::Error> {
-    let picked: Vec<Claimed> = crate::db::query_as(include_str!("sql/claim.sql"))
+/// due within the next `ahead_ms`, which the caller holds until they are due; never more
+/// than the biz type's max_in_flight leaves, counting the leases of every node. Tasks it
+/// picked whose deadline had passed are ended `expired` instead (see claim.sql).
+pub async fn claim(pool: &Pool, biz_type_id: i32, limit: i64, ahead_ms: i64, lease_ms: i64, node_id: Uuid) -> Result<Claim, sqlx::Error> {
+    let picked: Vec<ClaimRow> = crate::db::query_as(include_str!("sql/claim.sql"))
         .bind(biz_type_id)
         .bind(limit)
         .bind(lease_ms + ahead_ms)
@@ -72,8 +78,25 @@ pub async fn claim(
         .bind(ahead_ms)
         .fetch_all(pool)
         .await?;
-    let (expired, leased): (Vec<Claimed>, Vec<Claimed>) = picked.into_iter().partition(|c| c.expired);
-    Ok((leased, expired.len()))
+    let mut claim = Claim::default();
+    for row in picked {
+        if row.capped {
+            claim.capped = true;
+        } else if row.task.expired {
+            claim.expired += 1;
+        } else {
+            claim.leased.push(row.task);
+        }
+    }
+    Ok(claim)
+}
+
+/// A row of claim.sql: a task, or (`capped`) the one row that says the cap held it back.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    #[sqlx(flatten)]
+    task: Claimed,
+    capped: bool,
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).

@@ -136,3 +136,44 @@ async fn sigterm_finishes_callbacks_in_flight() {
     let nodes: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE delivers").fetch_one(&app.pool).await.unwrap();
     assert_eq!(nodes, 0, "the node deregistered (the API-only test node remains)");
 }
+
+/// max_in_flight holds for the whole cluster, not per node: three `chime serve` processes
+/// on one database, a cap of 5, and a receiver that holds each request 300 ms. It never has
+/// more than 5 requests at once, and has 5 most of the time: the cap is the cluster's, not
+/// divided away between the nodes.
+#[tokio::test]
+async fn max_in_flight_holds_across_the_cluster() {
+    const CAP: usize = 5;
+    const TASKS: usize = 60;
+    const HOLD: Duration = Duration::from_millis(300);
+    let app = spawn_app().await; // the API only: the three processes deliver
+    let receiver = Receiver::start(vec![], Answer { delay: HOLD, ..Answer::status(200) }).await;
+    let settings =
+        Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(CAP as i32), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(chime_process(&app.db_url, &[]).await); // killed when dropped, pass or fail
+    }
+    // Due in a second, so that all three, each having read the biz type, claim at once.
+    let due = (chrono::Utc::now() + chrono::Duration::seconds(1)).to_rfc3339();
+    let items: Vec<Value> = (0..TASKS).map(|i| json!({"biz_type": "orders", "run_at": due, "payload": i})).collect();
+    assert_eq!(app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await.status, 200);
+
+    let received = receiver.wait_for(TASKS, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), TASKS, "every task delivered");
+    let peak = receiver.peak_in_flight();
+    let first = received.iter().map(|r| r.at).min().unwrap();
+    let last = received.iter().map(|r| r.at).max().unwrap();
+    // Requests at the receiver on average, from the first arrival to the last answer.
+    let mean = TASKS as f64 * HOLD.as_secs_f64() / (last - first + HOLD).as_secs_f64();
+    let per_node: Vec<i64> = sqlx::query_scalar("SELECT count(*) FROM attempts GROUP BY node_id ORDER BY 1")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    println!("cap {CAP}, 3 nodes: peak {peak} requests at once, mean {mean:.2}; attempts per node {per_node:?}");
+    assert!(peak <= CAP, "the receiver had {peak} requests at once, over the biz type's cap of {CAP}");
+    assert_eq!(peak, CAP, "the cap is used whole");
+    assert!(mean >= 0.6 * CAP as f64, "mean {mean:.2} requests at once: the cap was left unused");
+}

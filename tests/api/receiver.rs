@@ -54,6 +54,9 @@ struct State {
     received: Vec<Received>,
     script: VecDeque<Answer>,
     otherwise: Option<Answer>,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: usize,
+    peak_in_flight: usize,
 }
 
 #[derive(Clone)]
@@ -90,6 +93,12 @@ impl Receiver {
         self.state.lock().unwrap().received.clone()
     }
 
+    /// The most requests this receiver was answering at once (each held for its answer's
+    /// `delay`).
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.lock().unwrap().peak_in_flight
+    }
+
     /// From now on answer every request with `answer`.
     pub fn answer_with(&self, answer: Answer) {
         let mut state = self.state.lock().unwrap();
@@ -119,8 +128,12 @@ async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<S
             headers: req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string())).collect(),
             body: body.to_vec(),
         });
+        s.in_flight += 1;
+        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
         s.script.pop_front().or_else(|| s.otherwise.clone()).unwrap()
     };
+    // Counted out when the answer goes, or when the request is dropped mid-way.
+    let _answering = Answering(state.get_ref().clone());
     tokio::time::sleep(answer.delay).await;
     let mut response = HttpResponse::build(actix_web::http::StatusCode::from_u16(answer.status).unwrap());
     if let Some(secs) = answer.retry_after {
@@ -133,4 +146,13 @@ async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<S
         response.append_header((name, value));
     }
     response.body(format!("answer {}", answer.status))
+}
+
+/// A request being answered, counted in `State::in_flight` until dropped.
+struct Answering(Arc<Mutex<State>>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().in_flight -= 1;
+    }
 }

@@ -2,7 +2,22 @@
 -- next $5 ms (the engine holds those until they are due), for $3 ms from now.
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, so that claimers on other nodes pass
--- over rows being taken rather than wait for them, and no two nodes hold one task.
+-- over rows being taken rather than wait for them, and no two nodes hold one task. When
+-- something is due, also the biz type's claim lock (`chime_claim_room`, migration 0033)
+-- until the statement commits: claims of one biz type wait for each other, a few ms. Rows
+-- picked beyond what the cap leaves stay locked, unchanged, until then.
+--
+-- The cap (max_in_flight) is the biz type's, across the cluster: a receiver sized for 50
+-- requests at once gets 50 however many nodes there are. The gate counts the biz type's
+-- running tasks on every node (those claimed ahead and not started, and those whose
+-- outcome is not yet recorded, included: they are leased) and the claim leases no more
+-- than the cap leaves of what it picked. Leases given back, settled or expired free their
+-- slots. With nothing picked there is no lock and no count, so an idle biz type's claim
+-- costs what it did.
+--
+-- When the cap held the claim back, one more row says so (id all zeros, `capped`), so that
+-- the engine waits for a slot to free rather than take the tasks left due for work it
+-- missed. No node is told when another frees a slot; the engine looks again shortly.
 --
 -- The pick is a CTE to fence the planner: it must apply the LIMIT before the UPDATE joins
 -- back (a nested loop over the subquery could otherwise update more rows than asked for).
@@ -31,12 +46,16 @@
 -- returned with `expired` set, never leased, and the engine counts it and sends nothing.
 -- Its failure notice, if the biz type wants them, is queued in the same statement.
 -- The deadline is read on the locked row, so it cannot change between pick and update.
-WITH due AS (
+WITH picked AS (
     SELECT id, run_at FROM tasks
      WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() + $5 * interval '1 millisecond'
      ORDER BY run_at
      LIMIT $2
      FOR UPDATE SKIP LOCKED
+), gate AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM picked) THEN chime_claim_room($1) END AS room
+), due AS (
+    SELECT id, run_at FROM picked ORDER BY run_at LIMIT greatest(coalesce((SELECT room FROM gate), 0), 0)
 ), leased AS (
     UPDATE tasks t
        SET status = CASE WHEN t.expires_at <= now() THEN 'expired' ELSE 'running' END,
@@ -58,4 +77,9 @@ WITH due AS (
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.expired AND b.failure_url IS NOT NULL
 )
-SELECT id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now FROM leased
+SELECT id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now, false AS capped
+  FROM leased
+UNION ALL
+SELECT '00000000-0000-0000-0000-000000000000', NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true
+  FROM gate
+ WHERE gate.room < (SELECT count(*) FROM picked)

@@ -30,6 +30,8 @@ pub struct AppState {
     pub pull_waiters: Arc<Waiters>,
     /// This node's share of each pull biz type's rate.
     pub pull_limits: PullLimits,
+    /// The biz types whose bulk operation runs on this node: one at a time each.
+    pub bulk_running: crate::tasks::bulk::Running,
     /// Single creates, written together when they arrive together.
     pub creates: CreateBatcher,
     /// The node's phase: `/readyz` answers 200 only while it is ready.
@@ -63,6 +65,7 @@ impl AppState {
             tokens,
             pull_waiters,
             pull_limits: PullLimits::default(),
+            bulk_running: Default::default(),
             lifecycle,
         }
     }

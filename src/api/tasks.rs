@@ -437,7 +437,7 @@ pub(super) fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTi
     operation_id = "listTasks",
     tag = "tasks",
     summary = r#"List tasks"#,
-    description = r#"Lists the token's biz type's tasks in `run_at` order (ties by `id`), a page at a time. Pagination is by cursor (keyset): pass the previous page's `next_cursor` as `cursor`, with the same filters, until `next_cursor` is null. Pages stay consistent while new tasks are added. Remember to percent-encode `+` in time offsets (`%2B08:00`)."#,
+    description = r#"Lists the token's biz type's tasks in `run_at` order (ties by `id`), a page at a time. Pagination is by cursor (keyset): pass the previous page's `next_cursor` as `cursor`, with the same filters, until `next_cursor` is null. A page holds at most `limit` tasks, and fewer (at least one) where they would take more than about 2 MiB: page on until `next_cursor` is null, not until a page is short. Pages stay consistent while new tasks are added. Remember to percent-encode `+` in time offsets (`%2B08:00`)."#,
     params(
         ("biz_type" = Option<String>, Query, description = r#"Optional; if given, must be the token's biz type (403 for another, 404 for an unknown name). Lists always cover the token's biz type only."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
         ("status" = Option<tasks::Status>, Query, description = r#"Only tasks in this state."#),

@@ -4,13 +4,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Notify;
-
 use crate::biz_types::{CreateLimiter, TokenCache};
 use crate::callback_hosts::CallbackHosts;
 use crate::db::{Health, Pool};
 use crate::lifecycle::Signal;
-use crate::pull::PullLimits;
+use crate::pull::{PullLimits, Waiters};
 use crate::tasks::CreateBatcher;
 use crate::tasks::wake::{self, Wake};
 
@@ -27,10 +25,13 @@ pub struct AppState {
     pub create_limiter: CreateLimiter,
     /// API tokens checked lately; emptied when any node changes a biz type.
     pub tokens: Arc<TokenCache>,
-    /// Woken by every wake-up notification: pull reserves waiting for a due task.
-    pub wake: Arc<Notify>,
+    /// Pull reserves waiting for a due task, in one line per biz type, woken by the
+    /// wake-up notifications for their biz type.
+    pub pull_waiters: Arc<Waiters>,
     /// This node's share of each pull biz type's rate.
     pub pull_limits: PullLimits,
+    /// The biz types whose bulk operation runs on this node: one at a time each.
+    pub bulk_running: crate::tasks::bulk::Running,
     /// Single creates, written together when they arrive together.
     pub creates: CreateBatcher,
     /// The node's phase: `/readyz` answers 200 only while it is ready.
@@ -40,8 +41,8 @@ pub struct AppState {
 impl AppState {
     /// Must be called inside the runtime: it starts listening for wake-ups.
     pub fn new(pool: Pool, health: Health, max_payload_bytes: usize, callback_hosts: CallbackHosts, lifecycle: Signal) -> Self {
-        let wake = Arc::new(Notify::new());
-        let waiters = wake.clone();
+        let pull_waiters = Arc::new(Waiters::default());
+        let waiters = pull_waiters.clone();
         let tokens = Arc::new(TokenCache::default());
         let cached = tokens.clone();
         // The LISTEN session breaks as soon as the server goes away: the first sign of it.
@@ -51,7 +52,7 @@ impl AppState {
             if why == Wake::Settings {
                 cached.clear();
             }
-            waiters.notify_waiters();
+            waiters.wake(why);
         };
         tokio::spawn(wake::listen(health.sessions(), on_wake, move || lost.mark_down()));
         AppState {
@@ -62,8 +63,9 @@ impl AppState {
             callback_hosts,
             create_limiter: CreateLimiter::default(),
             tokens,
-            wake,
+            pull_waiters,
             pull_limits: PullLimits::default(),
+            bulk_running: Default::default(),
             lifecycle,
         }
     }

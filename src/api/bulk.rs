@@ -1,5 +1,9 @@
 //! Bulk cancel and bulk replay of a biz type's tasks by filter (SPEC §11). The work is the
-//! task store's (`tasks::bulk`): bounded batches, the answer when all are done.
+//! task store's (`tasks::bulk`): bounded batches, the answer when all are done. One at a
+//! time per biz type on each node (`tasks::bulk::Running`); another meanwhile is told to
+//! retry (429).
+
+use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
 use serde::{Deserialize, Serialize};
@@ -12,7 +16,7 @@ use super::{ApiError, from_raw, raw_json, read_raw_body};
 use crate::audit;
 use crate::state::AppState;
 use crate::tasks::Status;
-use crate::tasks::bulk::{self, BulkFilter};
+use crate::tasks::bulk::{self, BulkFilter, Under};
 
 /// Room for a filter's fields.
 const BODY_BYTES: usize = 4096;
@@ -103,6 +107,14 @@ fn filter(
     Ok(BulkFilter::new(Some(caller.0.biz_type_id), key_prefix, from, to, timer_id, all.unwrap_or(false))?)
 }
 
+/// Marks the caller's biz type's bulk operation under way on this node until dropped, or
+/// refuses it while another is: each walks every task of the biz type in one state.
+fn one_at_a_time<'a>(state: &'a AppState, caller: &Caller) -> Result<Under<'a>, ApiError> {
+    state.bulk_running.start(caller.0.biz_type_id).ok_or_else(|| {
+        ApiError::Busy("a bulk operation of this biz type is under way on this node; retry once it is done".into(), Duration::from_secs(1))
+    })
+}
+
 /// The filter as the audit log keeps it.
 fn scope(filter: &BulkFilter) -> serde_json::Value {
     serde_json::json!({
@@ -133,6 +145,7 @@ fn scope(filter: &BulkFilter) -> serde_json::Value {
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"No condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, `timer_id` not a UUID, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "all: the filter has no condition, so it would act on every task: give key_prefix, run_at_from, run_at_to or timer_id, or say \"all\": true"}})),
+        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node; retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node; retry once it is done"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -143,6 +156,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     let body = read_raw_body(body, BODY_BYTES).await?;
     let request: CancelRequest = from_raw(raw_json(&body)?)?;
     let filter = filter(&caller, request.key_prefix, request.run_at_from.as_deref(), request.run_at_to.as_deref(), request.timer_id, request.all)?;
+    let _running = one_at_a_time(&state, &caller)?;
     if request.dry_run == Some(true) {
         let matched = bulk::count(&state.pool, &filter, Status::Pending).await?;
         return Ok(HttpResponse::Ok().json(Cancelled { matched, cancelled: 0 }));
@@ -176,6 +190,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"`status` missing or not `failed`/`expired`, no other condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "status: unknown variant `pending`, expected `failed` or `expired`"}})),
+        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node; retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node; retry once it is done"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -186,6 +201,7 @@ pub async fn replay(caller: Caller, state: web::Data<AppState>, name: web::Path<
     let body = read_raw_body(body, BODY_BYTES).await?;
     let request: ReplayRequest = from_raw(raw_json(&body)?)?;
     let filter = filter(&caller, request.key_prefix, request.run_at_from.as_deref(), request.run_at_to.as_deref(), None, request.all)?;
+    let _running = one_at_a_time(&state, &caller)?;
     let status = match request.status {
         ReplayStatus::Failed => Status::Failed,
         ReplayStatus::Expired => Status::Expired,

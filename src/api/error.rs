@@ -46,6 +46,10 @@ pub enum ApiError {
     /// 429, with Retry-After.
     #[error("create rate limit of this biz type exceeded; retry after {} ms", .0.as_millis())]
     RateLimited(Duration),
+    /// 429, with Retry-After: the caller must wait for its own work under way (a biz type's
+    /// bulk operation) to end.
+    #[error("{0}")]
+    Busy(String, Duration),
     /// 503: the database cannot be reached.
     #[error("{0}")]
     Unavailable(String),
@@ -67,7 +71,7 @@ impl ApiError {
             ApiError::TimedOut(_) => "request_timeout",
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::Invalid(_) => "invalid_argument",
-            ApiError::RateLimited(_) => "rate_limited",
+            ApiError::RateLimited(_) | ApiError::Busy(..) => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -126,7 +130,7 @@ impl ResponseError for ApiError {
             ApiError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited(_) | ApiError::Busy(..) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -137,7 +141,7 @@ impl ResponseError for ApiError {
             tracing::error!(error = format!("{cause:#}"), "request failed");
         }
         let mut response = HttpResponse::build(self.status_code());
-        if let ApiError::RateLimited(wait) = self {
+        if let ApiError::RateLimited(wait) | ApiError::Busy(_, wait) = self {
             response.insert_header(("Retry-After", wait.as_secs_f64().ceil().max(1.0).to_string()));
         }
         if let ApiError::MethodNotAllowed { allow, .. } = self {

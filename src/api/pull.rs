@@ -13,7 +13,7 @@ use super::auth::Caller;
 use super::{ApiError, from_json, read_optional_json};
 use crate::state::AppState;
 use crate::biz_types::{self, BizType};
-use crate::pull::{self, Verdict};
+use crate::pull::{self, Turn, Verdict};
 use crate::tasks::lease;
 
 const MAX_RESERVE: i64 = 100;
@@ -114,48 +114,77 @@ pub async fn reserve(caller: Caller, state: web::Data<AppState>, name: web::Path
         return Err(ApiError::Invalid(format!("wait_ms: must be between 0 and {MAX_WAIT_MS}")));
     }
     let ttr_ms = ttr(request.ttr_ms, &biz)?;
+    if wait_ms == 0 {
+        // Not waiting: look now, whatever other reserves found a moment ago, so that a task
+        // created just before is found.
+        let tasks = look(&state, &biz, max, ttr_ms).await?.unwrap_or_default();
+        return Ok(HttpResponse::Ok().json(ReserveAnswer { tasks }));
+    }
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    let mut biz = biz;
+    // A look another waiter made may answer this one: any task that became due since it
+    // looked sent a wake-up, which makes the next waiter in the line look again.
+    let line = state.pull_waiters.line(biz.id);
+    let mut fresh = Some(biz);
     loop {
         // Registered before looking, so a notification that comes while we look still wakes us.
-        let woken = state.wake.notified();
+        let woken = line.woken();
         tokio::pin!(woken);
         woken.as_mut().enable();
 
-        let mut sleep_for = POLL_FALLBACK;
-        if !biz.paused {
-            let room = i64::from(biz.max_in_flight) - lease::leased_count(&state.pool, biz.id).await?;
-            let mut want = max.min(room.max(0));
-            if biz.rate_limit.is_some() && want > 0 {
-                // Permits are not given back: ask only for as many as are due.
-                want = want.min(lease::due_count(&state.pool, biz.id, want).await?);
-            }
-            let (permitted, rate_wait) = state.pull_limits.take(&state.pool, &biz, want).await;
-            if permitted > 0 {
-                let tasks = lease::reserve(&state.pool, biz.id, &biz.name, permitted, ttr_ms).await?;
-                if !tasks.is_empty() {
-                    return Ok(HttpResponse::Ok().json(ReserveAnswer { tasks }));
-                }
-            }
-            if let Some(wait) = rate_wait {
-                sleep_for = sleep_for.min(wait);
-            }
-            if let Some(next) = lease::next_due(&state.pool, &[biz.id]).await? {
-                let until_due = (next - chrono::Utc::now()).to_std().unwrap_or_default();
-                sleep_for = sleep_for.min(until_due.max(Duration::from_millis(1)));
-            }
-        }
-        let now = Instant::now();
-        if now >= deadline {
+        let turn = line
+            .look(async || {
+                // Pausing, resuming or a changed limit applies to a waiting reserve too.
+                let biz = match fresh.take() {
+                    Some(biz) => biz,
+                    None => pull_biz_type(&caller, &state, &name).await?,
+                };
+                look(&state, &biz, max, ttr_ms).await
+            })
+            .await?;
+        // Read at the request's start: fresh for its first turn only.
+        fresh = None;
+        let again = match turn {
+            Turn::Found(tasks) => return Ok(HttpResponse::Ok().json(ReserveAnswer { tasks })),
+            Turn::Nothing(again) => again,
+        };
+        if Instant::now() >= deadline {
             return Ok(HttpResponse::Ok().json(ReserveAnswer { tasks: Vec::new() }));
         }
         tokio::select! {
             _ = &mut woken => {}
-            _ = tokio::time::sleep(sleep_for.min(deadline - now)) => {}
+            _ = tokio::time::sleep_until(again.min(deadline)) => {}
         }
-        // Pausing, resuming or a changed limit applies to a waiting reserve too.
-        biz = pull_biz_type(&caller, &state, &name).await?;
     }
+}
+
+/// One look for due tasks to reserve: the tasks reserved (never none), or how long until
+/// one may be (the next due time, the rate limit, or the poll in case a wake-up was missed).
+async fn look(state: &AppState, biz: &BizType, max: i64, ttr_ms: i64) -> Result<Result<Vec<lease::Reserved>, Duration>, ApiError> {
+    if biz.paused {
+        return Ok(Err(POLL_FALLBACK));
+    }
+    let mut sleep_for = POLL_FALLBACK;
+    let room = i64::from(biz.max_in_flight) - lease::leased_count(&state.pool, biz.id).await?;
+    let mut want = max.min(room.max(0));
+    if biz.rate_limit.is_some() && want > 0 {
+        // Permits are not given back: ask only for as many as are due.
+        want = want.min(lease::due_count(&state.pool, biz.id, want).await?);
+    }
+    let (permitted, rate_wait) = state.pull_limits.take(&state.pool, biz, want).await;
+    if permitted > 0 {
+        let tasks = lease::reserve(&state.pool, biz.id, &biz.name, permitted, ttr_ms).await?;
+        if !tasks.is_empty() {
+            return Ok(Ok(tasks));
+        }
+    }
+    if let Some(wait) = rate_wait {
+        sleep_for = sleep_for.min(wait);
+    }
+    if let Some(next) = lease::next_due(&state.pool, &[biz.id]).await? {
+        let until_due = (next - chrono::Utc::now()).to_std().unwrap_or_default();
+        sleep_for = sleep_for.min(until_due.max(Duration::from_millis(1)));
+    }
+    Ok(Err(sleep_for))
 }
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {

@@ -385,13 +385,14 @@ pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
     description = r#"The task created with this `key` in this biz type, in any state (without attempts; get it by id for those)."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
-        ("key" = String, Path, description = r#"The client key given at creation, percent-encoded (it may contain `/`)."#, min_length = 1, max_length = 256)
+        ("key" = String, Path, description = r#"The client key given at creation, percent-encoded (it may contain `/`)."#, min_length = 1, max_length = 256, pattern = r#"^[^\u0000-\u001f\u007f-\u009f]+$"#)
     ),
     responses(
         (status = 200, description = r#"The task holding this key."#, body = crate::tasks::Task),
         (status = 401, response = super::openapi::Unauthenticated),
         (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in biz type `order-close`"}})),
+        (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters, not UTF-8 once percent-decoded)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must be 1 to 256 bytes"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -400,16 +401,13 @@ pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
 pub async fn get_by_key(
     caller: Caller,
     state: web::Data<AppState>,
+    req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let (name, key) = path.into_inner();
-    caller.require(&state, &name).await?;
-    if tasks::validate_key(&key).is_err() {
-        return Err(ApiError::NotFound(format!("no task with key `{}` in biz type `{name}`", key.escape_debug())));
-    }
+    let (name, key) = key_path(&caller, &state, &req, path).await?;
     let task = tasks::get_by_key(&state.pool, caller.0.biz_type_id, &key)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no task with key `{key}` in biz type `{name}`")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("no task with key `{}` in biz type `{name}`", key.escape_debug())))?;
     Ok(HttpResponse::Ok().json(task))
 }
 
@@ -441,7 +439,7 @@ pub(super) fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTi
     operation_id = "listTasks",
     tag = "tasks",
     summary = r#"List tasks"#,
-    description = r#"Lists the token's biz type's tasks in `run_at` order (ties by `id`), a page at a time. Pagination is by cursor (keyset): pass the previous page's `next_cursor` as `cursor`, with the same filters, until `next_cursor` is null. Pages stay consistent while new tasks are added. Remember to percent-encode `+` in time offsets (`%2B08:00`)."#,
+    description = r#"Lists the token's biz type's tasks in `run_at` order (ties by `id`), a page at a time. Pagination is by cursor (keyset): pass the previous page's `next_cursor` as `cursor`, with the same filters, until `next_cursor` is null. A page holds at most `limit` tasks, and fewer (at least one) where they would take more than about 2 MiB: page on until `next_cursor` is null, not until a page is short. Pages stay consistent while new tasks are added. Remember to percent-encode `+` in time offsets (`%2B08:00`)."#,
     params(
         ("biz_type" = Option<String>, Query, description = r#"Optional; if given, must be the token's biz type (403 for another, 404 for an unknown name). Lists always cover the token's biz type only."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#),
         ("status" = Option<tasks::Status>, Query, description = r#"Only tasks in this state."#),
@@ -576,12 +574,20 @@ async fn patch(caller: &Caller, state: &AppState, target: tasks::Target<'_>, bod
 }
 
 /// The biz type and key of a by-key path, checked: the biz type must be the caller's (403,
-/// or 404 if there is none), the key one a create would take (422).
-async fn key_path(caller: &Caller, state: &AppState, path: web::Path<(String, String)>) -> Result<String, ApiError> {
-    let (name, key) = path.into_inner();
+/// or 404 if there is none), the key one a create would take (422). The key is decoded from
+/// the path as sent: bytes that are not UTF-8 are refused, where the router would read them
+/// as U+FFFD and look up a key nobody sent.
+async fn key_path(caller: &Caller, state: &AppState, req: &HttpRequest, path: web::Path<(String, String)>) -> Result<(String, String), ApiError> {
+    let (name, _) = path.into_inner();
     caller.require(state, &name).await?;
+    // A biz type's name has no `/`: the first `/by-key/` is the one before the key.
+    let raw = req.uri().path().split_once("/by-key/").map_or("", |(_, key)| key);
+    let key = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| ApiError::Invalid("key: must be UTF-8 once percent-decoded".into()))?
+        .into_owned();
     tasks::validate_key(&key)?;
-    Ok(key)
+    Ok((name, key))
 }
 
 #[utoipa::path(
@@ -614,10 +620,11 @@ async fn key_path(caller: &Caller, state: &AppState, path: web::Path<(String, St
 pub async fn reschedule_by_key(
     caller: Caller,
     state: web::Data<AppState>,
+    req: HttpRequest,
     path: web::Path<(String, String)>,
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let key = key_path(&caller, &state, path).await?;
+    let (_, key) = key_path(&caller, &state, &req, path).await?;
     patch(&caller, &state, tasks::Target::Key(&key), body).await
 }
 
@@ -638,14 +645,19 @@ pub async fn reschedule_by_key(
         (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in this biz type"}})),
         (status = 409, description = r#"The task is running or already finished: `invalid_state`."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be cancelled; this one is running"}})),
-        (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must be 1 to 256 bytes"}})),
+        (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters, not UTF-8 once percent-decoded)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must be 1 to 256 bytes"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
-pub async fn cancel_by_key(caller: Caller, state: web::Data<AppState>, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
-    let key = key_path(&caller, &state, path).await?;
+pub async fn cancel_by_key(
+    caller: Caller,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (_, key) = key_path(&caller, &state, &req, path).await?;
     let task = tasks::cancel_target(&state.pool, caller.0.biz_type_id, tasks::Target::Key(&key)).await?;
     audit::record(&state.pool, &caller.actor(), "task.cancel", "task", &task.id.to_string(), None, None).await?;
     Ok(HttpResponse::Ok().json(task))

@@ -259,9 +259,19 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
 
     let mut outcomes: Vec<CreateOutcome> = Vec::with_capacity(items.len());
     // Items whose key was taken and that say `replace` (or `keep`, when the key's holder went
-    // away meanwhile): answered one by one below, in order, after the others.
+    // away meanwhile): answered one by one below, in order, after the others. So is every
+    // later item of such a key, whatever it says: it must see what the replace did, as if
+    // the items had been sent one by one.
     let mut one_by_one: Vec<usize> = Vec::new();
+    let mut changed_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
     for i in 0..items.len() {
+        if let Some(key) = items[i].key.as_deref()
+            && changed_keys.contains(key)
+        {
+            one_by_one.push(i);
+            outcomes.push(CreateOutcome::Failed(key_conflict(&items[i])));
+            continue;
+        }
         // A repeated key is held by the task its first occurrence created in this batch, or
         // else by the task found in `existing` (which a later item may repeat exactly even
         // when the first occurrence conflicted with it).
@@ -283,6 +293,7 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
                 // same `delay_ms` each time, to push the task back.
                 (OnConflict::Replace, _) | (OnConflict::Keep, None) => {
                     one_by_one.push(i);
+                    changed_keys.extend(item.key.clone());
                     CreateOutcome::Failed(key_conflict(item))
                 }
                 (OnConflict::Keep, Some((_, task))) => CreateOutcome::Existing(task.clone()),

@@ -197,8 +197,15 @@ fn push_conditions(q: &mut QueryBuilder<Postgres>, filter: &ListFilter) {
     }
 }
 
+/// The most a page of tasks holds, payloads and other fields counted, beyond its first
+/// task: 8 parallel lists of 1,000 tasks of 32 KB payloads took a node up by 343 MB before.
+pub const PAGE_BYTES: usize = 2 * 1024 * 1024;
+/// What a task's fields other than its payload take in an answer, about.
+const ROW_BYTES: usize = 512;
+
 /// Tasks of one biz type (or of all, for the console) in (run_at, id) order, oldest or
-/// newest first, a page at a time. The cursor is the last row's (run_at, id) (the first
+/// newest first, a page at a time: `filter.limit` tasks at most, and fewer where they
+/// would take more than `PAGE_BYTES` (never none while one is left). The cursor is the last row's (run_at, id) (the first
 /// row's, going backward), so pages stay stable while tasks are added (keyset pagination).
 pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<Page, Error> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
@@ -244,9 +251,20 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     if all_biz_types {
         q.push(") t").push(&order).push_bind(limit);
     }
-    let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
-    let more = items.len() as i64 > filter.limit;
-    items.truncate(filter.limit as usize);
+    // Read row by row, and cut at the byte budget as well as at the limit: a page of 1,000
+    // large payloads would otherwise be held whole, twice (rows and answer).
+    let mut rows = q.build_query_as::<Task>().fetch(pool);
+    let (mut items, mut bytes, mut more) = (Vec::new(), 0, false);
+    while let Some(task) = futures_util::TryStreamExt::try_next(&mut rows).await? {
+        let size = task.payload.get().len() + ROW_BYTES;
+        if items.len() as i64 == filter.limit || (!items.is_empty() && bytes + size > PAGE_BYTES) {
+            more = true;
+            break;
+        }
+        bytes += size;
+        items.push(task);
+    }
+    drop(rows);
     if filter.backward {
         items.reverse();
     }

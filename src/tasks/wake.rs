@@ -5,6 +5,9 @@
 //! delivered on commit, so no one wakes to a row it cannot see yet.
 //!
 //! A lost notification (a LISTEN session that broke) costs only the sleeper's poll.
+//!
+//! A task due soon names its biz type (`Wake::DueFor`): thousands of reserves waiting on
+//! one biz type must not all be woken by every task another biz type creates.
 
 use std::time::Duration;
 
@@ -15,22 +18,34 @@ pub const CHANNEL: &str = "chime_wake";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
     /// A task is due within a second: created, replayed, rescheduled, retried or given back.
+    /// Wakes every sleeper.
     Due,
+    /// A task of this biz type is due within a second: wakes the engines and only this biz
+    /// type's waiting reserves (`pull::Waiters`). A node of the previous release reads it
+    /// as `Due`.
+    DueFor(i32),
     /// A biz type's settings, tokens or secret changed.
     Settings,
 }
 
 impl Wake {
-    /// The notification's payload.
-    pub const fn payload(self) -> &'static str {
+    /// The notification's payload (insert.sql writes `DueFor`'s itself: keep them alike).
+    pub fn payload(self) -> String {
         match self {
-            Wake::Due => "",
-            Wake::Settings => "settings",
+            Wake::Due => String::new(),
+            Wake::DueFor(id) => format!("due:{id}"),
+            Wake::Settings => "settings".into(),
         }
     }
 
     fn from_payload(payload: &str) -> Wake {
-        if payload == Wake::Settings.payload() { Wake::Settings } else { Wake::Due }
+        if payload == "settings" {
+            return Wake::Settings;
+        }
+        match payload.strip_prefix("due:").and_then(|id| id.parse().ok()) {
+            Some(id) => Wake::DueFor(id),
+            None => Wake::Due,
+        }
     }
 }
 
@@ -77,5 +92,20 @@ pub async fn listen(pool: sqlx::PgPool, on_wake: impl Fn(Wake), on_lost: impl Fn
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Wake;
+
+    #[test]
+    fn a_payload_reads_back_as_the_wake_it_was_written_for() {
+        for wake in [Wake::Due, Wake::DueFor(42), Wake::Settings] {
+            assert_eq!(Wake::from_payload(&wake.payload()), wake);
+        }
+        // The previous release's payloads, and anything unknown, wake every sleeper.
+        assert_eq!(Wake::from_payload(""), Wake::Due);
+        assert_eq!(Wake::from_payload("due:x"), Wake::Due);
     }
 }

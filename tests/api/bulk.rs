@@ -328,3 +328,61 @@ async fn the_console_cancels_and_replays_in_bulk_after_asking() {
     assert_eq!((&audited[0].1["key_prefix"], &audited[0].1["changed"]), (&json!("order-"), &json!(5)));
     assert_eq!((&audited[1].1["status"], &audited[1].1["changed"]), (&json!("expired"), &json!(2)));
 }
+
+/// One bulk operation per biz type at a time: while one runs (here a dry run held up on a
+/// lock the test takes), another of the same biz type, dry run or not, is answered at once
+/// with 429 and a Retry-After, and changes nothing; another biz type's is not refused.
+/// Once the first is done, the next is served. Without this, 16 clients dry-running a
+/// prefix over 200,000 tasks took another biz type's create p99 from 41 to ~600 ms.
+#[tokio::test]
+async fn a_biz_type_runs_one_bulk_operation_at_a_time() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let other = app.biz_type("coupons").await;
+    load(&app, "orders", "o-", 100, hours(1), 1000.0, "pending").await;
+    load(&app, "orders", "far-", 10, hours(24 * 30), 1000.0, "pending").await;
+    let post = |token: &str, path: &str, body: Value| {
+        let request = app.client.post(format!("{}{path}", app.address)).bearer_auth(token).json(&body).send();
+        async move { request.await.unwrap() }
+    };
+
+    // Holds every dry run at cold storage, so that the first stays under way.
+    let mut blocker = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE tasks_cold IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.unwrap();
+    let first = tokio::spawn(post(&token, "/api/v1/biz-types/orders/tasks/cancel", json!({"key_prefix": "o-", "dry_run": true})));
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%tasks_cold%'";
+    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&app.pool).await.unwrap() == 0 {
+        assert!(!first.is_finished(), "the first dry run ended before it reached cold storage");
+        tokio::task::yield_now().await;
+    }
+    let elsewhere = tokio::spawn(post(&other, "/api/v1/biz-types/coupons/tasks/cancel", json!({"all": true, "dry_run": true})));
+    for (path, body) in [
+        ("/api/v1/biz-types/orders/tasks/cancel", json!({"key_prefix": "o-", "dry_run": true})),
+        ("/api/v1/biz-types/orders/tasks/cancel", json!({"key_prefix": "o-"})),
+        ("/api/v1/biz-types/orders/tasks/replay", json!({"status": "failed", "all": true, "dry_run": true})),
+    ] {
+        let Ok(refused) = tokio::time::timeout(Duration::from_secs(5), post(&token, path, body.clone())).await else {
+            let activity: Vec<(Option<String>, Option<String>, Option<String>)> =
+                sqlx::query_as("SELECT state, wait_event_type, left(query, 120) FROM pg_stat_activity WHERE datname = current_database()")
+                    .fetch_all(&app.pool)
+                    .await
+                    .unwrap();
+            panic!("{path} {body}: not answered within 5 s, while another bulk operation runs; sessions: {activity:#?}");
+        };
+        let retry_after = refused.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+        let status = refused.status().as_u16();
+        let reply: Value = refused.json().await.unwrap();
+        assert_eq!((status, reply["error"]["code"].as_str()), (429, Some("rate_limited")), "{path} {body}: {reply}");
+        assert!(retry_after.as_deref().is_some_and(|s| s.parse::<u64>().is_ok_and(|s| s >= 1)), "{path}: Retry-After {retry_after:?}");
+        assert!(reply["error"]["message"].as_str().unwrap().contains("bulk"), "{reply}");
+    }
+    blocker.commit().await.unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.json::<Value>().await.unwrap()["matched"], 100);
+    assert_eq!(elsewhere.await.unwrap().status(), 200, "another biz type's bulk operation is not held up");
+    assert_eq!(count(&app, "orders", "pending").await, 110, "the refused cancel cancelled nothing");
+    let next = post(&token, "/api/v1/biz-types/orders/tasks/cancel", json!({"key_prefix": "o-"})).await;
+    assert_eq!(next.status(), 200, "served once the first was done");
+    assert_eq!(next.json::<Value>().await.unwrap()["cancelled"], 100);
+}

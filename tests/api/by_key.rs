@@ -66,9 +66,10 @@ async fn patch_and_delete_by_key_act_on_the_keys_task() {
     assert_eq!((refused.status, refused.code()), (409, "invalid_state"), "{}", refused.body);
 }
 
-/// A by-key path refuses what a create would refuse: a key that is empty, too long or has
-/// control characters is a 422 naming `key`; an unknown key is a 404; another biz type's
-/// name a 403 and an unknown one a 404. None of them changes anything.
+/// A by-key path refuses what a create would refuse, GET as PATCH and DELETE: a key that is
+/// empty, too long, has control characters (NUL too) or is not UTF-8 once decoded (never
+/// read as U+FFFD) is a 422 naming `key`; an unknown key is a 404; another biz type's name a
+/// 403 and an unknown one a 404. None of them changes anything.
 #[tokio::test]
 async fn by_key_paths_refuse_bad_keys_unknown_keys_and_other_biz_types() {
     let app = spawn_app().await;
@@ -77,14 +78,16 @@ async fn by_key_paths_refuse_bad_keys_unknown_keys_and_other_biz_types() {
     let task = app.create_task(&token, json!({"biz_type": "orders", "key": "k", "delay_ms": 3_600_000})).await;
     let long = "k".repeat(257);
 
-    for (method, body) in [("PATCH", Some(json!({"delay_ms": 5}))), ("DELETE", None)] {
+    // A key that `%FF` would decode to if it were read as U+FFFD: found, were it so read.
+    app.create_task(&token, json!({"biz_type": "orders", "key": "a\u{FFFD}b", "delay_ms": 3_600_000})).await;
+    for (method, body) in [("GET", None), ("PATCH", Some(json!({"delay_ms": 5}))), ("DELETE", None)] {
         let call = |path: String| {
             let body = body.clone().map(|b| b.to_string().into_bytes());
             let app = &app;
             let token = &token;
             async move { app.request(method, &path, Some(token), body).await }
         };
-        for bad in ["a%0Ab", "%07", long.as_str()] {
+        for bad in ["a%0Ab", "%07", "a%00b", "a%FFb", "%C3", long.as_str()] {
             let reply = call(format!("/api/v1/biz-types/orders/tasks/by-key/{bad}")).await;
             assert_eq!((reply.status, reply.code()), (422, "invalid_argument"), "{method} {bad}: {}", reply.body);
             assert!(reply.message().starts_with("key:"), "{}", reply.message());
@@ -335,4 +338,104 @@ async fn replace_racing_the_engine_loses_and_doubles_no_callback() {
     println!("replace racing the engine: answers {answers:?}, {} tasks delivered", delivered.len());
     let answered = |status| answers.get(&status).copied().unwrap_or(0);
     assert!(answered(201) >= 3 * keys && answered(200) >= keys, "the race was run: tasks replaced while pending, and given new ones once finished: {answers:?}");
+}
+
+/// The items of one batch are applied in order, as if sent one by one: an item sees what
+/// the items before it did to its key. After a `replace`, the same request again with
+/// `reject` is a repeat (200, the replaced task) and the key's first request a conflict;
+/// `keep` answers the task as replaced. The same holds for a key the batch itself creates
+/// and for a finished task's key given to a new task.
+#[tokio::test]
+async fn batch_items_see_what_earlier_items_did_to_their_key() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let pending = app.create_task(&token, json!({"biz_type": "orders", "key": "p", "delay_ms": 60_000, "payload": 0})).await;
+    let done = app.create_task(&token, json!({"biz_type": "orders", "key": "d", "delay_ms": 60_000, "payload": 0})).await;
+    app.force_status(done["id"].as_str().unwrap(), "succeeded").await;
+
+    let reply = app
+        .post(
+            "/api/v1/tasks/batch",
+            &token,
+            json!({"tasks": [
+                {"biz_type": "orders", "key": "p", "delay_ms": 60_000, "payload": 2, "on_conflict": "replace"},
+                {"biz_type": "orders", "key": "p", "delay_ms": 60_000, "payload": 2},
+                {"biz_type": "orders", "key": "p", "payload": 9, "on_conflict": "keep"},
+                {"biz_type": "orders", "key": "p", "delay_ms": 60_000, "payload": 0},
+                {"biz_type": "orders", "key": "f", "delay_ms": 60_000, "payload": 1},
+                {"biz_type": "orders", "key": "f", "delay_ms": 60_000, "payload": 7, "on_conflict": "replace"},
+                {"biz_type": "orders", "key": "f", "delay_ms": 60_000, "payload": 7},
+                {"biz_type": "orders", "key": "f", "delay_ms": 60_000, "payload": 1},
+                {"biz_type": "orders", "key": "d", "delay_ms": 60_000, "payload": 3, "on_conflict": "replace"},
+                {"biz_type": "orders", "key": "d", "delay_ms": 60_000, "payload": 3},
+                {"biz_type": "orders", "key": "d", "payload": 8, "on_conflict": "keep"},
+            ]}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let results = reply.body["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    println!("statuses: {statuses:?}");
+    assert_eq!(statuses, [200, 200, 200, 409, 201, 200, 200, 409, 201, 200, 200], "{}", reply.body);
+    let payload_of = |i: usize| (results[i]["task"]["id"].clone(), results[i]["task"]["payload"].clone());
+    for i in [0, 1, 2] {
+        assert_eq!(payload_of(i), (pending["id"].clone(), json!(2)), "item {i}: the task as the replace left it: {}", results[i]);
+    }
+    assert_eq!(results[3]["error"]["code"], "key_conflict", "the key's request is the replace's now");
+    for i in [5, 6] {
+        assert_eq!(payload_of(i), (results[4]["task"]["id"].clone(), json!(7)), "item {i}: {}", results[i]);
+    }
+    assert_eq!(results[7]["error"]["code"], "key_conflict");
+    assert_ne!(results[8]["task"]["id"], done["id"]);
+    for i in [9, 10] {
+        assert_eq!(payload_of(i), (results[8]["task"]["id"].clone(), json!(3)), "item {i}: the new task of the key: {}", results[i]);
+    }
+    for (key, payload) in [("p", 2), ("f", 7), ("d", 3)] {
+        assert_eq!(app.get(&by_key("orders", key), &token).await.body["payload"], json!(payload), "key {key}");
+    }
+}
+
+/// Twelve replaces of one key at once, again and again, each round on a key whose task has
+/// finished: in each round one gives the key to a new task (201) and the others replace
+/// that task in turn (200). None is told the key conflicted (a 409 clients must not
+/// retry), and the key's tasks are the finished ones and one pending.
+#[tokio::test]
+async fn concurrent_replaces_of_a_finished_tasks_key_all_settle() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let mut holder = app.create_task(&token, json!({"biz_type": "orders", "key": "k", "delay_ms": 60_000})).await["id"].as_str().unwrap().to_string();
+    let mut tally: HashMap<u16, usize> = HashMap::new();
+    let rounds = 25;
+    for round in 0..rounds {
+        app.force_status(&holder, "succeeded").await;
+        let replaces: Vec<_> = (0..12)
+            .map(|i| {
+                let (client, url, token) = (app.client.clone(), format!("{}/api/v1/tasks", app.address), token.clone());
+                tokio::spawn(async move {
+                    let body = json!({"biz_type": "orders", "key": "k", "delay_ms": 60_000, "payload": [round, i], "on_conflict": "replace"});
+                    let response = client.post(url).bearer_auth(token).json(&body).send().await.unwrap();
+                    (response.status().as_u16(), response.json::<Value>().await.unwrap())
+                })
+            })
+            .collect();
+        let mut created = Vec::new();
+        for replace in replaces {
+            let (status, body) = replace.await.unwrap();
+            *tally.entry(status).or_default() += 1;
+            match status {
+                201 => created.push(body["id"].as_str().unwrap().to_string()),
+                200 => {}
+                _ => println!("round {round}: {status} {body}"),
+            }
+        }
+        assert!(created.len() <= 1, "round {round}: {} new tasks for one key", created.len());
+        if let Some(id) = created.pop() {
+            holder = id;
+        }
+    }
+    println!("{} replaces: {tally:?}", rounds * 12);
+    assert_eq!(tally.get(&201), Some(&rounds), "{tally:?}");
+    assert_eq!(tally.get(&200), Some(&(rounds * 11)), "{tally:?}");
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE key = 'k' AND status = 'pending'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(pending, 1);
 }

@@ -17,6 +17,7 @@ mod receiver;
 
 mod console;
 mod database;
+mod load;
 mod memory;
 mod nodes;
 mod receivers;

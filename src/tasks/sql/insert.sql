@@ -44,8 +44,9 @@ WITH input AS (
     RETURNING id, run_at, expires_at, created_at
 ), wake AS (
     -- Engines sleep until the next due task, at most a second; one due sooner must wake
-    -- them (sent on commit, to every node).
-    SELECT pg_notify($8, '') FROM input
+    -- them (sent on commit, to every node), and this biz type's waiting reserves only
+    -- (the payload is wake.rs's `Wake::DueFor`).
+    SELECT pg_notify($8, concat('due:', $1::int)) FROM input
      WHERE run_at <= now() + interval '1 second' AND (key IS NULL OR id IN (SELECT task_id FROM taken))
      LIMIT 1
 )

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use sqlx::{PgConnection};
 use crate::db::Pool;
 
-use super::{BizType, Settings, create_in, set_signing_secret, update_in, validate_name, validate_signing_secret};
+use super::{BizType, MAX_SIGNING_SECRET_BYTES, Settings, create_in, set_signing_secret, update_in, validate_name, validate_signing_secret};
 use crate::audit;
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
@@ -137,13 +137,7 @@ impl Entry {
             },
             SecretRef::File(path) => {
                 let path = dir.join(path);
-                Secret {
-                    // A trailing line break is the file's, not the secret's.
-                    value: std::fs::read_to_string(&path)
-                        .map(|s| s.trim_end_matches(['\r', '\n']).to_string())
-                        .map_err(|e| format!("cannot read {}: {e}", path.display())),
-                    source: format!("file {}", path.display()),
-                }
+                Secret { value: read_secret_file(&path), source: format!("file {}", path.display()) }
             }
         });
         let settings = Settings {
@@ -162,6 +156,49 @@ impl Entry {
             failure_url: self.failure_url,
         };
         Desired { name, settings, secret }
+    }
+}
+
+/// A secret from a file: a regular file, of which at most what a secret can be is read, so
+/// that `/dev/zero` or a FIFO named by mistake is refused at once rather than read for ever
+/// (or waited on). A trailing line break is the file's, not the secret's.
+fn read_secret_file(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    // Non-blocking, so that opening a FIFO does not wait for a writer; the file is then
+    // checked on what was opened, not on its name.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(cannot)?;
+    let kind = file.metadata().map_err(cannot)?.file_type();
+    if !kind.is_file() {
+        return Err(format!("{} is not a regular file ({}): give a file that holds the secret", path.display(), file_kind(kind)));
+    }
+    // Room for the longest secret and a line break ("\r\n"); one byte more says it is too long.
+    let limit = MAX_SIGNING_SECRET_BYTES + 2;
+    let mut bytes = Vec::with_capacity(limit + 1);
+    file.take(limit as u64 + 1).read_to_end(&mut bytes).map_err(cannot)?;
+    if bytes.len() > limit {
+        return Err(format!("{} is longer than a signing secret can be ({MAX_SIGNING_SECRET_BYTES} bytes)", path.display()));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
+    Ok(text.trim_end_matches(['\r', '\n']).to_string())
+}
+
+/// What a file that is not a regular one is, for the error.
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
     }
 }
 

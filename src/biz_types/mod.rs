@@ -10,7 +10,7 @@ pub use create_limits::CreateLimiter;
 pub use secrets::{PreviousSecret, SecretError, SigningSecret};
 use tokens::set_signing_secret;
 pub use tokens::{
-    DEFAULT_OVERLAP_SECS, MAX_OVERLAP_SECS, Rotated, TokenAuth, TokenCache, TokenInfo, authenticate, create_token, list_tokens, mint_token,
+    DEFAULT_OVERLAP_SECS, MAX_OVERLAP_SECS, MAX_SIGNING_SECRET_BYTES, Rotated, TokenAuth, TokenCache, TokenInfo, authenticate, create_token, list_tokens, mint_token,
     new_secret, record_use, revoke_token, rotate_secret, token_name, validate_overlap, validate_signing_secret,
 };
 pub(crate) use tokens::{hash as hash_token, random_base64};

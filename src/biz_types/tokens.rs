@@ -264,11 +264,14 @@ pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32
     Ok(())
 }
 
+/// The longest signing secret an operator may give, in bytes.
+pub const MAX_SIGNING_SECRET_BYTES: usize = 1000;
+
 /// A secret given by the operator (chime's own are `whsec_` and 43 random characters): long
 /// enough not to be guessed, and text that a receiver's configuration can hold as is.
 pub fn validate_signing_secret(secret: &str) -> Result<(), Error> {
-    if secret.len() < 16 || secret.len() > 1000 {
-        return Err(Error::invalid("signing_secret", format!("must be 16 to 1000 bytes long, not {}", secret.len())));
+    if secret.len() < 16 || secret.len() > MAX_SIGNING_SECRET_BYTES {
+        return Err(Error::invalid("signing_secret", format!("must be 16 to {MAX_SIGNING_SECRET_BYTES} bytes long, not {}", secret.len())));
     }
     if secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(Error::invalid("signing_secret", "must not contain spaces or control characters"));

@@ -230,3 +230,34 @@ async fn an_unknown_key_is_named_with_its_line() {
     let help = chime(&[], &["apply", "--help"], None).await;
     assert!(help.stdout.contains("[biz_types.orders]") && help.stdout.contains("Chime as code"), "{}", help.stdout);
 }
+
+/// A secret `{ file = ... }` that is not a regular file, or longer than a secret can be, is
+/// refused at once with the file named, and nothing is written: `/dev/zero` is not read
+/// without end, a FIFO with no writer is not waited on.
+#[tokio::test]
+async fn a_secret_file_that_is_not_a_regular_file_or_too_long_is_refused_at_once() {
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+    let dir = Dir::new("secret-file");
+    let fifo = dir.0.join("orders.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    dir.write("long.secret", &"s".repeat(5000));
+    let mut wrong = Vec::new();
+    for (source, says) in [
+        ("/dev/zero".to_string(), "/dev/zero is not a regular file (a character device)".to_string()),
+        (fifo.display().to_string(), format!("{} is not a regular file (a FIFO)", fifo.display())),
+        ("long.secret".into(), format!("{} is longer than a signing secret can be (1000 bytes)", dir.0.join("long.secret").display())),
+    ] {
+        let file = dir.write("chime.toml", &format!("[biz_types.orders]\ncallback_url = \"https://o.test/\"\nsigning_secret = {{ file = \"{source}\" }}\n"));
+        let started = std::time::Instant::now();
+        let out = tokio::time::timeout(Duration::from_secs(5), chime(&env, &["apply", "-f", &file], None)).await;
+        println!("{source}: {:?}: {}", started.elapsed(), out.as_ref().map_or("still running after 5 s", |o| o.stderr.as_str()));
+        match out {
+            Err(_) => wrong.push(format!("{source}: still running after 5 s")),
+            Ok(out) if out.ok || !out.stderr.contains(&format!("biz type `orders`: signing_secret: {says}")) => wrong.push(format!("{source}: {}", out.stderr)),
+            Ok(_) => {}
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(updated_at(&app).await.is_empty(), "nothing was written");
+}

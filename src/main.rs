@@ -74,7 +74,7 @@ async fn run() -> anyhow::Result<i32> {
                          (README: Secrets at rest)"
                     );
                 }
-                serve(&database, &settings, &args.db).await
+                serve(&database, &settings, &args.db, sealing).await
             }
             Command::Migrate(m) => cli::migrate(&database.health.sessions().into(), m).await,
             Command::BizType(c) => cli::biz_type(&database.pool, c, callback_hosts).await,
@@ -95,7 +95,8 @@ async fn run() -> anyhow::Result<i32> {
     result.map(|()| exit_code)
 }
 
-async fn serve(database: &Database, settings: &ServeArgs, db: &DbArgs) -> anyhow::Result<()> {
+/// `sealing`: CHIME_SECRET_KEY is set.
+async fn serve(database: &Database, settings: &ServeArgs, db: &DbArgs, sealing: bool) -> anyhow::Result<()> {
     // Listening first: /healthz answers while the database is migrated, so a liveness
     // probe does not kill a long migration; /readyz answers 200 once it is done.
     let app = Application::bind(settings, database.pool.clone(), database.health.clone()).await?;
@@ -105,6 +106,21 @@ async fn serve(database: &Database, settings: &ServeArgs, db: &DbArgs) -> anyhow
     if let Some(password) = app.prepare().await? {
         credentials += &format!("created console user `admin` with password: {password}\n");
         credentials += "(shown only this once; set CHIME_ADMIN_PASSWORD before the first start to choose it)\n";
+    }
+    // Said once, as the node becomes ready: the same secrets stay in clear until someone
+    // runs the command.
+    if sealing {
+        let clear = chime::biz_types::secrets_in_clear(&database.pool).await?;
+        if !clear.is_empty() {
+            let names: Vec<String> = clear.iter().take(10).map(|n| format!("`{n}`")).collect();
+            let more = if clear.len() > names.len() { format!(" and {} more", clear.len() - names.len()) } else { String::new() };
+            tracing::warn!(
+                "CHIME_SECRET_KEY is set, but the signing secrets of {} biz type(s) are stored in clear in the database: {}{more}; \
+                 run `chime secrets reencrypt` to encrypt them (README: Secrets at rest)",
+                clear.len(),
+                names.join(", ")
+            );
+        }
     }
     tracing::info!(
         "chime ready on http://{}:{} (console at /console, API under /api/v1, OpenAPI at /api/v1/openapi.json)",

@@ -339,7 +339,7 @@ pub async fn create_in(
     // Insert a row of schema defaults (as `pull`, which needs no URL yet), then apply the
     // settings through the same path as an update, so that both validate alike.
     let secret = signing_secret.map_or_else(new_secret, str::to_string);
-    let (clear, sealed) = secrets::keyring().store(name, &secret);
+    let (clear, sealed) = secrets::to_store(conn, name, &secret).await?;
     let inserted = crate::db::query_as::<BizType>(
         "INSERT INTO biz_types (name, mode, signing_secret, signing_secret_sealed) VALUES ($1, 'pull', $2, $3)
          ON CONFLICT (name) DO NOTHING RETURNING *",
@@ -552,6 +552,16 @@ pub async fn unopened_secrets(pool: &Pool) -> Result<Vec<SecretError>, Error> {
         b.signing_secret.expose().err().into_iter().chain(previous)
     };
     Ok(list(pool).await?.into_iter().flat_map(unopened).collect())
+}
+
+/// The biz types whose signing secret (or the one a rotation replaced) is stored in clear,
+/// by name: with CHIME_SECRET_KEY set, `chime secrets reencrypt` encrypts them.
+pub async fn secrets_in_clear(pool: &Pool) -> Result<Vec<String>, Error> {
+    Ok(crate::db::query_scalar(
+        "SELECT name FROM biz_types WHERE signing_secret IS NOT NULL OR previous_secret NOT LIKE 'enc:v1:%' ORDER BY name",
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Whether a biz type of this name exists, archived or not (a name that cannot be valid never does).

@@ -36,10 +36,11 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::Row;
 use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
 
 use crate::config::SecretArgs;
+use crate::error::Error;
 
 const PREFIX: &str = "enc:v1:";
 const NONCE_LEN: usize = 24;
@@ -184,6 +185,41 @@ impl Keyring {
     pub(super) fn is_current(&self, sealed: &str) -> bool {
         self.current.as_ref().is_some_and(|key| sealed.strip_prefix(PREFIX).is_some_and(|rest| rest.starts_with(&format!("{}:", key.id))))
     }
+}
+
+/// A signing secret as its columns store it, `(clear, sealed)`: every writer of a secret
+/// goes through here or `to_store_one`. Without a key, where secrets are sealed already a
+/// secret is refused rather than stored in clear: an admin command run without
+/// CHIME_SECRET_KEY would otherwise undo the encryption, biz type by biz type.
+pub(super) async fn to_store(conn: &mut PgConnection, biz_type: &str, secret: &str) -> Result<(Option<String>, Option<String>), Error> {
+    refuse_clear_where_sealed(conn).await?;
+    Ok(keyring().store(biz_type, secret))
+}
+
+/// `to_store` for a secret kept in one column (`previous_secret`).
+pub(super) async fn to_store_one(conn: &mut PgConnection, biz_type: &str, secret: &str) -> Result<String, Error> {
+    refuse_clear_where_sealed(conn).await?;
+    Ok(keyring().store_one(biz_type, secret))
+}
+
+async fn refuse_clear_where_sealed(conn: &mut PgConnection) -> Result<(), Error> {
+    if keyring().seals() {
+        return Ok(());
+    }
+    // Reads only, locking nothing: a key set on one node and not another is an operator's
+    // mistake to point out, not a race to close.
+    let sealed: bool = crate::db::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM biz_types WHERE signing_secret_sealed IS NOT NULL OR previous_secret LIKE 'enc:v1:%')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if sealed {
+        return Err(Error::invalid_state(
+            "the signing secrets in this database are encrypted and CHIME_SECRET_KEY is not set: set CHIME_SECRET_KEY \
+             (or CHIME_SECRET_KEY_FILE) to their key, so that this secret is encrypted too rather than stored in clear",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a stored value is sealed (else it is a secret in clear).

@@ -217,7 +217,10 @@ async fn set_previous_secret(
     overlap_secs: i64,
 ) -> Result<Option<chrono::DateTime<chrono::Utc>>, Error> {
     let name: String = crate::db::query_scalar("SELECT name FROM biz_types WHERE id = $1").bind(biz_type_id).fetch_one(&mut *conn).await?;
-    let stored = previous.map(|p| super::secrets::keyring().store_one(&name, p));
+    let stored = match previous {
+        Some(p) => Some(super::secrets::to_store_one(conn, &name, p).await?),
+        None => None,
+    };
     Ok(crate::db::query_scalar(
         "UPDATE biz_types
             SET previous_secret = $2,
@@ -245,7 +248,7 @@ pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32
     if archived {
         return Err(super::archived(&name));
     }
-    let (clear, sealed) = super::secrets::keyring().store(&name, secret);
+    let (clear, sealed) = super::secrets::to_store(conn, &name, secret).await?;
     // Locks the biz type's row until the caller commits; `archive` takes the same lock.
     crate::db::query(
         "WITH changed AS (

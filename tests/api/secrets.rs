@@ -277,3 +277,86 @@ async fn first_start_credentials_go_to_an_owner_only_file_when_stdout_is_not_a_t
     assert!(stderr.contains("INFO") && stderr.contains(&said), "{stderr}");
     assert_eq!(stderr.matches("CHIME_SECRET_KEY is not set: biz types' signing secrets are stored in clear").count(), 1, "one warning: {stderr}");
 }
+
+/// The stored forms of the secret a rotation replaced: (previous_secret, until).
+async fn previous(pool: &Pool, name: &str) -> (Option<String>, Option<chrono::DateTime<chrono::Utc>>) {
+    sqlx::query_as("SELECT previous_secret, previous_secret_until FROM biz_types WHERE name = $1").bind(name).fetch_one(pool).await.unwrap()
+}
+
+/// Where the secrets are encrypted, a writer without CHIME_SECRET_KEY stores no secret in
+/// clear: `biz-type create`, `rotate-secret` and `apply` are refused with the variable
+/// named, and the encrypted secret and its rotation's overlap stay as they were; the admin
+/// API of a node without the key refuses alike.
+#[tokio::test]
+async fn without_the_key_no_secret_is_stored_in_clear_where_secrets_are_encrypted() {
+    let db_url = fresh_database().await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let key1 = key(1);
+    let with_key = [("DATABASE_URL", db_url.as_str()), ("CHIME_SECRET_KEY", key1.as_str())];
+    let without = [("DATABASE_URL", db_url.as_str()), ("REFUNDS_SECRET", "refunds-secret-5e8c1a9d")];
+    for args in [&["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/x"][..], &["biz-type", "rotate-secret", "orders", "--overlap-secs", "3600"]] {
+        let out = chime(&with_key, args, None).await;
+        assert!(out.ok, "{args:?}: {}", out.stderr);
+    }
+    let (sealed, overlap) = (stored(&pool, "orders").await, previous(&pool, "orders").await);
+    assert!(sealed.0.is_none() && overlap.0.as_deref().is_some_and(|p| p.starts_with("enc:v1:")), "{sealed:?} {overlap:?}");
+
+    let dir = std::env::temp_dir().join(format!("chime-clear-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir(&dir).unwrap();
+    let file = dir.join("chime.toml");
+    std::fs::write(&file, "[biz_types.refunds]\ncallback_url = \"http://127.0.0.1:9/r\"\nsigning_secret = { env = \"REFUNDS_SECRET\" }\n").unwrap();
+    let mut wrong = Vec::new();
+    for args in [
+        &["biz-type", "create", "refunds", "--callback-url", "http://127.0.0.1:9/r"][..],
+        &["biz-type", "rotate-secret", "orders"],
+        &["apply", "-f", file.to_str().unwrap()],
+    ] {
+        let out = chime(&without, args, None).await;
+        println!("{args:?}: exit {:?}\n{}{}", out.code, out.stdout, out.stderr);
+        if out.ok || !(out.stderr.contains("CHIME_SECRET_KEY is not set") && out.stderr.contains("CHIME_SECRET_KEY_FILE")) {
+            wrong.push(format!("{args:?} was not refused naming CHIME_SECRET_KEY"));
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let clear: Vec<String> = sqlx::query_scalar("SELECT name FROM biz_types WHERE signing_secret IS NOT NULL ORDER BY name").fetch_all(&pool).await.unwrap();
+    assert!(wrong.is_empty() && clear.is_empty(), "{wrong:#?}; secrets stored in clear: {clear:?}");
+    assert_eq!((stored(&pool, "orders").await, previous(&pool, "orders").await), (sealed, overlap), "the encrypted secret and its overlap are kept");
+
+    // A node without the key starts while the only encrypted secret is an archived biz
+    // type's; its admin API refuses to store a new one in clear.
+    assert!(chime(&with_key, &["biz-type", "archive", "orders"], None).await.ok);
+    let app = crate::helpers::spawn_on(db_url.clone(), chime::config::ServeArgs { engine: false, ..Default::default() }).await;
+    let admin = chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1;
+    let created = app.post("/api/v1/admin/biz-types", &admin, json!({"name": "refunds", "callback_url": "http://127.0.0.1:9/r"})).await;
+    assert_eq!((created.status, created.code()), (409, "invalid_state"), "{}", created.body);
+    assert!(created.message().contains("CHIME_SECRET_KEY is not set"), "{}", created.message());
+}
+
+/// A node started with CHIME_SECRET_KEY while secrets are still stored in clear warns once,
+/// naming them and what to run.
+#[tokio::test]
+async fn a_node_with_the_key_warns_once_of_secrets_in_clear() {
+    let db_url = fresh_database().await;
+    let out = chime(&[("DATABASE_URL", &db_url)], &["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/x"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let log_path = std::env::temp_dir().join(format!("chime-clear-log-{}.txt", uuid::Uuid::new_v4()));
+    let (mut child, _) = chime_process_logging(&db_url, &[("CHIME_SECRET_KEY", &key(1))], std::fs::File::create(&log_path).unwrap()).await;
+    // Said before "chime ready on", which can come just after /readyz answers.
+    for _ in 0..50 {
+        if std::fs::read_to_string(&log_path).unwrap().contains("chime ready on") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child.kill().await.unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_file(&log_path).unwrap();
+    println!("{log}");
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("stored in clear")).collect();
+    assert_eq!(warnings.len(), 1, "one warning of secrets in clear: {log}");
+    assert!(
+        warnings[0].contains("WARN") && warnings[0].contains("`orders`") && warnings[0].contains("chime secrets reencrypt"),
+        "{}",
+        warnings[0]
+    );
+}

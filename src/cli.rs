@@ -1,7 +1,7 @@
 //! The admin subcommands: biz types, tokens, users, secrets. Their output is meant for scripts: the
 //! value a script wants (secret, token) is the last line.
 
-use std::io::Read;
+use std::io::{Read, Write};
 
 use anyhow::Context;
 use crate::db::Pool;
@@ -12,6 +12,26 @@ use crate::callback_hosts::CallbackHosts;
 use crate::config::{AdminTokenCommand, ApplyArgs, BizTypeCommand, BizTypeFlags, MigrateArgs, SecretsCommand, TokenCommand, UserCommand};
 use crate::db::{self, Schema};
 use crate::{admin_tokens, audit, users};
+
+/// `println!` for what a command says on stdout, in a function returning `anyhow::Result`.
+macro_rules! say {
+    ($($arg:tt)*) => { out(format_args!("{}\n", format_args!($($arg)*)))? };
+}
+
+/// Writes to stdout. A reader that has gone (`chime biz-type list | head -1`) ends the
+/// command with `StdoutClosed`, which `main` turns into a quiet exit, where `println!`
+/// would panic.
+fn out(text: std::fmt::Arguments) -> anyhow::Result<()> {
+    std::io::stdout().write_fmt(text).map_err(|e| match e.kind() {
+        std::io::ErrorKind::BrokenPipe => anyhow::Error::new(StdoutClosed),
+        _ => anyhow::Error::new(e).context("writing to stdout"),
+    })
+}
+
+/// Stdout's reader went away before the command said everything (what it did is done).
+#[derive(Debug, thiserror::Error)]
+#[error("stdout was closed before the command's output was written")]
+pub struct StdoutClosed;
 
 fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
     Settings {
@@ -54,17 +74,17 @@ fn describe(b: &BizType) -> String {
 pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {
     if !args.status && !args.sql {
         db::migrate(pool).await?;
-        println!("migrations applied");
+        say!("migrations applied");
         return Ok(());
     }
     let schema = Schema::read(pool).await?;
     if args.sql {
         // The session setting `chime migrate` applies them with (src/db.rs).
-        println!("SET lock_timeout = '10s';");
+        say!("SET lock_timeout = '10s';");
         for m in schema.pending() {
             let transaction = if m.no_tx { "outside a transaction" } else { "in one transaction" };
-            println!("\n-- migration {} ({}), run {transaction}", m.version, m.description);
-            println!("{}", m.sql.as_str().trim_end());
+            say!("\n-- migration {} ({}), run {transaction}", m.version, m.description);
+            say!("{}", m.sql.as_str().trim_end());
         }
         return Ok(());
     }
@@ -75,7 +95,7 @@ pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {
     rows.extend(schema.newer().into_iter().map(|(v, d)| (*v, d.as_str(), "applied, newer than this binary")));
     rows.sort_by_key(|r| r.0);
     for (version, description, state) in rows {
-        println!("{version:04}\t{state}\t{description}");
+        say!("{version:04}\t{state}\t{description}");
     }
     Ok(())
 }
@@ -87,9 +107,9 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
             let created = biz_types::create(pool, &name, &settings(flags, None), hosts).await?;
             audit::record(pool, "cli", "biz_type.create", "biz_type", &name, None, Some(serde_json::to_value(&created)?))
                 .await?;
-            println!("created biz type {}", describe(&created));
-            println!("signing secret (verify the Chime-Signature header with it):");
-            println!("{}", created.signing_secret.expose()?);
+            say!("created biz type {}", describe(&created));
+            say!("signing secret (verify the Chime-Signature header with it):");
+            say!("{}", created.signing_secret.expose()?);
         }
         BizTypeCommand::Update { name, settings: flags, pause, resume } => {
             let paused = if pause { Some(true) } else if resume { Some(false) } else { None };
@@ -104,12 +124,12 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
                 Some(serde_json::to_value(&after)?),
             )
             .await?;
-            println!("updated biz type {}", describe(&after));
+            say!("updated biz type {}", describe(&after));
         }
         BizTypeCommand::List { archived } => {
             let list = if archived { biz_types::list_all(pool).await? } else { biz_types::list(pool).await? };
             for b in list {
-                println!("{}", describe(&b));
+                say!("{}", describe(&b));
             }
         }
         BizTypeCommand::Archive { name } => {
@@ -117,7 +137,7 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
             let mut record = serde_json::to_value(&after)?;
             record["cancelled_tasks"] = cancelled.into();
             audit::record(pool, "cli", "biz_type.archive", "biz_type", &name, Some(serde_json::to_value(&before)?), Some(record)).await?;
-            println!("archived biz type {name}: its tokens no longer work, {cancelled} pending tasks cancelled");
+            say!("archived biz type {name}: its tokens no longer work, {cancelled} pending tasks cancelled");
         }
         BizTypeCommand::RotateSecret { name, overlap_secs } => {
             let id = biz_types::id_of(pool, &name).await?;
@@ -125,15 +145,15 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
             let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
             audit::record(pool, "cli", "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
             match rotated.previous_until {
-                Some(until) => println!(
+                Some(until) => say!(
                     "rotated the signing secret of {name}: until {} callbacks carry both signatures (v1=<new>,v1=<old>); \
                      give the new secret to the receivers before then",
                     until.format("%Y-%m-%d %H:%M:%S UTC")
                 ),
-                None => println!("rotated the signing secret of {name}: callbacks are signed with the new secret only, from now on"),
+                None => say!("rotated the signing secret of {name}: callbacks are signed with the new secret only, from now on"),
             }
-            println!("new signing secret (shown only this once):");
-            println!("{}", rotated.secret);
+            say!("new signing secret (shown only this once):");
+            say!("{}", rotated.secret);
         }
     }
     Ok(())
@@ -147,14 +167,14 @@ pub async fn apply(pool: &Pool, args: &ApplyArgs, hosts: CallbackHosts) -> anyho
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
     let desired = apply::load(&text, dir).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let plan = apply::run(pool, desired, hosts, args.dry_run).await?;
-    print!("{plan}");
+    out(format_args!("{plan}"))?;
     let (created, updated) = (plan.count(Action::Create), plan.count(Action::Update));
     if !plan.changes_anything() {
-        println!("no changes");
+        say!("no changes");
     } else if args.dry_run {
-        println!("dry run: would create {created} and update {updated} biz type(s); nothing was changed");
+        say!("dry run: would create {created} and update {updated} biz type(s); nothing was changed");
     } else {
-        println!("applied: created {created} and updated {updated} biz type(s)");
+        say!("applied: created {created} and updated {updated} biz type(s)");
     }
     Ok(plan.changes_anything())
 }
@@ -166,8 +186,8 @@ pub async fn token(pool: &Pool, command: TokenCommand) -> anyhow::Result<()> {
             let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
             audit::record(pool, "cli", "token.create", "biz_type", &biz_type, None, Some(record)).await?;
             let named = info.name.as_ref().map(|n| format!(" named {n}")).unwrap_or_default();
-            println!("API token{named} for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
-            println!("{token}");
+            say!("API token{named} for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
+            say!("{token}");
         }
     }
     Ok(())
@@ -181,7 +201,7 @@ pub async fn secrets(pool: &Pool, command: SecretsCommand) -> anyhow::Result<()>
                 let counts = serde_json::json!({"encrypted": done.sealed, "re_encrypted": done.resealed, "unchanged": done.unchanged});
                 audit::record(pool, "cli", "secrets.reencrypt", "biz_type", "*", None, Some(counts)).await?;
             }
-            println!(
+            say!(
                 "signing secrets: {} encrypted (were in clear), {} re-encrypted (were under an older key), {} already under the current key",
                 done.sealed, done.resealed, done.unchanged
             );
@@ -195,19 +215,19 @@ pub async fn admin_token(pool: &Pool, command: AdminTokenCommand) -> anyhow::Res
         AdminTokenCommand::Create { name } => {
             let (info, token) = admin_tokens::create(pool, &name).await?;
             audit::record(pool, "cli", "admin_token.create", "admin_token", &info.name, None, Some(info.prefix.clone().into())).await?;
-            println!("admin token {name} for /api/v1/admin/ (shown only this once; send it as `Authorization: Bearer <token>`):");
-            println!("{token}");
+            say!("admin token {name} for /api/v1/admin/ (shown only this once; send it as `Authorization: Bearer <token>`):");
+            say!("{token}");
         }
         AdminTokenCommand::List => {
             for t in admin_tokens::list(pool).await? {
                 let state = t.revoked_at.map_or("active".to_string(), |at| format!("revoked {}", at.format("%Y-%m-%d %H:%M:%S UTC")));
-                println!("{}\t{}…\t{}\tcreated {}\t{state}", t.id, t.prefix, t.name, t.created_at.format("%Y-%m-%d %H:%M:%S UTC"));
+                say!("{}\t{}…\t{}\tcreated {}\t{state}", t.id, t.prefix, t.name, t.created_at.format("%Y-%m-%d %H:%M:%S UTC"));
             }
         }
         AdminTokenCommand::Revoke { token } => {
             let t = admin_tokens::revoke(pool, &token).await?;
             audit::record(pool, "cli", "admin_token.revoke", "admin_token", &t.name, None, Some(t.prefix.clone().into())).await?;
-            println!("revoked admin token {}… ({}); it is refused from now on", t.prefix, t.name);
+            say!("revoked admin token {}… ({}); it is refused from now on", t.prefix, t.name);
         }
     }
     Ok(())
@@ -238,25 +258,25 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             };
             users::create(pool, &name, &role, &password).await?;
             audit::record(pool, "cli", "user.create", "user", &name, None, Some(serde_json::json!({"role": role}))).await?;
-            println!("created {role} user {name}");
+            say!("created {role} user {name}");
         }
         UserCommand::List => {
             let time = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
             for u in users::list(pool).await? {
                 let state = if u.disabled { "disabled" } else { "enabled" };
                 let last = u.last_sign_in_at.map_or("never signed in".to_string(), |t| format!("last signed in {}", time(t)));
-                println!("{}\t{}\t{state}\tcreated {}\t{last}", u.name, u.role, time(u.created_at));
+                say!("{}\t{}\t{state}\tcreated {}\t{last}", u.name, u.role, time(u.created_at));
             }
         }
         UserCommand::Disable { name } => {
             let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(true), ..Default::default() }).await?;
             audit::record(pool, "cli", "user.update", "user", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
-            println!("disabled user {name}: they cannot sign in, and their open sessions have ended");
+            say!("disabled user {name}: they cannot sign in, and their open sessions have ended");
         }
         UserCommand::Enable { name } => {
             let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(false), ..Default::default() }).await?;
             audit::record(pool, "cli", "user.update", "user", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
-            println!("enabled user {name}: they can sign in again with their password");
+            say!("enabled user {name}: they can sign in again with their password");
         }
         UserCommand::ResetPassword { name, password } => {
             let given = match password {
@@ -271,10 +291,10 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             record["password"] = if generated { "generated" } else { "given" }.into();
             audit::record(pool, "cli", "user.reset_password", "user", &name, serde_json::to_value(&before).ok(), Some(record)).await?;
             let disabled = if after.disabled { format!("; {name} is disabled: `chime user enable {name}` to let them sign in") } else { String::new() };
-            println!("reset the password of {name}: their sessions have ended{disabled}");
+            say!("reset the password of {name}: their sessions have ended{disabled}");
             if generated {
-                println!("new password (shown only this once):");
-                println!("{password}");
+                say!("new password (shown only this once):");
+                say!("{password}");
             }
         }
     }

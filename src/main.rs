@@ -12,6 +12,9 @@ async fn main() {
     match run().await {
         Ok(0) => {}
         Ok(code) => std::process::exit(code),
+        // As a command killed by SIGPIPE ends, by convention (`| head -1`): nothing to say,
+        // and no one to say it to.
+        Err(e) if e.is::<cli::StdoutClosed>() => std::process::exit(128 + libc::SIGPIPE),
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::exit(1);

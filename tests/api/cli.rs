@@ -329,3 +329,37 @@ async fn user_names_are_the_same_in_any_case() {
     assert_eq!(changed.status, 200, "{}", changed.body);
     assert_eq!(changed.body["name"], "helen", "{}", changed.body);
 }
+
+/// Runs `chime <args>` with its stdout a pipe whose reader is gone, as `chime ... | head -1`
+/// leaves it once `head` has its line.
+fn chime_into_closed_pipe(db_url: &str, args: &[&str]) -> std::process::Output {
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    std::process::Command::new(env!("CARGO_BIN_EXE_chime"))
+        .args(args)
+        .env_remove("CHIME_CONFIG")
+        .env("DATABASE_URL", db_url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(writer))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// A command whose output is cut (`chime biz-type list | head -1`) exits as a program
+/// killed by SIGPIPE does by convention, 141, without a panic or an error message; what it
+/// did is done (the biz type is created).
+#[tokio::test]
+async fn a_closed_stdout_ends_a_command_quietly() {
+    let app = spawn_app().await;
+    let mut ended = Vec::new();
+    for args in [&["biz-type", "create", "orders", "--callback-url", "https://example.test/hook"][..], &["biz-type", "list"]] {
+        let out = chime_into_closed_pipe(&app.db_url, args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        println!("{args:?}: {:?}\n{stderr}", out.status);
+        ended.push((out.status.code(), stderr));
+    }
+    let quiet = (Some(141), String::new());
+    assert_eq!(ended, [quiet.clone(), quiet]);
+    assert!(chime::biz_types::by_name(&app.pool, "orders").await.unwrap().is_some(), "the biz type was created");
+}

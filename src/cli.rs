@@ -133,10 +133,7 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
             }
         }
         BizTypeCommand::Archive { name } => {
-            let (before, after, cancelled) = biz_types::archive(pool, &name).await?;
-            let mut record = serde_json::to_value(&after)?;
-            record["cancelled_tasks"] = cancelled.into();
-            audit::record(pool, "cli", "biz_type.archive", "biz_type", &name, Some(serde_json::to_value(&before)?), Some(record)).await?;
+            let (_, _, cancelled) = biz_types::archive(pool, &name, "cli").await?;
             say!("archived biz type {name}: its tokens no longer work, {cancelled} pending tasks cancelled");
         }
         BizTypeCommand::RotateSecret { name, overlap_secs } => {

@@ -351,14 +351,9 @@ pub(super) struct Archived<'a> {
     security(("adminAuth" = []))
 )]
 pub(super) async fn archive_biz_type(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    let (before, after, cancelled_tasks) = biz_types::archive(&state.pool, &name).await?;
+    let (_, after, cancelled_tasks) = biz_types::archive(&state.pool, &name, &admin.0.actor()).await?;
     // This node's cache at once; the others empty theirs on the `settings` notification.
     state.forget_tokens();
-    let mut record = snapshot(&after);
-    if let Some(serde_json::Value::Object(fields)) = &mut record {
-        fields.insert("cancelled_tasks".into(), cancelled_tasks.into());
-    }
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.archive", "biz_type", &name, snapshot(&before), record).await?;
     Ok(HttpResponse::Ok().json(Archived { biz_type: &after, cancelled_tasks }))
 }
 

@@ -438,10 +438,11 @@ async fn notify_settings_changed(conn: &mut PgConnection) -> Result<(), Error> {
 
 /// Archives (deletes) the named biz type: its tokens stop working, its engines stop
 /// delivering it, its timers stop firing, and its pending tasks are cancelled; its tasks
-/// stay readable until retention drops them, and its name stays taken. Archiving again
-/// changes nothing but cancels any pending task left. Returns the biz type before and
+/// stay readable until retention drops them, and its name stays taken. The archive is in
+/// the audit log as done by `actor`, written with it. Archiving again changes nothing and
+/// records nothing, but cancels any pending task left. Returns the biz type before and
 /// after, and how many tasks were cancelled.
-pub async fn archive(pool: &Pool, name: &str) -> Result<(BizType, BizType, u64), Error> {
+pub async fn archive(pool: &Pool, name: &str, actor: &str) -> Result<(BizType, BizType, u64), Error> {
     let not_found = || Error::NotFound(format!("no biz type named `{}`", name.escape_debug()));
     validate_name(name).map_err(|_| not_found())?;
     let mut tx = pool.begin().await?;
@@ -461,6 +462,13 @@ pub async fn archive(pool: &Pool, name: &str) -> Result<(BizType, BizType, u64),
     // In the transaction, so that the count is of every task pending until now: once the
     // archive is committed, the leader's sweep may cancel them too.
     let mut cancelled = crate::tasks::cancel_archived(&mut *tx, Some(before.id)).await?;
+    if before.archived_at.is_none() {
+        let mut record = serde_json::to_value(&after).ok();
+        if let Some(serde_json::Value::Object(fields)) = &mut record {
+            fields.insert("cancelled_tasks".into(), cancelled.into());
+        }
+        crate::audit::record(&mut *tx, actor, "biz_type.archive", "biz_type", name, serde_json::to_value(&before).ok(), record).await?;
+    }
     tx.commit().await?;
     // After the commit: a task created meanwhile by a token not yet refused is pending
     // now and cancelled here (and any left later by the leader's sweep).

@@ -458,13 +458,8 @@ pub async fn revoke_token(
 /// Archives the biz type (after the button's confirmation).
 pub async fn archive(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let (before, after, cancelled) = biz_types::archive(&state.pool, &name).await?;
+    let (_, _, cancelled) = biz_types::archive(&state.pool, &name, &session.actor()).await?;
     state.forget_tokens();
-    let mut record = serde_json::to_value(&after).ok();
-    if let Some(serde_json::Value::Object(fields)) = &mut record {
-        fields.insert("cancelled_tasks".into(), cancelled.into());
-    }
-    audit::record(&state.pool, &session.actor(), "biz_type.archive", "biz_type", &name, serde_json::to_value(&before).ok(), record).await?;
     Ok(done(&format!("/console/biz-types/{name}"), &format!("Archived: its tokens no longer work; {cancelled} pending tasks cancelled.")))
 }
 

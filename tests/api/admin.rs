@@ -288,7 +288,7 @@ async fn the_leader_cancels_tasks_left_pending_in_an_archived_biz_type() {
     let token = app.biz_type("orders").await;
     let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
     let id: uuid::Uuid = task["id"].as_str().unwrap().parse().unwrap();
-    let (_, archived, cancelled) = chime::biz_types::archive(&app.pool, "orders").await.unwrap();
+    let (_, archived, cancelled) = chime::biz_types::archive(&app.pool, "orders", "test").await.unwrap();
     assert_eq!(cancelled, 1);
     let replayed = chime::tasks::replay(&app.pool, archived.id, id).await.unwrap();
     assert_eq!(replayed.status, chime::tasks::Status::Pending);
@@ -303,4 +303,23 @@ async fn the_leader_cancels_tasks_left_pending_in_an_archived_biz_type() {
     };
     println!("the leader cancelled the replayed task after {:?}", started.elapsed());
     assert_eq!(status, "cancelled", "still pending after {:?}", started.elapsed());
+}
+
+/// Archiving a biz type that is archived already changes nothing and records nothing: the
+/// admin API answers 200 with the same archive time, the command line says so, and the audit
+/// log keeps the one entry of the archive that happened.
+#[tokio::test]
+async fn archiving_an_archived_biz_type_again_records_nothing() {
+    let app = spawn_app().await;
+    let admin = admin_token(&app).await;
+    app.biz_type("orders").await;
+    let first = app.delete("/api/v1/admin/biz-types/orders", &admin).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let again = app.delete("/api/v1/admin/biz-types/orders", &admin).await;
+    assert_eq!((again.status, &again.body["archived_at"], &again.body["cancelled_tasks"]), (200, &first.body["archived_at"], &json!(0)), "{}", again.body);
+    let out = chime(&[("DATABASE_URL", app.db_url.as_str())], &["biz-type", "archive", "orders"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    println!("{}", out.stdout);
+    let entries: Vec<String> = sqlx::query_scalar("SELECT actor FROM audit_log WHERE action = 'biz_type.archive' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(entries.len(), 1, "one entry, of the archive that happened: {entries:?}");
 }

@@ -192,7 +192,7 @@ async fn every_api_endpoint_admits_only_its_own_biz_types_token() {
     let ApiFixtures { ids, token, revoked, foreign } = api_fixtures(&app).await;
     let admin = chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1;
     let archived = app.biz_type("gone").await;
-    biz_types::archive(&app.pool, "gone").await.unwrap();
+    biz_types::archive(&app.pool, "gone", "test").await.unwrap();
     let refused_credentials = [
         ("no token", None),
         ("a Basic header", Some(format!("Basic {token}"))),

@@ -129,7 +129,11 @@ impl Application {
                             response.map(ServiceResponse::map_into_left_body)
                         })
                     }
-                    Err(busy) => Either::Right(std::future::ready(Ok(req.error_response(busy).map_into_right_body()))),
+                    Err(busy) => {
+                        let mut response = req.error_response(busy);
+                        response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1));
+                        Either::Right(std::future::ready(Ok(response.map_into_right_body())))
+                    }
                 })
                 .wrap_fn(move |req, service| {
                     // The pattern, found before routing from the app's resource map.

@@ -125,15 +125,20 @@ async fn claim(pool: &Pool, node_id: Uuid, limit: i64, sending: &HashMap<i32, i6
     let (busy_ids, busy_counts): (Vec<i32>, Vec<i64>) = sending.iter().map(|(id, n)| (*id, *n)).unzip();
     // Locks: the notices it takes, FOR UPDATE SKIP LOCKED, so that the senders of every
     // node claim at once without waiting for, or taking, one another's. The biz types are
-    // read, not locked, in a random order so that under a backlog the limit does not
-    // always favour the same ones; each one's notices are a probe of
-    // failure_notices_biz_type_due_idx. Archived biz types' notices stay as they are:
+    // read, not locked: only those with notices due (found through failure_notices_due_idx,
+    // so that an idle sender's probe costs the same however many biz types there are), in a
+    // random order so that under a backlog the limit does not always favour the same ones;
+    // each one's notices are a probe of failure_notices_biz_type_due_idx. Archived biz types' notices stay as they are:
     // nothing of theirs is delivered. The previous secret is read only while its overlap
     // lasts, as the engine reads it.
     crate::db::query_as(
         "WITH due AS (
              SELECT d.id
-               FROM (SELECT id FROM biz_types WHERE archived_at IS NULL ORDER BY random()) b
+               FROM (SELECT b.id FROM biz_types b
+                      WHERE b.archived_at IS NULL
+                        AND b.id IN (SELECT biz_type_id FROM failure_notices
+                                      WHERE status IN ('pending', 'running') AND due_at <= now())
+                      ORDER BY random()) b
               CROSS JOIN LATERAL (
                     SELECT n.id FROM failure_notices n
                      WHERE n.biz_type_id = b.id AND n.status IN ('pending', 'running') AND n.due_at <= now()

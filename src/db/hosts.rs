@@ -7,10 +7,12 @@
 //! writes (SPEC §10). chime always writes, so it uses only such a server whatever
 //! `target_session_attrs` says.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 /// How long one host may take to accept a session, unless `connect_timeout` says otherwise:
@@ -33,6 +35,10 @@ pub struct Host {
     /// `host:port`, or the socket directory and port: how messages name it.
     pub label: String,
     pub options: PgConnectOptions,
+    /// Set once TLS failed on this host's certificate under sslmode=prefer and a session
+    /// without TLS was opened instead (`connect`): the pools then open theirs without TLS
+    /// too, rather than fail the handshake at each one.
+    plain: Arc<AtomicBool>,
 }
 
 impl Hosts {
@@ -111,11 +117,25 @@ impl Hosts {
         customize: &(dyn Fn(PgConnectOptions) -> PgConnectOptions + Send + Sync),
     ) -> Result<(usize, PgConnection), NoWritableHost> {
         let mut refusals = Vec::with_capacity(self.hosts.len());
+        let (mut certificates_refused, mut version_1) = (0, false);
         for (i, host) in self.hosts.iter().enumerate() {
-            let options = customize(host.options.clone());
-            let reason = match tokio::time::timeout(self.connect_timeout, options.connect()).await {
+            let options = customize(host.connect_options());
+            let attempt = tokio::time::timeout(self.connect_timeout, connect(&options, &host.label)).await;
+            let attempt = attempt.map(|found| {
+                found.map(|(conn, plain)| {
+                    host.plain.fetch_or(plain, Ordering::Relaxed);
+                    conn
+                })
+            });
+            let reason = match attempt {
                 Err(_) => format!("did not answer within {} s", self.connect_timeout.as_secs()),
-                Ok(Err(e)) => refusal(&e),
+                Ok(Err(e)) => {
+                    if let Some(why) = refused_certificate(&e) {
+                        certificates_refused += 1;
+                        version_1 |= is_version_1(why);
+                    }
+                    refusal(&e)
+                }
                 Ok(Ok(mut conn)) => match writable(&mut conn).await {
                     Ok(Writable::Yes) => return Ok((i, conn)),
                     Ok(no) => {
@@ -127,18 +147,25 @@ impl Hosts {
             };
             refusals.push(format!("{} {reason}", host.label));
         }
-        Err(NoWritableHost { setting: self.setting, refusals })
+        let certificate_refused = certificates_refused == self.hosts.len();
+        Err(NoWritableHost { setting: self.setting, refusals, certificate_refused, version_1 })
     }
 }
 
 impl Host {
+    /// The options a pool opens its sessions with: `options`, without TLS where TLS failed
+    /// under sslmode=prefer (see `plain`).
+    pub fn connect_options(&self) -> PgConnectOptions {
+        if self.plain.load(Ordering::Relaxed) { self.options.clone().ssl_mode(PgSslMode::Disable) } else { self.options.clone() }
+    }
+
     fn new(options: PgConnectOptions) -> Host {
         let label = match options.get_socket() {
             Some(dir) => format!("{}:{} (Unix socket)", dir.display(), options.get_port()),
             None if options.get_host().contains(':') => format!("[{}]:{}", options.get_host(), options.get_port()),
             None => format!("{}:{}", options.get_host(), options.get_port()),
         };
-        Host { label, options }
+        Host { label, options, plain: Arc::new(AtomicBool::new(false)) }
     }
 }
 
@@ -147,6 +174,10 @@ impl Host {
 pub struct NoWritableHost {
     setting: &'static str,
     refusals: Vec<String>,
+    /// Every host's certificate was refused: trying again will not help.
+    pub certificate_refused: bool,
+    /// A host's certificate is X.509 version 1, which rustls does not verify.
+    pub version_1: bool,
 }
 
 impl std::fmt::Display for NoWritableHost {
@@ -203,6 +234,55 @@ fn refusal(e: &sqlx::Error) -> String {
         sqlx::Error::Database(db) => format!("answered: {}", db.message()),
         e => format!("failed: {e}"),
     }
+}
+
+/// The TLS library's refusal of the server's certificate, when that is why a connection
+/// failed. (The handshake's error comes as an I/O error.)
+fn refused_certificate(e: &sqlx::Error) -> Option<&rustls::CertificateError> {
+    let source: &(dyn std::error::Error + 'static) = match e {
+        sqlx::Error::Io(io) => io.get_ref()?,
+        sqlx::Error::Tls(tls) => tls.as_ref(),
+        _ => return None,
+    };
+    match source.downcast_ref::<rustls::Error>()? {
+        rustls::Error::InvalidCertificate(why) => Some(why),
+        _ => None,
+    }
+}
+
+/// Opens a session as `options` say, except where TLS fails on the server's certificate under
+/// sslmode=prefer: then again without TLS, as libpq does (prefer does not verify the
+/// certificate; rustls cannot even read some it is not asked to verify, such as X.509
+/// version 1, which `CREATE EXTENSION citus` makes, and sqlx offers no way around that).
+/// Also says whether it fell back so.
+pub async fn connect(options: &PgConnectOptions, label: &str) -> Result<(PgConnection, bool), sqlx::Error> {
+    match options.connect().await {
+        Err(e) if matches!(options.get_ssl_mode(), PgSslMode::Prefer) && refused_certificate(&e).is_some() => {
+            warn_plain_once(label, refused_certificate(&e).unwrap());
+            Ok((options.clone().ssl_mode(PgSslMode::Disable).connect().await?, true))
+        }
+        result => Ok((result?, false)),
+    }
+}
+
+/// Says once per process that a host is reached without TLS under sslmode=prefer, and why.
+fn warn_plain_once(host: &str, why: &rustls::CertificateError) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let version_1 = if is_version_1(why) { " (an X.509 version 1 certificate, which rustls cannot read)" } else { "" };
+    tracing::warn!(
+        host,
+        "TLS to PostgreSQL failed on the server's certificate{version_1}: {why:?}; connected without TLS, as \
+         sslmode=prefer does in libpq. Give the server a version 3 certificate to encrypt, or set sslmode=disable \
+         to say plain connections are meant"
+    );
+}
+
+/// webpki's error, which rustls passes on as `Other`, is named only in its Debug form.
+fn is_version_1(why: &rustls::CertificateError) -> bool {
+    matches!(why, rustls::CertificateError::Other(other) if format!("{other:?}").contains("UnsupportedCertVersion"))
 }
 
 /// SPEC §10: any value is accepted; one that allows a standby is said to be ignored.
@@ -359,7 +439,7 @@ mod tests {
 
     #[test]
     fn no_writable_host_names_each_host_and_why() {
-        let e = NoWritableHost { setting: "DATABASE_URL", refusals: vec!["127.0.0.1:5433 is a standby".into(), "127.0.0.1:5432 refused the connection".into()] };
+        let e = NoWritableHost { setting: "DATABASE_URL", refusals: vec!["127.0.0.1:5433 is a standby".into(), "127.0.0.1:5432 refused the connection".into()], certificate_refused: false, version_1: false };
         assert_eq!(e.to_string(), "no host in DATABASE_URL accepts writes: 127.0.0.1:5433 is a standby; 127.0.0.1:5432 refused the connection");
     }
 }

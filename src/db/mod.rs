@@ -162,7 +162,7 @@ impl Target {
             );
         }
         for (pool, customize) in self.pools.lock().expect("not poisoned").iter() {
-            pool.set_connect_options(customize(hosts[i].options.clone()));
+            pool.set_connect_options(customize(hosts[i].connect_options()));
         }
     }
 
@@ -325,7 +325,7 @@ impl Health {
                 };
                 Box::pin(async move { Ok(reuse) })
             })
-            .connect_lazy_with(customize(target.current().options.clone()));
+            .connect_lazy_with(customize(target.current().connect_options()));
         target.pools.lock().expect("not poisoned").push((pool.clone(), customize));
         pool
     }
@@ -410,7 +410,7 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<Pool> {
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with(no_jit(hosts.hosts()[i].options.clone()))
+        .connect_lazy_with(no_jit(hosts.hosts()[i].connect_options()))
         .into();
     check_server_version(&pool).await?;
     Ok(pool)
@@ -426,13 +426,21 @@ async fn find_at_start(hosts: &Hosts, customize: fn(PgConnectOptions) -> PgConne
     loop {
         match hosts.find_writable(&customize).await {
             Ok(found) => return Ok(found),
-            Err(e) if Instant::now() >= deadline => {
-                let context = match hosts.hosts()[0].options.get_ssl_mode() {
-                    mode @ (PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull) => {
+            // A certificate refused now is refused again: no waiting.
+            Err(e) if Instant::now() >= deadline || e.certificate_refused => {
+                let mode = hosts.hosts()[0].options.get_ssl_mode();
+                let mut context = match mode {
+                    PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull => {
                         format!("cannot connect to PostgreSQL over TLS (sslmode={} in {})", ssl_mode_name(mode), hosts.setting)
                     }
                     _ => format!("cannot connect to PostgreSQL (check {}, or unset it to use the embedded database)", hosts.setting),
                 };
+                if e.version_1 && matches!(mode, PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull) {
+                    context += ": the server's certificate is X.509 version 1, which chime's TLS library (rustls) cannot \
+                                read, even under sslmode=require, which does not verify it; give PostgreSQL a version 3 \
+                                certificate (ssl_cert_file; `openssl x509 -req` with an -extfile naming its subjectAltName \
+                                makes one), or use sslmode=prefer, which then connects without TLS as libpq does when TLS fails";
+                }
                 return Err(anyhow::Error::new(e).context(context));
             }
             Err(_) => tokio::time::sleep(PROBE_EVERY).await,
@@ -508,7 +516,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     // Waiting for another node's migrations, or a long one, is expected here: not a "slow
     // statement" warning.
     let options = pool.connect_options().as_ref().clone().disable_statement_logging();
-    let mut conn = PgConnection::connect_with(&options).await.context("connecting to migrate")?;
+    let (mut conn, _) = hosts::connect(&options, options.get_host()).await.context("connecting to migrate")?;
     let result = migrate_on(&mut conn).await;
     let _ = conn.close().await;
     result?;

@@ -38,7 +38,6 @@ async fn server() -> &'static TlsServer {
 
 async fn start_tls_server() -> TlsServer {
     let mut pg = embedded_pg::start_throwaway().await.expect("starting a throwaway PostgreSQL");
-    let pgdata = pg.data_dir().join("pgdata");
     let dir = pg.data_dir().join("tls");
     std::fs::create_dir(&dir).unwrap();
     let ca = make_ca(&dir, "ca");
@@ -47,13 +46,22 @@ async fn start_tls_server() -> TlsServer {
     std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
     openssl(&dir, &["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
     openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.crt"]);
+    let port = listen_over_tls(&mut pg, &cert, &key, "hostssl").await;
+    TlsServer { port, ca, other_ca, _cluster: pg }
+}
+
+/// Makes the throwaway PostgreSQL `pg` serve TCP on 127.0.0.1 with TLS, with this certificate
+/// and key, to clients that `hba` lets in (`hostssl`: TLS only; `host`: with or without);
+/// returns its port.
+async fn listen_over_tls(pg: &mut EmbeddedPg, cert: &Path, key: &Path, hba: &str) -> u16 {
+    let pgdata = pg.data_dir().join("pgdata");
     // PostgreSQL refuses a key readable by others or owned by another user.
     let owner = std::fs::metadata(&pgdata).unwrap();
-    std::os::unix::fs::chown(&key, Some(owner.uid()), Some(owner.gid())).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(key, Some(owner.uid()), Some(owner.gid())).unwrap();
+    std::fs::set_permissions(key, std::fs::Permissions::from_mode(0o600)).unwrap();
 
     // The Unix socket stays for the embedded setup's own use; TCP is TLS or nothing.
-    std::fs::write(pgdata.join("pg_hba.conf"), "local all all trust\nhostssl all all 127.0.0.1/32 trust\n").unwrap();
+    std::fs::write(pgdata.join("pg_hba.conf"), format!("local all all trust\n{hba} all all 127.0.0.1/32 trust\n")).unwrap();
     let port = free_port();
     let mut conn = PgConnection::connect(&pg.url("postgres")).await.unwrap();
     for setting in [
@@ -69,7 +77,7 @@ async fn start_tls_server() -> TlsServer {
     // listen_addresses and port take a restart; the cluster is fresh, so a hard stop is fine.
     pg.crash().await.unwrap();
     pg.restart().await.unwrap();
-    TlsServer { port, ca, other_ca, _cluster: pg }
+    port
 }
 
 /// A self-signed CA in `dir`; returns its certificate.
@@ -201,4 +209,77 @@ async fn chime_stops_at_start_when_the_certificate_is_not_trusted() {
     let out = chime(&[("DATABASE_URL", db_url.as_str())], &["migrate"], None).await;
     assert!(!out.ok);
     assert!(out.stderr.contains("sslmode=verify-full") && out.stderr.contains("UnknownIssuer"), "{}", out.stderr);
+}
+
+/// A server whose certificate is X.509 version 1 and self-signed, as the one `CREATE
+/// EXTENSION citus` turns TLS on with (RSA, no extensions, so `openssl x509 -req` makes
+/// version 1), and which, as Citus leaves it, takes clients with or without TLS.
+struct V1Server {
+    port: u16,
+    cert: PathBuf,
+    _cluster: EmbeddedPg,
+}
+
+static V1_SERVER: OnceCell<V1Server> = OnceCell::const_new();
+
+async fn v1_server() -> &'static V1Server {
+    V1_SERVER.get_or_init(start_v1_server).await
+}
+
+async fn start_v1_server() -> V1Server {
+    let mut pg = embedded_pg::start_throwaway().await.expect("starting a throwaway PostgreSQL");
+    let dir = pg.data_dir().join("tls");
+    std::fs::create_dir(&dir).unwrap();
+    openssl(&dir, &["req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    openssl(&dir, &["x509", "-req", "-in", "server.csr", "-signkey", "server.key", "-days", "2", "-out", "server.crt"]);
+    let text = Command::new("openssl").args(["x509", "-noout", "-text", "-in"]).arg(dir.join("server.crt")).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("Version: 1 (0x0)"), "not a version 1 certificate");
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    let port = listen_over_tls(&mut pg, &cert, &key, "host").await;
+    V1Server { port, cert, _cluster: pg }
+}
+
+/// Under `prefer` (the default), which does not verify the certificate, chime connects to a
+/// server whose certificate is version 1 where psql does: rustls cannot read that
+/// certificate even to check the handshake, so it does what libpq does when TLS fails under
+/// `prefer`, and connects again without TLS, saying so once. Before, it stopped at start:
+/// "invalid peer certificate: UnsupportedCertVersion".
+#[tokio::test]
+async fn a_version_1_certificate_does_not_keep_chime_out_under_sslmode_prefer() {
+    let server = v1_server().await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres?sslmode=prefer", server.port);
+    let pool = chime::db::connect(&url, 1).await;
+    println!("sslmode=prefer: {:?}", pool.as_ref().err());
+    let pool = pool.unwrap_or_else(|e| panic!("sslmode=prefer: {e:#}"));
+    let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
+    assert!(!ssl, "connected without TLS, as libpq does after TLS failed");
+
+    let no_sslmode = format!("postgres://postgres@127.0.0.1:{}/postgres", server.port);
+    let out = chime(&[("DATABASE_URL", no_sslmode.as_str())], &["migrate", "--status"], None).await;
+    println!("chime migrate --status: {}", out.stderr);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stderr.matches("connected without TLS").count(), 1, "said once: {}", out.stderr);
+    assert!(out.stderr.contains("version 1"), "{}", out.stderr);
+}
+
+/// Under `require`, `verify-ca` and `verify-full`, TLS is a must, and rustls cannot read a
+/// version 1 certificate, even given as its own root: refused at once (not retried for the
+/// start's 10 s), saying why and what to do.
+#[tokio::test]
+async fn a_version_1_certificate_under_a_required_tls_is_refused_saying_why_and_what_to_do() {
+    let server = v1_server().await;
+    for mode in ["require", "verify-full", "verify-ca"] {
+        let url = format!("postgres://postgres@localhost:{}/postgres?sslmode={mode}&sslrootcert={}", server.port, server.cert.display());
+        let started = std::time::Instant::now();
+        let error = connect_error(&url).await;
+        println!("sslmode={mode}: {error}");
+        assert!(
+            error.contains(&format!("sslmode={mode}"))
+                && error.contains("X.509 version 1")
+                && error.contains("version 3 certificate")
+                && error.contains("sslmode=prefer"),
+            "{error}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", started.elapsed());
+    }
 }

@@ -1,9 +1,7 @@
 //! Bulk cancel and bulk replay of a biz type's tasks by filter (SPEC §11). The work is the
 //! task store's (`tasks::bulk`): bounded batches, the answer when all are done. One at a
-//! time per biz type on each node (`tasks::bulk::Running`); another meanwhile is told to
-//! retry (429).
-
-use std::time::Duration;
+//! time per biz type on each node, and at most a tenth of the time (`tasks::bulk::Running`);
+//! another meanwhile is told when to retry (429).
 
 use actix_web::{HttpResponse, web};
 use serde::{Deserialize, Serialize};
@@ -108,10 +106,14 @@ fn filter(
 }
 
 /// Marks the caller's biz type's bulk operation under way on this node until dropped, or
-/// refuses it while another is: each walks every task of the biz type in one state.
+/// refuses it while another is or they took their share of the time: each walks every task
+/// of the biz type in one state.
 fn one_at_a_time<'a>(state: &'a AppState, caller: &Caller) -> Result<Under<'a>, ApiError> {
-    state.bulk_running.start(caller.0.biz_type_id).ok_or_else(|| {
-        ApiError::Busy("a bulk operation of this biz type is under way on this node; retry once it is done".into(), Duration::from_secs(1))
+    state.bulk_running.start(caller.0.biz_type_id).map_err(|wait| {
+        ApiError::Busy(
+            "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says".into(),
+            wait,
+        )
     })
 }
 
@@ -145,7 +147,7 @@ fn scope(filter: &BulkFilter) -> serde_json::Value {
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"No condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, `timer_id` not a UUID, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "all: the filter has no condition, so it would act on every task: give key_prefix, run_at_from, run_at_to or timer_id, or say \"all\": true"}})),
-        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node; retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node; retry once it is done"}})),
+        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of 2 s); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -190,7 +192,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"`status` missing or not `failed`/`expired`, no other condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "status: unknown variant `pending`, expected `failed` or `expired`"}})),
-        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node; retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node; retry once it is done"}})),
+        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of 2 s); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),

@@ -37,7 +37,10 @@ async fn two_nodes_share_work_without_duplicates() {
     let a = spawn_app().await;
     let b = spawn_on(a.db_url.clone(), ServeArgs { engine: false, ..ServeArgs::default() }).await;
     let receiver = Receiver::start(vec![], Answer { delay: Duration::from_millis(300), ..Answer::status(200) }).await;
-    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(100), ..Default::default() };
+    // A cap above the backlog: max_in_flight is the cluster's, and a cap the first claim
+    // filled would leave the other node nothing to take until a slot freed (the node whose
+    // callbacks end is the first to know, and takes it).
+    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(1000), ..Default::default() };
     biz_types::create(&a.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&a.pool, "orders").await.unwrap();
     // Each node's engine, its own loop running, both knowing the biz type (their first turn
@@ -176,4 +179,38 @@ async fn max_in_flight_holds_across_the_cluster() {
     assert!(peak <= CAP, "the receiver had {peak} requests at once, over the biz type's cap of {CAP}");
     assert_eq!(peak, CAP, "the cap is used whole");
     assert!(mean >= 0.6 * CAP as f64, "mean {mean:.2} requests at once: the cap was left unused");
+}
+
+/// Another node's leases hold their slots of the cap until they end: with a cap of 2 and
+/// two tasks leased by a node that died, a live node claims none of the tasks left due;
+/// once lease recovery puts the dead node's tasks back, their slots are free again.
+#[tokio::test]
+async fn a_dead_node_s_leases_hold_their_slots_until_recovered() {
+    let app = spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(2), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(app.create_task(&token, json!({"biz_type": "orders", "payload": i})).await["id"].as_str().unwrap().to_string());
+    }
+    // Two of them leased by a node that died: running, their lease just run out.
+    for id in &ids[..2] {
+        sqlx::query(
+            "UPDATE tasks SET status = 'running', attempt_count = 1, leased_by = gen_random_uuid(),
+                    lease_until = now() - interval '1 second' WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    }
+
+    let mut engine = engine(&app);
+    assert_eq!(engine.turn().await.claimed, 0, "the dead node's two leases fill the cap of 2");
+    assert_eq!(chime::tasks::lease::recover_expired_leases(&app.pool).await.unwrap(), 2);
+    assert_eq!(engine.turn().await.claimed, 2, "their slots are free again: two of the three due are claimed");
+    engine.settled().await;
+    assert_eq!(receiver.received().len(), 2);
 }

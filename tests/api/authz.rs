@@ -29,6 +29,7 @@ const API: &[(&str, &str, &str, u16, u16)] = &[
     ("GET", "/api/v1/tasks", "", 200, 200),
     ("GET", "/api/v1/tasks?biz_type={biz}", "", 200, 403),
     ("GET", "/api/v1/tasks/{task}", "", 200, 403),
+    ("GET", "/api/v1/tasks/{task}/attempts", "", 200, 403),
     ("GET", "/api/v1/biz-types/{biz}/tasks/by-key/{key}", "", 200, 403),
     ("PATCH", "/api/v1/tasks/{task}", r#"{"delay_ms": 7200000}"#, 200, 403),
     ("PATCH", "/api/v1/biz-types/{biz}/tasks/by-key/{key}", r#"{"delay_ms": 7200000}"#, 200, 403),

@@ -85,7 +85,7 @@ async fn bad_input_gets_a_clear_4xx() {
         case("NUL in the biz type", "POST", t, r#"{"biz_type": "ord\u0000ers"}"#, 404, "not_found", "biz type"),
         case("NUL in the listed biz type", "GET", "/api/v1/tasks?biz_type=%00", "", 404, "not_found", "biz type"),
         case("NUL in a by-key biz type", "GET", "/api/v1/biz-types/%00/tasks/by-key/x", "", 404, "not_found", "biz type"),
-        case("NUL in a by-key key", "GET", "/api/v1/biz-types/orders/tasks/by-key/a%00b", "", 404, "not_found", "key"),
+        case("NUL in a by-key key", "GET", "/api/v1/biz-types/orders/tasks/by-key/a%00b", "", 422, "invalid_argument", "control characters"),
         case("payload number beyond PostgreSQL's range", "POST", t, r#"{"biz_type": "orders", "payload": {"n": 1e131072}}"#, 422, "invalid_argument", "payload"),
         case("payload number with too many decimals for PostgreSQL", "PATCH", &task_path, r#"{"payload": [1e-16384]}"#, 422, "invalid_argument", "payload"),
         case("payload number printed 100001 digits long", "POST", t, r#"{"biz_type": "orders", "payload": 1e100000}"#, 422, "invalid_argument", "payload"),

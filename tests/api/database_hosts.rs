@@ -146,6 +146,14 @@ async fn a_server_that_stops_taking_writes_gets_503s_and_the_node_resumes_by_its
         "{stderr}"
     );
 
+    // The outage outlasts the node's own 10 s of saying nothing more: wait until it says
+    // so, which a loaded machine can put past the second node's start wait.
+    let why = format!("still no server accepts writes after 10 s: the database in DATABASE_URL does not accept writes: 127.0.0.1:{port} accepts no writes");
+    let said = Instant::now();
+    while !std::fs::read_to_string(&log_path).unwrap().contains(&why) {
+        assert!(said.elapsed() < Duration::from_secs(10), "the node did not say the outage went on");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     set_read_only(false).await;
     let started = Instant::now();
     while create(&app, &token, 4).await != 201 {
@@ -172,7 +180,6 @@ async fn a_server_that_stops_taking_writes_gets_503s_and_the_node_resumes_by_its
     assert_eq!(down, 1, "the outage is said once:\n{log}");
     assert_eq!(log.matches("the database accepts writes again").count(), 1, "{log}");
     // The outage outlasted the second node's start (10 s): said once more, with the reason.
-    let why = format!("still no server accepts writes after 10 s: the database in DATABASE_URL does not accept writes: 127.0.0.1:{port} accepts no writes");
     assert_eq!(log.matches(&why).count(), 1, "{log}");
     assert!(!log.contains(" ERROR "), "{log}");
 }

@@ -94,6 +94,16 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(ServeArgs { engine: false, ..ServeArgs::default() }).await
 }
 
+/// The API alone, on a database whose leader lock (leader.rs, LEADER_LOCK) the test holds
+/// for as long as it keeps the returned session, so that no leader duty (lease recovery,
+/// the hot horizon) changes tasks behind its back, however late a loaded machine runs them.
+pub async fn spawn_app_without_leader() -> (TestApp, PgConnection) {
+    let db_url = fresh_database().await;
+    let mut holder = PgConnection::connect(&db_url).await.unwrap();
+    holder.execute("SELECT pg_advisory_lock(109300096525676)").await.unwrap(); // 0x6368696d656c, "chimel"
+    (spawn_on(db_url, ServeArgs { engine: false, ..ServeArgs::default() }).await, holder)
+}
+
 /// The API and the delivery engine.
 pub async fn spawn_node() -> TestApp {
     spawn_app_with(ServeArgs::default()).await

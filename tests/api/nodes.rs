@@ -9,7 +9,7 @@ use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestEngine, chime_process, engine, spawn_app, spawn_node, spawn_on, spawn_second_node};
+use crate::helpers::{TestEngine, chime_process, engine, spawn_app, spawn_app_without_leader, spawn_node, spawn_on, spawn_second_node};
 use crate::receiver::{Answer, Receiver};
 
 /// A running node registers itself with a heartbeat.
@@ -186,7 +186,8 @@ async fn max_in_flight_holds_across_the_cluster() {
 /// once lease recovery puts the dead node's tasks back, their slots are free again.
 #[tokio::test]
 async fn a_dead_node_s_leases_hold_their_slots_until_recovered() {
-    let app = spawn_app().await;
+    // No leader: its lease recovery would free the slots before the first turn.
+    let (app, _leader_lock) = spawn_app_without_leader().await;
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(2), ..Default::default() };
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();

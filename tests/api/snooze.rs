@@ -6,12 +6,11 @@ use std::time::Duration;
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
-use chime::config::ServeArgs;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use crate::delivery::wait_for_status;
-use crate::helpers::{TestApp, engine, fresh_database, spawn_app, spawn_on};
+use crate::helpers::{TestApp, engine, spawn_app, spawn_app_without_leader};
 use crate::receiver::{Answer, Receiver};
 
 async fn biz_type(app: &TestApp, name: &str, receiver: &Receiver, settings: Settings) -> String {
@@ -215,14 +214,9 @@ async fn callbacks_carry_the_creates_trace_with_a_new_span_each() {
 /// comes. The horizon is pulled in to a second from now so that a 2 s `Retry-After` is past it.
 #[tokio::test]
 async fn a_retry_after_past_the_hot_horizon_waits_in_cold_storage_until_its_time() {
-    // The node must not lead: a leader's first duties put the horizon back where it belongs,
-    // and under load they can come after the test pulls it in. The test holds the leader's
-    // lock (leader.rs, LEADER_LOCK) for as long as it runs.
-    let db_url = fresh_database().await;
-    let holder = chime::db::connect(&db_url, 1).await.unwrap();
-    let mut leader_lock = holder.acquire().await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock($1)").bind(0x6368_696d_656c_i64).execute(&mut *leader_lock).await.unwrap();
-    let app = spawn_on(db_url, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    // No leader: its first duties put the horizon back where it belongs, and under load they
+    // can come after the test pulls it in.
+    let (app, _leader_lock) = spawn_app_without_leader().await;
     let busy = Answer { retry_after: Some(2), ..Answer::status(503) };
     let receiver = Receiver::start(vec![busy], Answer::status(200)).await;
     let token = biz_type(&app, "refunds", &receiver, Settings::default()).await;

@@ -156,11 +156,26 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
     Ok(())
 }
 
+/// The most of a file `chime apply` reads: far more than thousands of biz types take.
+const MAX_APPLY_FILE: u64 = 16 << 20;
+
+/// `chime apply`'s file, read up to `MAX_APPLY_FILE`, so that `/dev/zero` named by mistake is
+/// refused within moments rather than read until memory runs out. A pipe (`-f <(...)`)
+/// is read as a file is.
+fn read_apply_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_APPLY_FILE + 1).read_to_string(&mut text).with_context(|| format!("cannot read {}", path.display()))?;
+    anyhow::ensure!(text.len() as u64 <= MAX_APPLY_FILE, "{} is longer than {} MiB: not a chime apply file", path.display(), MAX_APPLY_FILE >> 20);
+    Ok(text)
+}
+
 /// `chime apply`: prints the plan and what was done; returns whether the database differed
 /// from the file.
 pub async fn apply(pool: &Pool, args: &ApplyArgs, hosts: CallbackHosts) -> anyhow::Result<bool> {
     let path = &args.file;
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = read_apply_file(path)?;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
     let desired = apply::load(&text, dir).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let plan = apply::run(pool, desired, hosts, args.dry_run).await?;

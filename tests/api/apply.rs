@@ -260,4 +260,11 @@ async fn a_secret_file_that_is_not_a_regular_file_or_too_long_is_refused_at_once
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
     assert!(updated_at(&app).await.is_empty(), "nothing was written");
+
+    // The file itself, named by mistake, is read only so far. Before: read until memory ran out.
+    let started = std::time::Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(10), chime(&env, &["apply", "-f", "/dev/zero"], None)).await;
+    println!("apply -f /dev/zero: {:?}: {}", started.elapsed(), out.as_ref().map_or("still running after 10 s", |o| o.stderr.as_str()));
+    let out = out.expect("chime apply -f /dev/zero still running after 10 s");
+    assert!(!out.ok && out.stderr.contains("/dev/zero is longer than 16 MiB"), "{}", out.stderr);
 }

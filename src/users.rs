@@ -127,6 +127,7 @@ pub enum Verdict {
 /// is theirs. A wrong name costs an argon2 hash too, so timing does not tell names apart.
 /// `anonymous` (sign-in): answered `Busy` rather than queued behind a flood (`hashing`).
 pub async fn verify(pool: &Pool, username: &str, password: &str, anonymous: bool) -> Result<Verdict, Error> {
+    let Ok(place) = hashing::Place::take(anonymous) else { return Ok(Verdict::Busy) };
     // A name no user can have (a NUL byte, 15 KB) is not looked up: PostgreSQL refuses NUL.
     let row: Option<(i32, String, String, String)> = if validate_username(username).is_ok() {
         crate::db::query_as("SELECT id, username, role, password_hash FROM users WHERE lower(username) = lower($1) AND NOT disabled")
@@ -141,10 +142,9 @@ pub async fn verify(pool: &Pool, username: &str, password: &str, anonymous: bool
         Some(r) => r.3.clone(),
         None => UNKNOWN_USER.get_or_init(|| hash_password("no such user")).await.clone(),
     };
-    Ok(match (hashing::verify(password.to_string(), hash, anonymous).await, row) {
-        (Err(Busy), _) => Verdict::Busy,
-        (Ok(true), Some((id, username, role, _))) => Verdict::Right(User { id, username, role }),
-        (Ok(_), _) => Verdict::Wrong,
+    Ok(match (place.verify(password.to_string(), hash).await, row) {
+        (true, Some((id, username, role, _))) => Verdict::Right(User { id, username, role }),
+        _ => Verdict::Wrong,
     })
 }
 

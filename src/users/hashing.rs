@@ -9,7 +9,9 @@
 //! holds none of it. Jobs wait in one queue; anonymous callers (sign-in) find at most
 //! `QUEUE` ahead of them or are told `Busy` (the console answers 503), so that a flood is
 //! answered at once rather than by minutes of queue, and a right password sent a moment
-//! later finds room. Signed-in callers (an admin setting a password) always queue.
+//! later finds room. The place is taken before the user is looked up: a flood's refused
+//! sign-ins, looked up first, held the pool so that an admitted right password waited 7 s
+//! for its session's insert. Signed-in callers (an admin setting a password) always queue.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,33 +105,52 @@ fn trim() {
     }
 }
 
-/// Runs `f` on a hashing thread and returns what it returned. `anonymous`: refused with
-/// `Busy` when `QUEUE` jobs are already waiting.
-async fn run<T: Send + 'static>(anonymous: bool, f: impl FnOnce(&mut Scratch) -> T + Send + 'static) -> Result<T, Busy> {
-    let hashers = hashers();
-    if hashers.waiting.fetch_add(1, Ordering::Relaxed) >= QUEUE && anonymous {
-        hashers.waiting.fetch_sub(1, Ordering::Relaxed);
-        return Err(Busy);
+/// A place in the hashing queue, taken before a sign-in looks its user up so that a flood
+/// refused `Busy` costs the database nothing; given back if dropped unused.
+pub struct Place(bool);
+
+impl Place {
+    /// `anonymous`: refused with `Busy` when `QUEUE` jobs are already waiting; others
+    /// always queue.
+    pub fn take(anonymous: bool) -> Result<Place, Busy> {
+        let hashers = hashers();
+        if hashers.waiting.fetch_add(1, Ordering::Relaxed) >= QUEUE && anonymous {
+            hashers.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(Busy);
+        }
+        Ok(Place(true))
     }
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let job: Job = Box::new(move |scratch| {
-        let _ = reply.send(f(scratch));
-    });
-    if hashers.jobs.lock().unwrap_or_else(PoisonError::into_inner).send(job).is_err() {
-        hashers.waiting.fetch_sub(1, Ordering::Relaxed);
-        return Err(Busy);
+
+    /// Runs `f` on a hashing thread and returns what it returned (the thread gives the
+    /// place back as it takes the job).
+    async fn run<T: Send + 'static>(mut self, f: impl FnOnce(&mut Scratch) -> T + Send + 'static) -> T {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |scratch| {
+            let _ = reply.send(f(scratch));
+        });
+        self.0 = false;
+        hashers().jobs.lock().unwrap_or_else(PoisonError::into_inner).send(job).expect("the password hashing threads run for the process's life");
+        answer.await.expect("the password hashing threads run for the process's life")
     }
-    answer.await.map_err(|_| Busy)
+
+    /// Whether `password` is the one `phc` was made from.
+    pub async fn verify(self, password: String, phc: String) -> bool {
+        self.run(move |scratch| verify_with(password.as_bytes(), &phc, scratch)).await
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.0 {
+            hashers().waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A new password's PHC string (argon2id, chime's parameters, a random salt).
 pub async fn hash(password: String) -> String {
-    run(false, move |scratch| hash_with(password.as_bytes(), scratch)).await.expect("the password hashing threads run for the process's life")
-}
-
-/// Whether `password` is the one `phc` was made from. `anonymous`: see `run`.
-pub async fn verify(password: String, phc: String, anonymous: bool) -> Result<bool, Busy> {
-    run(anonymous, move |scratch| verify_with(password.as_bytes(), &phc, scratch)).await
+    let place = Place::take(false).expect("signed-in callers always queue");
+    place.run(move |scratch| hash_with(password.as_bytes(), scratch)).await
 }
 
 /// What argon2's `hash_password` makes, in `scratch` rather than a fresh allocation.
@@ -233,11 +254,11 @@ mod tests {
         // What argon2's own verifier accepts (and what stored hashes made by it look like).
         assert!(Argon2::default().verify_password(b"correct horse", &PasswordHash::new(&phc).unwrap()).is_ok());
         assert!(phc.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{phc}");
-        assert_eq!(verify("correct horse".into(), phc.clone(), true).await, Ok(true));
-        assert_eq!(verify("correct horsf".into(), phc, true).await, Ok(false));
+        assert!(Place::take(true).unwrap().verify("correct horse".into(), phc.clone()).await);
+        assert!(!Place::take(true).unwrap().verify("correct horsf".into(), phc).await);
         let salt = SaltString::encode_b64(&[7; 16]).unwrap();
         let theirs = argon2::password_hash::PasswordHasher::hash_password(&Argon2::default(), b"pw", &salt).unwrap();
-        assert_eq!(verify("pw".into(), theirs.to_string(), true).await, Ok(true));
-        assert_eq!(verify("pw".into(), "not a hash".into(), true).await, Ok(false));
+        assert!(Place::take(true).unwrap().verify("pw".into(), theirs.to_string()).await);
+        assert!(!Place::take(true).unwrap().verify("pw".into(), "not a hash".into()).await);
     }
 }

@@ -13,7 +13,7 @@ use super::tasks::parse_time;
 use super::{ApiError, from_raw, raw_json, read_raw_body};
 use crate::audit;
 use crate::state::AppState;
-use crate::tasks::Status;
+use crate::tasks::{self, Status};
 use crate::tasks::bulk::{self, BulkFilter, Under};
 
 /// Room for a filter's fields.
@@ -81,6 +81,9 @@ pub(super) struct Cancelled {
     matched: i64,
     /// Of those, cancelled (0 for a dry run).
     cancelled: i64,
+    /// A dry run only: more than `matched` match (a dry run counts at most 10,000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    more: Option<bool>,
 }
 
 /// What a bulk replay found and did.
@@ -91,6 +94,15 @@ pub(super) struct Replayed {
     matched: i64,
     /// Of those, replayed: pending and due now (0 for a dry run).
     replayed: i64,
+    /// A dry run only: more than `matched` match (a dry run counts at most 10,000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    more: Option<bool>,
+}
+
+/// A dry run's count, at most `tasks::COUNT_CAP`, and whether more match.
+async fn dry_run(state: &AppState, filter: &BulkFilter, status: Status) -> Result<(i64, bool), ApiError> {
+    let count = bulk::count(&state.pool, filter, status).await?;
+    Ok((count.min(tasks::COUNT_CAP), count > tasks::COUNT_CAP))
 }
 
 fn filter(
@@ -133,7 +145,7 @@ fn scope(filter: &BulkFilter) -> serde_json::Value {
     operation_id = "cancelTasks",
     tag = "tasks",
     summary = r#"Cancel every pending task matching a filter"#,
-    description = r#"Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts. Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
+    description = r#"Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#)
     ),
@@ -147,7 +159,7 @@ fn scope(filter: &BulkFilter) -> serde_json::Value {
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"No condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, `timer_id` not a UUID, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "all: the filter has no condition, so it would act on every task: give key_prefix, run_at_from, run_at_to or timer_id, or say \"all\": true"}})),
-        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of 2 s); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
+        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of half a second, each operation counted as at least 50 ms); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -160,8 +172,8 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     let filter = filter(&caller, request.key_prefix, request.run_at_from.as_deref(), request.run_at_to.as_deref(), request.timer_id, request.all)?;
     let _running = one_at_a_time(&state, &caller)?;
     if request.dry_run == Some(true) {
-        let matched = bulk::count(&state.pool, &filter, Status::Pending).await?;
-        return Ok(HttpResponse::Ok().json(Cancelled { matched, cancelled: 0 }));
+        let (matched, more) = dry_run(&state, &filter, Status::Pending).await?;
+        return Ok(HttpResponse::Ok().json(Cancelled { matched, cancelled: 0, more: Some(more) }));
     }
     let done = bulk::cancel(&state.pool, &filter).await?;
     let mut after = scope(&filter);
@@ -169,7 +181,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     after["cancelled"] = done.changed.into();
     after["task_ids"] = serde_json::json!(done.ids);
     audit::record(&state.pool, &caller.actor(), "task.bulk_cancel", "task", &name, None, Some(after)).await?;
-    Ok(HttpResponse::Ok().json(Cancelled { matched: done.matched, cancelled: done.changed }))
+    Ok(HttpResponse::Ok().json(Cancelled { matched: done.matched, cancelled: done.changed, more: None }))
 }
 
 #[utoipa::path(
@@ -178,7 +190,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     operation_id = "replayTasks",
     tag = "tasks",
     summary = r#"Replay every failed or expired task matching a filter"#,
-    description = r#"Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts. Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
+    description = r#"Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#)
     ),
@@ -192,7 +204,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"`status` missing or not `failed`/`expired`, no other condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "status: unknown variant `pending`, expected `failed` or `expired`"}})),
-        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of 2 s); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
+        (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of half a second, each operation counted as at least 50 ms); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -209,8 +221,8 @@ pub async fn replay(caller: Caller, state: web::Data<AppState>, name: web::Path<
         ReplayStatus::Expired => Status::Expired,
     };
     if request.dry_run == Some(true) {
-        let matched = bulk::count(&state.pool, &filter, status).await?;
-        return Ok(HttpResponse::Ok().json(Replayed { matched, replayed: 0 }));
+        let (matched, more) = dry_run(&state, &filter, status).await?;
+        return Ok(HttpResponse::Ok().json(Replayed { matched, replayed: 0, more: Some(more) }));
     }
     let done = bulk::replay(&state.pool, &filter, status).await?;
     let mut after = scope(&filter);
@@ -219,5 +231,5 @@ pub async fn replay(caller: Caller, state: web::Data<AppState>, name: web::Path<
     after["replayed"] = done.changed.into();
     after["task_ids"] = serde_json::json!(done.ids);
     audit::record(&state.pool, &caller.actor(), "task.bulk_replay", "task", &name, None, Some(after)).await?;
-    Ok(HttpResponse::Ok().json(Replayed { matched: done.matched, replayed: done.changed }))
+    Ok(HttpResponse::Ok().json(Replayed { matched: done.matched, replayed: done.changed, more: None }))
 }

@@ -665,6 +665,8 @@ impl Bulk {
 struct ConfirmPage {
     ctx: Ctx,
     count: i64,
+    /// `count` as `shown_count` writes it ("10,000+" past the dry run's cap).
+    shown: String,
     /// "replay" or "cancel".
     action: &'static str,
     path: &'static str,
@@ -741,6 +743,7 @@ async fn ask(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<Ap
     let page = ConfirmPage {
         ctx: Ctx::new(&session, &req, "tasks"),
         count,
+        shown: shown_count(count),
         action,
         path: bulk.path(),
         status: bulk.status(),

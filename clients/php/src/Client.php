@@ -145,7 +145,7 @@ final class Client
         return $this->call('POST', '/api/v1/tasks/' . rawurlencode($id) . '/replay');
     }
 
-    /** Bulk cancel of pending tasks matching `key_prefix`, `run_at_from`, `run_at_to`, `timer_id` (or `all` => true); `dry_run` only counts → `matched`, `cancelled`. */
+    /** Bulk cancel of pending tasks matching `key_prefix`, `run_at_from`, `run_at_to`, `timer_id` (or `all` => true); `dry_run` only counts, up to 10,000 → `matched`, `cancelled`, `more`. */
     public function cancelMatching(string $bizType, array $filter): array
     {
         return $this->call('POST', '/api/v1/biz-types/' . rawurlencode($bizType) . '/tasks/cancel', (object) $filter);

@@ -223,7 +223,7 @@ $tests['bulk cancel and replay'] = function () use ($url, $hooks) {
     for ($i = 0; $i < 3; $i++) {
         $ids[] = $client->create(['biz_type' => $hooks['name'], 'key' => "$prefix$i", 'delay_ms' => 3_600_000])['id'];
     }
-    same(['matched' => 3, 'cancelled' => 0], $client->cancelMatching($hooks['name'], ['key_prefix' => $prefix, 'dry_run' => true]));
+    same(['matched' => 3, 'cancelled' => 0, 'more' => false], $client->cancelMatching($hooks['name'], ['key_prefix' => $prefix, 'dry_run' => true]));
     same(['matched' => 3, 'cancelled' => 3], $client->cancelMatching($hooks['name'], ['key_prefix' => $prefix]));
     foreach ($ids as $id) {
         same('cancelled', $client->get($id)['status']);

@@ -236,8 +236,9 @@ class Client:
 
     def cancel_matching(self, biz_type: str, **filter: Any) -> Resource:
         """Bulk cancel of pending tasks (SPEC §11) matching ``key_prefix``, ``run_at_from``,
-        ``run_at_to``, ``timer_id`` (or ``all=True``); ``dry_run=True`` only counts. Answers
-        ``{"matched", "cancelled"}`` once every batch is done."""
+        ``run_at_to``, ``timer_id`` (or ``all=True``); ``dry_run=True`` only counts, up to 10,000
+        (``"more"`` says whether more match). Answers ``{"matched", "cancelled"}`` once every
+        batch is done."""
         return _resource(self.request("POST", f"/api/v1/biz-types/{_seg(biz_type)}/tasks/cancel", _filter(filter)))
 
     def replay_matching(self, biz_type: str, status: str, **filter: Any) -> Resource:

@@ -95,7 +95,7 @@ class Tasks(unittest.TestCase):
     def test_bulk_cancel_and_replay(self):
         prefix = f"bulk-{uuid.uuid4()}-"
         ids = {self.client.create(hooks.name, key=f"{prefix}{i}", delay_ms=3_600_000).id for i in range(3)}
-        self.assertEqual(self.client.cancel_matching(hooks.name, key_prefix=prefix, dry_run=True), {"matched": 3, "cancelled": 0})
+        self.assertEqual(self.client.cancel_matching(hooks.name, key_prefix=prefix, dry_run=True), {"matched": 3, "cancelled": 0, "more": False})
         self.assertEqual(self.client.cancel_matching(hooks.name, key_prefix=prefix), {"matched": 3, "cancelled": 3})
         self.assertEqual({self.client.get(i).status for i in ids}, {"cancelled"})
         self.assertEqual(self.client.replay_matching(hooks.name, "failed", key_prefix=prefix), {"matched": 0, "replayed": 0})

@@ -81,7 +81,7 @@ export interface BulkFilter {
   run_at_from?: Time;
   run_at_to?: Time;
   timer_id?: string;
-  /** Only count the matching tasks; change nothing. */
+  /** Only count the matching tasks, up to 10,000; change nothing. */
   dry_run?: boolean;
   /** Must be true to act on every task of the biz type (a filter without conditions). */
   all?: boolean;
@@ -90,11 +90,15 @@ export interface BulkFilter {
 export interface BulkCancelled {
   matched: number;
   cancelled: number;
+  /** A dry run only: more than `matched` (10,000) match. */
+  more?: boolean;
 }
 
 export interface BulkReplayed {
   matched: number;
   replayed: number;
+  /** A dry run only: more than `matched` (10,000) match. */
+  more?: boolean;
 }
 
 export interface Timer {

@@ -88,7 +88,7 @@ describe("tasks", () => {
     const prefix = `bulk-${randomUUID()}-`;
     const ids = [];
     for (let i = 0; i < 3; i++) ids.push((await client.create({ biz_type: hooks.name, key: `${prefix}${i}`, delay_ms: 3_600_000 })).id);
-    assert.deepEqual(await client.cancelMatching(hooks.name, { key_prefix: prefix, dry_run: true }), { matched: 3, cancelled: 0 });
+    assert.deepEqual(await client.cancelMatching(hooks.name, { key_prefix: prefix, dry_run: true }), { matched: 3, cancelled: 0, more: false });
     assert.deepEqual(await client.cancelMatching(hooks.name, { key_prefix: prefix }), { matched: 3, cancelled: 3 });
     for (const id of ids) assert.equal((await client.get(id)).status, "cancelled");
     assert.deepEqual(await client.replayMatching(hooks.name, { status: "failed", key_prefix: prefix }), { matched: 0, replayed: 0 });

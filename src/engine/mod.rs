@@ -2,18 +2,34 @@
 //! records what happened (SPEC §4, §6).
 //!
 //! Shape. One claim loop per node. Each turn it reads the biz types that deliver by
-//! callback and are neither paused nor archived (re-read as soon as any node changes one, and every
-//! `SETTINGS_REFRESH` in case that notice was lost), and for each claims as many due tasks as it has free
-//! in-flight slots. A claimed task's callback starts at once, so a lease never waits
-//! behind other work: the lease is the biz type's timeout plus a margin. Outcomes go to a
-//! recorder that writes them in batches, one statement for the tasks and one for the
-//! attempts.
+//! callback and are neither paused nor archived (re-read as soon as any node changes one,
+//! and every `SETTINGS_REFRESH` in case that notice was lost), and claims, in one
+//! statement for all of them, as many due tasks of each as it has free in-flight slots.
+//! A claimed task's callback starts at once, so a lease never waits behind other work:
+//! the lease is the biz type's timeout plus a margin. Outcomes go to a recorder that
+//! writes them in batches, one statement for the tasks and one for the attempts.
 //!
-//! Sleeping. When a turn claims nothing, the loop sleeps until the next pending task is
-//! about to fall due (asked of the database), until a callback finishes or an outcome is
-//! recorded (a slot is free, a retry may be due), until a wake-up notification (`tasks::wake`)
-//! arrives (any node created or replayed a task due within `IDLE_POLL`), or at most
-//! `IDLE_POLL`, whichever comes first. The poll is the fallback for a lost notification.
+//! Cost with many biz types. A company's timer service holds thousands of biz types, most
+//! of them idle at any moment; a turn must not cost a statement, or even an index probe,
+//! per idle one. So the engine keeps, per biz type, when it is next due (`next_look`): a
+//! turn claims only the biz types whose time has come. That time is learnt from the
+//! database when a biz type's claim caught up with what was due (one statement for all
+//! such biz types, an index probe each), from a notification naming the biz type (a task
+//! due within a second was created, replayed or rescheduled, on any node), from the
+//! recorder (a retry or snooze it wrote), and from a sweep every `SWEEP` that asks every
+//! biz type's next due time within the sweep (one statement, an index probe each): the
+//! fallback for a task created a few seconds ahead, a recovered lease or a lost
+//! notification. With 2,000 idle biz types a turn used to be 2,000 claims, one after the
+//! other; now it is what is due, and the sweep a probe per biz type a second.
+//!
+//! Fair between biz types. Every biz type due in a turn is claimed in the same statement,
+//! each up to its own free slots (at most `CLAIM_BATCH`): a herd of one takes its share
+//! of the claim, not the turn before the others' come.
+//!
+//! Sleeping. When a turn leaves nothing due, the loop sleeps until the first biz type with
+//! a free slot is next due, until a callback finishes or an outcome is recorded (a slot
+//! is free, a retry may be due), until a wake-up notification (`tasks::wake`) arrives, or
+//! until the next sweep, whichever comes first.
 //!
 //! Firing on time. A claim also takes the tasks due within the next `CLAIM_AHEAD`, and
 //! each waits in its delivery task until it is due, so that the claim's own time is not
@@ -92,8 +108,16 @@ const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
 /// for the slots it does not take, a node stopping or with nothing left claimed. Shorter
 /// costs each node a claim (a lock and a count of the leases) that often per capped biz type.
 const CAPPED_POLL: Duration = Duration::from_millis(100);
-/// Most tasks claimed in one statement.
+/// Most tasks of one biz type claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
+/// How often every biz type's next due time is asked (`Engine::sweep`): what no
+/// notification announces is claimed at most this late (no later than due, for a task
+/// created at least this far ahead). Each sweep is one statement with an index probe
+/// per biz type.
+const SWEEP: Duration = Duration::from_secs(1);
+/// When a biz type with nothing due is looked at, unless a sweep or a notification says
+/// otherwise first.
+const NOTHING_DUE: Duration = Duration::from_secs(3600);
 /// How far ahead of their due time tasks are claimed. Longer holds in-flight slots for
 /// longer; shorter makes claims smaller when tasks are due one by one.
 const CLAIM_AHEAD: Duration = Duration::from_millis(100);
@@ -164,6 +188,35 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
     Ok((usable, unopened.into_iter().filter_map(|b| b.unopened().map(|e| (b.id, e))).collect()))
 }
 
+/// Biz types the next turn claims whatever the engine thought of their next due time:
+/// named by a notification (a task due soon, on any node) or by the recorder (a retry or
+/// snooze it wrote); all of them when a notification named none.
+#[derive(Default)]
+struct Looks {
+    ids: std::sync::Mutex<HashSet<i32>>,
+    all: AtomicBool,
+}
+
+impl Looks {
+    fn add(&self, biz_type_id: i32) {
+        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(biz_type_id);
+    }
+
+    fn add_all(&self) {
+        self.all.store(true, Ordering::Relaxed);
+    }
+
+    /// Makes `next_look` say "at once" for what was added since the last call.
+    fn take_into(&self, next_look: &mut HashMap<i32, tokio::time::Instant>) {
+        if self.all.swap(false, Ordering::Relaxed) {
+            next_look.clear();
+        }
+        for id in self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain() {
+            next_look.remove(&id);
+        }
+    }
+}
+
 /// What a delivery task hands the recorder.
 enum Report {
     /// A callback's outcome.
@@ -210,6 +263,13 @@ pub struct Engine {
     wake: Arc<Notify>,
     /// Set by a biz type's change on any node: re-read the settings at the next turn.
     settings_changed: Arc<AtomicBool>,
+    /// Biz types to look at next turn, whatever `next_look` says.
+    looks: Arc<Looks>,
+    /// When each biz type is next to be claimed, as far as this node knows (absent: at
+    /// once): a biz type with nothing due costs no statement until then.
+    next_look: HashMap<i32, tokio::time::Instant>,
+    /// When every biz type's next due time was last asked (`sweep`).
+    swept_at: Option<tokio::time::Instant>,
     listener: JoinHandle<()>,
     recorder: JoinHandle<Drained>,
     /// Outcomes sent to the recorder and not yet written (`MAX_UNRECORDED`).
@@ -245,18 +305,21 @@ impl Engine {
         let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Report>();
         let wake = Arc::new(Notify::new());
         let settings_changed = Arc::new(AtomicBool::new(false));
+        let looks = Arc::new(Looks::default());
         let listener = {
-            let wake = wake.clone();
-            let settings_changed = settings_changed.clone();
+            let (wake, settings_changed, looks) = (wake.clone(), settings_changed.clone(), looks.clone());
             tokio::spawn(wake::listen(sessions, move |why| {
-                if why == Wake::Settings {
-                    settings_changed.store(true, Ordering::Relaxed);
+                match why {
+                    Wake::Settings => settings_changed.store(true, Ordering::Relaxed),
+                    Wake::DueFor(id) => looks.add(id),
+                    Wake::Due => looks.add_all(),
                 }
                 wake.notify_one();
             }, || ()))
         };
         let unrecorded = Arc::new(AtomicUsize::new(0));
-        let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, wake.clone(), unrecorded.clone(), stop.clone()));
+        let recorder =
+            tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, wake.clone(), looks.clone(), unrecorded.clone(), stop.clone()));
         tracing::info!(%node_id, "delivery engine started");
         Engine {
             pool,
@@ -267,6 +330,9 @@ impl Engine {
             outcomes_tx,
             wake,
             settings_changed,
+            looks,
+            next_look: HashMap::new(),
+            swept_at: None,
             listener,
             recorder,
             unrecorded,
@@ -310,6 +376,12 @@ impl Engine {
         self.refreshed_at = None;
     }
 
+    /// Makes the next turn claim every biz type, as if each were due: for a test that
+    /// drives single turns and would otherwise wait for a notification to reach the engine.
+    pub fn look_at_every_biz_type(&mut self) {
+        self.next_look.clear();
+    }
+
     /// Callbacks started and not yet recorded, over all biz types.
     pub fn unsettled(&self) -> usize {
         let in_flight: i32 = self.in_flight.values().map(|n| n.load(Ordering::Relaxed)).sum();
@@ -328,65 +400,85 @@ impl Engine {
         }
     }
 
-    /// One turn: re-reads the settings if they changed or are old, then, for each biz type
-    /// with free slots, claims what is due (or due within `CLAIM_AHEAD`) and starts its
-    /// callbacks. Says how long the loop may sleep before the next turn.
+    /// One turn: re-reads the settings if they changed or are old, and every biz type's next
+    /// due time if a `SWEEP` has passed; then claims, in one statement, what is due (or due
+    /// within `CLAIM_AHEAD`) for each biz type whose time has come and that has free slots,
+    /// and starts its callbacks. Says how long the loop may sleep before the next turn.
     pub async fn turn(&mut self) -> Turn {
         if self.settings_changed.swap(false, Ordering::Relaxed) || self.refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             self.refresh_settings().await;
         }
-        let mut claimed_in_turn = 0;
-        let mut more_due = false;
-        // Biz types with free slots that claimed all that was due: the next due time of
-        // these decides the sleep. A biz type with no free slot is woken by a finishing
-        // callback instead; asking for its (overdue) next task would only spin.
-        let mut caught_up = Vec::new();
-        // Whether all of those claim ahead (else waking early would find nothing to claim).
-        let mut claims_ahead = true;
+        self.looks.take_into(&mut self.next_look);
+        if self.swept_at.is_none_or(|at| at.elapsed() >= SWEEP) {
+            self.sweep().await;
+        }
+        let now = tokio::time::Instant::now();
         let mut rate_wait = IDLE_POLL;
+        // Each biz type claimed, with what it may take and its counter of callbacks.
+        let mut wants = Vec::new();
+        let mut claiming = Vec::new();
         let recording_behind = self.unrecorded.load(Ordering::Relaxed) >= MAX_UNRECORDED;
-        for biz in self.biz_types.iter().filter(|_| !recording_behind) {
-            // No claim starts once the node is stopping.
-            if self.stop.is_stopping() {
-                break;
+        // No claim starts once the node is stopping.
+        let may_claim = !recording_behind && !self.stop.is_stopping();
+        for biz in self.biz_types.iter().filter(|_| may_claim) {
+            // Nothing due yet, as far as this node knows: costs nothing this turn.
+            if self.next_look.get(&biz.id).is_some_and(|at| *at > now) {
+                continue;
             }
             let counter = self.in_flight.entry(biz.id).or_default().clone();
             let slots = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
             if slots <= 0 {
+                // A finishing callback wakes the loop.
                 continue;
             }
             let share = biz.rate_limit.map(|r| r / self.delivering_nodes as f64);
             let (free, wait) = self.limiters.take(biz.id, share, slots);
             if free == 0 {
-                rate_wait = rate_wait.min(wait.unwrap_or(IDLE_POLL));
+                let wait = wait.unwrap_or(IDLE_POLL);
+                self.next_look.insert(biz.id, now + wait);
+                rate_wait = rate_wait.min(wait);
                 continue;
             }
             let lease_ms = i64::from(biz.timeout_ms) + LEASE_MARGIN_MS;
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
-            let lease::Claim { leased: claimed, expired, capped } = match lease::claim(&self.pool, biz.id, free, ahead_ms, lease_ms, self.node_id).await {
-                Ok(c) => c,
+            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms });
+            claiming.push((biz.clone(), counter, slots, free, wait));
+        }
+        let mut claims = if wants.is_empty() {
+            HashMap::new()
+        } else {
+            match lease::claim(&self.pool, &wants, self.node_id).await {
+                Ok(claims) => claims,
                 Err(e) => {
                     // An unreachable database is reported once, by `health`.
                     if !self.health.saw(&e) {
-                        tracing::warn!(biz_type = %biz.name, error = %e, "claim failed; retrying");
+                        tracing::warn!(error = %e, biz_types = wants.len(), "claim failed; retrying");
                     }
-                    continue;
+                    return Turn { claimed: 0, sleep: Some(CAPPED_POLL) };
                 }
-            };
+            }
+        };
+        let mut claimed_in_turn = 0;
+        let mut more_due = false;
+        // Biz types that claimed all that was due: when each is next due is asked below.
+        let mut caught_up = Vec::new();
+        for (biz, counter, slots, free, wait) in claiming {
+            let lease::Claim { leased: claimed, expired, capped } = claims.remove(&biz.id).unwrap_or_default();
             metrics::expired(&biz.name, expired as u64);
             if capped {
                 // Every slot of the cluster is taken: this node is woken when one of its own
                 // callbacks ends, not when another node's does, so it looks again soon.
+                self.next_look.insert(biz.id, now + CAPPED_POLL);
                 rate_wait = rate_wait.min(CAPPED_POLL);
             } else if ((claimed.len() + expired) as i64) < free {
                 caught_up.push(biz.id);
-                claims_ahead &= ahead_ms > 0;
             } else if free == slots {
                 more_due = true;
             } else if let Some(wait) = wait {
                 // Stopped by the rate limit with more due: come back when it allows.
+                self.next_look.insert(biz.id, now + wait);
                 rate_wait = rate_wait.min(wait);
             }
             if !claimed.is_empty() {
@@ -395,77 +487,132 @@ impl Engine {
             claimed_in_turn += claimed.len();
             let received = tokio::time::Instant::now();
             for task in claimed {
-                counter.fetch_add(1, Ordering::Relaxed);
-                let (client, hosts, biz, outcomes_tx, counter, wake, unrecorded, failures, mut stop) = (
-                    self.client.clone(),
-                    self.hosts,
-                    biz.clone(),
-                    self.outcomes_tx.clone(),
-                    counter.clone(),
-                    self.wake.clone(),
-                    self.unrecorded.clone(),
-                    self.failures.clone(),
-                    self.stop.clone(),
-                );
-                let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
-                tokio::spawn(async move {
-                    let waited = tokio::select! {
-                        biased;
-                        _ = stop.stopping() => false,
-                        _ = tokio::time::sleep_until(due_at) => true,
-                    };
-                    let report = if !waited || stop.is_stopping() {
-                        // No callback starts once the node is stopping.
-                        Report::Unstarted { task_id: task.id, run_at: task.run_at }
-                    } else if let Some(deadline) = task.expires_at.filter(|d| *d <= chrono::Utc::now()) {
-                        // Claimed ahead, and its deadline came before its due time: no
-                        // callback starts at or after the deadline (SPEC §11).
-                        metrics::not_sent_expired(&biz.name);
-                        Report::Finished(deliver::not_sent(&biz, &task, deadline))
-                    } else {
-                        let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
-                        let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
-                        tokio::select! {
-                            outcome = deliver::deliver(&client, hosts, &biz, task) => {
-                                let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
-                                let finish = match outcome.verdict {
-                                    Verdict::Delivered => metrics::Finish::Delivered,
-                                    Verdict::RetryAt(_) => metrics::Finish::Retried,
-                                    Verdict::GiveUp => metrics::Finish::Failed,
-                                    Verdict::Snooze(_) => metrics::Finish::Snoozed,
-                                    Verdict::Expire { .. } => metrics::Finish::Expired,
-                                };
-                                metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
-                                failures.note(&biz.name, &outcome);
-                                Report::Finished(outcome)
-                            }
-                            _ = stop.leaving() => Report::CutOff(deliver::cut_off(&biz, task_id, run_at, attempt, started_at, started)),
-                        }
-                    };
-                    unrecorded.fetch_add(1, Ordering::Relaxed);
-                    let _ = outcomes_tx.send(report);
-                    counter.fetch_sub(1, Ordering::Relaxed);
-                    wake.notify_one();
-                });
+                self.start_callback(&biz, &counter, received, task);
+            }
+        }
+        if !caught_up.is_empty() {
+            match lease::next_due_each(&self.pool, &caught_up, None).await {
+                Ok(next) => self.note_next_due(&next),
+                Err(e) => {
+                    if !self.health.saw(&e) {
+                        tracing::warn!(error = %e, "could not ask for the next due task");
+                    }
+                    let again = tokio::time::Instant::now() + CAPPED_POLL;
+                    self.next_look.extend(caught_up.iter().map(|id| (*id, again)));
+                }
             }
         }
         if more_due {
             return Turn { claimed: claimed_in_turn, sleep: None };
         }
-        // Wake when the next task is half the claim-ahead window away: each claim then
-        // takes half a window of tasks, and none waits for its claim.
-        let early = if claims_ahead { CLAIM_AHEAD / 2 } else { Duration::ZERO };
-        let sleep = match lease::next_due(&self.pool, &caught_up).await {
-            Ok(Some(next)) => (next - chrono::Utc::now()).to_std().unwrap_or_default().saturating_sub(early).min(rate_wait),
-            Ok(None) => rate_wait,
+        // Until the first biz type with free slots is next due, or the next sweep.
+        let now = tokio::time::Instant::now();
+        let mut until = self.swept_at.map_or(now, |at| at + SWEEP).min(now + rate_wait);
+        if !recording_behind {
+            for biz in &self.biz_types {
+                let busy = self.in_flight.get(&biz.id).is_some_and(|n| n.load(Ordering::Relaxed) >= biz.max_in_flight);
+                if !busy {
+                    until = until.min(self.next_look.get(&biz.id).copied().unwrap_or(now));
+                }
+            }
+        }
+        Turn { claimed: claimed_in_turn, sleep: Some(until.saturating_duration_since(now)) }
+    }
+
+    /// Starts the callback of a claimed task: it waits for its due time, then calls back and
+    /// hands its outcome to the recorder.
+    fn start_callback(&self, biz: &Arc<BizTypeConfig>, counter: &Arc<AtomicI32>, received: tokio::time::Instant, task: lease::Claimed) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        let (client, hosts, biz, outcomes_tx, counter, wake, unrecorded, failures, mut stop) = (
+            self.client.clone(),
+            self.hosts,
+            biz.clone(),
+            self.outcomes_tx.clone(),
+            counter.clone(),
+            self.wake.clone(),
+            self.unrecorded.clone(),
+            self.failures.clone(),
+            self.stop.clone(),
+        );
+        let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
+        tokio::spawn(async move {
+            let waited = tokio::select! {
+                biased;
+                _ = stop.stopping() => false,
+                _ = tokio::time::sleep_until(due_at) => true,
+            };
+            let report = if !waited || stop.is_stopping() {
+                // No callback starts once the node is stopping.
+                Report::Unstarted { task_id: task.id, run_at: task.run_at }
+            } else if let Some(deadline) = task.expires_at.filter(|d| *d <= chrono::Utc::now()) {
+                // Claimed ahead, and its deadline came before its due time: no
+                // callback starts at or after the deadline (SPEC §11).
+                metrics::not_sent_expired(&biz.name);
+                Report::Finished(deliver::not_sent(&biz, &task, deadline))
+            } else {
+                let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
+                let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
+                tokio::select! {
+                    outcome = deliver::deliver(&client, hosts, &biz, task) => {
+                        let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
+                        let finish = match outcome.verdict {
+                            Verdict::Delivered => metrics::Finish::Delivered,
+                            Verdict::RetryAt(_) => metrics::Finish::Retried,
+                            Verdict::GiveUp => metrics::Finish::Failed,
+                            Verdict::Snooze(_) => metrics::Finish::Snoozed,
+                            Verdict::Expire { .. } => metrics::Finish::Expired,
+                        };
+                        metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
+                        failures.note(&biz.name, &outcome);
+                        Report::Finished(outcome)
+                    }
+                    _ = stop.leaving() => Report::CutOff(deliver::cut_off(&biz, task_id, run_at, attempt, started_at, started)),
+                }
+            };
+            unrecorded.fetch_add(1, Ordering::Relaxed);
+            let _ = outcomes_tx.send(report);
+            counter.fetch_sub(1, Ordering::Relaxed);
+            wake.notify_one();
+        });
+    }
+
+    /// Asks when every biz type is next due within a `SWEEP` (one statement, an index probe
+    /// each): the fallback for what no notification announced, such as a task created two
+    /// seconds ahead, a lease recovered or a notification lost.
+    async fn sweep(&mut self) {
+        let ids: Vec<i32> = self.biz_types.iter().map(|b| b.id).collect();
+        match lease::next_due_each(&self.pool, &ids, Some(SWEEP + CLAIM_AHEAD)).await {
+            Ok(next) => {
+                self.note_next_due(&next);
+                self.swept_at = Some(tokio::time::Instant::now());
+            }
             Err(e) => {
                 if !self.health.saw(&e) {
-                    tracing::warn!(error = %e, "could not ask for the next due task");
+                    tracing::warn!(error = %e, "could not ask when the biz types are next due");
                 }
-                IDLE_POLL
+                // Claim them all rather than wait for what was not found out.
+                self.next_look.clear();
             }
-        };
-        Turn { claimed: claimed_in_turn, sleep: Some(sleep) }
+        }
+    }
+
+    /// Notes when each biz type is next due, by this node's clock (None: nothing within
+    /// what was asked, so not before the next sweep or notification). A biz type that
+    /// claims ahead is looked at half the claim-ahead window before: each claim then takes
+    /// half a window of tasks, and none waits for its claim.
+    fn note_next_due(&mut self, next: &[(i32, Option<chrono::DateTime<chrono::Utc>>)]) {
+        let (now, utc_now) = (tokio::time::Instant::now(), chrono::Utc::now());
+        let rate_limited: HashSet<i32> = self.biz_types.iter().filter(|b| b.rate_limit.is_some()).map(|b| b.id).collect();
+        for (id, next) in next {
+            let at = match next {
+                Some(next) => {
+                    let early = if rate_limited.contains(id) { Duration::ZERO } else { CLAIM_AHEAD / 2 };
+                    now + (*next - utc_now).to_std().unwrap_or_default().saturating_sub(early)
+                }
+                None => now + NOTHING_DUE,
+            };
+            self.next_look.insert(*id, at);
+        }
     }
 
     /// Re-reads the biz types to deliver and the live delivering nodes.
@@ -478,6 +625,8 @@ impl Engine {
                     }
                 }
                 self.unopened_reported.retain(|id| unopened.iter().any(|(u, _)| u == id));
+                // One paused or left out meanwhile starts afresh when it is back.
+                self.next_look.retain(|id, _| list.iter().any(|b| b.id == *id));
                 self.biz_types = list.into_iter().map(Arc::new).collect();
                 self.refreshed_at = Some(tokio::time::Instant::now());
             }
@@ -559,6 +708,7 @@ async fn record_outcomes(
     node_id: Uuid,
     mut rx: mpsc::UnboundedReceiver<Report>,
     wake: Arc<Notify>,
+    looks: Arc<Looks>,
     unrecorded: Arc<AtomicUsize>,
     stop: Signal,
 ) -> Drained {
@@ -567,11 +717,15 @@ async fn record_outcomes(
     while rx.recv_many(&mut reports, 1000).await > 0 {
         let mut batch = Vec::with_capacity(reports.len());
         let mut unstarted = Vec::new();
+        let mut again = HashSet::new();
         let (mut finished, mut cut_off) = (0, 0);
         for report in reports.drain(..) {
             match report {
                 Report::Finished(outcome) => {
                     finished += 1;
+                    if matches!(outcome.verdict, Verdict::RetryAt(_) | Verdict::Snooze(_)) {
+                        again.insert(outcome.biz_type_id);
+                    }
                     batch.push(outcome);
                 }
                 Report::CutOff(outcome) => {
@@ -610,6 +764,10 @@ async fn record_outcomes(
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
+        }
+        // A retry or snooze may be due before the biz type's next due time as last asked.
+        for id in &again {
+            looks.add(*id);
         }
         unrecorded.fetch_sub(count, Ordering::Relaxed);
         wake.notify_one();

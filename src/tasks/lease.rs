@@ -18,6 +18,7 @@
 //! whose lease ran out can never settle the task of the one that holds it now. The
 //! statements are whole `.sql` files under `sql/`, each opening with what it locks and why.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -65,21 +66,30 @@ pub struct Claim {
     pub capped: bool,
 }
 
-/// Leases up to `limit` tasks of one biz type to node `node_id`: those due now, and those
-/// due within the next `ahead_ms`, which the caller holds until they are due; never more
-/// than the biz type's max_in_flight leaves, counting the leases of every node. Tasks it
-/// picked whose deadline had passed are ended `expired` instead (see claim.sql).
-pub async fn claim(pool: &Pool, biz_type_id: i32, limit: i64, ahead_ms: i64, lease_ms: i64, node_id: Uuid) -> Result<Claim, sqlx::Error> {
-    let picked: Vec<ClaimRow> = crate::db::query_as(include_str!("sql/claim.sql"))
-        .bind(biz_type_id)
-        .bind(limit)
-        .bind(lease_ms + ahead_ms)
-        .bind(node_id)
-        .bind(ahead_ms)
-        .fetch_all(pool)
-        .await?;
-    let mut claim = Claim::default();
+/// One biz type's part of a claim: up to `limit` of its tasks due now or within the next
+/// `ahead_ms` (which the caller holds until they are due), leased for `lease_ms` after that.
+#[derive(Debug, Clone, Copy)]
+pub struct Want {
+    pub biz_type_id: i32,
+    pub limit: i64,
+    pub ahead_ms: i64,
+    pub lease_ms: i64,
+}
+
+/// Leases to node `node_id` what each of `wants` asks for, in one statement whatever the
+/// number of biz types: never more of a biz type than its max_in_flight leaves, counting
+/// the leases of every node. Tasks it picked whose deadline had passed are ended `expired`
+/// instead (see claim.sql). Returns each biz type's part; one that got nothing is absent.
+pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid) -> Result<HashMap<i32, Claim>, sqlx::Error> {
+    let ids: Vec<i32> = wants.iter().map(|w| w.biz_type_id).collect();
+    let limits: Vec<i64> = wants.iter().map(|w| w.limit).collect();
+    let leases: Vec<i64> = wants.iter().map(|w| w.lease_ms + w.ahead_ms).collect();
+    let aheads: Vec<i64> = wants.iter().map(|w| w.ahead_ms).collect();
+    let picked: Vec<ClaimRow> =
+        crate::db::query_as(include_str!("sql/claim.sql")).bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).fetch_all(pool).await?;
+    let mut claims: HashMap<i32, Claim> = HashMap::new();
     for row in picked {
+        let claim = claims.entry(row.biz_type_id).or_default();
         if row.capped {
             claim.capped = true;
         } else if row.task.expired {
@@ -88,32 +98,45 @@ pub async fn claim(pool: &Pool, biz_type_id: i32, limit: i64, ahead_ms: i64, lea
             claim.leased.push(row.task);
         }
     }
-    Ok(claim)
+    Ok(claims)
 }
 
-/// A row of claim.sql: a task, or (`capped`) the one row that says the cap held it back.
+/// A row of claim.sql: a task, or (`capped`) the one row per biz type that says the cap
+/// held it back.
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
     #[sqlx(flatten)]
     task: Claimed,
+    biz_type_id: i32,
     capped: bool,
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).
 pub async fn next_due(pool: &Pool, biz_type_ids: &[i32]) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    // One index probe per biz type: min(run_at) of each is the first entry of its part of
-    // tasks_claim_idx.
-    crate::db::query_scalar(
-        "SELECT min(next) FROM unnest($1::int[]) AS b(id)
-           CROSS JOIN LATERAL (
+    Ok(next_due_each(pool, biz_type_ids, None).await?.into_iter().filter_map(|(_, next)| next).min())
+}
+
+/// When the next pending task of each of these biz types is due (None: nothing pending,
+/// or, given `within`, nothing due before then). One index probe per biz type, in one
+/// statement: min(run_at) of each is the first entry of its part of tasks_claim_idx.
+/// `within` prunes the partitions wholly after it when the statement starts.
+pub async fn next_due_each(pool: &Pool, biz_type_ids: &[i32], within: Option<Duration>) -> Result<Vec<(i32, Option<DateTime<Utc>>)>, sqlx::Error> {
+    const PROBE: &str = "SELECT b.id, n.next FROM unnest($1::int[]) AS b(id)
+           LEFT JOIN LATERAL (
                SELECT run_at AS next FROM tasks
                 WHERE biz_type_id = b.id AND status = 'pending'
                 ORDER BY run_at LIMIT 1
-           ) n",
-    )
-    .bind(biz_type_ids)
-    .fetch_one(pool)
-    .await
+           ) n ON true";
+    const PROBE_WITHIN: &str = "SELECT b.id, n.next FROM unnest($1::int[]) AS b(id)
+           LEFT JOIN LATERAL (
+               SELECT run_at AS next FROM tasks
+                WHERE biz_type_id = b.id AND status = 'pending' AND run_at <= now() + $2 * interval '1 millisecond'
+                ORDER BY run_at LIMIT 1
+           ) n ON true";
+    match within {
+        None => crate::db::query_as(PROBE).bind(biz_type_ids).fetch_all(pool).await,
+        Some(within) => crate::db::query_as(PROBE_WITHIN).bind(biz_type_ids).bind(within.as_millis() as i64).fetch_all(pool).await,
+    }
 }
 
 /// A reserved task: the task, until when the consumer holds it, and the receipt that
@@ -418,10 +441,12 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         .execute(&mut *tx)
         .await?;
     // A task given back by a node that stopped, or nacked without a delay, is due now:
-    // wake the other nodes rather than let it wait for their poll.
+    // wake the other nodes rather than let it wait for their sweep, naming its biz type.
     let now = Utc::now();
-    if outcomes.iter().any(|o| matches!(o.verdict, Verdict::RetryAt(at) | Verdict::Snooze(at) if at <= now)) {
-        wake::notify(&mut *tx, wake::Wake::Due).await?;
+    let due_now: std::collections::BTreeSet<i32> =
+        outcomes.iter().filter(|o| matches!(o.verdict, Verdict::RetryAt(at) | Verdict::Snooze(at) if at <= now)).map(|o| o.biz_type_id).collect();
+    for biz_type_id in due_now {
+        wake::notify(&mut *tx, wake::Wake::DueFor(biz_type_id)).await?;
     }
     Ok(())
 }
@@ -470,7 +495,7 @@ pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, rea
     let released: i64 =
         crate::db::query_scalar(include_str!("sql/release.sql")).bind(id).bind(biz_type_id).bind(receipt).bind(reason).fetch_one(&mut *tx).await?;
     if released > 0 {
-        wake::notify(&mut *tx, wake::Wake::Due).await?;
+        wake::notify(&mut *tx, wake::Wake::DueFor(biz_type_id)).await?;
     }
     tx.commit().await?;
     Ok(released > 0)

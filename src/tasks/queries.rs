@@ -594,8 +594,9 @@ pub(super) async fn requeue(
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (
-             -- As on create: wake the engines if a task is now due within a second.
-             SELECT pg_notify($6, '') FROM new WHERE run_at <= now() + interval '1 second' LIMIT 1
+             -- As on create: wake the engines if a task is now due within a second, naming its
+             -- biz type (wake.rs's `Wake::DueFor`).
+             SELECT pg_notify($6, concat('due:', biz_type_id)) FROM new WHERE run_at <= now() + interval '1 second' LIMIT 1
          )
          SELECT t.*, b.name AS biz_type
            FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t JOIN biz_types b ON b.id = t.biz_type_id

@@ -48,20 +48,33 @@
 -- returned with `expired` set, never leased, and the engine counts it and sends nothing.
 -- Its failure notice, if the biz type wants them, is queued in the same statement.
 -- The deadline is read on the locked row, so it cannot change between pick and update.
-WITH picked AS (
-    SELECT id, run_at FROM tasks
-     WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now() + $5 * interval '1 millisecond'
-     ORDER BY run_at
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED
+WITH wants AS (
+    SELECT * FROM unnest($1::int[], $2::int8[], $3::int8[], $5::int8[]) AS w(biz_type_id, n, lease_ms, ahead_ms)
+), picked AS (
+    SELECT w.biz_type_id, p.id, p.run_at
+      FROM wants w
+     CROSS JOIN LATERAL (
+        SELECT id, run_at FROM tasks
+         WHERE biz_type_id = w.biz_type_id AND status = 'pending' AND run_at <= now() + w.ahead_ms * interval '1 millisecond'
+         ORDER BY run_at
+         LIMIT w.n
+         FOR UPDATE SKIP LOCKED
+     ) p
 ), gate AS (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM picked) THEN chime_claim_room($1) END AS room
+    -- In biz type id order, which every claim follows: two claims never wait for each
+    -- other's locks in opposite orders.
+    SELECT biz_type_id, picked, chime_claim_room(biz_type_id) AS room
+      FROM (SELECT biz_type_id, count(*) AS picked FROM picked GROUP BY biz_type_id ORDER BY biz_type_id) g
 ), due AS (
-    SELECT id, run_at FROM picked ORDER BY run_at LIMIT greatest(coalesce((SELECT room FROM gate), 0), 0)
+    SELECT r.id, r.run_at, r.biz_type_id
+      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.biz_type_id ORDER BY p.run_at) AS rank FROM picked p) r
+      JOIN gate g ON g.biz_type_id = r.biz_type_id
+     WHERE r.rank <= g.room
 ), leased AS (
     UPDATE tasks t
        SET status = CASE WHEN t.expires_at <= now() THEN 'expired' ELSE 'running' END,
-           lease_until = CASE WHEN t.expires_at <= now() THEN NULL ELSE now() + $3 * interval '1 millisecond' END,
+           lease_until = CASE WHEN t.expires_at <= now() THEN NULL
+                              ELSE now() + (SELECT w.lease_ms FROM wants w WHERE w.biz_type_id = t.biz_type_id) * interval '1 millisecond' END,
            leased_by = CASE WHEN t.expires_at <= now() THEN NULL ELSE $4 END,
            attempt_count = CASE WHEN t.expires_at <= now() THEN t.attempt_count ELSE t.attempt_count + 1 END,
            finished_at = CASE WHEN t.expires_at <= now() THEN now() END,
@@ -79,9 +92,9 @@ WITH picked AS (
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.expired AND b.failure_url IS NOT NULL
 )
-SELECT id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now, false AS capped
+SELECT id, biz_type_id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now, false AS capped
   FROM leased
 UNION ALL
-SELECT '00000000-0000-0000-0000-000000000000', NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true
-  FROM gate
- WHERE gate.room < (SELECT count(*) FROM picked)
+SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true
+  FROM gate g
+ WHERE g.room < g.picked

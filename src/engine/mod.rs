@@ -318,8 +318,8 @@ impl Engine {
             }, || ()))
         };
         let unrecorded = Arc::new(AtomicUsize::new(0));
-        let recorder =
-            tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, wake.clone(), looks.clone(), unrecorded.clone(), stop.clone()));
+        let to_claims = ClaimLoop { wake: wake.clone(), looks: looks.clone(), unrecorded: unrecorded.clone() };
+        let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, to_claims, stop.clone()));
         tracing::info!(%node_id, "delivery engine started");
         Engine {
             pool,
@@ -700,6 +700,14 @@ struct Drained {
     cut_off: usize,
 }
 
+/// What the recorder tells the claim loop: that a batch is written (a slot is free, a retry
+/// may be due), which biz types to look at again, how many outcomes wait to be written.
+struct ClaimLoop {
+    wake: Arc<Notify>,
+    looks: Arc<Looks>,
+    unrecorded: Arc<AtomicUsize>,
+}
+
 /// Writes outcomes in batches: whatever has arrived by the time the previous batch is
 /// written goes into the next. Tasks given back unstarted are written the same way.
 async fn record_outcomes(
@@ -707,11 +715,10 @@ async fn record_outcomes(
     health: Health,
     node_id: Uuid,
     mut rx: mpsc::UnboundedReceiver<Report>,
-    wake: Arc<Notify>,
-    looks: Arc<Looks>,
-    unrecorded: Arc<AtomicUsize>,
+    claims: ClaimLoop,
     stop: Signal,
 ) -> Drained {
+    let ClaimLoop { wake, looks, unrecorded } = claims;
     let mut reports = Vec::new();
     let mut drained = Drained::default();
     while rx.recv_many(&mut reports, 1000).await > 0 {

@@ -496,6 +496,15 @@ fn check_root_cert(hosts: &Hosts) -> anyhow::Result<()> {
     let certs = openssl::x509::X509::stack_from_pem(&pem)
         .map_err(|e| anyhow::anyhow!("sslrootcert {name}: not a valid PEM certificate: {e}"))?;
     anyhow::ensure!(!certs.is_empty(), "sslrootcert {name}: no certificate in it (expected PEM, -----BEGIN CERTIFICATE-----)");
+    // sqlx gives OpenSSL the file's first certificate only (native-tls's `from_pem`), where
+    // libpq trusts them all: a bundle works only if the CA needed comes first.
+    if certs.len() > 1 {
+        tracing::warn!(
+            "sslrootcert {name} holds {} certificates, of which only the first is trusted (sqlx reads one): \
+             put the certificate of the CA that signed the server's first, or alone",
+            certs.len()
+        );
+    }
     Ok(())
 }
 

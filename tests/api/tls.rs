@@ -187,6 +187,24 @@ async fn a_bad_sslrootcert_is_a_clear_error() {
     assert!(error.contains("no certificate in it"), "{error}");
 }
 
+/// sqlx gives OpenSSL the first certificate of sslrootcert only (libpq takes them all): a
+/// bundle whose first is the CA that signed the server's works; one whose first is another
+/// is refused, and chime has said at start that only the first is trusted.
+#[tokio::test]
+async fn only_the_first_certificate_of_an_sslrootcert_bundle_is_trusted_and_chime_says_so() {
+    let server = server().await;
+    let (ca, other) = (std::fs::read(&server.ca).unwrap(), std::fs::read(&server.other_ca).unwrap());
+    let (right_first, other_first) = (server.ca.with_file_name("right-first.crt"), server.ca.with_file_name("other-first.crt"));
+    std::fs::write(&right_first, [ca.as_slice(), &other].concat()).unwrap();
+    std::fs::write(&other_first, [other.as_slice(), &ca].concat()).unwrap();
+    connect_over_tls(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", right_first.display()))).await;
+    let db_url = server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", other_first.display()));
+    let out = chime(&[("DATABASE_URL", db_url.as_str())], &["migrate"], None).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("certificate verify failed: unable to get local issuer certificate"), "{}", out.stderr);
+    assert!(out.stderr.contains("holds 2 certificates, of which only the first is trusted"), "{}", out.stderr);
+}
+
 /// A real `chime serve` on a verify-full DATABASE_URL migrates, becomes ready and delivers.
 #[tokio::test]
 async fn chime_serve_over_verify_full_delivers_a_task() {

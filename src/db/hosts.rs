@@ -7,12 +7,10 @@
 //! writes (SPEC §10). chime always writes, so it uses only such a server whatever
 //! `target_session_attrs` says.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 /// How long one host may take to accept a session, unless `connect_timeout` says otherwise:
@@ -35,10 +33,6 @@ pub struct Host {
     /// `host:port`, or the socket directory and port: how messages name it.
     pub label: String,
     pub options: PgConnectOptions,
-    /// Set once TLS failed on this host's certificate under sslmode=prefer and a session
-    /// without TLS was opened instead (`connect`): the pools then open theirs without TLS
-    /// too, rather than fail the handshake at each one.
-    plain: Arc<AtomicBool>,
 }
 
 impl Hosts {
@@ -117,23 +111,14 @@ impl Hosts {
         customize: &(dyn Fn(PgConnectOptions) -> PgConnectOptions + Send + Sync),
     ) -> Result<(usize, PgConnection), NoWritableHost> {
         let mut refusals = Vec::with_capacity(self.hosts.len());
-        let (mut certificates_refused, mut version_1) = (0, false);
+        let mut certificates_refused = 0;
         for (i, host) in self.hosts.iter().enumerate() {
-            let options = customize(host.connect_options());
-            let attempt = tokio::time::timeout(self.connect_timeout, connect(&options, &host.label)).await;
-            let attempt = attempt.map(|found| {
-                found.map(|(conn, plain)| {
-                    host.plain.fetch_or(plain, Ordering::Relaxed);
-                    conn
-                })
-            });
+            let options = customize(host.options.clone());
+            let attempt = tokio::time::timeout(self.connect_timeout, options.connect()).await;
             let reason = match attempt {
                 Err(_) => format!("did not answer within {} s", self.connect_timeout.as_secs()),
                 Ok(Err(e)) => {
-                    if let Some(why) = refused_certificate(&e) {
-                        certificates_refused += 1;
-                        version_1 |= is_version_1(why);
-                    }
+                    certificates_refused += usize::from(refused_certificate(&e).is_some());
                     refusal(&e)
                 }
                 Ok(Ok(mut conn)) => match writable(&mut conn).await {
@@ -148,24 +133,18 @@ impl Hosts {
             refusals.push(format!("{} {reason}", host.label));
         }
         let certificate_refused = certificates_refused == self.hosts.len();
-        Err(NoWritableHost { setting: self.setting, refusals, certificate_refused, version_1 })
+        Err(NoWritableHost { setting: self.setting, refusals, certificate_refused })
     }
 }
 
 impl Host {
-    /// The options a pool opens its sessions with: `options`, without TLS where TLS failed
-    /// under sslmode=prefer (see `plain`).
-    pub fn connect_options(&self) -> PgConnectOptions {
-        if self.plain.load(Ordering::Relaxed) { self.options.clone().ssl_mode(PgSslMode::Disable) } else { self.options.clone() }
-    }
-
     fn new(options: PgConnectOptions) -> Host {
         let label = match options.get_socket() {
             Some(dir) => format!("{}:{} (Unix socket)", dir.display(), options.get_port()),
             None if options.get_host().contains(':') => format!("[{}]:{}", options.get_host(), options.get_port()),
             None => format!("{}:{}", options.get_host(), options.get_port()),
         };
-        Host { label, options, plain: Arc::new(AtomicBool::new(false)) }
+        Host { label, options }
     }
 }
 
@@ -174,18 +153,24 @@ impl Host {
 pub struct NoWritableHost {
     setting: &'static str,
     refusals: Vec<String>,
-    /// Every host's certificate was refused: trying again will not help.
+    /// Every host's certificate failed verification (sslmode=verify-ca or verify-full):
+    /// trying again will not help.
     pub certificate_refused: bool,
-    /// A host's certificate is X.509 version 1, which rustls does not verify.
-    pub version_1: bool,
 }
 
 impl std::fmt::Display for NoWritableHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.refusals.len() == 1 {
-            write!(f, "the database in {} does not accept writes: {}", self.setting, self.refusals[0])
-        } else {
-            write!(f, "no host in {} accepts writes: {}", self.setting, self.refusals.join("; "))
+        let (setting, refusals) = (self.setting, self.refusals.join("; "));
+        match (self.refusals.len(), self.certificate_refused) {
+            (1, false) => write!(f, "the database in {setting} does not accept writes: {refusals}"),
+            (_, false) => write!(f, "no host in {setting} accepts writes: {refusals}"),
+            // OpenSSL has said why, host by host; then what to do about it.
+            (_, true) => write!(
+                f,
+                "the server's certificate in {setting} cannot be verified: {refusals}. To verify it, name the CA \
+                 that signed it in sslrootcert (for a self-signed one, the certificate itself), and under \
+                 verify-full connect by a host name it holds; or use sslmode=require to encrypt without verifying it"
+            ),
         }
     }
 }
@@ -228,6 +213,9 @@ pub async fn writable(conn: &mut PgConnection) -> Result<Writable, sqlx::Error> 
 
 /// Why a host refused, in a few words.
 fn refusal(e: &sqlx::Error) -> String {
+    if let Some(why) = refused_certificate(e) {
+        return format!("sent a certificate that failed verification ({why})");
+    }
     match e {
         sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => "refused the connection".into(),
         sqlx::Error::Io(io) => format!("could not be reached ({io})"),
@@ -236,53 +224,24 @@ fn refusal(e: &sqlx::Error) -> String {
     }
 }
 
-/// The TLS library's refusal of the server's certificate, when that is why a connection
-/// failed. (The handshake's error comes as an I/O error.)
-fn refused_certificate(e: &sqlx::Error) -> Option<&rustls::CertificateError> {
-    let source: &(dyn std::error::Error + 'static) = match e {
-        sqlx::Error::Io(io) => io.get_ref()?,
-        sqlx::Error::Tls(tls) => tls.as_ref(),
-        _ => return None,
-    };
-    match source.downcast_ref::<rustls::Error>()? {
-        rustls::Error::InvalidCertificate(why) => Some(why),
-        _ => None,
-    }
-}
-
-/// Opens a session as `options` say, except where TLS fails on the server's certificate under
-/// sslmode=prefer: then again without TLS, as libpq does (prefer does not verify the
-/// certificate; rustls cannot even read some it is not asked to verify, such as X.509
-/// version 1, which `CREATE EXTENSION citus` makes, and sqlx offers no way around that).
-/// Also says whether it fell back so.
-pub async fn connect(options: &PgConnectOptions, label: &str) -> Result<(PgConnection, bool), sqlx::Error> {
-    match options.connect().await {
-        Err(e) if matches!(options.get_ssl_mode(), PgSslMode::Prefer) && refused_certificate(&e).is_some() => {
-            warn_plain_once(label, refused_certificate(&e).unwrap());
-            Ok((options.clone().ssl_mode(PgSslMode::Disable).connect().await?, true))
-        }
-        result => Ok((result?, false)),
-    }
-}
-
-/// Says once per process that a host is reached without TLS under sslmode=prefer, and why.
-fn warn_plain_once(host: &str, why: &rustls::CertificateError) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    let version_1 = if is_version_1(why) { " (an X.509 version 1 certificate, which rustls cannot read)" } else { "" };
-    tracing::warn!(
-        host,
-        "TLS to PostgreSQL failed on the server's certificate{version_1}: {why:?}; connected without TLS, as \
-         sslmode=prefer does in libpq. Give the server a version 3 certificate to encrypt, or set sslmode=disable \
-         to say plain connections are meant"
-    );
-}
-
-/// webpki's error, which rustls passes on as `Other`, is named only in its Debug form.
-fn is_version_1(why: &rustls::CertificateError) -> bool {
-    matches!(why, rustls::CertificateError::Other(other) if format!("{other:?}").contains("UnsupportedCertVersion"))
+/// OpenSSL's reason for refusing the server's certificate, when that is why a connection
+/// failed: "certificate verify failed: unable to get local issuer certificate" (or "...:
+/// IP address mismatch", "...: self-signed certificate"). Only under verify-ca and
+/// verify-full, which verify it; prefer and require encrypt without verifying.
+///
+/// sqlx passes native-tls's error on as `Error::Tls`. Its source is OpenSSL's error stack,
+/// whose reason says that verification failed; OpenSSL's verify result, which says why, is
+/// not exposed by native-tls but ends its text, in parentheses: "{stack} (why)".
+fn refused_certificate(e: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Tls(tls) = e else { return None };
+    let stack = tls.source()?.downcast_ref::<openssl::error::ErrorStack>()?;
+    let failed = stack.errors().iter().find_map(|err| err.reason().filter(|r| *r == "certificate verify failed"))?;
+    let text = tls.to_string();
+    let why = text.strip_prefix(&stack.to_string()).and_then(|rest| rest.strip_prefix(" (")?.strip_suffix(')'));
+    Some(match why {
+        Some(why) => format!("{failed}: {why}"),
+        None => failed.to_string(),
+    })
 }
 
 /// SPEC §10: any value is accepted; one that allows a standby is said to be ignored.
@@ -439,7 +398,13 @@ mod tests {
 
     #[test]
     fn no_writable_host_names_each_host_and_why() {
-        let e = NoWritableHost { setting: "DATABASE_URL", refusals: vec!["127.0.0.1:5433 is a standby".into(), "127.0.0.1:5432 refused the connection".into()], certificate_refused: false, version_1: false };
+        let e = NoWritableHost { setting: "DATABASE_URL", refusals: vec!["127.0.0.1:5433 is a standby".into(), "127.0.0.1:5432 refused the connection".into()], certificate_refused: false };
         assert_eq!(e.to_string(), "no host in DATABASE_URL accepts writes: 127.0.0.1:5433 is a standby; 127.0.0.1:5432 refused the connection");
+        // A certificate that fails verification: what to do follows OpenSSL's reason.
+        let why = "127.0.0.1:5432 sent a certificate that failed verification (certificate verify failed: IP address mismatch)";
+        let e = NoWritableHost { setting: "DATABASE_URL", refusals: vec![why.into()], certificate_refused: true };
+        let e = e.to_string();
+        assert!(e.starts_with(&format!("the server's certificate in DATABASE_URL cannot be verified: {why}. To verify it")), "{e}");
+        assert!(e.contains("sslrootcert") && e.ends_with("use sslmode=require to encrypt without verifying it"), "{e}");
     }
 }

@@ -6,8 +6,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use sqlx::migrate::{Migrate, Migration, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -162,7 +160,7 @@ impl Target {
             );
         }
         for (pool, customize) in self.pools.lock().expect("not poisoned").iter() {
-            pool.set_connect_options(customize(hosts[i].connect_options()));
+            pool.set_connect_options(customize(hosts[i].options.clone()));
         }
     }
 
@@ -325,7 +323,7 @@ impl Health {
                 };
                 Box::pin(async move { Ok(reuse) })
             })
-            .connect_lazy_with(customize(target.current().connect_options()));
+            .connect_lazy_with(customize(target.current().options.clone()));
         target.pools.lock().expect("not poisoned").push((pool.clone(), customize));
         pool
     }
@@ -410,7 +408,7 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<Pool> {
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with(no_jit(hosts.hosts()[i].connect_options()))
+        .connect_lazy_with(no_jit(hosts.hosts()[i].options.clone()))
         .into();
     check_server_version(&pool).await?;
     Ok(pool)
@@ -429,18 +427,12 @@ async fn find_at_start(hosts: &Hosts, customize: fn(PgConnectOptions) -> PgConne
             // A certificate refused now is refused again: no waiting.
             Err(e) if Instant::now() >= deadline || e.certificate_refused => {
                 let mode = hosts.hosts()[0].options.get_ssl_mode();
-                let mut context = match mode {
+                let context = match mode {
                     PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull => {
                         format!("cannot connect to PostgreSQL over TLS (sslmode={} in {})", ssl_mode_name(mode), hosts.setting)
                     }
                     _ => format!("cannot connect to PostgreSQL (check {}, or unset it to use the embedded database)", hosts.setting),
                 };
-                if e.version_1 && matches!(mode, PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull) {
-                    context += ": the server's certificate is X.509 version 1, which chime's TLS library (rustls) cannot \
-                                read, even under sslmode=require, which does not verify it; give PostgreSQL a version 3 \
-                                certificate (ssl_cert_file; `openssl x509 -req` with an -extfile naming its subjectAltName \
-                                makes one), or use sslmode=prefer, which then connects without TLS as libpq does when TLS fails";
-                }
                 return Err(anyhow::Error::new(e).context(context));
             }
             Err(_) => tokio::time::sleep(PROBE_EVERY).await,
@@ -488,7 +480,7 @@ fn ssl_mode_name(mode: PgSslMode) -> &'static str {
 
 /// sqlx reads `sslrootcert` only during the TLS handshake, where a missing file is a bare
 /// "No such file or directory" that names neither the file nor the setting. Read it once
-/// here so that a bad one is a clear startup error.
+/// here, with OpenSSL as sqlx does, so that a bad one is a clear startup error.
 fn check_root_cert(hosts: &Hosts) -> anyhow::Result<()> {
     // The same names and environment variable sqlx accepts.
     let root_cert = hosts.root_cert.clone().or_else(|| std::env::var("PGSSLROOTCERT").ok());
@@ -501,12 +493,18 @@ fn check_root_cert(hosts: &Hosts) -> anyhow::Result<()> {
         let pem = std::fs::read(&path).with_context(|| format!("cannot read sslrootcert {path} ({})", hosts.setting))?;
         (pem, path.as_str())
     };
-    let mut count = 0;
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        cert.map_err(|e| anyhow::anyhow!("sslrootcert {name}: not a valid PEM certificate: {e}"))?;
-        count += 1;
+    let certs = openssl::x509::X509::stack_from_pem(&pem)
+        .map_err(|e| anyhow::anyhow!("sslrootcert {name}: not a valid PEM certificate: {e}"))?;
+    anyhow::ensure!(!certs.is_empty(), "sslrootcert {name}: no certificate in it (expected PEM, -----BEGIN CERTIFICATE-----)");
+    // sqlx gives OpenSSL the file's first certificate only (native-tls's `from_pem`), where
+    // libpq trusts them all: a bundle works only if the CA needed comes first.
+    if certs.len() > 1 {
+        tracing::warn!(
+            "sslrootcert {name} holds {} certificates, of which only the first is trusted (sqlx reads one): \
+             put the certificate of the CA that signed the server's first, or alone",
+            certs.len()
+        );
     }
-    anyhow::ensure!(count > 0, "sslrootcert {name}: no certificate in it (expected PEM, -----BEGIN CERTIFICATE-----)");
     Ok(())
 }
 
@@ -516,7 +514,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     // Waiting for another node's migrations, or a long one, is expected here: not a "slow
     // statement" warning.
     let options = pool.connect_options().as_ref().clone().disable_statement_logging();
-    let (mut conn, _) = hosts::connect(&options, options.get_host()).await.context("connecting to migrate")?;
+    let mut conn = PgConnection::connect_with(&options).await.context("connecting to migrate")?;
     let result = migrate_on(&mut conn).await;
     let _ = conn.close().await;
     result?;

@@ -114,6 +114,11 @@ async fn connect_error(url: &str) -> String {
     }
 }
 
+/// What chime says to do when a certificate fails verification, after OpenSSL's reason.
+fn says_what_to_do(error: &str) -> bool {
+    error.contains("name the CA that signed it in sslrootcert") && error.contains("use sslmode=require to encrypt without verifying it")
+}
+
 /// Connects through chime's own `db::connect` and checks the session is encrypted.
 async fn connect_over_tls(url: &str) -> Pool {
     let pool = chime::db::connect(url, 1).await.unwrap_or_else(|e| panic!("{url}: {e:#}"));
@@ -147,14 +152,16 @@ async fn verify_full_with_the_ca_connects_to_localhost() {
 async fn verify_full_refuses_a_certificate_from_another_ca() {
     let server = server().await;
     let error = connect_error(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", server.other_ca.display()))).await;
-    assert!(error.contains("sslmode=verify-full") && error.contains("UnknownIssuer"), "{error}");
+    assert!(error.contains("sslmode=verify-full") && error.contains("certificate verify failed: unable to get local issuer certificate"), "{error}");
+    assert!(says_what_to_do(&error), "{error}");
 }
 
 #[tokio::test]
 async fn verify_full_refuses_a_host_name_the_certificate_does_not_name() {
     let server = server().await;
     let error = connect_error(&server.url("127.0.0.1", &format!("sslmode=verify-full&sslrootcert={}", server.ca.display()))).await;
-    assert!(error.contains("sslmode=verify-full") && error.contains("not valid for name"), "{error}");
+    assert!(error.contains("sslmode=verify-full") && error.contains("certificate verify failed: IP address mismatch"), "{error}");
+    assert!(says_what_to_do(&error) && error.contains("connect by a host name it holds"), "{error}");
 }
 
 /// verify-ca checks the chain but not the name: 127.0.0.1 is accepted, another CA is not.
@@ -163,7 +170,8 @@ async fn verify_ca_checks_the_ca_but_not_the_host_name() {
     let server = server().await;
     connect_over_tls(&server.url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={}", server.ca.display()))).await;
     let error = connect_error(&server.url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={}", server.other_ca.display()))).await;
-    assert!(error.contains("sslmode=verify-ca") && error.contains("UnknownIssuer"), "{error}");
+    assert!(error.contains("sslmode=verify-ca") && error.contains("certificate verify failed: unable to get local issuer certificate"), "{error}");
+    assert!(says_what_to_do(&error), "{error}");
 }
 
 /// A bad sslrootcert is reported as such before any connection is tried.
@@ -177,6 +185,24 @@ async fn a_bad_sslrootcert_is_a_clear_error() {
     let key = server.ca.with_file_name("ca.key");
     let error = connect_error(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", key.display()))).await;
     assert!(error.contains("no certificate in it"), "{error}");
+}
+
+/// sqlx gives OpenSSL the first certificate of sslrootcert only (libpq takes them all): a
+/// bundle whose first is the CA that signed the server's works; one whose first is another
+/// is refused, and chime has said at start that only the first is trusted.
+#[tokio::test]
+async fn only_the_first_certificate_of_an_sslrootcert_bundle_is_trusted_and_chime_says_so() {
+    let server = server().await;
+    let (ca, other) = (std::fs::read(&server.ca).unwrap(), std::fs::read(&server.other_ca).unwrap());
+    let (right_first, other_first) = (server.ca.with_file_name("right-first.crt"), server.ca.with_file_name("other-first.crt"));
+    std::fs::write(&right_first, [ca.as_slice(), &other].concat()).unwrap();
+    std::fs::write(&other_first, [other.as_slice(), &ca].concat()).unwrap();
+    connect_over_tls(&server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", right_first.display()))).await;
+    let db_url = server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", other_first.display()));
+    let out = chime(&[("DATABASE_URL", db_url.as_str())], &["migrate"], None).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("certificate verify failed: unable to get local issuer certificate"), "{}", out.stderr);
+    assert!(out.stderr.contains("holds 2 certificates, of which only the first is trusted"), "{}", out.stderr);
 }
 
 /// A real `chime serve` on a verify-full DATABASE_URL migrates, becomes ready and delivers.
@@ -208,7 +234,12 @@ async fn chime_stops_at_start_when_the_certificate_is_not_trusted() {
     let db_url = server.url("localhost", &format!("sslmode=verify-full&sslrootcert={}", server.other_ca.display()));
     let out = chime(&[("DATABASE_URL", db_url.as_str())], &["migrate"], None).await;
     assert!(!out.ok);
-    assert!(out.stderr.contains("sslmode=verify-full") && out.stderr.contains("UnknownIssuer"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("sslmode=verify-full") && out.stderr.contains("certificate verify failed: unable to get local issuer certificate"),
+        "{}",
+        out.stderr
+    );
+    assert!(says_what_to_do(&out.stderr), "{}", out.stderr);
 }
 
 /// A server whose certificate is X.509 version 1 and self-signed, as the one `CREATE
@@ -239,47 +270,69 @@ async fn start_v1_server() -> V1Server {
     V1Server { port, cert, _cluster: pg }
 }
 
-/// Under `prefer` (the default), which does not verify the certificate, chime connects to a
-/// server whose certificate is version 1 where psql does: rustls cannot read that
-/// certificate even to check the handshake, so it does what libpq does when TLS fails under
-/// `prefer`, and connects again without TLS, saying so once. Before, it stopped at start:
-/// "invalid peer certificate: UnsupportedCertVersion".
+/// Under `prefer` (the default) and `require`, which do not verify the certificate, chime
+/// connects over TLS to a server whose certificate is version 1, as psql does: OpenSSL reads
+/// it. Before, with rustls, chime connected without TLS under prefer and refused under
+/// require ("invalid peer certificate: UnsupportedCertVersion").
 #[tokio::test]
-async fn a_version_1_certificate_does_not_keep_chime_out_under_sslmode_prefer() {
+async fn a_version_1_certificate_is_used_over_tls_under_sslmode_prefer_and_require() {
     let server = v1_server().await;
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres?sslmode=prefer", server.port);
-    let pool = chime::db::connect(&url, 1).await;
-    println!("sslmode=prefer: {:?}", pool.as_ref().err());
-    let pool = pool.unwrap_or_else(|e| panic!("sslmode=prefer: {e:#}"));
-    let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
-    assert!(!ssl, "connected without TLS, as libpq does after TLS failed");
+    for query in ["sslmode=prefer", "sslmode=require", ""] {
+        let url = format!("postgres://postgres@127.0.0.1:{}/postgres?{query}", server.port);
+        connect_over_tls(&url).await;
+    }
 
-    let no_sslmode = format!("postgres://postgres@127.0.0.1:{}/postgres", server.port);
-    let out = chime(&[("DATABASE_URL", no_sslmode.as_str())], &["migrate", "--status"], None).await;
-    println!("chime migrate --status: {}", out.stderr);
-    assert!(out.ok, "{}", out.stderr);
-    assert_eq!(out.stderr.matches("connected without TLS").count(), 1, "said once: {}", out.stderr);
-    assert!(out.stderr.contains("version 1"), "{}", out.stderr);
+    // A real `chime serve` starts (migrates, becomes ready) and works on it, every session
+    // of it encrypted (the server would take them without TLS too).
+    let db_url = format!("postgres://postgres@localhost:{}/chime?sslmode=require", server.port);
+    let (_child, address) = chime_node(&db_url, &[]).await;
+    let app = TestApp { address, pool: connect_over_tls(&db_url).await, db_url, client: client() };
+    biz_types::create(&app.pool, "v1", &Settings { mode: Some("pull".into()), ..Settings::default() }, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "v1").await.unwrap();
+    let task = app.post("/api/v1/tasks", &token, serde_json::json!({"biz_type": "v1", "key": "t-1"})).await;
+    assert_eq!(task.status, 201, "{}", task.body);
+    let got = app.get(&format!("/api/v1/tasks/{}", task.body["id"].as_str().unwrap()), &token).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    let (sessions, plain): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE NOT ssl) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+         WHERE datname = 'chime' AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(sessions > 0 && plain == 0, "chime's sessions: {sessions}, of which {plain} without TLS");
 }
 
-/// Under `require`, `verify-ca` and `verify-full`, TLS is a must, and rustls cannot read a
-/// version 1 certificate, even given as its own root: refused at once (not retried for the
-/// start's 10 s), saying why and what to do.
+/// Under `verify-ca` and `verify-full`, a version 1 certificate that sslrootcert does not
+/// vouch for is refused at once (not retried for the start's 10 s), saying why (OpenSSL's
+/// reason) and what to do.
 #[tokio::test]
-async fn a_version_1_certificate_under_a_required_tls_is_refused_saying_why_and_what_to_do() {
+async fn a_version_1_certificate_that_cannot_be_verified_is_refused_saying_why_and_what_to_do() {
+    // The TLS server's CA, which did not sign it.
+    let other_ca = &server().await.ca;
     let server = v1_server().await;
-    for mode in ["require", "verify-full", "verify-ca"] {
-        let url = format!("postgres://postgres@localhost:{}/postgres?sslmode={mode}&sslrootcert={}", server.port, server.cert.display());
+    for mode in ["verify-full", "verify-ca"] {
+        let url = format!("postgres://postgres@localhost:{}/postgres?sslmode={mode}&sslrootcert={}", server.port, other_ca.display());
         let started = std::time::Instant::now();
         let error = connect_error(&url).await;
-        println!("sslmode={mode}: {error}");
         assert!(
-            error.contains(&format!("sslmode={mode}"))
-                && error.contains("X.509 version 1")
-                && error.contains("version 3 certificate")
-                && error.contains("sslmode=prefer"),
+            error.contains(&format!("sslmode={mode}")) && error.contains("certificate verify failed: self-signed certificate"),
             "{error}"
         );
+        assert!(says_what_to_do(&error) && error.contains("for a self-signed one, the certificate itself"), "{error}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", started.elapsed());
     }
+}
+
+/// A self-signed version 1 certificate given as its own root is trusted, as libpq trusts
+/// it: verify-full connects by the name it holds, and verify-ca by any; verify-full by
+/// another name is refused.
+#[tokio::test]
+async fn a_self_signed_version_1_certificate_is_its_own_root() {
+    let server = v1_server().await;
+    let root = format!("sslrootcert={}", server.cert.display());
+    connect_over_tls(&format!("postgres://postgres@localhost:{}/postgres?sslmode=verify-full&{root}", server.port)).await;
+    connect_over_tls(&format!("postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-ca&{root}", server.port)).await;
+    let error = connect_error(&format!("postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full&{root}", server.port)).await;
+    assert!(error.contains("certificate verify failed: IP address mismatch") && says_what_to_do(&error), "{error}");
 }

@@ -270,6 +270,10 @@ pub struct Engine {
     next_look: HashMap<i32, tokio::time::Instant>,
     /// When every biz type's next due time was last asked (`sweep`).
     swept_at: Option<tokio::time::Instant>,
+    /// No unfinished task is due before this (`lease::unfinished_floor`, read at each
+    /// sweep): the claims' lower bound on `run_at`, which prunes the partitions of
+    /// finished tasks as each statement starts. None until first read.
+    floor: Option<chrono::DateTime<chrono::Utc>>,
     listener: JoinHandle<()>,
     recorder: JoinHandle<Drained>,
     /// Outcomes sent to the recorder and not yet written (`MAX_UNRECORDED`).
@@ -333,6 +337,7 @@ impl Engine {
             looks,
             next_look: HashMap::new(),
             swept_at: None,
+            floor: None,
             listener,
             recorder,
             unrecorded,
@@ -449,7 +454,7 @@ impl Engine {
         let mut claims = if wants.is_empty() {
             HashMap::new()
         } else {
-            match lease::claim(&self.pool, &wants, self.node_id).await {
+            match lease::claim(&self.pool, &wants, self.node_id, self.floor).await {
                 Ok(claims) => claims,
                 Err(e) => {
                     // An unreachable database is reported once, by `health`.
@@ -491,7 +496,7 @@ impl Engine {
             }
         }
         if !caught_up.is_empty() {
-            match lease::next_due_each(&self.pool, &caught_up, None).await {
+            match lease::next_due_each(&self.pool, &caught_up, None, self.floor).await {
                 Ok(next) => self.note_next_due(&next),
                 Err(e) => {
                     if !self.health.saw(&e) {
@@ -580,8 +585,17 @@ impl Engine {
     /// each): the fallback for what no notification announced, such as a task created two
     /// seconds ahead, a lease recovered or a notification lost.
     async fn sweep(&mut self) {
+        match lease::unfinished_floor(&self.pool).await {
+            Ok(floor) => self.floor = Some(floor),
+            // The last one read is still true (it only rises); none yet: no bound.
+            Err(e) => {
+                if !self.health.saw(&e) {
+                    tracing::warn!(error = %e, "could not read the unfinished tasks' floor");
+                }
+            }
+        }
         let ids: Vec<i32> = self.biz_types.iter().map(|b| b.id).collect();
-        match lease::next_due_each(&self.pool, &ids, Some(SWEEP + CLAIM_AHEAD)).await {
+        match lease::next_due_each(&self.pool, &ids, Some(SWEEP + CLAIM_AHEAD), self.floor).await {
             Ok(next) => {
                 self.note_next_due(&next);
                 self.swept_at = Some(tokio::time::Instant::now());

@@ -80,13 +80,14 @@ pub struct Want {
 /// number of biz types: never more of a biz type than its max_in_flight leaves, counting
 /// the leases of every node. Tasks it picked whose deadline had passed are ended `expired`
 /// instead (see claim.sql). Returns each biz type's part; one that got nothing is absent.
-pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid) -> Result<HashMap<i32, Claim>, sqlx::Error> {
+/// `floor`: `unfinished_floor()` as last read, or None.
+pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<DateTime<Utc>>) -> Result<HashMap<i32, Claim>, sqlx::Error> {
     let ids: Vec<i32> = wants.iter().map(|w| w.biz_type_id).collect();
     let limits: Vec<i64> = wants.iter().map(|w| w.limit).collect();
     let leases: Vec<i64> = wants.iter().map(|w| w.lease_ms + w.ahead_ms).collect();
     let aheads: Vec<i64> = wants.iter().map(|w| w.ahead_ms).collect();
     let picked: Vec<ClaimRow> =
-        crate::db::query_as(include_str!("sql/claim.sql")).bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).fetch_all(pool).await?;
+        crate::db::query_as(include_str!("sql/claim.sql")).bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).bind(floor).fetch_all(pool).await?;
     let mut claims: HashMap<i32, Claim> = HashMap::new();
     for row in picked {
         let claim = claims.entry(row.biz_type_id).or_default();
@@ -113,30 +114,43 @@ struct ClaimRow {
 
 /// When the next pending task of these biz types is due (None: nothing pending).
 pub async fn next_due(pool: &Pool, biz_type_ids: &[i32]) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    Ok(next_due_each(pool, biz_type_ids, None).await?.into_iter().filter_map(|(_, next)| next).min())
+    Ok(next_due_each(pool, biz_type_ids, None, None).await?.into_iter().filter_map(|(_, next)| next).min())
 }
 
 /// When the next pending task of each of these biz types is due (None: nothing pending,
 /// or, given `within`, nothing due before then). One index probe per biz type, in one
 /// statement: min(run_at) of each is the first entry of its part of tasks_claim_idx.
-/// `within` prunes the partitions wholly after it when the statement starts.
-pub async fn next_due_each(pool: &Pool, biz_type_ids: &[i32], within: Option<Duration>) -> Result<Vec<(i32, Option<DateTime<Utc>>)>, sqlx::Error> {
+/// `within` and `floor` (`unfinished_floor`) prune, when the statement starts, the
+/// partitions wholly after and before them.
+pub async fn next_due_each(
+    pool: &Pool,
+    biz_type_ids: &[i32],
+    within: Option<Duration>,
+    floor: Option<DateTime<Utc>>,
+) -> Result<Vec<(i32, Option<DateTime<Utc>>)>, sqlx::Error> {
     const PROBE: &str = "SELECT b.id, n.next FROM unnest($1::int[]) AS b(id)
            LEFT JOIN LATERAL (
                SELECT run_at AS next FROM tasks
-                WHERE biz_type_id = b.id AND status = 'pending'
+                WHERE biz_type_id = b.id AND status = 'pending' AND run_at >= coalesce($2, '-infinity')
                 ORDER BY run_at LIMIT 1
            ) n ON true";
     const PROBE_WITHIN: &str = "SELECT b.id, n.next FROM unnest($1::int[]) AS b(id)
            LEFT JOIN LATERAL (
                SELECT run_at AS next FROM tasks
-                WHERE biz_type_id = b.id AND status = 'pending' AND run_at <= now() + $2 * interval '1 millisecond'
+                WHERE biz_type_id = b.id AND status = 'pending' AND run_at >= coalesce($2, '-infinity')
+                  AND run_at <= now() + $3 * interval '1 millisecond'
                 ORDER BY run_at LIMIT 1
            ) n ON true";
     match within {
-        None => crate::db::query_as(PROBE).bind(biz_type_ids).fetch_all(pool).await,
-        Some(within) => crate::db::query_as(PROBE_WITHIN).bind(biz_type_ids).bind(within.as_millis() as i64).fetch_all(pool).await,
+        None => crate::db::query_as(PROBE).bind(biz_type_ids).bind(floor).fetch_all(pool).await,
+        Some(within) => crate::db::query_as(PROBE_WITHIN).bind(biz_type_ids).bind(floor).bind(within.as_millis() as i64).fetch_all(pool).await,
     }
+}
+
+/// An instant before which no unfinished task is due, now or later (migration 0036): a
+/// lower bound on `run_at` that prunes the partitions of finished tasks.
+pub async fn unfinished_floor(pool: &Pool) -> Result<DateTime<Utc>, sqlx::Error> {
+    crate::db::query_scalar("SELECT chime_unfinished_floor()").fetch_one(pool).await
 }
 
 /// A reserved task: the task, until when the consumer holds it, and the receipt that

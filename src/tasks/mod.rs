@@ -180,6 +180,7 @@ pub fn id_prefix(text: &str) -> Option<(Uuid, Uuid)> {
 /// Longest client key, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
 /// How far in the past a `run_at` may be (it then fires at once); older is surely a mistake.
+/// The claims' lower bound (`chime_unfinished_floor`, migration 0036) lies an hour below it.
 pub const MAX_PAST: TimeDelta = TimeDelta::days(1);
 /// How far ahead a task may be scheduled.
 pub const MAX_AHEAD: TimeDelta = TimeDelta::days(3660);

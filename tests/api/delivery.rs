@@ -489,3 +489,41 @@ async fn settings_notice(listener: &mut sqlx::postgres::PgListener) -> Option<St
     let notification = tokio::time::timeout(Duration::from_secs(2), listener.recv()).await.ok()?.ok()?;
     Some(notification.payload().to_string())
 }
+
+/// The claims' lower bound on `run_at` (`chime_unfinished_floor`, migration 0036) lies at
+/// the oldest partition holding an unfinished task, and never after 25 hours ago: a task
+/// pending in a partition three days old, behind two days of finished ones, is still
+/// claimed; once it is delivered, the bound moves up past the finished partitions, which
+/// the claims then prune as they start.
+#[tokio::test]
+async fn the_claims_lower_bound_keeps_every_unfinished_task_in_sight() {
+    let app = spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let token = biz_type(&app, "orders", &receiver, Settings::default()).await;
+    chime::partitions::ensure_since(&app.pool, &chime::partitions::Layout::default(), chrono::Duration::days(5)).await.unwrap();
+    let day = |n: i64| (chrono::Utc::now() - chrono::Duration::days(n)).date_naive().and_hms_opt(0, 0, 0).unwrap().and_utc();
+    let insert = |days_ago: i64, status: &'static str| {
+        sqlx::query(
+            "INSERT INTO tasks (id, biz_type_id, run_at, first_run_at, status, finished_at)
+             SELECT gen_random_uuid(), (SELECT id FROM biz_types WHERE name = 'orders'), $1, $1, $2,
+                    CASE WHEN $2 = 'pending' THEN NULL ELSE now() END",
+        )
+        .bind(day(days_ago) + chrono::Duration::hours(1))
+        .bind(status)
+        .execute(&app.pool)
+    };
+    for days_ago in [2, 4] {
+        insert(days_ago, "succeeded").await.unwrap();
+    }
+    insert(3, "pending").await.unwrap();
+    assert_eq!(chime::tasks::lease::unfinished_floor(&app.pool).await.unwrap(), day(3), "the partition of three days ago holds a pending task");
+
+    let mut engine = engine(&app);
+    assert_eq!(engine.turn().await.claimed, 1, "claimed below 25 hours ago");
+    engine.settled().await;
+    assert_eq!(receiver.received().len(), 1);
+    let floor = chime::tasks::lease::unfinished_floor(&app.pool).await.unwrap();
+    let expected = chrono::Utc::now() - chrono::Duration::hours(25);
+    assert!((floor - expected).num_seconds().abs() < 5, "with nothing unfinished in them, the old partitions are below the bound: {floor}");
+    drop(token);
+}

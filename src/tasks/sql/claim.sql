@@ -21,6 +21,10 @@
 -- the engine waits for a slot to free rather than take the tasks left due for work it
 -- missed. No node is told when another frees a slot; the engine looks again shortly.
 --
+-- $6, when known, is chime_unfinished_floor() (migration 0036): no unfinished task is due
+-- before it, and with it the partitions of finished tasks are pruned as the statement
+-- starts rather than opened and locked at each claim.
+--
 -- The pick is a CTE to fence the planner: it must apply the LIMIT before the UPDATE joins
 -- back (a nested loop over the subquery could otherwise update more rows than asked for).
 -- It walks tasks_claim_idx, which holds pending tasks only, in run_at order, and
@@ -56,6 +60,7 @@ WITH wants AS (
      CROSS JOIN LATERAL (
         SELECT id, run_at FROM tasks
          WHERE biz_type_id = w.biz_type_id AND status = 'pending' AND run_at <= now() + w.ahead_ms * interval '1 millisecond'
+           AND run_at >= coalesce($6, '-infinity')
          ORDER BY run_at
          LIMIT w.n
          FOR UPDATE SKIP LOCKED

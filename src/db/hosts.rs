@@ -50,6 +50,7 @@ impl Hosts {
         // chime's own parameters, taken out of what sqlx sees (it would warn of each).
         let mut connect_timeout = CONNECT_TIMEOUT;
         let mut root_cert = None;
+        let mut client_key = None;
         let mut hosts = Vec::new();
         let mut ports = Vec::new();
         let mut rest = Vec::new();
@@ -68,6 +69,7 @@ impl Hosts {
                     root_cert = Some(value.to_string());
                     rest.push((key.into_owned(), value.into_owned()));
                 }
+                "sslkey" | "ssl-key" => client_key = Some(client_key_pkcs8(&value, setting)?),
                 "host" | "hostaddr" => hosts.extend(value.split(',').map(str::to_string)),
                 "port" => ports.extend(value.split(',').map(str::to_string)),
                 _ => rest.push((key.into_owned(), value.into_owned())),
@@ -77,9 +79,13 @@ impl Hosts {
         if !rest.is_empty() {
             url.query_pairs_mut().extend_pairs(rest);
         }
+        let with_key = |options: PgConnectOptions| match &client_key {
+            Some(key) => options.ssl_client_key_from_pem(key),
+            None => options,
+        };
         if hosts.is_empty() {
             let options: PgConnectOptions = url.as_str().parse().with_context(invalid)?;
-            let options = with_ports(options, &ports, 0, setting)?;
+            let options = with_ports(with_key(options), &ports, 0, setting)?;
             return Ok(Hosts { setting, hosts: vec![Host::new(options)], connect_timeout, root_cert });
         }
         if ports.len() > 1 && ports.len() != hosts.len() {
@@ -90,7 +96,7 @@ impl Hosts {
             let mut one = url.clone();
             one.query_pairs_mut().append_pair("host", host);
             let options: PgConnectOptions = one.as_str().parse().with_context(invalid)?;
-            parsed.push(Host::new(with_ports(options, &ports, i, setting)?));
+            parsed.push(Host::new(with_ports(with_key(options), &ports, i, setting)?));
         }
         Ok(Hosts { setting, hosts: parsed, connect_timeout, root_cert })
     }
@@ -242,6 +248,17 @@ fn refused_certificate(e: &sqlx::Error) -> Option<String> {
         Some(why) => format!("{failed}: {why}"),
         None => failed.to_string(),
     })
+}
+
+/// The client key named by `sslkey`, as PKCS#8 PEM. OpenSSL, through native-tls, takes
+/// only PKCS#8 ("BEGIN PRIVATE KEY"), where libpq also takes the older forms that `openssl
+/// genrsa` and `openssl ecparam -genkey` write ("BEGIN RSA PRIVATE KEY", "BEGIN EC PRIVATE
+/// KEY"): read whichever it is and hand sqlx the PKCS#8 form.
+fn client_key_pkcs8(path: &str, setting: &str) -> anyhow::Result<Vec<u8>> {
+    let pem = std::fs::read(path).with_context(|| format!("sslkey in {setting}: cannot read {path}"))?;
+    let key = openssl::pkey::PKey::private_key_from_pem(&pem)
+        .with_context(|| format!("sslkey in {setting}: {path} is not an unencrypted private key in PEM form"))?;
+    key.private_key_to_pem_pkcs8().with_context(|| format!("sslkey in {setting}: cannot convert {path} to PKCS#8"))
 }
 
 /// SPEC §10: any value is accepted; one that allows a standby is said to be ignored.

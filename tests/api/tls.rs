@@ -46,14 +46,14 @@ async fn start_tls_server() -> TlsServer {
     std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
     openssl(&dir, &["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
     openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.crt"]);
-    let port = listen_over_tls(&mut pg, &cert, &key, "hostssl").await;
+    let port = listen_over_tls(&mut pg, &cert, &key, "hostssl", &[]).await;
     TlsServer { port, ca, other_ca, _cluster: pg }
 }
 
 /// Makes the throwaway PostgreSQL `pg` serve TCP on 127.0.0.1 with TLS, with this certificate
-/// and key, to clients that `hba` lets in (`hostssl`: TLS only; `host`: with or without);
-/// returns its port.
-async fn listen_over_tls(pg: &mut EmbeddedPg, cert: &Path, key: &Path, hba: &str) -> u16 {
+/// and key, to clients that `hba` lets in (`hostssl`: TLS only; `host`: with or without;
+/// trusted, unless `hba` names a method), with `more` settings; returns its port.
+async fn listen_over_tls(pg: &mut EmbeddedPg, cert: &Path, key: &Path, hba: &str, more: &[String]) -> u16 {
     let pgdata = pg.data_dir().join("pgdata");
     // PostgreSQL refuses a key readable by others or owned by another user.
     let owner = std::fs::metadata(&pgdata).unwrap();
@@ -61,7 +61,8 @@ async fn listen_over_tls(pg: &mut EmbeddedPg, cert: &Path, key: &Path, hba: &str
     std::fs::set_permissions(key, std::fs::Permissions::from_mode(0o600)).unwrap();
 
     // The Unix socket stays for the embedded setup's own use; TCP is TLS or nothing.
-    std::fs::write(pgdata.join("pg_hba.conf"), format!("local all all trust\n{hba} all all 127.0.0.1/32 trust\n")).unwrap();
+    let line = if hba.contains(' ') { hba.to_string() } else { format!("{hba} all all 127.0.0.1/32 trust") };
+    std::fs::write(pgdata.join("pg_hba.conf"), format!("local all all trust\n{line}\n")).unwrap();
     let port = free_port();
     let mut conn = PgConnection::connect(&pg.url("postgres")).await.unwrap();
     for setting in [
@@ -70,7 +71,10 @@ async fn listen_over_tls(pg: &mut EmbeddedPg, cert: &Path, key: &Path, hba: &str
         format!("ssl_key_file = '{}'", key.display()),
         "listen_addresses = '127.0.0.1'".to_string(),
         format!("port = {port}"),
-    ] {
+    ]
+    .into_iter()
+    .chain(more.iter().cloned())
+    {
         conn.execute(sqlx::AssertSqlSafe(format!("ALTER SYSTEM SET {setting}"))).await.unwrap();
     }
     conn.close().await.unwrap();
@@ -266,7 +270,7 @@ async fn start_v1_server() -> V1Server {
     let text = Command::new("openssl").args(["x509", "-noout", "-text", "-in"]).arg(dir.join("server.crt")).output().unwrap();
     assert!(String::from_utf8_lossy(&text.stdout).contains("Version: 1 (0x0)"), "not a version 1 certificate");
     let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
-    let port = listen_over_tls(&mut pg, &cert, &key, "host").await;
+    let port = listen_over_tls(&mut pg, &cert, &key, "host", &[]).await;
     V1Server { port, cert, _cluster: pg }
 }
 
@@ -335,4 +339,39 @@ async fn a_self_signed_version_1_certificate_is_its_own_root() {
     connect_over_tls(&format!("postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-ca&{root}", server.port)).await;
     let error = connect_error(&format!("postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full&{root}", server.port)).await;
     assert!(error.contains("certificate verify failed: IP address mismatch") && says_what_to_do(&error), "{error}");
+}
+
+/// A client certificate signed by the server's CA, whose key is in the form `openssl
+/// ecparam -genkey` writes (SEC 1, "BEGIN EC PRIVATE KEY"), which libpq takes: against a
+/// server that authenticates by certificate only, chime signs in with it over TLS. OpenSSL
+/// through native-tls takes only PKCS#8 keys ("expected PKCS#8 PEM" before chime
+/// converted it), and an unreadable key file is a clear error naming `sslkey`.
+#[tokio::test]
+async fn a_client_certificate_with_a_sec1_key_signs_in() {
+    let mut pg = embedded_pg::start_throwaway().await.expect("starting a throwaway PostgreSQL");
+    let dir = pg.data_dir().join("tls");
+    std::fs::create_dir(&dir).unwrap();
+    let ca = make_ca(&dir, "ca");
+    std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
+    openssl(&dir, &["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.crt"]);
+    // The client: CN is the database user, as `cert` authentication requires.
+    openssl(&dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "client.key"]);
+    assert!(std::fs::read_to_string(dir.join("client.key")).unwrap().contains("BEGIN EC PRIVATE KEY"));
+    openssl(&dir, &["req", "-new", "-key", "client.key", "-out", "client.csr", "-subj", "/CN=postgres"]);
+    openssl(&dir, &["x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-out", "client.crt"]);
+    // Certificates only, checked against the CA.
+    let more = [format!("ssl_ca_file = '{}'", ca.display())];
+    let port = listen_over_tls(&mut pg, &dir.join("server.crt"), &dir.join("server.key"), "hostssl all all 127.0.0.1/32 cert", &more).await;
+
+    let base = format!("postgres://postgres@localhost:{port}/chime?sslmode=verify-full&sslrootcert={}", ca.display());
+    let without = connect_error(&base).await;
+    assert!(without.contains("certificate"), "no client certificate, no session: {without}");
+    let url = format!("{base}&sslcert={}&sslkey={}", dir.join("client.crt").display(), dir.join("client.key").display());
+    let pool = connect_over_tls(&url).await;
+    let dn: Option<String> = sqlx::query_scalar("SELECT client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
+    assert_eq!(dn.as_deref(), Some("/CN=postgres"));
+
+    let missing = connect_error(&format!("{base}&sslcert={}&sslkey={}", dir.join("client.crt").display(), dir.join("nowhere.key").display())).await;
+    assert!(missing.contains("sslkey") && missing.contains("nowhere.key"), "{missing}");
 }

@@ -220,12 +220,17 @@ impl Breakers {
     /// probe interval). Returns those it won.
     pub async fn elect(&self, biz_types: &[Arc<BizTypeConfig>]) -> HashSet<i32> {
         let now = Instant::now();
+        // The breakers this node knows (a few), not every biz type, are walked each turn.
         let due: Vec<(i32, i64)> = {
             let state = self.lock();
+            let ids: Vec<i32> =
+                state.iter().filter(|(_, l)| l.open.is_some() && l.next_probe.is_none_or(|at| at <= now)).map(|(id, _)| *id).collect();
+            if ids.is_empty() {
+                return HashSet::new();
+            }
             biz_types
                 .iter()
-                .filter(|b| b.breaker_threshold > 0)
-                .filter(|b| state.get(&b.id).is_some_and(|l| l.open.is_some() && l.next_probe.is_none_or(|at| at <= now)))
+                .filter(|b| b.breaker_threshold > 0 && ids.contains(&b.id))
                 .map(|b| (b.id, probe_hold(b).as_millis() as i64))
                 .collect()
         };

@@ -68,6 +68,12 @@
 //! outcome is recorded or it is given back or recovered. A claim the cap held back makes
 //! the node look again within `CAPPED_POLL`, since another node's freed slot wakes no one.
 //!
+//! Receivers down (`breaker`). A biz type whose receiver fails this node's callbacks
+//! `breaker_threshold` times in a row opens its breaker, in the database, for the whole
+//! cluster: the turn skips it (a look in memory) and claims one task of it per probe
+//! interval on the one node the database elects, until a probe is answered. A receiver's
+//! `Retry-After` (429, 503) holds the biz type's claims the same way, on every node.
+//!
 //! Rate limits. A biz type's rate is for the whole cluster; each node takes its share,
 //! the rate divided by the live delivering nodes (re-counted with the settings). A node
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog

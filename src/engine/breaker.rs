@@ -133,11 +133,14 @@ struct Election {
     probe_in_ms: Option<i64>,
 }
 
-/// The statement `sync` reads: the breakers that are open or slowing now.
-const READ: &str = "SELECT biz_type_id, open, opened_at,
-        (extract(epoch FROM next_probe_at - now()) * 1000)::bigint AS probe_in_ms,
-        (extract(epoch FROM slowed_until - now()) * 1000)::bigint AS slowed_for_ms
-   FROM receiver_breakers WHERE open OR slowed_until > now()";
+/// The statement `sync` reads: the breakers that are open or slowing now. One left open
+/// when its biz type turned the breaker off (`breaker_threshold` 0) is not open; if it is
+/// turned on again, the next probe closes it.
+const READ: &str = "SELECT r.biz_type_id, r.open AND b.breaker_threshold > 0 AS open, r.opened_at,
+        (extract(epoch FROM r.next_probe_at - now()) * 1000)::bigint AS probe_in_ms,
+        (extract(epoch FROM r.slowed_until - now()) * 1000)::bigint AS slowed_for_ms
+   FROM receiver_breakers r JOIN biz_types b ON b.id = r.biz_type_id
+  WHERE r.open OR r.slowed_until > now()";
 
 /// `now + ms` (a negative `ms` is now).
 fn after_ms(now: Instant, ms: i64) -> Instant {
@@ -601,12 +604,14 @@ pub struct State {
     pub slowed_until: Option<DateTime<Utc>>,
 }
 
-/// Every biz type's breaker that has ever opened or been slowed, by biz type id.
+/// Every biz type's breaker that has ever opened or been slowed, by biz type id (open only
+/// while its biz type has a breaker).
 pub async fn states(pool: &Pool) -> Result<HashMap<i32, State>, sqlx::Error> {
     let rows: Vec<State> = crate::db::query_as(
-        "SELECT biz_type_id, open, opened_at, closed_at, reason, failures, next_probe_at, probes, last_probe_at, last_probe_error,
-                CASE WHEN slowed_until > now() THEN slowed_until END AS slowed_until
-           FROM receiver_breakers",
+        "SELECT r.biz_type_id, r.open AND b.breaker_threshold > 0 AS open, r.opened_at, r.closed_at, r.reason, r.failures,
+                r.next_probe_at, r.probes, r.last_probe_at, r.last_probe_error,
+                CASE WHEN r.slowed_until > now() THEN r.slowed_until END AS slowed_until
+           FROM receiver_breakers r JOIN biz_types b ON b.id = r.biz_type_id",
     )
     .fetch_all(pool)
     .await?;

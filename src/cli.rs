@@ -46,6 +46,9 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         rate_limit: flags.rate_limit,
         max_in_flight: flags.max_in_flight,
         create_rate_limit: flags.create_rate_limit,
+        breaker_threshold: flags.breaker_threshold,
+        breaker_window_ms: flags.breaker_window_ms,
+        breaker_probe_ms: flags.breaker_probe_ms,
         paused,
         failure_url: flags.failure_url,
     }
@@ -54,7 +57,7 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
 fn describe(b: &BizType) -> String {
     let rate = |r: Option<f64>| r.map_or("unlimited".to_string(), |r| format!("{r}/s"));
     format!(
-        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}, failure notices to {failure}",
+        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}, {breaker}, failure notices to {failure}",
         name = b.name,
         mode = b.mode,
         state = if b.archived_at.is_some() { "archived" } else if b.paused { "paused" } else { "active" },
@@ -67,6 +70,10 @@ fn describe(b: &BizType) -> String {
         rate = rate(b.rate_limit),
         inflight = b.max_in_flight,
         crate_ = rate(b.create_rate_limit),
+        breaker = match b.breaker_threshold {
+            0 => "no breaker".to_string(),
+            n => format!("breaker {n} failures in {}ms, probe every {}ms", b.breaker_window_ms, b.breaker_probe_ms),
+        },
         failure = b.failure_url.as_deref().unwrap_or("nowhere"),
     )
 }

@@ -454,6 +454,18 @@ pub struct BizTypeFlags {
     /// "" removes it [default: none].
     #[arg(long)]
     pub failure_url: Option<String>,
+    /// Failures in a row (no answer, timeout, 408, 429, 5xx) that open the receiver's
+    /// breaker: its tasks wait, attempts not counted, while one at a time probes the
+    /// receiver; 0 = no breaker [default: 10].
+    #[arg(long)]
+    pub breaker_threshold: Option<i32>,
+    /// Those failures must come within this many milliseconds [default: 60000].
+    #[arg(long)]
+    pub breaker_window_ms: Option<i32>,
+    /// While the breaker is open, one task probes the receiver this often, in milliseconds,
+    /// across the cluster [default: 5000].
+    #[arg(long)]
+    pub breaker_probe_ms: Option<i32>,
 }
 
 #[derive(Debug, Subcommand)]

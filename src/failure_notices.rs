@@ -1,7 +1,7 @@
 //! Failure notices (SPEC §12): when a task ends `failed` or `expired` in a biz type with a
 //! `failure_url`, chime POSTs a signed notice there, retried like a callback. Every
 //! statement on `failure_notices` is in this module, except the inserts, which are in the
-//! statements that end tasks (`tasks/sql/record_tasks.sql`, `recover_leases.sql`, the
+//! statements that end tasks or move a receiver's breaker (`engine::breaker`) (`tasks/sql/record_tasks.sql`, `recover_leases.sql`, the
 //! expiry sweep): a notice is made in the same statement as the end of its task, so none is
 //! lost and none is made for a task that did not end.
 //!
@@ -31,7 +31,13 @@
 //!
 //! The body is `{"event", "task", "last_attempt"}`: the task as `GET /api/v1/tasks/{id}`
 //! shows it (without its attempts) and its last attempt, or null (an expired task may have
-//! none). It is sent by the callback's own code (`engine::deliver::post`): the same
+//! none).
+//!
+//! A biz type's own notices, `biz_type.receiver_down` and `biz_type.receiver_up`, are rows
+//! of the same table without a task, made by the transaction that opens or closes its
+//! receiver's breaker (`engine::breaker`) and sent, retried and signed the same way; their
+//! body is `{"event", "biz_type", "breaker"}` (`detail`, written with the row) and they carry
+//! no `Chime-Task-Id`. It is sent by the callback's own code (`engine::deliver::post`): the same
 //! signature (both `v1` during a rotation's overlap), redirects, deny list and answers.
 
 use std::collections::HashMap;
@@ -110,8 +116,11 @@ pub async fn forget_finished(pool: &Pool, before: DateTime<Utc>) -> Result<u64, 
 #[derive(sqlx::FromRow)]
 struct Claimed {
     notice_id: Uuid,
-    task_id: Uuid,
+    /// None for a biz type's notice (`biz_type.receiver_down`, `biz_type.receiver_up`).
+    task_id: Option<Uuid>,
     event: String,
+    /// A biz type's notice: what its body says of the event (`engine::breaker`).
+    detail: Option<serde_json::Value>,
     /// This send's number (1 for the first).
     attempt: i32,
     #[sqlx(flatten)]
@@ -153,7 +162,7 @@ async fn claim(pool: &Pool, node_id: Uuid, limit: i64, sending: &HashMap<i32, i6
                 due_at = now() + (b.timeout_ms + $3) * interval '1 millisecond'
            FROM due, biz_types b
           WHERE n.id = due.id AND b.id = n.biz_type_id
-         RETURNING n.id AS notice_id, n.task_id, n.event, n.attempt_count AS attempt,
+         RETURNING n.id AS notice_id, n.task_id, n.event, n.detail, n.attempt_count AS attempt,
                    b.id, b.name, b.callback_url, b.timeout_ms, b.max_attempts, b.backoff_initial_ms, b.backoff_max_ms,
                    b.max_in_flight, b.rate_limit, b.signing_secret, b.signing_secret_sealed, b.failure_url,
                    CASE WHEN b.previous_secret_until > now() THEN b.previous_secret END AS previous_secret,
@@ -181,7 +190,7 @@ struct Attempted {
 async fn record(pool: &Pool, node_id: Uuid, notice_id: Uuid, result: &Attempted) -> Result<(), sqlx::Error> {
     let (status, due_at) = match result.verdict {
         Verdict::Delivered => ("delivered", None),
-        Verdict::RetryAt(at) => ("pending", Some(at)),
+        Verdict::RetryAt(at) | Verdict::Held(at) => ("pending", Some(at)),
         // Snoozes and deadlines are a task's; `send` makes neither for a notice.
         Verdict::GiveUp | Verdict::Snooze(_) | Verdict::Expire { .. } => ("failed", None),
     };
@@ -208,6 +217,15 @@ struct Body<'a> {
     event: &'a str,
     task: &'a tasks::Task,
     last_attempt: Option<&'a tasks::Attempt>,
+}
+
+/// A biz type's notice: `{"event", "biz_type", "breaker"}`, the breaker as it was when it
+/// opened or closed (`engine::breaker`).
+#[derive(Serialize)]
+struct BizTypeBody<'a> {
+    event: &'a str,
+    biz_type: &'a str,
+    breaker: &'a serde_json::Value,
 }
 
 /// One node's failure notice sender: `run` takes turns until the node stops; a test can
@@ -327,13 +345,13 @@ impl Sender {
         let result = self.send(&notice).await;
         let outcome = match result.verdict {
             Verdict::Delivered => "delivered",
-            Verdict::RetryAt(_) => "retried",
+            Verdict::RetryAt(_) | Verdict::Held(_) => "retried",
             Verdict::GiveUp | Verdict::Snooze(_) | Verdict::Expire { .. } => "failed",
         };
         metrics::failure_notice(&notice.biz.name, outcome);
         if result.verdict != Verdict::Delivered {
             tracing::warn!(
-                task_id = %notice.task_id, biz_type = %notice.biz.name, attempt = notice.attempt, status = result.status_code,
+                task_id = ?notice.task_id, event = %notice.event, biz_type = %notice.biz.name, attempt = notice.attempt, status = result.status_code,
                 error = result.error.as_deref().unwrap_or(""), outcome,
                 "failure notice not delivered; check the biz type's failure_url and its receiver"
             );
@@ -355,21 +373,28 @@ impl Sender {
         let Some(url) = notice.biz.failure_url.as_deref() else {
             return give_up("the biz type's failure_url was removed before the notice was sent".into());
         };
-        let (task, attempts) = match tasks::get(&self.pool, notice.task_id).await {
-            Ok(Some(found)) => found,
-            Ok(None) => return give_up("the task no longer exists (retired past retention)".into()),
-            Err(e) => {
-                let retry_at = Utc::now() + chrono::TimeDelta::seconds(1);
-                return Attempted { verdict: Verdict::RetryAt(retry_at), status_code: None, error: Some(format!("could not read the task: {e}")) };
+        let mut headers = vec![("Chime-Event", notice.event.clone())];
+        let body = match notice.task_id {
+            Some(task_id) => {
+                let (task, attempts) = match tasks::get(&self.pool, task_id).await {
+                    Ok(Some(found)) => found,
+                    Ok(None) => return give_up("the task no longer exists (retired past retention)".into()),
+                    Err(e) => {
+                        let retry_at = Utc::now() + chrono::TimeDelta::seconds(1);
+                        return Attempted { verdict: Verdict::RetryAt(retry_at), status_code: None, error: Some(format!("could not read the task: {e}")) };
+                    }
+                };
+                headers.push(("Chime-Task-Id", task_id.to_string()));
+                serde_json::to_vec(&Body { event: &notice.event, task: &task, last_attempt: attempts.last() })
             }
-        };
-        let body = serde_json::to_vec(&Body { event: &notice.event, task: &task, last_attempt: attempts.last() }).expect("a notice body serializes");
-        let headers = [
-            ("Chime-Event", notice.event.clone()),
-            ("Chime-Task-Id", notice.task_id.to_string()),
-            ("Chime-Notice-Id", notice.notice_id.to_string()),
-            ("Chime-Attempt", notice.attempt.to_string()),
-        ];
+            None => {
+                let breaker = notice.detail.clone().unwrap_or_default();
+                serde_json::to_vec(&BizTypeBody { event: &notice.event, biz_type: &notice.biz.name, breaker: &breaker })
+            }
+        }
+        .expect("a notice body serializes");
+        headers.push(("Chime-Notice-Id", notice.notice_id.to_string()));
+        headers.push(("Chime-Attempt", notice.attempt.to_string()));
         let request = deliver::Post { url, headers: &headers, fired_at: Utc::now(), body };
         let sent = deliver::post(&self.client, self.hosts, &notice.biz, request).await.sent;
         // A notice has no deadline, and a `Chime-Snooze` in its answer means nothing.

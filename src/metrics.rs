@@ -157,6 +157,57 @@ struct Process {
     partitions_dropped: Counter,
     /// Failure notices by biz type and outcome (`failure_notices`).
     failure_notices: Family<NoticeOutcome, Counter>,
+    /// Failed attempts held by an open receiver breaker, not counted (`engine::breaker`).
+    held: Family<BizType, Counter>,
+    /// Receiver breakers opened and closed by this node, by biz type and `to`.
+    breaker_transitions: Family<Transition, Counter>,
+    /// Whether each biz type's breaker is open, as this node last read or set it.
+    breaker_open: Family<BizType, Gauge>,
+    /// Probes of open breakers sent by this node, by biz type and `result`.
+    breaker_probes: Family<ProbeResult, Counter>,
+    /// Retry-After answers that held a whole biz type's claims.
+    slowed: Family<BizType, Counter>,
+}
+
+/// A receiver breaker's transition: `to` is `open` or `closed`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Transition {
+    biz_type: String,
+    to: &'static str,
+}
+
+/// A probe's `result`: `up` (answered: the breaker closes) or `down`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeResult {
+    biz_type: String,
+    result: &'static str,
+}
+
+/// This node opened the biz type's receiver breaker.
+pub fn breaker_opened(biz_type_name: &str) {
+    process().breaker_transitions.get_or_create(&Transition { biz_type: biz_type_name.to_string(), to: "open" }).inc();
+    drop(process().breaker_transitions.get_or_create(&Transition { biz_type: biz_type_name.to_string(), to: "closed" }));
+}
+
+/// This node closed the biz type's receiver breaker (a probe was answered).
+pub fn breaker_closed(biz_type_name: &str) {
+    process().breaker_transitions.get_or_create(&Transition { biz_type: biz_type_name.to_string(), to: "closed" }).inc();
+}
+
+/// The biz type's receiver breaker is open (or not), as this node knows.
+pub fn breaker_open(biz_type_name: &str, open: bool) {
+    process().breaker_open.get_or_create(&biz_type(biz_type_name)).set(i64::from(open));
+}
+
+/// A probe of the biz type's open breaker: answered (`up`) or not.
+pub fn breaker_probe(biz_type_name: &str, up: bool) {
+    let result = if up { "up" } else { "down" };
+    process().breaker_probes.get_or_create(&ProbeResult { biz_type: biz_type_name.to_string(), result }).inc();
+}
+
+/// A receiver's Retry-After held the biz type's claims.
+pub fn slowed(biz_type_name: &str) {
+    process().slowed.get_or_create(&biz_type(biz_type_name)).inc();
 }
 
 /// A failure notice's attempt: `delivered`, `retried` or `failed` (for good).
@@ -192,6 +243,11 @@ fn process() -> &'static Process {
             materialize_seconds: Histogram::new(SECONDS_BUCKETS),
             partitions_dropped: Counter::default(),
             failure_notices: Family::default(),
+            held: Family::default(),
+            breaker_transitions: Family::default(),
+            breaker_open: Family::default(),
+            breaker_probes: Family::default(),
+            slowed: Family::default(),
         };
         let mut r = Registry::default();
         // Counters are registered without `_total`: the encoder appends it to the samples.
@@ -219,6 +275,23 @@ fn process() -> &'static Process {
         );
         r.register("chime_partitions_dropped", "Partitions dropped past retention by this node", p.partitions_dropped.clone());
         r.register("chime_failure_notices", "Failure notice attempts by outcome: delivered, retried, failed (for good)", p.failure_notices.clone());
+        r.register(
+            "chime_attempts_held",
+            "Failed callbacks held by an open receiver breaker (its probes, and callbacks in flight when it opened): the task is pending again, the attempt not counted",
+            p.held.clone(),
+        );
+        r.register(
+            "chime_receiver_breaker_transitions",
+            "Receiver breakers opened (to=open: failures in a row) and closed (to=closed: a probe answered) by this node",
+            p.breaker_transitions.clone(),
+        );
+        r.register(
+            "chime_receiver_breaker_open",
+            "1 while the biz type's receiver breaker is open (its tasks wait, one probes the receiver), as this node knows; aggregate with max by (biz_type)",
+            p.breaker_open.clone(),
+        );
+        r.register("chime_receiver_breaker_probes", "Probes of open receiver breakers sent by this node, by result: up (answered) or down", p.breaker_probes.clone());
+        r.register("chime_receiver_slowed", "Answers 429 or 503 with Retry-After that held the whole biz type's claims", p.slowed.clone());
         Process { registry: r, ..p }
     })
 }
@@ -250,6 +323,8 @@ pub enum Finish {
     Failed,
     Snoozed,
     Expired,
+    /// Failed while the receiver's breaker was open: pending again, not counted.
+    Held,
 }
 
 pub fn finished(biz_type_name: &str, latency_s: f64, lateness_s: f64, result: Finish) {
@@ -264,6 +339,7 @@ pub fn finished(biz_type_name: &str, latency_s: f64, lateness_s: f64, result: Fi
         Finish::Failed => &p.failed,
         Finish::Snoozed => &p.snoozed,
         Finish::Expired => &p.expired,
+        Finish::Held => &p.held,
     };
     outcome.get_or_create(&b).inc();
 }

@@ -84,10 +84,27 @@ pub(super) struct BizTypeRequest {
     /// API creates per second; 0: unlimited (the default).
     #[schema(minimum = 0, maximum = 1_000_000)]
     create_rate_limit: Option<f64>,
+    /// Failures in a row (no answer, a timeout, 408, 429 or 5xx) within
+    /// `breaker_window_ms` that open the receiver's breaker: the biz type's tasks then wait,
+    /// their attempts not counted, while one task every `breaker_probe_ms` probes the
+    /// receiver, and deliveries resume by themselves when a probe is answered. 0: no
+    /// breaker (default 10).
+    #[schema(minimum = 0, maximum = 10_000)]
+    breaker_threshold: Option<i64>,
+    /// How close together those failures must be: the first at most this long before the
+    /// last (default 60000).
+    #[schema(minimum = 100, maximum = 86_400_000)]
+    breaker_window_ms: Option<i64>,
+    /// While the breaker is open, one task probes the receiver this often, across the
+    /// cluster (default 5000).
+    #[schema(minimum = 100, maximum = 3_600_000)]
+    breaker_probe_ms: Option<i64>,
     /// Paused: its tasks stay pending until resumed.
     paused: Option<bool>,
     /// The http:// or https:// URL a signed failure notice is POSTed to when a task ends
-    /// `failed` or `expired` (the same rules as `callback_url`); `""` removes it.
+    /// `failed` or `expired`, and when the receiver's breaker opens or closes
+    /// (`biz_type.receiver_down`, `biz_type.receiver_up`); the same rules as `callback_url`;
+    /// `""` removes it.
     failure_url: Option<String>,
 }
 
@@ -127,6 +144,9 @@ impl BizTypeRequest {
             rate_limit: self.rate_limit,
             max_in_flight: int(self.max_in_flight),
             create_rate_limit: self.create_rate_limit,
+            breaker_threshold: int(self.breaker_threshold),
+            breaker_window_ms: int(self.breaker_window_ms),
+            breaker_probe_ms: int(self.breaker_probe_ms),
             paused: self.paused,
             failure_url: self.failure_url.clone(),
         }

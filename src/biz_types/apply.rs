@@ -52,6 +52,9 @@ struct Entry {
     rate_limit: Option<f64>,
     max_in_flight: Option<i32>,
     create_rate_limit: Option<f64>,
+    breaker_threshold: Option<i32>,
+    breaker_window_ms: Option<i32>,
+    breaker_probe_ms: Option<i32>,
     paused: Option<bool>,
     failure_url: Option<String>,
     signing_secret: Option<SecretRef>,
@@ -152,6 +155,9 @@ impl Entry {
             rate_limit: self.rate_limit,
             max_in_flight: self.max_in_flight,
             create_rate_limit: self.create_rate_limit,
+            breaker_threshold: self.breaker_threshold,
+            breaker_window_ms: self.breaker_window_ms,
+            breaker_probe_ms: self.breaker_probe_ms,
             paused: self.paused,
             failure_url: self.failure_url,
         };
@@ -274,7 +280,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 13] {
+fn shown(b: &BizType) -> [(&'static str, String); 16] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -288,6 +294,9 @@ fn shown(b: &BizType) -> [(&'static str, String); 13] {
         ("rate_limit", rate(b.rate_limit)),
         ("max_in_flight", b.max_in_flight.to_string()),
         ("create_rate_limit", rate(b.create_rate_limit)),
+        ("breaker_threshold", b.breaker_threshold.to_string()),
+        ("breaker_window_ms", b.breaker_window_ms.to_string()),
+        ("breaker_probe_ms", b.breaker_probe_ms.to_string()),
         ("paused", b.paused.to_string()),
         ("failure_url", b.failure_url.as_ref().map_or_else(|| "none".to_string(), |u| format!("{u:?}"))),
     ]

@@ -33,6 +33,14 @@ pub const DEFAULT_MAX_ATTEMPTS: i32 = 60;
 pub const DEFAULT_MAX_SNOOZES: i32 = 10_000;
 pub const DEFAULT_BACKOFF_INITIAL_MS: i32 = 1000;
 pub const DEFAULT_BACKOFF_MAX_MS: i32 = 3_600_000;
+/// The receiver's breaker (migration 0034's defaults, `engine::breaker`): 10 failures in a
+/// row within a minute open it, and a probe every 5 s tests the receiver. A single task
+/// retried alone by the default backoff (1 s doubling) fails at most 7 times in a minute,
+/// so it cannot open the breaker by itself; a receiver that is down for everyone opens it
+/// within its first 10 answers.
+pub const DEFAULT_BREAKER_THRESHOLD: i32 = 10;
+pub const DEFAULT_BREAKER_WINDOW_MS: i32 = 60_000;
+pub const DEFAULT_BREAKER_PROBE_MS: i32 = 5_000;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct BizType {
@@ -65,6 +73,14 @@ pub struct BizType {
     pub max_in_flight: i32,
     /// Create calls per second through the API, per node; None: unlimited.
     pub create_rate_limit: Option<f64>,
+    /// Failures in a row (no answer, a timeout, 408, 429 or 5xx) that open the receiver's
+    /// breaker, if they come within `breaker_window_ms`: its tasks are then only probed,
+    /// without counting toward `max_attempts`, until a probe is answered. 0: no breaker.
+    pub breaker_threshold: i32,
+    /// How recent those failures must be: the first of them at most this long before the last.
+    pub breaker_window_ms: i32,
+    /// While the breaker is open, one task is sent as a probe this often, across the cluster.
+    pub breaker_probe_ms: i32,
     /// Its tasks stay pending (and are still accepted) until it is resumed.
     pub paused: bool,
     /// Where a signed notice is POSTed when one of its tasks ends failed or expired
@@ -103,6 +119,9 @@ pub struct Settings {
     pub rate_limit: Option<f64>,
     pub max_in_flight: Option<i32>,
     pub create_rate_limit: Option<f64>,
+    pub breaker_threshold: Option<i32>,
+    pub breaker_window_ms: Option<i32>,
+    pub breaker_probe_ms: Option<i32>,
     pub paused: Option<bool>,
     /// An empty URL clears it (no failure notices).
     pub failure_url: Option<String>,
@@ -160,6 +179,9 @@ impl Settings {
             range("backoff_initial_ms", self.backoff_initial_ms, 0, 86_400_000),
             range("backoff_max_ms", self.backoff_max_ms, 0, 7 * 86_400_000),
             range("max_in_flight", self.max_in_flight, 1, 100_000),
+            range("breaker_threshold", self.breaker_threshold, 0, 10_000),
+            range("breaker_window_ms", self.breaker_window_ms, 100, 86_400_000),
+            range("breaker_probe_ms", self.breaker_probe_ms, 100, 3_600_000),
             rate("rate_limit", self.rate_limit),
             rate("create_rate_limit", self.create_rate_limit),
         ];
@@ -248,6 +270,9 @@ impl BizType {
             rate_limit: None,
             max_in_flight: 100,
             create_rate_limit: None,
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            breaker_window_ms: DEFAULT_BREAKER_WINDOW_MS,
+            breaker_probe_ms: DEFAULT_BREAKER_PROBE_MS,
             paused: false,
             failure_url: None,
             signing_secret: SigningSecret::Open(String::new()),
@@ -286,6 +311,9 @@ impl BizType {
             rate_limit: rate(s.rate_limit, self.rate_limit),
             max_in_flight: s.max_in_flight.unwrap_or(self.max_in_flight),
             create_rate_limit: rate(s.create_rate_limit, self.create_rate_limit),
+            breaker_threshold: s.breaker_threshold.unwrap_or(self.breaker_threshold),
+            breaker_window_ms: s.breaker_window_ms.unwrap_or(self.breaker_window_ms),
+            breaker_probe_ms: s.breaker_probe_ms.unwrap_or(self.breaker_probe_ms),
             paused: s.paused.unwrap_or(self.paused),
             failure_url: match &s.failure_url {
                 Some(url) if url.is_empty() => None,
@@ -407,7 +435,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
                 max_in_flight = $10, create_rate_limit = $11, paused = $12, failure_url = $13, max_snoozes = $14,
-                updated_at = now()
+                breaker_threshold = $15, breaker_window_ms = $16, breaker_probe_ms = $17, updated_at = now()
           WHERE id = $1
           RETURNING *",
     )
@@ -425,6 +453,9 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     .bind(b.paused)
     .bind(&b.failure_url)
     .bind(b.max_snoozes)
+    .bind(b.breaker_threshold)
+    .bind(b.breaker_window_ms)
+    .bind(b.breaker_probe_ms)
     .fetch_one(&mut *conn)
     .await?)
 }

@@ -48,6 +48,12 @@ pub struct Form {
     pub create_rate_limit: String,
     #[serde(default)]
     pub failure_url: String,
+    #[serde(default)]
+    pub breaker_threshold: String,
+    #[serde(default)]
+    pub breaker_window_ms: String,
+    #[serde(default)]
+    pub breaker_probe_ms: String,
 }
 
 impl Form {
@@ -70,6 +76,9 @@ impl Form {
             max_in_flight: b.max_in_flight.to_string(),
             create_rate_limit: rate(b.create_rate_limit),
             failure_url: b.failure_url.as_deref().map(url).unwrap_or_default(),
+            breaker_threshold: b.breaker_threshold.to_string(),
+            breaker_window_ms: b.breaker_window_ms.to_string(),
+            breaker_probe_ms: b.breaker_probe_ms.to_string(),
         }
     }
 
@@ -82,6 +91,9 @@ impl Form {
             backoff_initial_ms: biz_types::DEFAULT_BACKOFF_INITIAL_MS.to_string(),
             backoff_max_ms: biz_types::DEFAULT_BACKOFF_MAX_MS.to_string(),
             max_in_flight: "100".into(),
+            breaker_threshold: biz_types::DEFAULT_BREAKER_THRESHOLD.to_string(),
+            breaker_window_ms: biz_types::DEFAULT_BREAKER_WINDOW_MS.to_string(),
+            breaker_probe_ms: biz_types::DEFAULT_BREAKER_PROBE_MS.to_string(),
             ..Form::default()
         }
     }
@@ -122,6 +134,9 @@ impl Form {
             rate_limit: noted(rate("rate_limit", &self.rate_limit), &mut problems),
             max_in_flight: noted(int("max_in_flight", &self.max_in_flight), &mut problems),
             create_rate_limit: noted(rate("create_rate_limit", &self.create_rate_limit), &mut problems),
+            breaker_threshold: noted(int("breaker_threshold", &self.breaker_threshold), &mut problems),
+            breaker_window_ms: noted(int("breaker_window_ms", &self.breaker_window_ms), &mut problems),
+            breaker_probe_ms: noted(int("breaker_probe_ms", &self.breaker_probe_ms), &mut problems),
             paused: None,
             // Empty: no failure notices.
             failure_url: Some(self.failure_url.trim().to_string()),
@@ -198,6 +213,8 @@ struct EditPage {
     tokens: Vec<TokenInfo>,
     /// Its deliveries in the last hour (none on the create form).
     last_hour: Option<LastHour>,
+    /// Its receiver's breaker, if it ever opened or was slowed (`engine::breaker`).
+    receiver: Option<crate::engine::breaker::State>,
     /// Shown once: a new signing secret or API token, left by the action that made it.
     revealed: Option<reveal::Revealed>,
     /// What was typed into a refused one-field form (rotate, new token): (field, value).
@@ -219,6 +236,11 @@ impl EditPage {
         self.typed.as_ref().filter(|(f, _)| *f == field).map_or(default, |(_, v)| v)
     }
 
+    /// Its receiver's breaker, if it is open now.
+    fn receiver_down(&self) -> Option<&crate::engine::breaker::State> {
+        self.receiver.as_ref().filter(|r| r.open)
+    }
+
     /// Until when the secret the last rotation replaced still signs, if it does now.
     fn previous_secret_until(&self) -> Option<chrono::DateTime<chrono::Utc>> {
         self.biz_type.as_ref()?.previous_secret_until.filter(|until| *until > chrono::Utc::now())
@@ -232,7 +254,17 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
 
 pub async fn new(req: HttpRequest, session: Session) -> Result<HttpResponse, ConsoleError> {
     session.require_admin()?;
-    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), biz_type: None, form: Form::defaults(), errors: vec![], tokens: vec![], last_hour: None, revealed: None, typed: None };
+    let page = EditPage {
+        ctx: Ctx::new(&session, &req, "biz-types"),
+        biz_type: None,
+        form: Form::defaults(),
+        errors: vec![],
+        tokens: vec![],
+        last_hour: None,
+        receiver: None,
+        revealed: None,
+        typed: None,
+    };
     render(StatusCode::OK, &page.ctx, &page)
 }
 
@@ -251,7 +283,18 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     let revealed = reveal::take(&req, &session, &here);
     let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
     let last_hour = Some(LastHour::of(&state.pool, b.id).await?);
-    let page = EditPage { ctx: Ctx::new(&session, &req, "biz-types"), form: Form::of(&b, session.is_admin()), biz_type: Some(b), errors: vec![], tokens, last_hour, revealed, typed: None };
+    let receiver = crate::engine::breaker::states(&state.pool).await?.remove(&b.id);
+    let page = EditPage {
+        ctx: Ctx::new(&session, &req, "biz-types"),
+        form: Form::of(&b, session.is_admin()),
+        biz_type: Some(b),
+        errors: vec![],
+        tokens,
+        last_hour,
+        receiver,
+        revealed,
+        typed: None,
+    };
     let mut response = render(StatusCode::OK, &page.ctx, &page)?;
     reveal::forget(&req, &mut response, &here);
     Ok(response)
@@ -281,7 +324,7 @@ fn refused(
     };
     let errors = Problems(problems.0.into_iter().map(name_taken).collect()).by_field()?;
     // The form and its errors only: the last hour is on the page a reload leads to.
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, revealed: None, typed };
+    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, receiver: None, revealed: None, typed };
     render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page)
 }
 
@@ -523,6 +566,9 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
         signing_secret: b.signing_secret.clone(),
         previous_secret: b.previous_secret.clone(),
         failure_url: b.failure_url.clone(),
+        breaker_threshold: b.breaker_threshold,
+        breaker_window_ms: b.breaker_window_ms,
+        breaker_probe_ms: b.breaker_probe_ms,
     };
     let client = match state.callback_hosts.http_client().build() {
         Ok(client) => client,

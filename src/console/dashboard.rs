@@ -6,6 +6,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 
 use super::{ConsoleError, Ctx, Session, charts, render};
+use crate::engine::breaker;
 use crate::state::AppState;
 use crate::tasks::stats;
 
@@ -50,6 +51,10 @@ pub fn human_ms(ms: i64) -> String {
 pub struct Row {
     pub name: String,
     pub paused: bool,
+    /// Its receiver's breaker is open: since when (`engine::breaker`).
+    pub receiver_down: Option<chrono::DateTime<chrono::Utc>>,
+    /// A receiver's Retry-After holds its claims until then.
+    pub slowed_until: Option<chrono::DateTime<chrono::Utc>>,
     pub pending: String,
     pub retrying: String,
     pub due_next_hour: String,
@@ -67,10 +72,14 @@ pub struct Row {
     pub peak: String,
 }
 
-/// Why a biz type needs attention, by the rule the page states: failed or expired tasks,
-/// retrying tasks, failed attempts in the last hour, or p99 lateness above `LATE_MS`.
-fn needs_attention(c: &stats::QueueCounts, failed_last_hour: i64, p99: Option<i32>) -> Vec<String> {
+/// Why a biz type needs attention, by the rule the page states: its receiver down (the
+/// breaker open), failed or expired tasks, retrying tasks, failed attempts in the last
+/// hour, or p99 lateness above `LATE_MS`.
+fn needs_attention(c: &stats::QueueCounts, receiver_down: bool, failed_last_hour: i64, p99: Option<i32>) -> Vec<String> {
     let mut why = vec![];
+    if receiver_down {
+        why.push("receiver down".to_string());
+    }
     if c.failed > 0 {
         why.push(format!("{} failed", shown(c.failed)));
     }
@@ -107,12 +116,13 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     let pool = &state.pool;
     // Side by side on their own connections: the page takes as long as the slowest read
     // (the counts, under a backlog), not their sum.
-    let (counts, minutes, lateness, leader, nodes) = tokio::try_join!(
+    let (counts, minutes, lateness, leader, nodes, breakers) = tokio::try_join!(
         stats::queue_counts(pool, COUNT_CAP),
         stats::last_hour_by_minute(pool),
         stats::lateness_last_hour(pool),
         crate::leader::current(pool),
         crate::nodes::live(pool),
+        breaker::states(pool),
     )?;
     let scale = minutes.iter().filter(|m| (0..60).contains(&m.ago)).map(|m| m.delivered + m.failed).max().unwrap_or(0);
 
@@ -130,10 +140,14 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
             }
             let (p50, p99) = lateness.get(&c.biz_type_id).copied().unwrap_or((None, None));
             let failed_last_hour = per_minute.iter().map(|m| m.1).sum();
+            let receiver = breakers.get(&c.biz_type_id);
+            let receiver_down = receiver.filter(|r| r.open).and_then(|r| r.opened_at);
             Row {
-                attention: needs_attention(&c, failed_last_hour, p99),
+                attention: needs_attention(&c, receiver_down.is_some(), failed_last_hour, p99),
                 name: c.name,
                 paused: c.paused,
+                receiver_down,
+                slowed_until: receiver.and_then(|r| r.slowed_until),
                 pending: shown(c.pending),
                 retrying: shown(c.retrying),
                 due_next_hour: shown(c.due_next_hour),

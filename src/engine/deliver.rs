@@ -62,7 +62,30 @@ fn sign(biz: &BizTypeConfig, fired_at: DateTime<Utc>, body: &[u8]) -> Result<Str
     Ok(signatures(&secrets, fired_at.timestamp(), body))
 }
 
-pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, task: Claimed) -> Outcome {
+/// What an answer says about the receiver rather than the task: the receiver breaker's input
+/// (`breaker`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Answer {
+    /// No answer (connection error, timeout), or 408, 429 or 5xx: the receiver is in
+    /// trouble. Any other answer, a 4xx or a redirect that is the callback's own fault
+    /// included, says it is up.
+    pub trouble: bool,
+    /// A 429 or 503 with `Retry-After`: how long it asked the whole biz type to wait.
+    pub slow_for: Option<Duration>,
+}
+
+impl Answer {
+    fn of(sent: &Sent) -> Answer {
+        let trouble = match sent.status_code {
+            None => true,
+            Some(code) => code == 408 || code == 429 || code >= 500,
+        };
+        let slow_for = sent.retry_after.filter(|_| matches!(sent.status_code, Some(429 | 503)));
+        Answer { trouble, slow_for }
+    }
+}
+
+pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, task: Claimed) -> (Outcome, Answer) {
     let fired_at = Utc::now();
     // The payload comes from a jsonb column, so it is valid JSON; moved, not copied.
     let payload = RawValue::from_string(task.payload).unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap());
@@ -97,7 +120,8 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         },
         _ => verdict(biz, task.attempt_count, &sent, deadline),
     };
-    Outcome {
+    let answer = Answer::of(&sent);
+    let outcome = Outcome {
         task_id: task.id,
         biz_type_id: biz.id,
         run_at: task.run_at,
@@ -109,7 +133,8 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         response_excerpt: sent.excerpt,
         redirected_to: sent.redirected_to,
         verdict,
-    }
+    };
+    (outcome, answer)
 }
 
 /// What an answer means for attempt number `attempt` (SPEC §4), a snooze aside: a 2xx is
@@ -426,6 +451,9 @@ mod tests {
             signing_secret: crate::biz_types::SigningSecret::Open("s".into()),
             previous_secret: crate::biz_types::PreviousSecret::default(),
             failure_url: None,
+            breaker_threshold: 0,
+            breaker_window_ms: 60_000,
+            breaker_probe_ms: 5_000,
         }
     }
 
@@ -535,7 +563,7 @@ mod tests {
             expired: false,
             db_now: now,
         };
-        deliver(&client, hosts, biz, task).await
+        deliver(&client, hosts, biz, task).await.0
     }
 
     /// With the deny list on, a receiver's redirect into a denied range, to an IP literal or
@@ -580,6 +608,20 @@ mod tests {
         let expected = format!("more than 5 redirects, the last (307) to http://public.test:{looping}/again");
         assert_eq!(outcome.error, Some(expected));
         assert!(matches!(outcome.verdict, Verdict::RetryAt(_)), "{:?}", outcome.verdict);
+    }
+
+    /// The breaker's input: no answer, 408, 429 and 5xx are the receiver's trouble, any other
+    /// answer says it is up; only a 429 or 503 with Retry-After asks the biz type to wait.
+    #[test]
+    fn an_answer_says_whether_the_receiver_is_in_trouble() {
+        let sent = |code: Option<i16>, retry_after: Option<u64>| Sent { status_code: code, retry_after: retry_after.map(Duration::from_secs), ..Sent::default() };
+        for (code, trouble) in [(None, true), (Some(200), false), (Some(204), false), (Some(302), false), (Some(400), false), (Some(404), false),
+            (Some(408), true), (Some(429), true), (Some(500), true), (Some(502), true), (Some(503), true)] {
+            assert_eq!(Answer::of(&sent(code, None)), Answer { trouble, slow_for: None }, "{code:?}");
+        }
+        assert_eq!(Answer::of(&sent(Some(429), Some(3))).slow_for, Some(Duration::from_secs(3)));
+        assert_eq!(Answer::of(&sent(Some(503), Some(3))).slow_for, Some(Duration::from_secs(3)));
+        assert_eq!(Answer::of(&sent(Some(500), Some(3))).slow_for, None, "a 500's Retry-After holds its task only");
     }
 
     #[test]

@@ -31,8 +31,9 @@ impl FailureLog {
     /// Logs `outcome` if it is a failed attempt, or counts it when its biz type's interval
     /// has had `LOUD` lines already.
     pub fn note(&self, biz_type: &str, outcome: &Outcome) {
-        // A snooze is the receiver's answer, not a failure, even one that ends the task.
-        if matches!(outcome.verdict, Verdict::Delivered | Verdict::Snooze(_) | Verdict::Expire { snoozed: true, .. }) {
+        // A snooze is the receiver's answer, not a failure, even one that ends the task. A
+        // failure held by an open breaker is the breaker's: its opening is logged once.
+        if matches!(outcome.verdict, Verdict::Delivered | Verdict::Snooze(_) | Verdict::Expire { snoozed: true, .. } | Verdict::Held(_)) {
             return;
         }
         let error = outcome.error.as_deref().unwrap_or("failed");

@@ -68,11 +68,18 @@
 //! outcome is recorded or it is given back or recovered. A claim the cap held back makes
 //! the node look again within `CAPPED_POLL`, since another node's freed slot wakes no one.
 //!
+//! Receivers down (`breaker`). A biz type whose receiver fails this node's callbacks
+//! `breaker_threshold` times in a row opens its breaker, in the database, for the whole
+//! cluster: the turn skips it (a look in memory) and claims one task of it per probe
+//! interval on the one node the database elects, until a probe is answered. A receiver's
+//! `Retry-After` (429, 503) holds the biz type's claims the same way, on every node.
+//!
 //! Rate limits. A biz type's rate is for the whole cluster; each node takes its share,
 //! the rate divided by the live delivering nodes (re-counted with the settings). A node
 //! claims only as many tasks as its limiter lets it start now, so a rate-limited backlog
 //! stays pending in the database, where any node can take it, rather than queueing here.
 
+pub mod breaker;
 pub(crate) mod deliver;
 mod failures;
 pub(crate) mod rate;
@@ -154,6 +161,14 @@ pub struct BizTypeConfig {
     pub previous_secret: PreviousSecret,
     /// Where failure notices go (`failure_notices`); None: nowhere.
     pub failure_url: Option<String>,
+    /// The receiver's breaker (`breaker`); 0: none. Read by the engine only (a failure
+    /// notice's sender has no use for them: 0 there).
+    #[sqlx(default)]
+    pub breaker_threshold: i32,
+    #[sqlx(default)]
+    pub breaker_window_ms: i32,
+    #[sqlx(default)]
+    pub breaker_probe_ms: i32,
 }
 
 impl BizTypeConfig {
@@ -178,6 +193,7 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
     let all: Vec<BizTypeConfig> = crate::db::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
+                breaker_threshold, breaker_window_ms, breaker_probe_ms,
                 CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
                 CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
@@ -291,6 +307,8 @@ pub struct Engine {
     /// Biz types left out for a secret this node cannot open, each reported once.
     unopened_reported: HashSet<i32>,
     failures: Arc<failures::FailureLog>,
+    /// The receivers' breakers, and Retry-After holds (`breaker`).
+    breakers: Arc<breaker::Breakers>,
     stop: Signal,
 }
 
@@ -324,6 +342,7 @@ impl Engine {
         let unrecorded = Arc::new(AtomicUsize::new(0));
         let to_claims = ClaimLoop { wake: wake.clone(), looks: looks.clone(), unrecorded: unrecorded.clone() };
         let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, to_claims, stop.clone()));
+        let breakers = Arc::new(breaker::Breakers::new(pool.clone(), looks.clone()));
         tracing::info!(%node_id, "delivery engine started");
         Engine {
             pool,
@@ -348,6 +367,7 @@ impl Engine {
             refreshed_at: None,
             unopened_reported: HashSet::new(),
             failures: Arc::new(failures::FailureLog::default()),
+            breakers,
             stop,
         }
     }
@@ -425,13 +445,26 @@ impl Engine {
         let recording_behind = self.unrecorded.load(Ordering::Relaxed) >= MAX_UNRECORDED;
         // No claim starts once the node is stopping.
         let may_claim = !recording_behind && !self.stop.is_stopping();
+        // The open breakers whose probe this node won (a statement only when one is due).
+        let probing = if may_claim { self.breakers.elect(&self.biz_types).await } else { HashSet::new() };
         for biz in self.biz_types.iter().filter(|_| may_claim) {
             // Nothing due yet, as far as this node knows: costs nothing this turn.
             if self.next_look.get(&biz.id).is_some_and(|at| *at > now) {
                 continue;
             }
+            // Its receiver's breaker is open (only a probe's one task is claimed), or the
+            // receiver asked to wait (`breaker`): a look in memory.
+            let probe = match self.breakers.gate(biz, now, &probing) {
+                breaker::Gate::Claim => false,
+                breaker::Gate::Probe => true,
+                breaker::Gate::Wait(until) => {
+                    self.next_look.insert(biz.id, until);
+                    continue;
+                }
+            };
             let counter = self.in_flight.entry(biz.id).or_default().clone();
-            let slots = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(CLAIM_BATCH);
+            let batch = if probe { 1 } else { CLAIM_BATCH };
+            let slots = i64::from(biz.max_in_flight - counter.load(Ordering::Relaxed)).min(batch);
             if slots <= 0 {
                 // A finishing callback wakes the loop.
                 continue;
@@ -447,9 +480,9 @@ impl Engine {
             let lease_ms = i64::from(biz.timeout_ms) + LEASE_MARGIN_MS;
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
-            let ahead_ms = if share.is_some() { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
+            let ahead_ms = if share.is_some() || probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
             wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms });
-            claiming.push((biz.clone(), counter, slots, free, wait));
+            claiming.push((biz.clone(), counter, slots, free, wait, probe));
         }
         let mut claims = if wants.is_empty() {
             HashMap::new()
@@ -469,7 +502,7 @@ impl Engine {
         let mut more_due = false;
         // Biz types that claimed all that was due: when each is next due is asked below.
         let mut caught_up = Vec::new();
-        for (biz, counter, slots, free, wait) in claiming {
+        for (biz, counter, slots, free, wait, probe) in claiming {
             let lease::Claim { leased: claimed, expired, capped } = claims.remove(&biz.id).unwrap_or_default();
             metrics::expired(&biz.name, expired as u64);
             if capped {
@@ -492,7 +525,7 @@ impl Engine {
             claimed_in_turn += claimed.len();
             let received = tokio::time::Instant::now();
             for task in claimed {
-                self.start_callback(&biz, &counter, received, task);
+                self.start_callback(&biz, &counter, received, task, probe);
             }
         }
         if !caught_up.is_empty() {
@@ -525,9 +558,10 @@ impl Engine {
     }
 
     /// Starts the callback of a claimed task: it waits for its due time, then calls back and
-    /// hands its outcome to the recorder.
-    fn start_callback(&self, biz: &Arc<BizTypeConfig>, counter: &Arc<AtomicI32>, received: tokio::time::Instant, task: lease::Claimed) {
+    /// hands its outcome to the recorder. A `probe` tests the receiver of an open breaker.
+    fn start_callback(&self, biz: &Arc<BizTypeConfig>, counter: &Arc<AtomicI32>, received: tokio::time::Instant, task: lease::Claimed, probe: bool) {
         counter.fetch_add(1, Ordering::Relaxed);
+        let breakers = self.breakers.clone();
         let (client, hosts, biz, outcomes_tx, counter, wake, unrecorded, failures, mut stop) = (
             self.client.clone(),
             self.hosts,
@@ -557,8 +591,13 @@ impl Engine {
             } else {
                 let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
                 let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
+                let delivered = async {
+                    let (mut outcome, answer) = deliver::deliver(&client, hosts, &biz, task).await;
+                    breakers.after(&biz, probe, answer, &mut outcome).await;
+                    outcome
+                };
                 tokio::select! {
-                    outcome = deliver::deliver(&client, hosts, &biz, task) => {
+                    outcome = delivered => {
                         let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
                         let finish = match outcome.verdict {
                             Verdict::Delivered => metrics::Finish::Delivered,
@@ -566,6 +605,7 @@ impl Engine {
                             Verdict::GiveUp => metrics::Finish::Failed,
                             Verdict::Snooze(_) => metrics::Finish::Snoozed,
                             Verdict::Expire { .. } => metrics::Finish::Expired,
+                            Verdict::Held(_) => metrics::Finish::Held,
                         };
                         metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
                         failures.note(&biz.name, &outcome);
@@ -645,6 +685,15 @@ impl Engine {
                 self.refreshed_at = Some(tokio::time::Instant::now());
             }
             Err(e) => tracing::warn!(error = %e, "could not read biz types; retrying"),
+        }
+        // The breakers with them: one that closed is claimed at once.
+        match self.breakers.sync(&self.biz_types).await {
+            Ok(closed) => {
+                for id in closed {
+                    self.next_look.remove(&id);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read the receivers' breakers; retrying"),
         }
         match nodes::delivering(&self.pool).await {
             Ok(n) => self.delivering_nodes = n,

@@ -282,6 +282,11 @@ pub enum Verdict {
     /// (`next` None: it was not sent), or its next callback, a retry or (`snoozed`) the
     /// end of a snooze at `next`, would start at or after it (SPEC §11).
     Expire { deadline: DateTime<Utc>, next: Option<DateTime<Utc>>, snoozed: bool },
+    /// The attempt failed while the biz type's receiver breaker was open (a probe, or a
+    /// callback in flight when it opened): the task is pending again, due at this time, and
+    /// the attempt, recorded with its error, does not count toward `max_attempts`
+    /// (`engine::breaker`).
+    Held(DateTime<Utc>),
 }
 
 /// How a biz type retries: its attempts and backoff.
@@ -367,7 +372,10 @@ pub async fn record(pool: &Pool, node_id: Uuid, outcomes: &[Outcome]) -> Result<
 ///
 /// A snoozed task is pending again at the end of its snooze, with its attempt count back
 /// to what it was before this attempt (a snooze does not count toward `max_attempts`; the
-/// attempt row keeps its number, which the next callback uses again). A snooze or retry
+/// attempt row keeps its number, which the next callback uses again); so is a task held by
+/// its receiver's open breaker (`Verdict::Held`), without counting a snooze. A held task is
+/// due within the breaker's probe interval, never past the hot horizon: it stays in the
+/// partitions (record_tasks.sql keeps it inside them should the horizon be that near). A snooze or retry
 /// ending beyond the hot horizon moves the task to cold storage first (`later_cold.sql`), as
 /// a create that far ahead would be placed, so it is not claimed early at the horizon's edge.
 pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
@@ -378,6 +386,7 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
     let mut errors = Vec::with_capacity(outcomes.len());
     let mut task_errors = Vec::with_capacity(outcomes.len());
     let mut snoozed = Vec::with_capacity(outcomes.len());
+    let mut uncounted = Vec::with_capacity(outcomes.len());
     let mut snoozed_until: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(outcomes.len());
     let (mut numbers, mut started, mut durations, mut codes, mut excerpts) = (vec![], vec![], vec![], vec![], vec![]);
     let mut redirects = Vec::with_capacity(outcomes.len());
@@ -387,7 +396,7 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         run_ats.push(o.run_at);
         let (status, retry_at) = match o.verdict {
             Verdict::Delivered => (super::Status::Succeeded, None),
-            Verdict::RetryAt(at) | Verdict::Snooze(at) => (super::Status::Pending, Some(at)),
+            Verdict::RetryAt(at) | Verdict::Snooze(at) | Verdict::Held(at) => (super::Status::Pending, Some(at)),
             Verdict::GiveUp => (super::Status::Failed, None),
             Verdict::Expire { .. } => (super::Status::Expired, None),
         };
@@ -396,6 +405,7 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         errors.push(o.error.as_deref());
         task_errors.push(o.verdict.task_error(o.error.as_deref()));
         snoozed.push(matches!(o.verdict, Verdict::Snooze(_)));
+        uncounted.push(matches!(o.verdict, Verdict::Held(_)));
         snoozed_until.push(match o.verdict {
             Verdict::Snooze(until) | Verdict::Expire { next: Some(until), snoozed: true, .. } => Some(until),
             _ => None,
@@ -437,6 +447,7 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         .bind(&task_errors)
         .bind(holder)
         .bind(&snoozed)
+        .bind(&uncounted)
         .execute(&mut *tx)
         .await?;
     crate::db::query(include_str!("sql/record_attempts.sql"))

@@ -111,7 +111,7 @@ async fn the_dashboard_reads_at_a_glance() {
         assert!(page.body.contains(&format!("{header}</th>")), "{header}: {}", page.body);
     }
     assert!(page.body.contains(
-        "Biz types needing attention come first (marked): those with failed, expired or retrying tasks, failed attempts in the last hour, or p99 lateness over 5.0 s; then the others, by name."
+        "Biz types needing attention come first (marked): those whose receiver is down (its breaker open), with failed, expired or retrying tasks, failed attempts in the last hour, or p99 lateness over 5.0 s; then the others, by name."
     ));
 
     // Needing attention first (beta: retrying and a failed attempt; gamma: late), by name.

@@ -87,7 +87,9 @@ async fn failed_attempts_are_logged_and_a_burst_is_counted() {
     let pool = chime::db::connect(&db_url, 2).await.unwrap();
     let node = TestApp { address, pool, db_url, client: crate::helpers::client() };
     let receiver = Receiver::start(vec![], Answer::status(500)).await;
-    let token = biz_type(&node, "orders", &receiver, Settings { max_attempts: Some(1), ..Default::default() }).await;
+    // No breaker: every one of the 300 callbacks is sent and fails (with one, the first ten
+    // would open it and the rest wait).
+    let token = biz_type(&node, "orders", &receiver, Settings { max_attempts: Some(1), breaker_threshold: Some(0), ..Default::default() }).await;
     let tasks: Vec<Value> = (0..300).map(|_| json!({"biz_type": "orders"})).collect();
     let created = node.post("/api/v1/tasks/batch", &token, json!({ "tasks": tasks })).await;
     assert_eq!(created.status, 200, "{}", created.body);

@@ -8,6 +8,7 @@ mod attempts;
 mod auth;
 mod authz;
 mod bad_input;
+mod breaker;
 // A toolkit: not every test uses every helper.
 #[allow(dead_code)]
 mod browser;

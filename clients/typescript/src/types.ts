@@ -155,3 +155,31 @@ export interface Touched {
   id: string;
   reserved_until: string;
 }
+
+/** The body of a failure notice POSTed to a biz type's `failure_url` when a task ends failed or expired (`Chime-Event`). */
+export interface FailureNotice {
+  event: "task.failed" | "task.expired";
+  task: Task;
+  last_attempt: Attempt | null;
+}
+
+/** The body of the notice POSTed to a biz type's `failure_url` when its receiver breaker opens (`receiver_down`) or closes (`receiver_up`). */
+export interface ReceiverNotice {
+  event: "biz_type.receiver_down" | "biz_type.receiver_up";
+  biz_type: string;
+  breaker: {
+    state: "open" | "closed";
+    callback_url: string;
+    opened_at: string;
+    /** receiver_down: the failure that opened it, how many in a row, and the settings. */
+    reason?: string;
+    failures?: number;
+    window_ms?: number;
+    probe_ms?: number;
+    /** receiver_up: when it closed, after how many probes, the answering status, and how long it was down. */
+    closed_at?: string;
+    probes?: number;
+    status_code?: number | null;
+    down_ms?: number;
+  };
+}

@@ -3,7 +3,9 @@
 -- again with its attempt count as before this attempt (a snooze does not count), and one
 -- more snooze counted; one that has had its biz type's max_snoozes already is failed
 -- instead, so that a receiver that snoozes for ever cannot grow its history without end
--- (an attempt row a snooze). A task it ends failed or expired in a biz type with a
+-- (an attempt row a snooze). A task held by its receiver's open breaker ($8) is pending
+-- again too, its attempt count as before (not counted), without counting a snooze
+-- (src/engine/breaker.rs). A task it ends failed or expired in a biz type with a
 -- failure_url gets its failure notice in the same statement, so that none is lost and none
 -- is made for a task that did not end (`failure_notices`).
 --
@@ -25,7 +27,7 @@ WITH settled AS (
                          THEN least(o.retry_at, (SELECT until FROM hot_horizon) - interval '1 second')
                          ELSE t.run_at END,
            lease_until = NULL, leased_by = NULL,
-           attempt_count = CASE WHEN o.snoozed THEN t.attempt_count - 1 ELSE t.attempt_count END,
+           attempt_count = CASE WHEN o.snoozed OR o.held THEN t.attempt_count - 1 ELSE t.attempt_count END,
            snoozes = CASE WHEN o.snoozed THEN t.snoozes + 1 ELSE t.snoozes END,
            last_error = CASE WHEN o.snoozed AND t.snoozes >= b.max_snoozes
                              THEN format('failed: the receiver snoozed it %s times, the most its biz type allows (max_snoozes); '
@@ -34,8 +36,8 @@ WITH settled AS (
            finished_at = CASE WHEN o.status = 'pending' AND NOT (o.snoozed AND t.snoozes >= b.max_snoozes)
                               THEN NULL ELSE now() END,
            updated_at = now()
-      FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[], $7::boolean[])
-           AS o(id, run_at, status, retry_at, error, snoozed),
+      FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::timestamptz[], $5::text[], $7::boolean[], $8::boolean[])
+           AS o(id, run_at, status, retry_at, error, snoozed, held),
            biz_types b
      WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6
        AND b.id = t.biz_type_id

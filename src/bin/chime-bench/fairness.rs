@@ -14,7 +14,9 @@
 //!    `--fairness-herd` tasks of biz type A, written straight into the table in one
 //!    statement (as the backlog is), all fall due at one instant a second after B's first
 //!    (a quarter of `--steady-secs` if that is shorter). Also reported: how long A's herd
-//!    took to deliver, and B's p99 over the tasks due while the herd was delivered.
+//!    took to deliver, and B's p99 over the tasks due while the herd was delivered; the JSON
+//!    has the timeline (`herd_timelines`: per 100 ms, the herd's callbacks and B's worst
+//!    lateness), to see when B fell behind.
 //!
 //! The bounds (steady p99 within 1.5× with 10,000 biz types, idle transactions within
 //! 2×; B's p99 beside the herd within 1.5× alone) are the targets of the ratios: the table
@@ -201,6 +203,7 @@ impl Bench {
         r.lateness_series(&per("B alone"), alone_lateness);
         r.lateness_series(&per("B beside the herd"), beside_lateness);
         r.burst_series(&per(&format!("herd of {herd}")), herd_due, &herd_arrivals);
+        r.herd_timeline(&per(&format!("B beside a herd of {herd}")), start, herd_due, &herd_arrivals, &b_arrivals);
         Ok(())
     }
 }

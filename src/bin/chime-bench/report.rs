@@ -354,4 +354,23 @@ mod tests {
         assert_eq!(axis(100.0), (20.0, 100.0));
         assert_eq!(axis(0.4), (0.1, 0.4));
     }
+
+    #[test]
+    fn a_herd_timeline_buckets_the_herd_by_arrival_and_the_neighbour_by_due_time() {
+        let from: DateTime<Utc> = "2026-11-26T00:00:00Z".parse().unwrap();
+        let at = |ms: i64| from + chrono::TimeDelta::milliseconds(ms);
+        let arrival = |due: i64, came: i64| Arrival { task_id: uuid::Uuid::new_v4(), run_at: at(due), at: at(came), attempt: 1, delivered: true };
+        let herd = [arrival(150, 160), arrival(150, 170), arrival(150, 420)];
+        let mut b = vec![arrival(0, 2), arrival(110, 190), arrival(120, 125), arrival(330, 331)];
+        // A repeat of a task is not its lateness.
+        b.push(Arrival { at: at(900), ..b[3] });
+        let args = <crate::cli::Cli as clap::Parser>::parse_from(["chime", "bench"]);
+        let crate::cli::Tool::Bench(args) = args.command else { unreachable!() };
+        let mut report = Report::new(&args);
+        report.herd_timeline("t", from, at(150), &herd, &b);
+        let t = &report.herd_timelines[0];
+        assert_eq!(t.herd_due_s, 0.15);
+        assert_eq!(t.herd_callbacks_per_100ms, [0, 2, 0, 0, 1]);
+        assert_eq!(t.neighbour_max_lateness_ms_per_100ms, [2.0, 80.0, 0.0, 1.0]);
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod apply;
 mod create_limits;
+pub mod load;
 pub mod secrets;
 mod tokens;
 

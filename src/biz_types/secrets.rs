@@ -202,7 +202,7 @@ pub(super) async fn to_store_one(conn: &mut PgConnection, biz_type: &str, secret
     Ok(keyring().store_one(biz_type, secret))
 }
 
-async fn refuse_clear_where_sealed(conn: &mut PgConnection) -> Result<(), Error> {
+pub(super) async fn refuse_clear_where_sealed(conn: &mut PgConnection) -> Result<(), Error> {
     if keyring().seals() {
         return Ok(());
     }

@@ -231,7 +231,7 @@ async fn help_documents_settings() {
 async fn bench_and_soak_run_chime_bench() {
     let out = chime(&[], &["bench", "--help"], None).await;
     assert!(out.ok, "{}", out.stderr);
-    for needle in ["Usage: chime bench", "--scenarios", "--burst-tasks", "--receiver-url", "DATABASE_URL", "throwaway embedded PostgreSQL"] {
+    for needle in ["Usage: chime bench", "--scenarios", "--burst-tasks", "--receiver-url", "--fairness-herd", "--scenarios fairness", "DATABASE_URL", "throwaway embedded PostgreSQL"] {
         assert!(out.stdout.contains(needle), "bench --help lacks {needle}:\n{}", out.stdout);
     }
     let out = chime(&[], &["soak", "--help"], None).await;
@@ -242,6 +242,9 @@ async fn bench_and_soak_run_chime_bench() {
     // The options are chime-bench's to check, global ones (--log) included.
     let out = chime(&[], &["bench", "--log", "warn", "--runs", "0"], None).await;
     assert!(!out.ok && out.stderr.contains("invalid value '0' for '--runs"), "{}", out.stderr);
+    // The fairness scenario compares 10 biz types with more.
+    let out = chime(&[], &["bench", "--scenarios", "fairness", "--fairness-biz-types", "10"], None).await;
+    assert!(!out.ok && out.stderr.contains("invalid value '10' for '--fairness-biz-types"), "{}", out.stderr);
 
     // A hard link has its own directory, so current_exe finds no chime-bench beside it.
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lone-chime-{}", std::process::id()));

@@ -11,7 +11,9 @@
 //! - backlog: writes millions of future and finished tasks, then repeats burst and steady;
 //! - scale: writes up to 100M pending tasks over a year (cold storage) and a month of daily
 //!   partitions of finished ones (scale.rs), then repeats burst and steady;
-//! - timers: cron timers, their occurrences' lateness and steady beside them (`timers.rs`).
+//! - timers: cron timers, their occurrences' lateness and steady beside them (`timers.rs`);
+//! - fairness: steady among thousands of idle biz types, and beside another biz type's
+//!   herd, each against the same without them in the same run (`fairness.rs`).
 //!
 //! Burst and timers also report the nodes' memory (RSS): at rest and at its peak.
 //!
@@ -38,6 +40,8 @@ use crate::nodes::Nodes;
 use crate::receiver::{Arrival, Receiver};
 use crate::report::{Report, Target};
 
+#[path = "fairness.rs"]
+mod fairness;
 #[path = "timers.rs"]
 mod timers;
 
@@ -135,6 +139,7 @@ impl Bench {
             wants(BenchScenario::Scale),
         );
         let timers = wants(BenchScenario::Timers);
+        let fairness = wants(BenchScenario::Fairness);
         // Backlog and scale compare with the empty table's burst and steady, on the first
         // node count.
         let loaded = backlog || scale;
@@ -157,6 +162,9 @@ impl Bench {
                 }
                 if i == 0 && timers {
                     self.timers(run).await?;
+                }
+                if fairness {
+                    self.fairness(run).await?;
                 }
             }
         }
@@ -363,24 +371,37 @@ impl Bench {
     async fn steady(&mut self, run: u32, scenario: &str) -> anyhow::Result<()> {
         let nodes = self.nodes.len() as u32;
         let biz = self.new_biz_type(&format!("{}-{nodes}n-{run}", scenario.replace(' ', "-"))).await?;
-        let (rate, seconds) = (self.args.steady_rate as i64, self.args.steady_secs as i64);
-        let total = (rate * seconds) as usize;
-        let lead = TimeDelta::milliseconds(1500 + total as i64 / 25);
-        let start = Utc::now() + lead;
-        let run_ats: Vec<DateTime<Utc>> =
-            (0..total as i64).map(|i| start + TimeDelta::microseconds(i * 1_000_000 / rate)).collect();
-        self.create_due(&biz, &run_ats).await?;
-        if Utc::now() > start {
-            bail!("creating {total} tasks took longer than the {} ms allowed", lead.num_milliseconds());
-        }
-        let (arrivals, _) = self.wait_delivered(&biz, total, Duration::from_secs(seconds as u64 + 60)).await?;
+        let start = Utc::now() + self.steady_lead();
+        let total = self.create_steady(&biz, start).await?;
+        let (arrivals, _) = self.wait_delivered(&biz, total, Duration::from_secs(u64::from(self.args.steady_secs) + 60)).await?;
         let lateness = first_lateness_ms(&arrivals);
-        let metric = format!("steady {rate}/s: lateness");
+        let metric = format!("steady {}/s: lateness", self.args.steady_rate);
         self.report.add(scenario, nodes, &format!("{metric} p50"), "ms", percentile(&lateness, 0.50), Some(Target::AtMost(5.0)));
         self.report.add(scenario, nodes, &format!("{metric} p99"), "ms", percentile(&lateness, 0.99), Some(Target::AtMost(20.0)));
         self.report.add(scenario, nodes, &format!("{metric} max"), "ms", percentile(&lateness, 1.0), None);
         self.report.lateness_series(&format!("{scenario}, {nodes} node{}", plural(nodes)), lateness);
         Ok(())
+    }
+
+    /// Time to create steady's tasks (about 25k/s at worst) before the first falls due.
+    fn steady_lead(&self) -> TimeDelta {
+        TimeDelta::milliseconds(1500 + i64::from(self.args.steady_rate) * i64::from(self.args.steady_secs) / 25)
+    }
+
+    /// Creates steady's tasks for `biz`: `--steady-rate` a second, spread evenly over
+    /// `--steady-secs` from `start`, which must not have passed once they are created.
+    /// Returns how many.
+    async fn create_steady(&self, biz: &Biz, start: DateTime<Utc>) -> anyhow::Result<usize> {
+        let (rate, seconds) = (i64::from(self.args.steady_rate), i64::from(self.args.steady_secs));
+        let total = (rate * seconds) as usize;
+        let run_ats: Vec<DateTime<Utc>> =
+            (0..total as i64).map(|i| start + TimeDelta::microseconds(i * 1_000_000 / rate)).collect();
+        let lead = start - Utc::now();
+        self.create_due(biz, &run_ats).await?;
+        if Utc::now() > start {
+            bail!("creating {total} tasks took longer than the {} ms allowed", lead.num_milliseconds());
+        }
+        Ok(total)
     }
 
     /// Waits until every task of `biz` succeeded; returns the callbacks as they arrived

@@ -43,12 +43,15 @@ pub enum Tool {
     Example, the README's figures: chime bench --runs 3 --svg docs/bench.svg\n\
     Backlog independence:       chime bench --scenarios burst,steady,backlog --nodes 1\n\
     Flat cost with size:        chime bench --scenarios scale --nodes 1 (100M pending, 30 days of 1M finished)\n\
-    100,000 cron timers:        CHIME_TIMER_WINDOW_SECS=120 chime bench --scenarios timers --nodes 1")]
+    100,000 cron timers:        CHIME_TIMER_WINDOW_SECS=120 chime bench --scenarios timers --nodes 1\n\
+    Fairness (issue 34's sizes): chime bench --scenarios fairness --nodes 1 (10,000 biz types; a herd of 200,000 beside 300/s)")]
 pub struct BenchArgs {
     /// Scenarios to run, in this order: create-single, create-batch, burst, steady, timers
     /// (cron timers beside steady, on the first node count; set CHIME_TIMER_WINDOW_SECS to
-    /// change how far ahead the leader writes their occurrences), backlog, scale (backlog
-    /// and scale fill the table, then repeat burst and steady on it).
+    /// change how far ahead the leader writes their occurrences), fairness (steady among
+    /// --fairness-biz-types idle biz types, and beside a herd of --fairness-herd tasks of
+    /// another, each against the same without them), backlog, scale (backlog and scale fill
+    /// the table, then repeat burst and steady on it).
     #[arg(long, value_delimiter = ',', default_value = "create-single,create-batch,burst,steady")]
     pub scenarios: Vec<BenchScenario>,
 
@@ -108,6 +111,22 @@ pub struct BenchArgs {
     /// Seconds the timers scenario measures their occurrences (steady runs beside them).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u32).range(20..=3600))]
     pub timers_secs: u32,
+    /// Biz types in the fairness scenario's crowded part, all but 10 of them idle (never
+    /// given a task); steady runs among 10, then among this many.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(11..=1_000_000))]
+    pub fairness_biz_types: u64,
+
+    /// Tasks of one biz type written due at one instant in the fairness scenario's noisy
+    /// neighbour part, a second into steady (a quarter of --steady-secs if that is shorter).
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub fairness_herd: u64,
+
+    /// Seconds over which the fairness scenario counts the database's transactions at idle
+    /// (with 10 biz types, then with --fairness-biz-types): long beside PostgreSQL's
+    /// statistics flush lag (up to 10 s for an idle session).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub fairness_idle_secs: u32,
+
     /// Pending tasks written before scale repeats burst and steady, due evenly over the next
     /// year (nearly all of them in cold storage).
     #[arg(long, default_value_t = 100_000_000)]
@@ -193,5 +212,6 @@ pub enum BenchScenario {
     Steady,
     Backlog,
     Timers,
+    Fairness,
     Scale,
 }

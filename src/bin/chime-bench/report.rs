@@ -55,6 +55,18 @@ struct LatenessSeries {
     sorted_ms: Vec<f64>,
 }
 
+/// A neighbour's steady beside a herd (the fairness scenario), per 100 ms from the
+/// neighbour's first due time: the herd's callbacks as they arrived, and the worst lateness
+/// of the neighbour's tasks due in each 100 ms. For reading where the lateness came from.
+#[derive(Debug, Serialize)]
+struct HerdTimeline {
+    label: String,
+    /// When the herd fell due, seconds after the neighbour's first task.
+    herd_due_s: f64,
+    herd_callbacks_per_100ms: Vec<u32>,
+    neighbour_max_lateness_ms_per_100ms: Vec<f64>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Report {
     started_at: DateTime<Utc>,
@@ -63,6 +75,7 @@ pub struct Report {
     figures: Vec<Figure>,
     bursts: Vec<BurstSeries>,
     lateness: Vec<LatenessSeries>,
+    herd_timelines: Vec<HerdTimeline>,
 }
 
 impl Report {
@@ -74,6 +87,7 @@ impl Report {
             figures: Vec::new(),
             bursts: Vec::new(),
             lateness: Vec::new(),
+            herd_timelines: Vec::new(),
         }
     }
 
@@ -145,6 +159,33 @@ impl Report {
         let quantiles_ms = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0].iter().map(|&q| (q, percentile(&sorted_ms, q))).collect();
         self.lateness.retain(|s| s.label != label);
         self.lateness.push(LatenessSeries { label: label.into(), quantiles_ms, sorted_ms });
+    }
+
+    /// The timeline of a neighbour's steady from `from` (its first due time) beside a herd
+    /// due at `herd_due`: the herd's callbacks by arrival, the neighbour's by due time.
+    pub fn herd_timeline(&mut self, label: &str, from: DateTime<Utc>, herd_due: DateTime<Utc>, herd: &[Arrival], neighbour: &[Arrival]) {
+        let bucket = |at: DateTime<Utc>| ((at - from).num_milliseconds().max(0) / 100) as usize;
+        let mut herd_callbacks_per_100ms: Vec<u32> = Vec::new();
+        for a in herd {
+            let b = bucket(a.at);
+            if herd_callbacks_per_100ms.len() <= b {
+                herd_callbacks_per_100ms.resize(b + 1, 0);
+            }
+            herd_callbacks_per_100ms[b] += 1;
+        }
+        let mut neighbour_max_lateness_ms_per_100ms: Vec<f64> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for a in neighbour.iter().filter(|a| seen.insert(a.task_id)) {
+            let b = bucket(a.run_at);
+            if neighbour_max_lateness_ms_per_100ms.len() <= b {
+                neighbour_max_lateness_ms_per_100ms.resize(b + 1, 0.0);
+            }
+            let late = (a.at - a.run_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
+            neighbour_max_lateness_ms_per_100ms[b] = neighbour_max_lateness_ms_per_100ms[b].max(late);
+        }
+        let herd_due_s = (herd_due - from).num_microseconds().unwrap_or(0) as f64 / 1e6;
+        self.herd_timelines.retain(|t| t.label != label);
+        self.herd_timelines.push(HerdTimeline { label: label.into(), herd_due_s, herd_callbacks_per_100ms, neighbour_max_lateness_ms_per_100ms });
     }
 
     pub fn print(&self) {
@@ -312,5 +353,24 @@ mod tests {
         assert_eq!(axis(13_210.0), (5000.0, 15_000.0));
         assert_eq!(axis(100.0), (20.0, 100.0));
         assert_eq!(axis(0.4), (0.1, 0.4));
+    }
+
+    #[test]
+    fn a_herd_timeline_buckets_the_herd_by_arrival_and_the_neighbour_by_due_time() {
+        let from: DateTime<Utc> = "2026-11-26T00:00:00Z".parse().unwrap();
+        let at = |ms: i64| from + chrono::TimeDelta::milliseconds(ms);
+        let arrival = |due: i64, came: i64| Arrival { task_id: uuid::Uuid::new_v4(), run_at: at(due), at: at(came), attempt: 1, delivered: true };
+        let herd = [arrival(150, 160), arrival(150, 170), arrival(150, 420)];
+        let mut b = vec![arrival(0, 2), arrival(110, 190), arrival(120, 125), arrival(330, 331)];
+        // A repeat of a task is not its lateness.
+        b.push(Arrival { at: at(900), ..b[3] });
+        let args = <crate::cli::Cli as clap::Parser>::parse_from(["chime", "bench"]);
+        let crate::cli::Tool::Bench(args) = args.command else { unreachable!() };
+        let mut report = Report::new(&args);
+        report.herd_timeline("t", from, at(150), &herd, &b);
+        let t = &report.herd_timelines[0];
+        assert_eq!(t.herd_due_s, 0.15);
+        assert_eq!(t.herd_callbacks_per_100ms, [0, 2, 0, 0, 1]);
+        assert_eq!(t.neighbour_max_lateness_ms_per_100ms, [2.0, 80.0, 0.0, 1.0]);
     }
 }

@@ -680,7 +680,8 @@ impl Engine {
                 }
                 self.unopened_reported.retain(|id| unopened.iter().any(|(u, _)| u == id));
                 // One paused or left out meanwhile starts afresh when it is back.
-                self.next_look.retain(|id, _| list.iter().any(|b| b.id == *id));
+                let listed: HashSet<i32> = list.iter().map(|b| b.id).collect();
+                self.next_look.retain(|id, _| listed.contains(id));
                 self.biz_types = list.into_iter().map(Arc::new).collect();
                 self.refreshed_at = Some(tokio::time::Instant::now());
             }

@@ -41,7 +41,7 @@ pub struct Claimed {
     /// This delivery's number (1 for the first try since creation or replay).
     pub attempt_count: i32,
     pub timer_id: Option<Uuid>,
-    /// The task's deadline: no callback starts at or after it (SPEC §11).
+    /// The task's deadline: no callback starts at or after it (docs/design/contract.md, Tasks by key).
     pub expires_at: Option<DateTime<Utc>>,
     /// The W3C trace context its create carried; each callback sends a child of it.
     pub traceparent: Option<String>,
@@ -128,23 +128,22 @@ pub async fn next_due_each(
     within: Option<Duration>,
     floor: Option<DateTime<Utc>>,
 ) -> Result<Vec<(i32, Option<DateTime<Utc>>)>, sqlx::Error> {
-    const PROBE: &str = "SELECT b.id, n.next FROM unnest($1::int[]) AS b(id)
+    // Without `within`, the upper bound is infinity: both bounds are computed as the
+    // statement starts, so its partitions are pruned then.
+    crate::db::query_as(
+        "SELECT b.id, n.next FROM unnest($1::int[]) AS b(id)
            LEFT JOIN LATERAL (
                SELECT run_at AS next FROM tasks
                 WHERE biz_type_id = b.id AND status = 'pending' AND run_at >= coalesce($2, '-infinity')
+                  AND run_at <= coalesce(now() + $3 * interval '1 millisecond', 'infinity')
                 ORDER BY run_at LIMIT 1
-           ) n ON true";
-    const PROBE_WITHIN: &str = "SELECT b.id, n.next FROM unnest($1::int[]) AS b(id)
-           LEFT JOIN LATERAL (
-               SELECT run_at AS next FROM tasks
-                WHERE biz_type_id = b.id AND status = 'pending' AND run_at >= coalesce($2, '-infinity')
-                  AND run_at <= now() + $3 * interval '1 millisecond'
-                ORDER BY run_at LIMIT 1
-           ) n ON true";
-    match within {
-        None => crate::db::query_as(PROBE).bind(biz_type_ids).bind(floor).fetch_all(pool).await,
-        Some(within) => crate::db::query_as(PROBE_WITHIN).bind(biz_type_ids).bind(floor).bind(within.as_millis() as i64).fetch_all(pool).await,
-    }
+           ) n ON true",
+    )
+    .bind(biz_type_ids)
+    .bind(floor)
+    .bind(within.map(|w| w.as_millis() as i64))
+    .fetch_all(pool)
+    .await
 }
 
 /// An instant before which no unfinished task is due, now or later (migration 0036): a
@@ -280,7 +279,7 @@ pub enum Verdict {
     Snooze(DateTime<Utc>),
     /// The task ends `expired`: its `deadline` passed before the callback could start
     /// (`next` None: it was not sent), or its next callback, a retry or (`snoozed`) the
-    /// end of a snooze at `next`, would start at or after it (SPEC §11).
+    /// end of a snooze at `next`, would start at or after it (docs/design/contract.md, Tasks by key).
     Expire { deadline: DateTime<Utc>, next: Option<DateTime<Utc>>, snoozed: bool },
     /// The attempt failed while the biz type's receiver breaker was open (a probe, or a
     /// callback in flight when it opened): the task is pending again, due at this time, and

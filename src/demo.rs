@@ -55,7 +55,7 @@ pub async fn receive(req: HttpRequest, body: web::Bytes, state: web::Data<AppSta
     };
     let signature = req.headers().get("Chime-Signature").and_then(|v| v.to_str().ok()).unwrap_or_default();
     let t = signature.strip_prefix("t=").and_then(|s| s.split(',').next()).and_then(|t| t.parse().ok());
-    // Any `v1` may match: after a rotation, the old secret's comes second (SPEC §12).
+    // Any `v1` may match: after a rotation, the old secret's comes second (docs/design/contract.md, Notices and signatures).
     let matches = |t: i64| {
         let expected = crate::engine::signature(secret, t, &body);
         let expected_v1 = expected.split(',').nth(1).unwrap_or_default();

@@ -15,7 +15,7 @@ pub enum Error {
     /// Larger than the configured limit. API: 413.
     #[error("{0}")]
     TooLarge(String),
-    /// The request contradicts the current state; the kind says how (SPEC §11). API: 409,
+    /// The request contradicts the current state; the kind says how (docs/design/contract.md, Tasks by key). API: 409,
     /// with the kind as its code.
     #[error("{1}")]
     Conflict(Conflict, String),

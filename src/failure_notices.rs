@@ -1,4 +1,4 @@
-//! Failure notices (SPEC §12): when a task ends `failed` or `expired` in a biz type with a
+//! Failure notices (docs/design/contract.md, Notices and signatures): when a task ends `failed` or `expired` in a biz type with a
 //! `failure_url`, chime POSTs a signed notice there, retried like a callback. Every
 //! statement on `failure_notices` is in this module, except the inserts, which are in the
 //! statements that end tasks or move a receiver's breaker (`engine::breaker`) (`tasks/sql/record_tasks.sql`, `recover_leases.sql`, the

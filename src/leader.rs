@@ -1,4 +1,4 @@
-//! The leader: one node at a time does the cluster's housekeeping (SPEC §7).
+//! The leader: one node at a time does the cluster's housekeeping (docs/design/contract.md, Leader).
 //!
 //! Election. Every node keeps one database session of its own (not from the pool) and
 //! asks for a PostgreSQL advisory lock on it every second; the node that gets it leads.

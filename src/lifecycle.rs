@@ -1,4 +1,4 @@
-//! A node's life, from binding its port to leaving the cluster (SPEC §14), and the one
+//! A node's life, from binding its port to leaving the cluster (docs/design/contract.md, Operating), and the one
 //! signal every background loop stops on.
 //!
 //! Starting → Migrating → Ready → Draining → Leaving. The listener is bound first, so

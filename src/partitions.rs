@@ -1,5 +1,5 @@
 //! Partitions of `tasks` and `attempts`, the hot horizon, cold-to-hot moves and retention
-//! (SPEC §2, §7).
+//! (docs/design/contract.md: Storage, Leader).
 //!
 //! Partitions are fixed-width time ranges aligned on the Unix epoch (daily by default:
 //! midnight UTC). Which partitions exist is read from the catalog, not derived from a

@@ -1,5 +1,5 @@
 //! Pull delivery: consumers that cannot take a callback reserve due tasks, each leased for
-//! a time-to-run, and ack or nack them (issue: pull delivery; SPEC §3).
+//! a time-to-run, and ack or nack them (issue: pull delivery; docs/design/contract.md, API).
 //!
 //! A reservation is the engine's claim with the consumer as the lease holder: the task
 //! goes `running` with `lease_until` = now + time-to-run, so `SKIP LOCKED` and the lease

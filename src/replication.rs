@@ -1,5 +1,5 @@
 //! What the database server chime writes to reports about itself and its replication
-//! (SPEC §10), for the console's Cluster page: where the server is, whether it is the
+//! (docs/design/contract.md, High availability), for the console's Cluster page: where the server is, whether it is the
 //! primary, its version, and the standbys streaming from it.
 //!
 //! Everything here is read from functions, settings and `pg_stat_replication`: it locks

@@ -1,7 +1,7 @@
 //! Building and running a node: what `chime serve` does, and what the tests start on a
 //! random port. The node goes through `lifecycle`'s phases: `bind` listens and answers the
 //! probes, `prepare` migrates the database, `run_until` runs the loops and, on the first
-//! stop signal, stops in the order SPEC §14 gives.
+//! stop signal, stops in the order docs/design/contract.md, Operating, gives.
 
 use std::net::TcpListener;
 use std::time::Duration;

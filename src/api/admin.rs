@@ -1,4 +1,4 @@
-//! The admin API under `/api/v1/admin/` (SPEC §14, managing chime as code): biz types,
+//! The admin API under `/api/v1/admin/` (docs/design/contract.md, Operating, managing chime as code): biz types,
 //! their API tokens and signing secrets, and console users, for an admin token only.
 //! The rules are the domain modules' (the console and the CLI use the same ones); every
 //! change is in the audit log under the admin token's prefix and name.

@@ -1,4 +1,4 @@
-//! Bulk cancel and bulk replay of a biz type's tasks by filter (SPEC §11). The work is the
+//! Bulk cancel and bulk replay of a biz type's tasks by filter (docs/design/contract.md, Tasks by key). The work is the
 //! task store's (`tasks::bulk`): bounded batches, the answer when all are done. One at a
 //! time per biz type on each node, and at most a tenth of the time (`tasks::bulk::Running`);
 //! another meanwhile is told when to retry (429).

@@ -1,4 +1,4 @@
-//! The API's error: each variant answers with its status and the SPEC's JSON shape
+//! The API's error: each variant answers with its status and the JSON shape docs/design/contract.md, API, describes
 //! `{"error": {"code", "message"}}`. Internal causes are logged, never sent.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The REST API under `/api/v1` (SPEC §3), plus `/healthz` and `/readyz`.
+//! The REST API under `/api/v1` (docs/design/contract.md, API), plus `/healthz` and `/readyz`.
 //! Handlers parse and authorise; the SQL lives in the domain modules.
 
 mod admin;

@@ -1,4 +1,4 @@
-//! `chime apply`: makes biz types match a TOML file, for installs managed as code (SPEC §14).
+//! `chime apply`: makes biz types match a TOML file, for installs managed as code (docs/design/contract.md, Operating).
 //!
 //! The file has one table per biz type, `[biz_types.NAME]`, holding the settings of
 //! `chime biz-type create` (and `paused`). A setting the file leaves out is kept as it is,

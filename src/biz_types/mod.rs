@@ -1,5 +1,5 @@
 //! Biz types: one callback target each, with its own limits, retries, signing secret and
-//! API tokens (SPEC §5).
+//! API tokens (docs/design/contract.md, Biz types).
 
 pub mod apply;
 mod create_limits;
@@ -662,7 +662,7 @@ mod tests {
 
         use super::*;
 
-        /// SPEC §5's pattern `[a-z0-9][a-z0-9_-]{0,63}`, read literally.
+        /// the pattern of docs/design/contract.md, Biz types, `[a-z0-9][a-z0-9_-]{0,63}`, read literally.
         fn spec_name(s: &str) -> bool {
             let allowed = |i: usize, b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && (b == b'-' || b == b'_'));
             (1..=64).contains(&s.len()) && s.bytes().enumerate().all(|(i, b)| allowed(i, b))

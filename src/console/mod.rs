@@ -1,4 +1,4 @@
-//! The web console (SPEC §8): server-rendered pages for administrators (everything) and
+//! The web console (docs/design/contract.md, Console): server-rendered pages for administrators (everything) and
 //! support staff (browse, replay, cancel).
 //!
 //! Pages are askama templates under `templates/`; the stylesheet and a few lines of

@@ -4,7 +4,7 @@
 //! `postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write` and the key=value
 //! string `host=h1,h2 port=5432,5433 dbname=db`. sqlx takes one host, so each host becomes
 //! a `PgConnectOptions` of its own, and chime picks among them: the first that accepts
-//! writes (SPEC §10). chime always writes, so it uses only such a server whatever
+//! writes (docs/design/contract.md, High availability). chime always writes, so it uses only such a server whatever
 //! `target_session_attrs` says.
 
 use std::time::Duration;
@@ -261,7 +261,7 @@ fn client_key_pkcs8(path: &str, setting: &str) -> anyhow::Result<Vec<u8>> {
     key.private_key_to_pem_pkcs8().with_context(|| format!("sslkey in {setting}: cannot convert {path} to PKCS#8"))
 }
 
-/// SPEC §10: any value is accepted; one that allows a standby is said to be ignored.
+/// docs/design/contract.md, High availability: any value is accepted; one that allows a standby is said to be ignored.
 fn check_session_attrs(value: &str, setting: &str) -> anyhow::Result<()> {
     match value {
         "read-write" | "primary" => Ok(()),

@@ -1,4 +1,4 @@
-//! One HTTP callback (SPEC §4): the body, the signature, and what the answer means.
+//! One HTTP callback (docs/design/contract.md, Callbacks): the body, the signature, and what the answer means.
 
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ pub fn signature(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
 
 /// `t=<unix seconds>,v1=<HMAC with the first secret>,v1=<HMAC with the next>…`: during a
 /// rotation's overlap the current secret's and then the replaced one's, so that a receiver
-/// accepting any matching `v1` verifies with whichever it knows (SPEC §12).
+/// accepting any matching `v1` verifies with whichever it knows (docs/design/contract.md, Notices and signatures).
 pub fn signatures(secrets: &[&str], unix_seconds: i64, body: &[u8]) -> String {
     let mut header = format!("t={unix_seconds}");
     for secret in secrets {
@@ -137,7 +137,7 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     (outcome, answer)
 }
 
-/// What an answer means for attempt number `attempt` (SPEC §4), a snooze aside: a 2xx is
+/// What an answer means for attempt number `attempt` (docs/design/contract.md, Callbacks), a snooze aside: a 2xx is
 /// delivered; a timeout, connection error, 408, 429 or 5xx is retried by the biz type's
 /// backoff (`Retry-After` honoured) until its attempts are used up, or its `deadline`;
 /// any other 4xx gives up. A callback's and a failure notice's alike.
@@ -212,7 +212,7 @@ pub fn not_sent(biz: &BizTypeConfig, task: &Claimed, deadline: DateTime<Utc>) ->
     }
 }
 
-/// The longest `Chime-Snooze`, in seconds: a year (SPEC §11).
+/// The longest `Chime-Snooze`, in seconds: a year (docs/design/contract.md, Tasks by key).
 pub const MAX_SNOOZE_SECS: u32 = 31_536_000;
 
 /// A `Chime-Snooze` header's values: whole seconds from 1 to `MAX_SNOOZE_SECS`, or the

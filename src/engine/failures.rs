@@ -1,4 +1,4 @@
-//! Failed attempts in the log (SPEC §14): each one at WARN with its task, biz type, attempt
+//! Failed attempts in the log (docs/design/contract.md, Operating): each one at WARN with its task, biz type, attempt
 //! and status or error. A receiver that is down under a burst would make that thousands of
 //! lines a second, so past `LOUD` lines in an interval a biz type's failures are counted
 //! instead, and the count is one line when the interval ends.

@@ -1,5 +1,5 @@
 //! The delivery engine: every node claims due tasks, calls their biz type's callback, and
-//! records what happened (SPEC §4, §6).
+//! records what happened (docs/design/contract.md: Callbacks, Engine).
 //!
 //! Shape. One claim loop per node. Each turn it reads the biz types that deliver by
 //! callback and are neither paused nor archived (re-read as soon as any node changes one,
@@ -36,7 +36,7 @@
 //! added to its lateness. The wait is measured from the database's clock, as returned
 //! with the row: a node whose clock runs ahead of the database's never fires early.
 //!
-//! Deadlines (SPEC §11). No callback starts at or after a task's `expires_at`: the claim
+//! Deadlines (docs/design/contract.md, Tasks by key). No callback starts at or after a task's `expires_at`: the claim
 //! ends the tasks it picks whose deadline has passed instead of leasing them; a task claimed
 //! ahead whose deadline comes before its due time is recorded expired, not sent (an attempt
 //! that says so, `deliver::not_sent`); a retry or snooze that would start at or after the
@@ -48,7 +48,7 @@
 //! and they are delivered again: at least once, never lost. A result for a task whose lease this
 //! node lost is not written over the new holder's.
 //!
-//! Stopping (SPEC §14, `lifecycle`). At the node's stop signal the loop claims no more and
+//! Stopping (docs/design/contract.md, Operating, `lifecycle`). At the node's stop signal the loop claims no more and
 //! each delivery task still waiting for its due time gives its task back (pending again,
 //! its attempt not counted), so another node delivers it on time. Callbacks in flight
 //! finish and are recorded as usual. If the grace runs out first, they are cut off: the
@@ -585,7 +585,7 @@ impl Engine {
                 Report::Unstarted { task_id: task.id, run_at: task.run_at }
             } else if let Some(deadline) = task.expires_at.filter(|d| *d <= chrono::Utc::now()) {
                 // Claimed ahead, and its deadline came before its due time: no
-                // callback starts at or after the deadline (SPEC §11).
+                // callback starts at or after the deadline (docs/design/contract.md, Tasks by key).
                 metrics::not_sent_expired(&biz.name);
                 Report::Finished(deliver::not_sent(&biz, &task, deadline))
             } else {

@@ -1,4 +1,4 @@
-//! Cancelling or replaying every task that matches a filter (SPEC §11), any number of them:
+//! Cancelling or replaying every task that matches a filter (docs/design/contract.md, Tasks by key), any number of them:
 //! in batches of `BATCH`, a transaction each, so that no transaction holds many locks or
 //! runs long, and the engine's claims (of this biz type and of others) go on between them.
 //!

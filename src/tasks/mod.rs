@@ -1,4 +1,4 @@
-//! The task store: a task is one scheduled callback (SPEC §1, §3). This module validates
+//! The task store: a task is one scheduled callback (docs/design/contract.md: Tasks, API). This module validates
 //! what clients ask for and owns every statement that inserts, moves, leases, settles or
 //! deletes a row of `tasks`, `tasks_cold`, `task_keys` and `attempts`. Nothing outside it
 //! writes those tables; "where is a task row changed?" is answered by this folder.
@@ -15,7 +15,7 @@
 //!                      └──── replay ◄──── succeeded | failed | expired
 //! ```
 //!
-//! `expired` (SPEC §11): a task with an `expires_at` gets no callback that would start at
+//! `expired` (docs/design/contract.md, Tasks by key): a task with an `expires_at` gets no callback that would start at
 //! or after it. The claim and reserve end the tasks they pick past it instead of leasing
 //! them, `record` ends one whose next retry or snooze would fall there, lease recovery
 //! one whose lease ran out past it, and the leader's sweep (`lease::expire_overdue`) the

@@ -1,4 +1,4 @@
-//! A create whose key is taken, when it says what to do about it (`on_conflict`, SPEC §11):
+//! A create whose key is taken, when it says what to do about it (`on_conflict`, docs/design/contract.md, Tasks by key):
 //! `replace` changes the key's pending task or gives the key to a new task, `keep` answers
 //! with the key's task. `reject`, the default, is `create_batch`'s own answer (a repeat or
 //! a conflict), but for an item of a batch that follows a `replace` of its key: it is

@@ -1,5 +1,5 @@
 //! Timers: periodic schedules owned by a biz type; each occurrence becomes a task
-//! (SPEC §3, §7).
+//! (docs/design/contract.md: API, Leader).
 //!
 //! The leader writes occurrences as ordinary tasks for a window ahead
 //! (`CHIME_TIMER_WINDOW_SECS`), keyed `"<timer key>@<fire time>"`. Two things make each

@@ -1,4 +1,4 @@
-//! Bulk cancel and bulk replay by filter (SPEC §11): what they match, what they refuse, that
+//! Bulk cancel and bulk replay by filter (docs/design/contract.md, Tasks by key): what they match, what they refuse, that
 //! they go through any number of tasks in batches, and what a steady biz type sees meanwhile.
 
 use std::time::{Duration, Instant, SystemTime};

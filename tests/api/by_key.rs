@@ -1,4 +1,4 @@
-//! Tasks addressed by the client's key (SPEC §11): PATCH and DELETE by key, `on_conflict` on
+//! Tasks addressed by the client's key (docs/design/contract.md, Tasks by key): PATCH and DELETE by key, `on_conflict` on
 //! create and batch items, and the 409 codes that say which conflict a refusal is.
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! DATABASE_URL with several hosts, and a server that stops taking writes under a running
-//! node (SPEC §10). Failover with a real standby and a failover manager is in `tests/ha`.
+//! node (docs/design/contract.md, High availability). Failover with a real standby and a failover manager is in `tests/ha`.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Deadlines (SPEC §11): no callback starts at or after a task's `expires_at`; a task not
+//! Deadlines (docs/design/contract.md, Tasks by key): no callback starts at or after a task's `expires_at`; a task not
 //! delivered by then ends `expired`, whatever held it back; a replay clears the deadline.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Signing secret rotation with an overlap, and failure notices (SPEC §12): the real server,
+//! Signing secret rotation with an overlap, and failure notices (docs/design/contract.md, Notices and signatures): the real server,
 //! engine and notice sender against real receivers, the real `chime` binary for the CLI.
 
 use std::time::Duration;
@@ -25,7 +25,7 @@ fn v1s(request: &Received) -> Vec<String> {
 }
 
 /// Whether a receiver knowing only `secret` accepts the request: any `v1` matches the HMAC
-/// of "<t>.<body>" (SPEC §12).
+/// of "<t>.<body>" (docs/design/contract.md, Notices and signatures).
 fn verifies_with(request: &Received, secret: &str) -> bool {
     let header = request.header("chime-signature").unwrap();
     let t: i64 = header.strip_prefix("t=").unwrap().split(',').next().unwrap().parse().unwrap();

@@ -4,7 +4,7 @@
 //! syntax, invalid UTF-8), deep nesting, and valid bodies.
 //!
 //! Whatever arrives, the API answers 2xx or a 4xx in its error shape, never a 5xx. An
-//! accepted request was a valid one (SPEC §3) and is stored as sent; a valid one is
+//! accepted request was a valid one (docs/design/contract.md, API) and is stored as sent; a valid one is
 //! accepted; a refused one changes nothing; and at the end the tables hold exactly what
 //! the accepted requests created.
 //!

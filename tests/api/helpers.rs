@@ -150,7 +150,7 @@ pub struct RunningEngine {
 }
 
 impl RunningEngine {
-    /// Stops the engine as its node would (SPEC §14) and waits until it has stopped: every
+    /// Stops the engine as its node would (docs/design/contract.md, Operating) and waits until it has stopped: every
     /// callback in flight finished and recorded, every task claimed ahead given back.
     pub async fn stop(self) {
         self.lifecycle.enter(chime::lifecycle::Phase::Draining);

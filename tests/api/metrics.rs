@@ -1,4 +1,4 @@
-//! /metrics as SPEC §14 extends it: the queue per biz type (read by the leader), the
+//! /metrics as docs/design/contract.md, Operating extends it: the queue per biz type (read by the leader), the
 //! database pool, and HTTP requests by route pattern and status.
 
 use std::time::Duration;

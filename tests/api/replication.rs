@@ -1,4 +1,4 @@
-//! The console's Cluster page, database section (SPEC §10): the server chime writes to as
+//! The console's Cluster page, database section (docs/design/contract.md, High availability): the server chime writes to as
 //! the server itself reports it, and the standbys streaming from it. The standby is a real
 //! WAL sender: `pg_receivewal` streaming from the test server, which PostgreSQL lists in
 //! `pg_stat_replication` like any standby.

@@ -1,4 +1,4 @@
-//! Stopping and starting as SPEC §14 says, with real `chime serve` processes: SIGTERM to a
+//! Stopping and starting as docs/design/contract.md, Operating says, with real `chime serve` processes: SIGTERM to a
 //! node with callbacks in flight and tasks claimed ahead, beside another node; `/healthz`
 //! before `/readyz` while the database is being migrated.
 

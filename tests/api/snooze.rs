@@ -1,4 +1,4 @@
-//! Snooze (SPEC §11) and trace context on callbacks (SPEC §12): a receiver answering 2xx
+//! Snooze (docs/design/contract.md, Tasks by key) and trace context on callbacks (docs/design/contract.md, Notices and signatures): a receiver answering 2xx
 //! with `Chime-Snooze: <seconds>` is called again that much later, without the attempt
 //! counting toward max_attempts; a bad value is a protocol error retried like a failure.
 

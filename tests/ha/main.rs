@@ -1,7 +1,7 @@
 //! High-availability tests: real `chime serve` processes on a replicated PostgreSQL (a
 //! primary and a synchronous standby made with pg_basebackup, or a pg_auto_failover
 //! formation whose monitor promotes the standby when the primary is killed), real
-//! receivers, and SPEC §10's promises checked from outside: the standby is skipped, no node
+//! receivers, and docs/design/contract.md, High availability's promises checked from outside: the standby is skipped, no node
 //! leads on a standby, and a failover under load loses no acknowledged task.
 //!
 //! Needs, as root (each server runs as the `postgres` user): PostgreSQL 15 under

@@ -44,7 +44,7 @@
 -- walk one through the range (it did when the list index held every status: 50,000 rows
 -- read when all were due at one instant).
 --
--- Deadlines (SPEC §11: no callback starts at or after `expires_at`). A picked task whose
+-- Deadlines (docs/design/contract.md, Tasks by key: no callback starts at or after `expires_at`). A picked task whose
 -- deadline has passed is ended `expired` here, in the same UPDATE, rather than skipped:
 -- skipped, it would stay at the head of tasks_claim_idx and every claim would read past it
 -- until the leader's expiry sweep came by (after a paused biz type with a large backlog

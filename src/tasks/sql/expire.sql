@@ -1,4 +1,4 @@
--- Ends `expired` up to $1 pending tasks whose deadline has passed (SPEC §11): tasks no
+-- Ends `expired` up to $1 pending tasks whose deadline has passed (docs/design/contract.md, Tasks by key): tasks no
 -- claim or reserve reached in time, held back by a paused biz type, a backlog, the rate
 -- limit, or a pull biz type nobody reserves from. The claim and the reserve end the ones
 -- they pick themselves (claim.sql); this is for the rest. Answers one row per task, its

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use actix_web::cookie::{Cookie, SameSite};
 use actix_web::dev::Payload;
-use actix_web::http::{StatusCode, header};
+use actix_web::http::{ConnectionType, StatusCode, header};
 use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 use askama::Template;
 use base64::Engine;
@@ -220,6 +220,16 @@ fn login_page(req: &HttpRequest, key: &[u8; 32], status: StatusCode, next: Strin
         .body(page.render().unwrap_or_default())
 }
 
+/// A refusal that asks the caller to come back in `secs`, on a new connection: the
+/// node's connections are few (`max_connections`), and a flood's refused callers holding
+/// theirs open for keep-alive left the rest of the flood, and a right password behind it,
+/// queued in the kernel for seconds.
+fn come_back(mut page: HttpResponse, secs: u64) -> HttpResponse {
+    page.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+    page.head_mut().set_connection_type(ConnectionType::Close);
+    page
+}
+
 pub async fn login_form(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -265,9 +275,8 @@ pub async fn login(
             tracing::debug!(user = %shown_name(&form.username), %address, "console: sign-in refused while waiting");
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             let error = format!("too many failed sign-ins; try again in {}", in_words(secs));
-            let mut page = login_page(&req, key, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(error));
-            page.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
-            return Ok(page);
+            let page = login_page(&req, key, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(error));
+            return Ok(come_back(page, secs));
         }
     };
     let user = match users::verify(&state.pool, &form.username, &form.password, true).await? {
@@ -277,9 +286,8 @@ pub async fn login(
             limiter.not_tried(address, &form.username);
             tracing::debug!(user = %shown_name(&form.username), %address, "console: sign-in refused, too many being checked");
             let error = "too many sign-ins are being checked at once; try again in a second".to_string();
-            let mut page = login_page(&req, key, StatusCode::SERVICE_UNAVAILABLE, next, form.username, Some(error));
-            page.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1));
-            return Ok(page);
+            let page = login_page(&req, key, StatusCode::SERVICE_UNAVAILABLE, next, form.username, Some(error));
+            return Ok(come_back(page, 1));
         }
         users::Verdict::Wrong => {
             let name = shown_name(&form.username);

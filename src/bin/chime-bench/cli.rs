@@ -165,8 +165,8 @@ pub struct BenchArgs {
 
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "The load, through the nodes' APIs in turn: single creates at --rate per second, due \
-    within 3 s, a third each of biz types soak-plain (the receiver answers 200), soak-flaky (503 to each task's \
-    first attempt, so it is retried) and soak-replayed (422 the first time, so it fails at once and the soak \
+    within 3 s, a third each of biz types soak-plain (the receiver answers 200), soak-flaky (503 the first time \
+    every fourth task comes, so it is retried) and soak-replayed (422 the first time, so it fails at once and the soak \
     replays it); a batch of 100 plain tasks every second; --timers cron timers firing every second. At the end \
     the timers are deactivated and the soak waits for everything due to be delivered.\n\n\
     Lost: a task whose creation was acknowledged (or a timer's fire time before the end, whether or not its \

@@ -146,12 +146,23 @@ fn memory(nodes: &Nodes) -> Vec<u64> {
 
 // ---- the receiver ----
 
-/// How the soak's receiver answers: 503 to a flaky task's first attempt, 422 to a
-/// replayed-biz-type task the first time it comes (failures on purpose), 200 otherwise.
+/// How the soak's receiver answers: 503 the first time every fourth flaky task comes, 422
+/// to a replayed-biz-type task the first time it comes (failures on purpose), 200
+/// otherwise. Flaky, not down: it answers most tasks at once. A receiver refusing every
+/// task's first call looks down to the breaker (ten failures in a row open it); while open
+/// each probe was a first call too (a held attempt keeps its number), and the breaker
+/// stayed open with 514 tasks waiting when the drain ended.
 fn answer() -> impl Fn(&Callback) -> StatusCode + Send + Sync + 'static {
     let seen_replayed = Mutex::new(HashSet::new());
+    let seen_flaky = Mutex::new(HashSet::new());
     move |callback| match callback.biz_type {
-        FLAKY if callback.attempt == 1 => StatusCode::SERVICE_UNAVAILABLE,
+        FLAKY if {
+            let mut seen = seen_flaky.lock().unwrap();
+            seen.insert(callback.task_id) && seen.len() % 4 == 1
+        } =>
+        {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         REPLAYED if seen_replayed.lock().unwrap().insert(callback.task_id) => StatusCode::UNPROCESSABLE_ENTITY,
         _ => StatusCode::OK,
     }
@@ -410,14 +421,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_receiver_fails_flaky_first_attempts_and_replayed_first_arrivals() {
+    fn the_receiver_fails_every_fourth_flaky_first_arrival_and_replayed_first_arrivals() {
         let answer = answer();
         let (task, other) = (Uuid::new_v4(), Uuid::new_v4());
         let call = |biz_type, task_id, attempt| answer(&Callback { task_id, biz_type, run_at: Utc::now(), attempt });
         assert_eq!(call(PLAIN, task, 1), StatusCode::OK);
         assert_eq!(call(TIMERS, task, 1), StatusCode::OK);
         assert_eq!(call(FLAKY, task, 1), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(call(FLAKY, task, 2), StatusCode::OK);
+        // Again, its attempt number kept (as after a held attempt): answered.
+        assert_eq!(call(FLAKY, task, 1), StatusCode::OK);
+        let flaky: Vec<StatusCode> = (0..8).map(|_| call(FLAKY, Uuid::new_v4(), 1)).collect();
+        let refused = flaky.iter().filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE).count();
+        assert_eq!((refused, flaky[3]), (2, StatusCode::SERVICE_UNAVAILABLE), "every fourth: {flaky:?}");
         // Replayed: refused the first time whatever the attempt (a replay starts again at 1).
         assert_eq!(call(REPLAYED, task, 1), StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(call(REPLAYED, task, 1), StatusCode::OK);

@@ -509,6 +509,9 @@ pub(super) struct PatchRequest<'a> {
     #[serde(default, borrow, deserialize_with = "present")]
     #[schema(value_type = serde_json::Value)]
     payload: Option<&'a RawValue>,
+    /// New priority, 0 to 9 (9 the most urgent).
+    #[schema(minimum = 0, maximum = 9)]
+    priority: Option<i64>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -520,8 +523,8 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     path = "/api/v1/tasks/{id}",
     operation_id = "updateTask",
     tag = "tasks",
-    summary = r#"Reschedule a pending task or replace its payload"#,
-    description = r#"Changes the due time (`run_at` or `delay_ms`, as at creation) and/or replaces the payload of a **pending** task; a running or finished task answers 409. The attempt count, last error and key stay as they are (a later create repeating the original request still answers 200 with this task). Recorded in the audit log (`task.reschedule`: the new due time, and whether the payload was replaced)."#,
+    summary = r#"Reschedule a pending task, replace its payload or change its priority"#,
+    description = r#"Changes the due time (`run_at` or `delay_ms`, as at creation), the priority, and/or replaces the payload of a **pending** task; a running or finished task answers 409. The attempt count, last error and key stay as they are (a later create repeating the original request still answers 200 with this task). Recorded in the audit log (`task.reschedule`: the new due time, and whether the payload was replaced)."#,
     params(
         ("id" = Uuid, Path, description = r#"The task's id."#)
     ),
@@ -535,7 +538,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
         (status = 408, response = super::openapi::RequestTimeout),
         (status = 409, description = r#"The task is not pending (it is running or finished)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be changed; this one is succeeded"}})),
         (status = 413, description = r#"The new payload is larger than the server's limit (default 64 KiB)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
-        (status = 422, description = r#"Nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, a time at or after the task's deadline (`expires_at`: no callback starts then), or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "give run_at, delay_ms or payload to change"}})),
+        (status = 422, description = r#"Nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, a priority outside 0-9, a time at or after the task's deadline (`expires_at`: no callback starts then), or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "give run_at, delay_ms, payload or priority to change"}})),
         (status = 500, response = super::openapi::Internal),
         (status = 503, response = super::openapi::Unavailable)
     ),
@@ -555,9 +558,10 @@ pub async fn reschedule(
 async fn patch(caller: &Caller, state: &AppState, target: tasks::Target<'_>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
     let request: PatchRequest = from_raw(raw_json(&body)?)?;
-    if request.run_at.is_none() && request.delay_ms.is_none() && request.payload.is_none() {
-        return Err(ApiError::Invalid("give run_at, delay_ms or payload to change".into()));
+    if request.run_at.is_none() && request.delay_ms.is_none() && request.payload.is_none() && request.priority.is_none() {
+        return Err(ApiError::Invalid("give run_at, delay_ms, payload or priority to change".into()));
     }
+    let priority = request.priority.map(tasks::validate_priority).transpose()?;
     let when = match (&request.run_at, request.delay_ms) {
         (None, None) => None,
         (run_at, delay) => Some(When::parse(run_at.as_deref(), delay, Utc::now())?),
@@ -565,10 +569,10 @@ async fn patch(caller: &Caller, state: &AppState, target: tasks::Target<'_>, bod
     if let Some(payload) = request.payload {
         tasks::check_payload(payload, state.max_payload_bytes)?;
     }
-    let task = tasks::reschedule_target(&state.pool, caller.0.biz_type_id, target, when, request.payload).await?;
-    // Audited like a cancel (and like the console's reschedule): the due time it now has,
-    // and whether the payload was replaced (not the payload itself).
-    let after = serde_json::json!({"run_at": task.run_at, "payload_replaced": request.payload.is_some()});
+    let task = tasks::reschedule_target(&state.pool, caller.0.biz_type_id, target, when, request.payload, priority).await?;
+    // Audited like a cancel (and like the console's reschedule): the due time and priority
+    // it now has, and whether the payload was replaced (not the payload itself).
+    let after = serde_json::json!({"run_at": task.run_at, "priority": task.priority, "payload_replaced": request.payload.is_some()});
     audit::record(&state.pool, &caller.actor(), "task.reschedule", "task", &task.id.to_string(), None, Some(after)).await?;
     Ok(HttpResponse::Ok().json(task))
 }

@@ -172,6 +172,7 @@ mod tests {
             finished_at: None,
             expires_at: None,
             traceparent: None,
+            priority: 5,
         }
     }
 

@@ -589,7 +589,7 @@ pub async fn reschedule(
         .and_then(|t| t.ok_or_else(|| Error::invalid("run_at", "give the new time")))
         .and_then(|t| When::parse(Some(&t.to_rfc3339()), None, chrono::Utc::now()));
     let moved = match (zone, when) {
-        (Ok(_), Ok(when)) => match tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None).await {
+        (Ok(_), Ok(when)) => match tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None, None).await {
             Ok(moved) => Ok(moved),
             // Past its deadline, say: shown on the form as the API names it.
             Err(e @ Error::Invalid { .. }) => Err(Problems(vec![e])),

@@ -117,6 +117,10 @@ const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
 const CAPPED_POLL: Duration = Duration::from_millis(100);
 /// Most tasks of one biz type claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
+/// Of the tasks a node claims of a biz type, one in this many goes to its longest-due
+/// tasks whatever their priority (claim.sql), so that no priority is starved by higher
+/// ones: a task at the head of the due order waits at most for this share to reach it.
+const OLDEST_SHARE: i64 = 10;
 /// How often every biz type's next due time is asked (`Engine::sweep`): what no
 /// notification announces is claimed at most this late (no later than due, for a task
 /// created at least this far ahead). Each sweep is one statement with an index probe
@@ -297,6 +301,8 @@ pub struct Engine {
     /// Callbacks in flight (or waiting for their due time) on this node, per biz type id:
     /// this node's part of the biz type's cap, which the claim checks across the cluster.
     in_flight: HashMap<i32, Arc<AtomicI32>>,
+    /// Leased of each biz type since its last task taken as the longest-due (`OLDEST_SHARE`).
+    owed_oldest: HashMap<i32, i64>,
     limiters: rate::Limiters,
     /// Live delivering nodes, re-counted with the settings: a rate limit's divisor.
     delivering_nodes: i64,
@@ -361,6 +367,7 @@ impl Engine {
             recorder,
             unrecorded,
             in_flight: HashMap::new(),
+            owed_oldest: HashMap::new(),
             limiters: rate::Limiters::default(),
             delivering_nodes: 1,
             biz_types: Vec::new(),
@@ -481,8 +488,9 @@ impl Engine {
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() || probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
-            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms });
-            claiming.push((biz.clone(), counter, slots, free, wait, probe));
+            let oldest = (self.owed_oldest.get(&biz.id).copied().unwrap_or(0) + free) / OLDEST_SHARE;
+            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest });
+            claiming.push((biz.clone(), counter, slots, free, wait, probe, oldest));
         }
         let mut claims = if wants.is_empty() {
             HashMap::new()
@@ -502,8 +510,12 @@ impl Engine {
         let mut more_due = false;
         // Biz types that claimed all that was due: when each is next due is asked below.
         let mut caught_up = Vec::new();
-        for (biz, counter, slots, free, wait, probe) in claiming {
+        for (biz, counter, slots, free, wait, probe, oldest) in claiming {
             let lease::Claim { leased: claimed, expired, capped } = claims.remove(&biz.id).unwrap_or_default();
+            // Counted by what was leased: the longest-due came first in it (claim.sql).
+            let took = (claimed.len() + expired) as i64;
+            let owed = self.owed_oldest.entry(biz.id).or_default();
+            *owed = (*owed + took - OLDEST_SHARE * oldest.min(took)).max(0);
             metrics::expired(&biz.name, expired as u64);
             if capped {
                 // Every slot of the cluster is taken: this node is woken when one of its own
@@ -682,6 +694,7 @@ impl Engine {
                 // One paused or left out meanwhile starts afresh when it is back.
                 let listed: HashSet<i32> = list.iter().map(|b| b.id).collect();
                 self.next_look.retain(|id, _| listed.contains(id));
+                self.owed_oldest.retain(|id, _| listed.contains(id));
                 self.biz_types = list.into_iter().map(Arc::new).collect();
                 self.refreshed_at = Some(tokio::time::Instant::now());
             }

@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Postgres, QueryBuilder};
 use uuid::Uuid;
 
-use super::{COUNT_CAP, Status, When, check_time, validate_key};
+use super::{COUNT_CAP, Status, check_time, validate_key};
 use crate::db::Pool;
 use crate::error::Error;
 
@@ -305,7 +305,7 @@ pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status) -> Result<
         q.push(" ORDER BY run_at, id LIMIT ").push_bind(BATCH).push(" FOR UPDATE SKIP LOCKED");
         let picked: Vec<(Uuid, DateTime<Utc>)> = q.build_query_as().fetch_all(&mut *tx).await?;
         let ids: Vec<Uuid> = picked.iter().map(|(id, _)| *id).collect();
-        let replayed = super::queries::requeue(&mut tx, false, &ids, Some(When::After { delay_ms: 0 }), None, true, Some(None)).await?;
+        let replayed = super::queries::requeue(&mut tx, false, &ids, super::queries::Requeue::replay()).await?;
         tx.commit().await?;
         count.matched += picked.len() as i64;
         count.changed += replayed.len() as i64;

@@ -58,6 +58,12 @@ pub struct CreateTask<'a> {
     /// of the request compared to tell a repeat: the same request sent with another
     /// `on_conflict` is a repeat. null is the same as leaving it out.
     pub on_conflict: Option<OnConflict>,
+    /// 0 to 9, 9 the most urgent; 5 by default. Of a biz type's due tasks, those of higher
+    /// priority are called back first; a tenth of its deliveries still go to its
+    /// longest-due tasks whatever their priority, so none waits for ever. null is the same
+    /// as leaving it out.
+    #[schema(minimum = 0, maximum = 9)]
+    pub priority: Option<i64>,
 }
 
 /// A validated create request.
@@ -76,6 +82,7 @@ pub struct NewTask {
     pub traceparent: Option<String>,
     /// What to do when the key is taken.
     pub on_conflict: OnConflict,
+    pub priority: i16,
 }
 
 impl CreateTask<'_> {
@@ -89,7 +96,8 @@ impl CreateTask<'_> {
         let payload = self.payload.unwrap_or(RawValue::NULL);
         check_payload(payload, max_payload_bytes)?;
         let on_conflict = self.on_conflict.unwrap_or_default();
-        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, deadline, traceparent: None, on_conflict })
+        let priority = self.priority.map_or(Ok(super::DEFAULT_PRIORITY), super::validate_priority)?;
+        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, deadline, traceparent: None, on_conflict, priority })
     }
 }
 
@@ -119,6 +127,7 @@ pub struct Rows<'a> {
     expires_ats: Vec<Option<DateTime<Utc>>>,
     ttls: Vec<Option<i64>>,
     traceparents: Vec<Option<&'a str>>,
+    priorities: Vec<i16>,
 }
 
 impl<'a> Rows<'a> {
@@ -133,6 +142,7 @@ impl<'a> Rows<'a> {
         self.expires_ats.push(None);
         self.ttls.push(None);
         self.traceparents.push(None);
+        self.priorities.push(super::DEFAULT_PRIORITY);
     }
 
     /// A client's task: `push` with its deadline and trace context.
@@ -142,6 +152,7 @@ impl<'a> Rows<'a> {
         *self.expires_ats.last_mut().expect("pushed") = expires_at;
         *self.ttls.last_mut().expect("pushed") = ttl;
         *self.traceparents.last_mut().expect("pushed") = task.traceparent.as_deref();
+        *self.priorities.last_mut().expect("pushed") = task.priority;
     }
 }
 
@@ -174,6 +185,7 @@ impl Inserted {
             finished_at: None,
             expires_at: self.expires_at,
             traceparent: item.traceparent.clone(),
+            priority: item.priority,
         }
     }
 }
@@ -201,6 +213,7 @@ pub async fn insert<'e>(
         .bind(&rows.expires_ats)
         .bind(&rows.ttls)
         .bind(&rows.traceparents)
+        .bind(&rows.priorities)
         .fetch_all(db)
         .await?;
     Ok(found.into_iter().map(|(id, run_at, expires_at, created_at)| Inserted { id, run_at, expires_at, created_at }).collect())

@@ -74,6 +74,8 @@ pub struct Want {
     pub limit: i64,
     pub ahead_ms: i64,
     pub lease_ms: i64,
+    /// How many of `limit` go to the longest-due tasks, whatever their priority.
+    pub oldest: i64,
 }
 
 /// Leases to node `node_id` what each of `wants` asks for, in one statement whatever the
@@ -86,8 +88,17 @@ pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<Dat
     let limits: Vec<i64> = wants.iter().map(|w| w.limit).collect();
     let leases: Vec<i64> = wants.iter().map(|w| w.lease_ms + w.ahead_ms).collect();
     let aheads: Vec<i64> = wants.iter().map(|w| w.ahead_ms).collect();
-    let picked: Vec<ClaimRow> =
-        crate::db::query_as(include_str!("sql/claim.sql")).bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).bind(floor).fetch_all(pool).await?;
+    let oldest: Vec<i64> = wants.iter().map(|w| w.oldest).collect();
+    let picked: Vec<ClaimRow> = crate::db::query_as(include_str!("sql/claim.sql"))
+        .bind(&ids)
+        .bind(&limits)
+        .bind(&leases)
+        .bind(node_id)
+        .bind(&aheads)
+        .bind(floor)
+        .bind(&oldest)
+        .fetch_all(pool)
+        .await?;
     let mut claims: HashMap<i32, Claim> = HashMap::new();
     for row in picked {
         let claim = claims.entry(row.biz_type_id).or_default();

@@ -218,6 +218,10 @@ pub struct Task {
     pub expires_at: Option<DateTime<Utc>>,
     /// The W3C trace context of the request that created it; its callbacks carry the same trace.
     pub traceparent: Option<String>,
+    /// 0 to 9, 9 the most urgent: the biz type's due tasks are claimed by priority, then
+    /// by due time (a tenth of its deliveries go to its longest-due tasks whatever their
+    /// priority).
+    pub priority: i16,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -362,6 +366,17 @@ pub fn traceparent(header: &str) -> Option<String> {
         && hex(flags, 2)
         && (rest.is_none() || version != "00");
     well_formed.then(|| format!("{version}-{trace_id}-{parent_id}-{flags}"))
+}
+
+/// A task's priority unless it is given one.
+pub const DEFAULT_PRIORITY: i16 = 5;
+
+/// A priority as a request gives it: 0 to 9.
+pub fn validate_priority(priority: i64) -> Result<i16, Error> {
+    match i16::try_from(priority) {
+        Ok(p @ 0..=9) => Ok(p),
+        _ => Err(Error::invalid("priority", format!("must be an integer from 0 to 9 (9 the most urgent; 5 by default), not {priority}"))),
+    }
 }
 
 pub fn validate_key(key: &str) -> Result<(), Error> {

@@ -539,26 +539,37 @@ async fn lock_by_key(tx: &mut PgConnection, owner: i32, key: &str) -> Result<(Uu
     }
 }
 
-/// Puts locked tasks back to pending ("back to pending at T"): at a new `run_at` (none:
-/// keep it), optionally with a new payload, each moved to whichever of the hot partitions
-/// or cold storage its time belongs in. `fresh_start` also clears the attempt count and the
-/// last error (a replay). `deadline`: None keeps the deadline, Some sets it (to none, or
-/// from the new run_at). The one statement reschedule, replay, bulk replay (`bulk.rs`) and
-/// a create's replace (`replace.rs`) share; a lease's retry stays in place
-/// (`lease::record`). The tasks must be locked by the caller and all in cold storage
-/// (`cold`) or all not.
-pub(super) async fn requeue(
-    tx: &mut PgConnection,
-    cold: bool,
-    ids: &[Uuid],
-    when: Option<When>,
-    payload: Option<&serde_json::value::RawValue>,
-    fresh_start: bool,
-    deadline: Option<Option<Deadline>>,
-) -> Result<Vec<Task>, Error> {
+/// What `requeue` changes of the tasks it puts back; each None keeps what the task had.
+#[derive(Default)]
+pub(super) struct Requeue<'a> {
+    /// The new `run_at`.
+    pub when: Option<When>,
+    pub payload: Option<&'a serde_json::value::RawValue>,
+    /// Also clears the attempt count and the last error (a replay).
+    pub fresh_start: bool,
+    /// Sets the deadline: to none, or counted from the new run_at.
+    pub deadline: Option<Option<Deadline>>,
+    pub priority: Option<i16>,
+}
+
+impl Requeue<'_> {
+    /// A replay: a fresh start, due now, without a deadline (its `expires_at` was the
+    /// original delivery's).
+    pub fn replay() -> Self {
+        Requeue { when: Some(When::After { delay_ms: 0 }), fresh_start: true, deadline: Some(None), ..Requeue::default() }
+    }
+}
+
+/// Puts locked tasks back to pending ("back to pending at T") with `changes`, each moved
+/// to whichever of the hot partitions or cold storage its time belongs in. The one
+/// statement reschedule, replay, bulk replay (`bulk.rs`) and a create's replace
+/// (`replace.rs`) share; a lease's retry stays in place (`lease::record`). The tasks must
+/// be locked by the caller and all in cold storage (`cold`) or all not.
+pub(super) async fn requeue(tx: &mut PgConnection, cold: bool, ids: &[Uuid], changes: Requeue<'_>) -> Result<Vec<Task>, Error> {
     if ids.is_empty() {
         return Ok(vec![]);
     }
+    let Requeue { when, payload, fresh_start, deadline, priority } = changes;
     let source = if cold { "tasks_cold" } else { "tasks" };
     let (run_at, delay_ms) = when.map(When::binds).unwrap_or_default();
     let (expires_at, ttl_ms) = deadline.flatten().map(Deadline::binds).unwrap_or_default();
@@ -581,16 +592,17 @@ pub(super) async fn requeue(
                     -- Kept: when it was first due, whatever moved it since.
                     first_run_at,
                     -- Counted afresh after a replay, as attempts are (max_snoozes).
-                    CASE WHEN $5 THEN 0 ELSE snoozes END AS snoozes
+                    CASE WHEN $5 THEN 0 ELSE snoozes END AS snoozes,
+                    coalesce($10::smallint, priority) AS priority
                FROM moved
          ), hot AS (
              INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                expires_at, traceparent, first_run_at, snoozes)
+                                expires_at, traceparent, first_run_at, snoozes, priority)
              SELECT * FROM new WHERE run_at < (SELECT until FROM hot_horizon)
              RETURNING *
          ), cold AS (
              INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                     expires_at, traceparent, first_run_at, snoozes)
+                                     expires_at, traceparent, first_run_at, snoozes, priority)
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (
@@ -611,6 +623,7 @@ pub(super) async fn requeue(
     .bind(deadline.is_some())
     .bind(expires_at)
     .bind(ttl_ms)
+    .bind(priority)
     .fetch_all(&mut *tx)
     .await?;
     Ok(tasks)
@@ -621,15 +634,16 @@ fn one(mut tasks: Vec<Task>) -> Result<Task, Error> {
     tasks.pop().ok_or(Error::Db(sqlx::Error::RowNotFound))
 }
 
-/// Changes the run time and/or payload of a pending task.
+/// Changes the run time, payload or priority of a pending task.
 pub async fn reschedule(
     pool: &Pool,
     owner: i32,
     id: Uuid,
     when: Option<When>,
     payload: Option<&serde_json::value::RawValue>,
+    priority: Option<i16>,
 ) -> Result<Task, Error> {
-    reschedule_target(pool, owner, Target::Id(id), when, payload).await
+    reschedule_target(pool, owner, Target::Id(id), when, payload, priority).await
 }
 
 /// `reschedule`, of the task found by id or by key.
@@ -639,13 +653,14 @@ pub async fn reschedule_target(
     target: Target<'_>,
     when: Option<When>,
     payload: Option<&serde_json::value::RawValue>,
+    priority: Option<i16>,
 ) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (id, status, cold) = lock_target(&mut tx, owner, target).await?;
     if status != Status::Pending {
         return Err(Error::invalid_state(format!("only a pending task can be changed; this one is {status}")));
     }
-    let task = one(requeue(&mut tx, cold, &[id], when, payload, false, None).await?)?;
+    let task = one(requeue(&mut tx, cold, &[id], Requeue { when, payload, priority, ..Requeue::default() }).await?)?;
     if let Some(when) = when {
         // No callback starts at or after the deadline: a task moved there could only expire.
         let deadline: Option<DateTime<Utc>> =
@@ -672,7 +687,7 @@ pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
         return Err(Error::invalid_state(format!("only a finished task can be replayed; this one is {status}")));
     }
     // A replay is a fresh start: the deadline was the first run's.
-    let task = one(requeue(&mut tx, cold, &[id], Some(When::After { delay_ms: 0 }), None, true, Some(None)).await?)?;
+    let task = one(requeue(&mut tx, cold, &[id], Requeue::replay()).await?)?;
     tx.commit().await?;
     Ok(task)
 }

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::create::{CreateOutcome, NewTask, Rows, insert, key_conflict};
-use super::queries::{lock, read, requeue};
+use super::queries::{Requeue, lock, read, requeue};
 use super::Status;
 use crate::db::Pool;
 use crate::error::{Conflict, Error};
@@ -28,7 +28,7 @@ pub enum OnConflict {
     /// The same request again is a repeat (200), another one a conflict (409 `key_conflict`).
     #[default]
     Reject,
-    /// A pending task takes this request's time, payload and deadline; a finished one
+    /// A pending task takes this request's time, payload, deadline and priority; a finished one
     /// leaves the key to a new task (and joins the key's earlier tasks); a running one is a
     /// conflict (409 `task_running`).
     Replace,
@@ -89,8 +89,14 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
             (OnConflict::Replace, Some((id, Status::Pending, cold))) => {
                 // The request's time, payload and deadline (none: none), the deadline
                 // counted from the new due time.
-                let mut tasks =
-                    requeue(&mut tx, cold, &[id], Some(item.when), Some(&item.payload), false, Some(item.deadline)).await?;
+                let changes = Requeue {
+                    when: Some(item.when),
+                    payload: Some(&item.payload),
+                    deadline: Some(item.deadline),
+                    priority: Some(item.priority),
+                    ..Requeue::default()
+                };
+                let mut tasks = requeue(&mut tx, cold, &[id], changes).await?;
                 // The replacing request is now the key's: sent again, it is a repeat.
                 crate::db::query("UPDATE task_keys SET request_hash = $3 WHERE biz_type_id = $1 AND key = $2")
                     .bind(biz_type_id)

@@ -41,7 +41,7 @@ async fn patch_and_delete_by_key_act_on_the_keys_task() {
     assert_eq!(by_id["payload"], json!({"v": 2}));
     // The same body rules as by id.
     let empty = app.patch(&path, &token, json!({})).await;
-    assert_eq!((empty.status, empty.message()), (422, "give run_at, delay_ms or payload to change"));
+    assert_eq!((empty.status, empty.message()), (422, "give run_at, delay_ms, payload or priority to change"));
     let both = app.patch(&path, &token, json!({"run_at": "2030-01-01T09:00:00Z", "delay_ms": 5})).await;
     assert_eq!(both.status, 422);
     assert!(both.message().starts_with("run_at"), "{}", both.message());

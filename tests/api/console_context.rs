@@ -297,7 +297,7 @@ async fn api_reschedules_and_bulk_entries_are_audited_with_their_tasks() {
         sqlx::query_as("SELECT actor, target, after FROM audit_log WHERE action = 'task.reschedule'").fetch_one(&app.pool).await.unwrap();
     assert!(actor.starts_with("api:"), "{actor}");
     assert_eq!(target, id);
-    assert_eq!(after, json!({"run_at": "2030-01-01T09:00:00Z", "payload_replaced": false}));
+    assert_eq!(after, json!({"run_at": "2030-01-01T09:00:00Z", "priority": 5, "payload_replaced": false}));
 
     let mut ids = vec![id.to_string()];
     for i in 2..=3 {

@@ -37,6 +37,7 @@ mod leader;
 mod metrics;
 mod nodes;
 mod pooler;
+mod priority;
 mod protocol;
 mod operating;
 mod pull;

@@ -38,10 +38,10 @@ final class Client
 
     /**
      * Schedules a task: `biz_type`, and any of `key`, `run_at` | `delay_ms`, `payload`,
-     * `on_conflict` (`reject`, `replace`, `keep`), `expires_at` | `ttl_ms`. Answers the task,
-     * with `created` added: true for a 201, false when the key's task answered (200). With a
-     * `key`, a 503 or a lost answer is retried with the same key (the server may have stored
-     * it); without one, never.
+     * `on_conflict` (`reject`, `replace`, `keep`), `expires_at` | `ttl_ms`, `priority` (0 to
+     * 9, 9 the most urgent; 5 when left out). Answers the task, with `created` added: true for
+     * a 201, false when the key's task answered (200). With a `key`, a 503 or a lost answer is
+     * retried with the same key (the server may have stored it); without one, never.
      *
      * @param array<string, mixed> $fields
      * @return array<string, mixed>
@@ -117,7 +117,7 @@ final class Client
         } while ($page['next_cursor'] !== null);
     }
 
-    /** Moves a pending task (`run_at` or `delay_ms`) and/or replaces its `payload` (null included). */
+    /** Moves a pending task (`run_at` or `delay_ms`), replaces its `payload` (null included) and/or changes its `priority`. */
     public function reschedule(string $id, array $changes): array
     {
         return $this->call('PATCH', '/api/v1/tasks/' . rawurlencode($id), $changes);

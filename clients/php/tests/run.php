@@ -216,6 +216,20 @@ $tests['deadlines: expires_at, ttl_ms'] = function () use ($url, $hooks) {
     $client->cancel($ttl['id']);
 };
 
+$tests['priority'] = function () use ($url, $hooks) {
+    $client = new Client($url, $hooks['token']);
+    $urgent = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000, 'priority' => 8]);
+    same(8, $urgent['priority']);
+    $plain = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000]);
+    same(5, $plain['priority'], '5 when left out');
+    same(2, $client->reschedule($urgent['id'], ['priority' => 2])['priority']);
+    $e = throws(InvalidArgumentException::class, fn () => $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000, 'priority' => 10]));
+    same(422, $e->getStatus());
+    check(str_contains($e->getMessage(), 'priority'), $e->getMessage());
+    $client->cancel($urgent['id']);
+    $client->cancel($plain['id']);
+};
+
 $tests['bulk cancel and replay'] = function () use ($url, $hooks) {
     $client = new Client($url, $hooks['token']);
     $prefix = 'bulk-' . uuid() . '-';

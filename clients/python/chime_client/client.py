@@ -153,14 +153,16 @@ class Client:
 
     def create(self, biz_type: str, *, key: Optional[str] = None, run_at: Optional[Time] = None,
                delay_ms: Optional[int] = None, payload: Any = _UNSET, on_conflict: Optional[str] = None,
-               expires_at: Optional[Time] = None, ttl_ms: Optional[int] = None,
+               expires_at: Optional[Time] = None, ttl_ms: Optional[int] = None, priority: Optional[int] = None,
                traceparent: Optional[str] = None) -> Resource:
         """Schedules a task (``POST /api/v1/tasks``). ``on_conflict``: ``"reject"`` (default),
-        ``"replace"`` or ``"keep"``. The task has ``.created`` True when this call made it
-        (201), False when the key's task answered (200)."""
+        ``"replace"`` or ``"keep"``. ``priority``: 0 to 9, 9 the most urgent (5 when left
+        out). The task has ``.created`` True when this call made it (201), False when the
+        key's task answered (200)."""
         body: Dict[str, Any] = {"biz_type": biz_type}
         for name, value in (("key", key), ("run_at", _time(run_at)), ("delay_ms", delay_ms),
-                            ("on_conflict", on_conflict), ("expires_at", _time(expires_at)), ("ttl_ms", ttl_ms)):
+                            ("on_conflict", on_conflict), ("expires_at", _time(expires_at)), ("ttl_ms", ttl_ms),
+                            ("priority", priority)):
             if value is not None:
                 body[name] = value
         if payload is not _UNSET:
@@ -215,13 +217,14 @@ class Client:
                 return
 
     def reschedule(self, task_id: str, *, run_at: Optional[Time] = None, delay_ms: Optional[int] = None,
-                   payload: Any = _UNSET) -> Resource:
-        """Moves a pending task and/or replaces its payload (``payload=None`` sets it to null)."""
-        return _resource(self.request("PATCH", f"/api/v1/tasks/{_seg(task_id)}", _changes(run_at, delay_ms, payload)))
+                   payload: Any = _UNSET, priority: Optional[int] = None) -> Resource:
+        """Moves a pending task, replaces its payload (``payload=None`` sets it to null) and/or
+        changes its priority."""
+        return _resource(self.request("PATCH", f"/api/v1/tasks/{_seg(task_id)}", _changes(run_at, delay_ms, payload, priority)))
 
     def reschedule_by_key(self, biz_type: str, key: str, *, run_at: Optional[Time] = None,
-                          delay_ms: Optional[int] = None, payload: Any = _UNSET) -> Resource:
-        return _resource(self.request("PATCH", _by_key(biz_type, key), _changes(run_at, delay_ms, payload)))
+                          delay_ms: Optional[int] = None, payload: Any = _UNSET, priority: Optional[int] = None) -> Resource:
+        return _resource(self.request("PATCH", _by_key(biz_type, key), _changes(run_at, delay_ms, payload, priority)))
 
     def cancel(self, task_id: str) -> Resource:
         """Cancels a pending task; answers it, ``cancelled``."""
@@ -395,7 +398,7 @@ def _by_key(biz_type: str, key: str) -> str:
     return f"/api/v1/biz-types/{_seg(biz_type)}/tasks/by-key/{_seg(key)}"
 
 
-def _changes(run_at, delay_ms, payload) -> Dict[str, Any]:
+def _changes(run_at, delay_ms, payload, priority) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     if run_at is not None:
         body["run_at"] = _time(run_at)
@@ -403,6 +406,8 @@ def _changes(run_at, delay_ms, payload) -> Dict[str, Any]:
         body["delay_ms"] = delay_ms
     if payload is not _UNSET:
         body["payload"] = payload
+    if priority is not None:
+        body["priority"] = priority
     return body
 
 

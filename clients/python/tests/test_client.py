@@ -92,6 +92,19 @@ class Tasks(unittest.TestCase):
         self.client.cancel(at.id)
         self.client.cancel(ttl.id)
 
+    def test_priority(self):
+        urgent = self.client.create(hooks.name, delay_ms=3_600_000, priority=8)
+        self.assertEqual(urgent.priority, 8)
+        plain = self.client.create(hooks.name, delay_ms=3_600_000)
+        self.assertEqual(plain.priority, 5, "5 when left out")
+        self.assertEqual(self.client.reschedule(urgent.id, priority=2).priority, 2)
+        with self.assertRaises(InvalidArgument) as caught:
+            self.client.create(hooks.name, delay_ms=3_600_000, priority=10)
+        self.assertEqual(caught.exception.status, 422)
+        self.assertIn("priority", caught.exception.message)
+        self.client.cancel(urgent.id)
+        self.client.cancel(plain.id)
+
     def test_bulk_cancel_and_replay(self):
         prefix = f"bulk-{uuid.uuid4()}-"
         ids = {self.client.create(hooks.name, key=f"{prefix}{i}", delay_ms=3_600_000).id for i in range(3)}

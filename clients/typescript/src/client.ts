@@ -103,7 +103,7 @@ export class Client {
     } while (cursor);
   }
 
-  /** Moves a pending task and/or replaces its payload. */
+  /** Moves a pending task, replaces its payload and/or changes its priority. */
   reschedule(id: string, changes: TaskChanges): Promise<Task> {
     return this.call("PATCH", `/api/v1/tasks/${seg(id)}`, changes);
   }

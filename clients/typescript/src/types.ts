@@ -21,6 +21,8 @@ export interface Task {
   finished_at: string | null;
   expires_at: string | null;
   traceparent: string | null;
+  /** 0 to 9, 9 the most urgent. */
+  priority: number;
 }
 
 /** The answer to a create: `created` is true for a 201, false when the key's task answered (200). */
@@ -52,6 +54,8 @@ export interface CreateTask {
   on_conflict?: OnConflict;
   expires_at?: Time | null;
   ttl_ms?: number | null;
+  /** 0 to 9, 9 the most urgent; 5 when left out or null. */
+  priority?: number | null;
 }
 
 export interface TaskChanges {
@@ -59,6 +63,8 @@ export interface TaskChanges {
   delay_ms?: number;
   /** Replaces the payload whole; `null` sets it to null. */
   payload?: unknown;
+  /** 0 to 9, 9 the most urgent. */
+  priority?: number;
 }
 
 export interface TaskPage {

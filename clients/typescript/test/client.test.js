@@ -83,6 +83,20 @@ describe("tasks", () => {
     await client.cancel(ttl.id);
   });
 
+  test("priority", async () => {
+    const client = new Client(URL, hooks.token);
+    const urgent = await client.create({ biz_type: hooks.name, delay_ms: 3_600_000, priority: 8 });
+    assert.equal(urgent.priority, 8);
+    const plain = await client.create({ biz_type: hooks.name, delay_ms: 3_600_000 });
+    assert.equal(plain.priority, 5, "5 when left out");
+    assert.equal((await client.reschedule(urgent.id, { priority: 2 })).priority, 2);
+    const e = await rejects(InvalidArgumentError, client.create({ biz_type: hooks.name, delay_ms: 3_600_000, priority: 10 }));
+    assert.equal(e.status, 422);
+    assert.match(e.message, /priority/);
+    await client.cancel(urgent.id);
+    await client.cancel(plain.id);
+  });
+
   test("bulk cancel and replay", async () => {
     const client = new Client(URL, hooks.token);
     const prefix = `bulk-${randomUUID()}-`;

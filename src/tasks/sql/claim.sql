@@ -25,6 +25,14 @@
 -- before it, and with it the partitions of finished tasks are pruned as the statement
 -- starts rather than opened and locked at each claim.
 --
+-- Priority (docs/design/claim.md): a biz type's due tasks are taken priority by priority,
+-- 9 first, each in run_at order, one probe per level: of tasks_priority_idx (migration
+-- 0038, pending tasks of a priority other than 5) for the others, of tasks_claim_idx for
+-- 5, so that a biz type that never sets one walks what it did. First, though, come $7 of
+-- its longest-due tasks whatever their priority (the engine passes a tenth of what it
+-- claims, over time), when it has a due task of another priority than 5: a flood of
+-- urgent tasks takes nine tenths of the deliveries and never starves the rest.
+--
 -- The pick is a CTE to fence the planner: it must apply the LIMIT before the UPDATE joins
 -- back (a nested loop over the subquery could otherwise update more rows than asked for).
 -- It walks tasks_claim_idx, which holds pending tasks only, in run_at order, and
@@ -53,18 +61,79 @@
 -- Its failure notice, if the biz type wants them, is queued in the same statement.
 -- The deadline is read on the locked row, so it cannot change between pick and update.
 WITH wants AS (
-    SELECT * FROM unnest($1::int[], $2::int8[], $3::int8[], $5::int8[]) AS w(biz_type_id, n, lease_ms, ahead_ms)
+    SELECT * FROM unnest($1::int[], $2::int8[], $3::int8[], $5::int8[], $7::int8[]) AS w(biz_type_id, n, lease_ms, ahead_ms, oldest)
 ), picked AS (
-    SELECT w.biz_type_id, p.id, p.run_at
+    -- Per biz type, in the order it is claimed (`ord`, then run_at). A biz type with no
+    -- due task of another priority than 5 (`prioritized`: one probe of
+    -- tasks_priority_idx) has its due tasks taken in run_at order, as if priority were
+    -- not there. Otherwise: `oldest` of its longest-due tasks, whatever their priority;
+    -- then each priority from 9 to 0 (ord 1 to 10), in run_at order. Those branches run
+    -- one after another and stop at n + oldest rows; a task found twice (the oldest are
+    -- found again at their level) is locked twice by this transaction, which is no wait,
+    -- and kept once.
+    SELECT w.biz_type_id, f.id, f.run_at, f.ord
       FROM wants w
      CROSS JOIN LATERAL (
-        SELECT id, run_at FROM tasks
-         WHERE biz_type_id = w.biz_type_id AND status = 'pending' AND run_at <= now() + w.ahead_ms * interval '1 millisecond'
-           AND run_at >= coalesce($6, '-infinity')
-         ORDER BY run_at
-         LIMIT w.n
-         FOR UPDATE SKIP LOCKED
-     ) p
+        -- OFFSET 0: probed once, not once per branch that reads it (the planner would
+        -- otherwise copy the EXISTS into each).
+        SELECT EXISTS (SELECT FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority <> 5) AS prioritized
+        OFFSET 0
+     ) x
+     CROSS JOIN LATERAL (
+        (SELECT id, run_at, 5 AS ord FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND NOT x.prioritized
+              ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) plain)
+        UNION ALL
+        (SELECT id, run_at, ord FROM (
+            SELECT DISTINCT ON (id) id, run_at, ord FROM (
+                (SELECT id, run_at, 0 AS ord FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND x.prioritized
+                      ORDER BY run_at LIMIT w.oldest FOR UPDATE SKIP LOCKED) o)
+                UNION ALL
+                (SELECT id, run_at, 1 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 9 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l9)
+                UNION ALL
+                (SELECT id, run_at, 2 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 8 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l8)
+                UNION ALL
+                (SELECT id, run_at, 3 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 7 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l7)
+                UNION ALL
+                (SELECT id, run_at, 4 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 6 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l6)
+                UNION ALL
+                (SELECT id, run_at, 5 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 5 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l5)
+                UNION ALL
+                (SELECT id, run_at, 6 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 4 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l4)
+                UNION ALL
+                (SELECT id, run_at, 7 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 3 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l3)
+                UNION ALL
+                (SELECT id, run_at, 8 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 2 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l2)
+                UNION ALL
+                (SELECT id, run_at, 9 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 1 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l1)
+                UNION ALL
+                (SELECT id, run_at, 10 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 0 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l0)
+                LIMIT w.n + w.oldest) u
+             ORDER BY id, ord) d
+          ORDER BY ord, run_at LIMIT w.n)
+     ) f
 ), gate AS (
     -- In biz type id order, which every claim follows: two claims never wait for each
     -- other's locks in opposite orders.
@@ -72,7 +141,7 @@ WITH wants AS (
       FROM (SELECT biz_type_id, count(*) AS picked FROM picked GROUP BY biz_type_id ORDER BY biz_type_id) g
 ), due AS (
     SELECT r.id, r.run_at, r.biz_type_id
-      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.biz_type_id ORDER BY p.run_at) AS rank FROM picked p) r
+      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.biz_type_id ORDER BY p.ord, p.run_at) AS rank FROM picked p) r
       JOIN gate g ON g.biz_type_id = r.biz_type_id
      WHERE r.rank <= g.room
 ), leased AS (

@@ -199,13 +199,18 @@ impl Bench {
     }
 
     async fn new_biz_type(&self, name: &str) -> anyhow::Result<Biz> {
+        self.new_biz_type_with(name, Settings::default()).await
+    }
+
+    /// `new_biz_type`, with `settings` for what the bench does not set itself.
+    async fn new_biz_type_with(&self, name: &str, settings: Settings) -> anyhow::Result<Biz> {
         let name = format!("bench-{name}");
         let settings = Settings {
             callback_url: Some(self.callback_url()),
             mode: Some("callback".into()),
             max_in_flight: Some(self.args.max_in_flight as i32),
             timeout_ms: Some(10_000),
-            ..Settings::default()
+            ..settings
         };
         let biz = match biz_types::create(&self.pool, &name, &settings, chime::callback_hosts::CallbackHosts::Any).await {
             Ok(biz) => biz,

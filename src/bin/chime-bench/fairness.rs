@@ -22,21 +22,30 @@
 //! 2×; B's p99 beside the herd within 1.5× alone) are the targets of the ratios: the table
 //! says `ok` or `MISSED`, and a miss does not fail the run (CI machines are noisy).
 //!
+//! 3. Priority. `--fairness-herd` tasks of one biz type written due at once and delivered
+//!    at `QUEUE_RATE` a second (its rate limit: a receiver that takes no more), so that they
+//!    queue; meanwhile `URGENT` tasks of priority 9 are created due now, one every
+//!    `URGENT_GAP`, and each one's lateness (its creation to its callback) is measured.
+//!    Target: at most 50 ms, the bound for a top-priority task behind 100,000.
+//!
 //! Left out, for now: the other figures need what is not built yet: flow keys (the
-//! hot key beside 10,000 others), priorities (a top-priority task behind 100,000 queued)
-//! and the overhead of both on a burst; and the herd of 100,000 cron timers as the
-//! neighbour (the timers scenario measures steady beside cron timers).
+//! hot key beside 10,000 others) and their overhead on a burst; and the herd of 100,000
+//! cron timers as the neighbour (the timers scenario measures steady beside cron timers).
+//! Priority's overhead on a burst is measured on the claim statement (docs/design/claim.md).
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use chrono::{DateTime, TimeDelta, Utc};
-use chime::biz_types::{self, load as biz_load};
+use chime::biz_types::{self, Settings, load as biz_load};
 use chime::db::{self, Pool};
 
 use super::{Bench, Biz, first_lateness_ms, ms, percentile, plural, secs};
 use crate::memory;
 use crate::receiver::Arrival;
+use serde_json::json;
+use uuid::Uuid;
 use crate::report::Target;
 
 /// Biz types delivering when steady runs among few.
@@ -47,6 +56,11 @@ const FEW: i64 = 10;
 const REREAD: Duration = Duration::from_secs(3);
 /// The scenario's name in the report.
 const SCENARIO: &str = "fairness";
+/// Callbacks a second of the biz type whose tasks queue in part 3.
+const QUEUE_RATE: f64 = 200.0;
+/// Tasks of priority 9 created in part 3, one every `URGENT_GAP`.
+const URGENT: usize = 20;
+const URGENT_GAP: Duration = Duration::from_millis(100);
 
 /// What one part-1 measurement found.
 struct Crowd {
@@ -62,7 +76,8 @@ struct Crowd {
 impl Bench {
     pub(super) async fn fairness(&mut self, run: u32) -> anyhow::Result<()> {
         self.fairness_idle_biz_types(run).await?;
-        self.fairness_herd(run).await
+        self.fairness_herd(run).await?;
+        self.fairness_priority(run).await
     }
 
     /// Part 1: steady and the idle database among 10 biz types, then among
@@ -204,6 +219,68 @@ impl Bench {
         r.lateness_series(&per("B beside the herd"), beside_lateness);
         r.burst_series(&per(&format!("herd of {herd}")), herd_due, &herd_arrivals);
         r.herd_timeline(&per(&format!("B beside a herd of {herd}")), start, herd_due, &herd_arrivals, &b_arrivals);
+        Ok(())
+    }
+
+    /// Part 3: priority. A queue of `--fairness-herd` due tasks, delivered at `QUEUE_RATE` a
+    /// second; `URGENT` tasks of priority 9 created beside it, due now.
+    async fn fairness_priority(&mut self, run: u32) -> anyhow::Result<()> {
+        let Some(receiver) = &self.receiver else {
+            eprintln!("bench: fairness: the priority part needs the bench's own receiver (no --receiver-url); skipped");
+            return Ok(());
+        };
+        let log = receiver.log.clone();
+        let nodes = self.nodes.len() as u32;
+        let queued = self.args.fairness_herd;
+        let settings = Settings { rate_limit: Some(QUEUE_RATE), ..Settings::default() };
+        let biz = self.new_biz_type_with(&format!("fairness-priority-{nodes}n-{run}"), settings).await?;
+        let now = Utc::now();
+        let part = crate::scale::Part { what: "queue", count: queued, from: now, to: now, finished: false, cold: false };
+        crate::scale::write(&self.pool, biz.id, &self.payload(0), vec![part], "fairness priority queue").await?;
+        // The queue is flowing once its first callbacks have come.
+        let flowing = Instant::now();
+        while log.distinct(&biz.name) < 10 {
+            if flowing.elapsed() > Duration::from_secs(30) {
+                bail!("{}: the queue's first callbacks did not come within 30 s", biz.name);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut urgent = HashSet::new();
+        for i in 0..URGENT {
+            let reply = self
+                .client
+                .post(format!("{}/api/v1/tasks", self.nodes.base(i)))
+                .bearer_auth(&biz.token)
+                .json(&json!({"biz_type": biz.name, "priority": 9, "payload": {"urgent": i}}))
+                .send()
+                .await?;
+            if reply.status() != reqwest::StatusCode::CREATED {
+                bail!("create answered {}: {}", reply.status(), reply.text().await.unwrap_or_default());
+            }
+            let task: serde_json::Value = reply.json().await?;
+            urgent.insert(task["id"].as_str().context("a task id")?.parse::<Uuid>()?);
+            tokio::time::sleep(URGENT_GAP).await;
+        }
+        let ids: Vec<Uuid> = urgent.iter().copied().collect();
+        let waiting = Instant::now();
+        while log.undelivered(&ids) > 0 {
+            if waiting.elapsed() > Duration::from_secs(30) {
+                bail!("{}: {} of {URGENT} urgent tasks not delivered within 30 s", biz.name, log.undelivered(&ids));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let still_queued = queued.saturating_sub((log.distinct(&biz.name) - URGENT) as u64);
+        let arrivals: Vec<Arrival> = log.arrivals(&biz.name).into_iter().filter(|a| urgent.contains(&a.task_id)).collect();
+        let lateness = first_lateness_ms(&arrivals);
+        // Cancels what is left of the queue.
+        biz_types::archive(&self.pool, &biz.name, "chime-bench").await?;
+
+        let r = &mut self.report;
+        let s = SCENARIO;
+        let label = format!("priority 9 beside {queued} queued at {QUEUE_RATE}/s");
+        r.add(s, nodes, &format!("{label}: still queued when the last urgent one came"), "tasks", still_queued as f64, None);
+        r.add(s, nodes, &format!("{label}: lateness p50"), "ms", percentile(&lateness, 0.50), None);
+        r.add(s, nodes, &format!("{label}: lateness max"), "ms", percentile(&lateness, 1.0), Some(Target::AtMost(50.0)));
         Ok(())
     }
 }

@@ -42,6 +42,9 @@ pub struct Filter {
     /// A timer's id: only its occurrences; needs a biz type.
     #[serde(default)]
     pub timer: String,
+    /// 0 to 9: only tasks of this priority; needs a biz type.
+    #[serde(default)]
+    pub priority: String,
     /// `oldest` (the default) or `newest` first, by due time.
     #[serde(default)]
     pub order: String,
@@ -63,7 +66,7 @@ impl Filter {
             .append_pair("from", &self.from)
             .append_pair("to", &self.to);
         // Left out when empty: the bulk actions' links back stay as they were.
-        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("timer", &self.timer), ("order", &self.order)] {
+        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("timer", &self.timer), ("priority", &self.priority), ("order", &self.order)] {
             if !value.is_empty() {
                 query.append_pair(name, value);
             }
@@ -150,6 +153,19 @@ fn parse_timer(filter: &Filter) -> Result<Option<Uuid>, Error> {
     Ok(Some(id))
 }
 
+/// The priority filter: none, or 0 to 9 as the API takes it, within one biz type.
+fn parse_priority(filter: &Filter) -> Result<Option<i16>, Error> {
+    let raw = filter.priority.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let priority = raw.parse::<i64>().map_err(|_| Error::invalid("priority", "must be an integer from 0 to 9")).and_then(tasks::validate_priority)?;
+    if filter.biz_type.is_empty() {
+        return Err(Error::invalid("priority", "choose a biz type too: a priority filter reads one biz type's tasks"));
+    }
+    Ok(Some(priority))
+}
+
 /// Whether the list is newest first.
 fn parse_order(raw: &str) -> Result<bool, Error> {
     match raw {
@@ -180,14 +196,17 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
         })
     });
     let timer = parse_timer(filter);
-    let (status, newest_first, from, to, payload, timer_id) = match (status, order, from, to, payload.transpose(), key.transpose(), timer) {
-        (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_), Ok(timer)) => (status, order, from, to, payload, timer),
-        (status, order, from, to, payload, key, timer) => {
-            return Err(Problems(
-                [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err(), timer.err()].into_iter().flatten().collect(),
-            ));
-        }
-    };
+    let priority = parse_priority(filter);
+    let (status, newest_first, from, to, payload, timer_id, priority) =
+        match (status, order, from, to, payload.transpose(), key.transpose(), timer, priority) {
+            (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_), Ok(timer), Ok(priority)) => {
+                (status, order, from, to, payload, timer, priority)
+            }
+            (status, order, from, to, payload, key, timer, priority) => {
+                let problems = [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err(), timer.err(), priority.err()];
+                return Err(Problems(problems.into_iter().flatten().collect()));
+            }
+        };
     let biz_type_id = filter.biz_type_id(state).await?;
     let position = |c: &str| Some(c.to_string()).filter(|c| !c.is_empty());
     let (cursor, backward) = match position(&filter.before) {
@@ -219,7 +238,7 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
         });
     }
     let (status, retrying) = status;
-    let list = ListFilter { status, retrying, from, to, payload, timer_id, cursor, backward, newest_first, limit: PAGE_SIZE };
+    let list = ListFilter { status, retrying, from, to, payload, timer_id, priority, cursor, backward, newest_first, limit: PAGE_SIZE };
     let page = tasks::list(&state.pool, biz_type_id, &list).await?;
     let count = tasks::count(&state.pool, biz_type_id, &list).await?;
     Ok(Found {

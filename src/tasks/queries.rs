@@ -151,6 +151,9 @@ pub struct ListFilter {
     /// pending ones only): like `payload`, the walk is the list's, filtered, and the
     /// console asks for it within one biz type (and, for a timer's page, a time window).
     pub timer_id: Option<Uuid>,
+    /// Only tasks of this priority: like `payload`, the list's walk filtered, within one
+    /// biz type.
+    pub priority: Option<i16>,
     pub cursor: Option<String>,
     /// The cursor is the first row of a page, and the page before it is wanted.
     pub backward: bool,
@@ -194,6 +197,9 @@ fn push_conditions(q: &mut QueryBuilder<Postgres>, filter: &ListFilter) {
     }
     if let Some(timer_id) = filter.timer_id {
         q.push(" AND t.timer_id = ").push_bind(timer_id);
+    }
+    if let Some(priority) = filter.priority {
+        q.push(" AND t.priority = ").push_bind(priority);
     }
 }
 

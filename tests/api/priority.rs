@@ -54,8 +54,9 @@ async fn due_tasks_go_by_priority_and_the_longest_due_are_not_starved() {
 }
 
 /// `priority` is 0 to 9, 5 when left out; it is answered with the task, kept when the task
-/// moves to cold storage and back, changed by a PATCH and by a replace, and shown on the
-/// console's task page; anything else is refused with 422 naming the field.
+/// moves to cold storage and back, changed by a PATCH and by a replace, shown on the
+/// console's task page and a filter of its task list; anything else is refused with 422
+/// naming the field.
 #[tokio::test]
 async fn priority_is_checked_kept_and_changed() {
     let app = spawn_app().await;
@@ -91,4 +92,15 @@ async fn priority_is_checked_kept_and_changed() {
     let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
     let page = admin.get(&format!("/console/tasks/{id}")).await;
     assert!(page.body.contains(r#"<dd id="priority">8 <span class="muted">(called back before the default)"#), "{}", page.body);
+    // And its task list filters by it, within a biz type, by the API's rule.
+    let page = admin.get("/console/tasks?biz_type=orders&priority=8").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(id) && !page.body.contains(plain["id"].as_str().unwrap()), "{}", page.body);
+    let page = admin.get("/console/tasks?biz_type=orders&priority=5").await;
+    assert!(!page.body.contains(id) && page.body.contains(plain["id"].as_str().unwrap()), "{}", page.body);
+    for (query, message) in [("biz_type=orders&priority=12", "from 0 to 9"), ("biz_type=orders&priority=high", "from 0 to 9"), ("priority=8", "choose a biz type")] {
+        let page = admin.get(&format!("/console/tasks?{query}")).await;
+        assert_eq!(page.status, 422, "{query}: {}", page.body);
+        assert!(page.body.contains(r#"data-field="priority""#) && page.body.contains(message), "{query}: {}", page.body);
+    }
 }

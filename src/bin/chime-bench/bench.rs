@@ -39,6 +39,7 @@ use crate::memory;
 use crate::nodes::Nodes;
 use crate::receiver::{Arrival, Receiver};
 use crate::report::{Report, Target};
+use crate::waits::{Seen, Waits};
 
 #[path = "fairness.rs"]
 mod fairness;
@@ -360,7 +361,9 @@ impl Bench {
         if Utc::now() > due {
             bail!("creating {total} tasks took longer than the {} ms allowed; use a smaller --burst-tasks", lead.num_milliseconds());
         }
+        let waits = Waits::start(&self.pool).await?;
         let (arrivals, last_recorded) = self.wait_delivered(&biz, total, Duration::from_secs(60 + total as u64 / 1000)).await?;
+        let seen = waits.stop().await;
         let peak = memory.peak().await;
         let first = arrivals.iter().map(|a| a.at).min().expect("at least one arrival");
         let rate = total as f64 / secs(last_recorded - due);
@@ -369,8 +372,21 @@ impl Bench {
         self.report.add(scenario, nodes, "burst: duplicates", "tasks", (arrivals.len() - distinct(&arrivals)) as f64, None);
         self.report.add(scenario, nodes, "node RSS at rest, before the burst", "MiB", at_rest.unwrap_or(f64::NAN), None);
         self.report.add(scenario, nodes, "node RSS peak, creating and delivering the burst (sampled every 100 ms)", "MiB", peak.unwrap_or(f64::NAN), None);
+        self.report_database(scenario, nodes, "burst", seen, total);
         self.report.burst_series(&format!("{scenario}, {nodes} node{}", plural(nodes)), due, &arrivals);
         Ok(())
+    }
+
+    /// What the database waited on while `what` ran (the waits of at least 1% of its
+    /// active backend-samples, at most 6), and its CPU per delivered task.
+    fn report_database(&mut self, scenario: &str, nodes: u32, what: &str, seen: Seen, delivered: usize) {
+        if let Some(cpu) = seen.cpu_secs {
+            let per_task = 1e6 * cpu / delivered.max(1) as f64;
+            self.report.add(scenario, nodes, &format!("{what}: PostgreSQL CPU per delivered task"), "µs", per_task, None);
+        }
+        for (wait, share) in seen.waits.iter().filter(|(_, share)| *share >= 0.01).take(6) {
+            self.report.add(scenario, nodes, &format!("{what}: database backends waiting on {wait}"), "% of samples", 100.0 * share, None);
+        }
     }
 
     async fn steady(&mut self, run: u32, scenario: &str) -> anyhow::Result<()> {
@@ -378,7 +394,12 @@ impl Bench {
         let biz = self.new_biz_type(&format!("{}-{nodes}n-{run}", scenario.replace(' ', "-"))).await?;
         let start = Utc::now() + self.steady_lead();
         let total = self.create_steady(&biz, start).await?;
+        // From the first due time: the database's work for the tasks, not its idle wait.
+        tokio::time::sleep((start - Utc::now()).to_std().unwrap_or_default()).await;
+        let waits = Waits::start(&self.pool).await?;
         let (arrivals, _) = self.wait_delivered(&biz, total, Duration::from_secs(u64::from(self.args.steady_secs) + 60)).await?;
+        let seen = waits.stop().await;
+        self.report_database(scenario, nodes, "steady", seen, total);
         let lateness = first_lateness_ms(&arrivals);
         let metric = format!("steady {}/s: lateness", self.args.steady_rate);
         self.report.add(scenario, nodes, &format!("{metric} p50"), "ms", percentile(&lateness, 0.50), Some(Target::AtMost(5.0)));

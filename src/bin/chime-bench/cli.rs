@@ -56,7 +56,7 @@ pub struct BenchArgs {
     pub scenarios: Vec<BenchScenario>,
 
     /// Node counts to run burst and steady with (each count on one database).
-    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = clap::value_parser!(u32).range(1..=8))]
+    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = clap::value_parser!(u32).range(1..=16))]
     pub nodes: Vec<u32>,
 
     /// Times to run each scenario; the table shows the median.

@@ -16,6 +16,7 @@ mod receiver;
 mod report;
 mod scale;
 mod soak;
+mod waits;
 
 use clap::Parser;
 

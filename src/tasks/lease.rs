@@ -19,6 +19,7 @@
 //! statements are whole `.sql` files under `sql/`, each opening with what it locks and why.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -89,7 +90,8 @@ pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<Dat
     let leases: Vec<i64> = wants.iter().map(|w| w.lease_ms + w.ahead_ms).collect();
     let aheads: Vec<i64> = wants.iter().map(|w| w.ahead_ms).collect();
     let oldest: Vec<i64> = wants.iter().map(|w| w.oldest).collect();
-    let picked: Vec<ClaimRow> = crate::db::query_as(include_str!("sql/claim.sql"))
+    static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim.sql")));
+    let picked: Vec<ClaimRow> = crate::db::query_as(CLAIM.as_str())
         .bind(&ids)
         .bind(&limits)
         .bind(&leases)
@@ -111,6 +113,12 @@ pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<Dat
         }
     }
     Ok(claims)
+}
+
+/// claim.sql or reserve.sql with pick.sql's `picked` CTE, which both take due tasks with,
+/// in place of its `{pick}`.
+fn with_pick(sql: &str) -> String {
+    sql.replace("{pick}", include_str!("sql/pick.sql").trim_end())
 }
 
 /// A row of claim.sql: a task, or (`capped`) the one row per biz type that says the cap
@@ -180,14 +188,22 @@ pub struct Reserved {
 }
 
 /// Leases up to `limit` due tasks of a pull biz type for `ttr_ms`, each under a receipt of
-/// its own. Tasks it picked whose deadline had passed are ended `expired` instead (see
-/// reserve.sql) and counted in the metrics, not handed out.
+/// its own, by priority as a claim takes them. Tasks it picked whose deadline had passed
+/// are ended `expired` instead (see reserve.sql) and counted in the metrics, not handed
+/// out.
 pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, ttr_ms: i64) -> Result<Vec<Reserved>, sqlx::Error> {
-    let picked: Vec<Reserved> = crate::db::query_as(include_str!("sql/reserve.sql"))
+    static RESERVE: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/reserve.sql")));
+    // A tenth to the longest-due, as the engine gives (`engine::OLDEST_SHARE`); consumers
+    // hold no count between reserves, so a reserve of n < 10 takes one with chance n / 10.
+    let oldest = limit / 10 + i64::from(rand::random_range(0..10) < limit % 10);
+    let floor: Option<DateTime<Utc>> = None;
+    let picked: Vec<Reserved> = crate::db::query_as(RESERVE.as_str())
         .bind(biz_type_id)
         .bind(limit)
         .bind(ttr_ms)
         .bind(biz_type)
+        .bind(oldest)
+        .bind(floor)
         .fetch_all(pool)
         .await?;
     let (expired, reserved): (Vec<Reserved>, Vec<Reserved>) = picked.into_iter().partition(|r| r.expired);

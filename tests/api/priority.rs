@@ -104,3 +104,29 @@ async fn priority_is_checked_kept_and_changed() {
         assert!(page.body.contains(r#"data-field="priority""#) && page.body.contains(message), "{query}: {}", page.body);
     }
 }
+
+/// A pull consumer reserves by priority too: ten reserved of a low-priority task due first,
+/// eleven default ones and an urgent one due last are, in the order answered, the urgent
+/// one, the first eight defaults, and the low one (a tenth of a reserve goes to the
+/// longest-due task whatever its priority).
+#[tokio::test]
+async fn a_reserve_takes_the_urgent_first_and_a_tenth_by_age() {
+    let app = spawn_app().await;
+    let settings = Settings { mode: Some("pull".into()), ..Default::default() };
+    biz_types::create(&app.pool, "jobs", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "jobs").await.unwrap();
+    let due = |i: i64| (Utc::now() - chrono::Duration::seconds(60 - i)).to_rfc3339();
+    let mut items = vec![json!({"biz_type": "jobs", "run_at": due(0), "priority": 0, "payload": "low"})];
+    items.extend((1..12).map(|i| json!({"biz_type": "jobs", "run_at": due(i), "payload": format!("default-{i}")})));
+    items.push(json!({"biz_type": "jobs", "priority": 9, "payload": "urgent"}));
+    let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+
+    let reply = app.post("/api/v1/biz-types/jobs/reserve", &token, json!({"max": 10, "ttr_ms": 60000})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let got: Vec<&str> = reply.body["tasks"].as_array().unwrap().iter().map(|t| t["payload"].as_str().unwrap()).collect();
+    let mut expected = vec!["urgent".to_string()];
+    expected.extend((1..9).map(|i| format!("default-{i}")));
+    expected.push("low".into());
+    assert_eq!(got, expected.iter().map(String::as_str).collect::<Vec<_>>());
+}

@@ -1,7 +1,9 @@
 -- Reserves up to $2 due tasks of pull biz type $1 for $3 ms: the claim (claim.sql, whose
 -- comment explains the plan and the run_at bounds that prune the retained partitions)
--- with a consumer as the holder. Each task gets a receipt of its own, a random UUID in
--- leased_by, which settles that reservation only.
+-- with a consumer as the holder, and its pick (pick.sql): by priority, $5 of them the
+-- longest-due whatever their priority; $6 is a lower bound on run_at, when known. Each
+-- task gets a receipt of its own, a random UUID in leased_by, which settles that
+-- reservation only.
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, as the claim does; a task is held by one
 -- engine or one consumer at a time.
@@ -9,12 +11,11 @@
 -- A picked task whose deadline has passed is ended `expired` instead of reserved, for the
 -- claim's reasons (claim.sql), with its failure notice; it comes back with `expired` set,
 -- and `lease::reserve` counts it and hands it to no consumer.
-WITH due AS (
-    SELECT id, run_at FROM tasks
-     WHERE biz_type_id = $1 AND status = 'pending' AND run_at <= now()
-     ORDER BY run_at
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED
+WITH wants AS (
+    SELECT $1::int AS biz_type_id, $2::int8 AS n, 0::int8 AS ahead_ms, $5::int8 AS oldest
+),
+{pick}, due AS (
+    SELECT id, run_at FROM picked
 ), leased AS (
     UPDATE tasks t
        SET status = CASE WHEN t.expires_at <= now() THEN 'expired' ELSE 'running' END,
@@ -37,4 +38,4 @@ WITH due AS (
 )
 SELECT leased.*, $4::text AS biz_type, coalesce(leased.lease_until, now()) AS reserved_until,
        coalesce(leased.leased_by, '00000000-0000-0000-0000-000000000000') AS receipt, leased.status = 'expired' AS expired
-  FROM leased ORDER BY run_at
+  FROM leased ORDER BY priority DESC, run_at

@@ -1,0 +1,88 @@
+-- The `picked` CTE of claim.sql and reserve.sql (`{pick}` in them, `lease::with_pick`):
+-- per biz type of `wants` (columns biz_type_id, n, oldest, ahead_ms), up to n of its tasks
+-- due now or within ahead_ms, no earlier than $6 (when known: chime_unfinished_floor(),
+-- migration 0036, a parameter so that the partitions of finished tasks are pruned as the
+-- statement starts), locked FOR UPDATE SKIP LOCKED, with `ord`, the order they are taken
+-- in (then run_at).
+--
+-- Priority (docs/design/claim.md): a biz type's due tasks are taken priority by priority,
+-- 9 first, each in run_at order, one probe per level: of tasks_priority_idx (migration
+-- 0038, pending tasks of a priority other than 5) for the others, of tasks_claim_idx for
+-- 5, so that a biz type that never sets one walks what it did. First, though, come `oldest` of
+-- its longest-due tasks whatever their priority (the engine passes a tenth of what it
+-- claims, over time), when it has a due task of another priority than 5: a flood of
+-- urgent tasks takes nine tenths of the deliveries and never starves the rest.
+--
+picked AS (
+    -- Per biz type, in the order it is claimed (`ord`, then run_at). A biz type with no
+    -- due task of another priority than 5 (`prioritized`: one probe of
+    -- tasks_priority_idx) has its due tasks taken in run_at order, as if priority were
+    -- not there. Otherwise: `oldest` of its longest-due tasks, whatever their priority;
+    -- then each priority from 9 to 0 (ord 1 to 10), in run_at order. Those branches run
+    -- one after another and stop at n + oldest rows; a task found twice (the oldest are
+    -- found again at their level) is locked twice by this transaction, which is no wait,
+    -- and kept once.
+    SELECT w.biz_type_id, f.id, f.run_at, f.ord
+      FROM wants w
+     CROSS JOIN LATERAL (
+        -- OFFSET 0: probed once, not once per branch that reads it (the planner would
+        -- otherwise copy the EXISTS into each).
+        SELECT EXISTS (SELECT FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority <> 5) AS prioritized
+        OFFSET 0
+     ) x
+     CROSS JOIN LATERAL (
+        (SELECT id, run_at, 5 AS ord FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND NOT x.prioritized
+              ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) plain)
+        UNION ALL
+        (SELECT id, run_at, ord FROM (
+            SELECT DISTINCT ON (id) id, run_at, ord FROM (
+                (SELECT id, run_at, 0 AS ord FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND x.prioritized
+                      ORDER BY run_at LIMIT w.oldest FOR UPDATE SKIP LOCKED) o)
+                UNION ALL
+                (SELECT id, run_at, 1 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 9 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l9)
+                UNION ALL
+                (SELECT id, run_at, 2 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 8 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l8)
+                UNION ALL
+                (SELECT id, run_at, 3 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 7 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l7)
+                UNION ALL
+                (SELECT id, run_at, 4 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 6 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l6)
+                UNION ALL
+                (SELECT id, run_at, 5 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 5 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l5)
+                UNION ALL
+                (SELECT id, run_at, 6 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 4 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l4)
+                UNION ALL
+                (SELECT id, run_at, 7 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 3 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l3)
+                UNION ALL
+                (SELECT id, run_at, 8 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 2 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l2)
+                UNION ALL
+                (SELECT id, run_at, 9 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 1 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l1)
+                UNION ALL
+                (SELECT id, run_at, 10 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
+                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 0 AND x.prioritized
+                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l0)
+                LIMIT w.n + w.oldest) u
+             ORDER BY id, ord) d
+          ORDER BY ord, run_at LIMIT w.n)
+     ) f
+)

@@ -1,5 +1,7 @@
--- Leases up to $2 tasks of biz type $1 to node $4: those due now and those due within the
--- next $5 ms (the engine holds those until they are due), for $3 ms from now.
+-- Leases to node $4, for each biz type of $1 (the arrays $1 to $3, $5 and $7 hold one
+-- entry per biz type): up to $2 of its tasks due now and within the next $5 ms (the engine
+-- holds those until they are due), for $3 ms from now, $7 of them its longest-due
+-- (pick.sql).
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, so that claimers on other nodes pass
 -- over rows being taken rather than wait for them, and no two nodes hold one task. When

@@ -14,9 +14,7 @@
 WITH wants AS (
     SELECT $1::int AS biz_type_id, $2::int8 AS n, 0::int8 AS ahead_ms, $5::int8 AS oldest
 ),
-{pick}, due AS (
-    SELECT id, run_at FROM picked
-), leased AS (
+{pick}, leased AS (
     UPDATE tasks t
        SET status = CASE WHEN t.expires_at <= now() THEN 'expired' ELSE 'running' END,
            lease_until = CASE WHEN t.expires_at <= now() THEN NULL ELSE now() + $3 * interval '1 millisecond' END,
@@ -28,8 +26,8 @@ WITH wants AS (
                                          'reserved it by then)', t.expires_at, t.run_at)
                              ELSE t.last_error END,
            updated_at = now()
-     WHERE t.id = ANY(ARRAY(SELECT id FROM due))
-       AND t.run_at BETWEEN (SELECT min(run_at) FROM due) AND (SELECT max(run_at) FROM due)
+     WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
+       AND t.run_at BETWEEN (SELECT min(run_at) FROM picked) AND (SELECT max(run_at) FROM picked)
     RETURNING t.*
 ), notices AS (
     INSERT INTO failure_notices (biz_type_id, task_id, event)

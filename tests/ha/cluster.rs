@@ -92,6 +92,35 @@ fn kill_group(child: &mut Child, pgdata: &Path) {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     let _ = child.wait();
+    kill_stragglers(pgdata);
+}
+
+/// Kills what is left of the server of `pgdata` and waits until it is gone: every process
+/// working in that directory (PostgreSQL's processes run in their data directory), such as
+/// a backend forked after its postmaster's children were listed. In one CI run a killed
+/// primary's rejoin waited past its minute: the postgres its keeper started never replaced
+/// the old postmaster.pid. A process of the old server still attached to its shared memory
+/// is one way that happens ("pre-existing shared memory block is still in use"); a crashed
+/// machine leaves none.
+fn kill_stragglers(pgdata: &Path) {
+    let Ok(dir) = pgdata.canonicalize() else { return };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let Ok(entries) = fs::read_dir("/proc") else { return };
+        let left: Vec<i32> = entries
+            .filter_map(|e| {
+                let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+                (fs::read_link(format!("/proc/{pid}/cwd")).ok()? == dir).then_some(pid)
+            })
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in left {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The processes whose parent is `parent`, from /proc.

@@ -347,12 +347,20 @@ impl Browser {
 
     /// The rendered text of every element matching `css`, in document order.
     pub async fn texts(&self, css: &str) -> Vec<String> {
-        let mut texts = Vec::new();
-        for element in self.find_all(css).await {
-            let result = element.text().await;
-            texts.push(self.ok(result, format!("reading the text of `{css}`")).await);
+        // Found again when the page replaced an element between finding and reading it (the
+        // dashboard swaps its table in place as it refreshes itself).
+        'found: for _ in 0..5 {
+            let mut texts = Vec::new();
+            for element in self.find_all(css).await {
+                match element.text().await {
+                    Ok(text) => texts.push(text),
+                    Err(e) if e.is_stale_element_reference() => continue 'found,
+                    Err(e) => texts.push(self.ok(Err(e), format!("reading the text of `{css}`")).await),
+                };
+            }
+            return texts;
         }
-        texts
+        panic!("the elements of `{css}` were replaced at every one of 5 readings{}", self.page_context().await)
     }
 
     /// Whether anything matches `css` now (no waiting).

@@ -569,7 +569,6 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
         breaker_threshold: b.breaker_threshold,
         breaker_window_ms: b.breaker_window_ms,
         breaker_probe_ms: b.breaker_probe_ms,
-        version: 0,
     };
     let client = match state.callback_hosts.http_client().build() {
         Ok(client) => client,

@@ -173,10 +173,6 @@ pub struct BizTypeConfig {
     pub breaker_window_ms: i32,
     #[sqlx(default)]
     pub breaker_probe_ms: i32,
-    /// The row's version as read (its `xmin`, which any change of the biz type moves); a
-    /// claim returns the version it saw (`lease::Claim::version`).
-    #[sqlx(default)]
-    pub version: i64,
 }
 
 impl BizTypeConfig {
@@ -201,7 +197,7 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
     let all: Vec<BizTypeConfig> = crate::db::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
-                breaker_threshold, breaker_window_ms, breaker_probe_ms, xmin::text::int8 AS version,
+                breaker_threshold, breaker_window_ms, breaker_probe_ms,
                 CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
                 CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
@@ -510,23 +506,12 @@ impl Engine {
                 }
             }
         };
-        // A biz type changed since this node last read it (a secret rotated, say) that the
-        // claim saw before the notification came: read again before any callback is signed.
-        let stale = claiming.iter().any(|c| claims.get(&c.0.id).and_then(|claim| claim.version).is_some_and(|v| v != c.0.version));
-        if stale {
-            self.refresh_settings().await;
-            for c in &mut claiming {
-                if let Some(fresh) = self.biz_types.iter().find(|b| b.id == c.0.id) {
-                    c.0 = fresh.clone();
-                }
-            }
-        }
         let mut claimed_in_turn = 0;
         let mut more_due = false;
         // Biz types that claimed all that was due: when each is next due is asked below.
         let mut caught_up = Vec::new();
         for (biz, counter, slots, free, wait, probe, oldest) in claiming {
-            let lease::Claim { leased: claimed, expired, capped, .. } = claims.remove(&biz.id).unwrap_or_default();
+            let lease::Claim { leased: claimed, expired, capped } = claims.remove(&biz.id).unwrap_or_default();
             // Counted by what was leased: the longest-due came first in it (claim.sql).
             let took = (claimed.len() + expired) as i64;
             let owed = self.owed_oldest.entry(biz.id).or_default();

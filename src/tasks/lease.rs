@@ -65,8 +65,6 @@ pub struct Claim {
     /// slot frees when a lease anywhere is settled, given back or recovered, and no node is
     /// told when another's does.
     pub capped: bool,
-    /// The biz type's row version (`xmin`) as the claim saw it, when it leased anything.
-    pub version: Option<i64>,
 }
 
 /// One biz type's part of a claim: up to `limit` of its tasks due now or within the next
@@ -106,7 +104,6 @@ pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<Dat
     let mut claims: HashMap<i32, Claim> = HashMap::new();
     for row in picked {
         let claim = claims.entry(row.biz_type_id).or_default();
-        claim.version = claim.version.or(row.biz_type_version);
         if row.capped {
             claim.capped = true;
         } else if row.task.expired {
@@ -132,7 +129,6 @@ struct ClaimRow {
     task: Claimed,
     biz_type_id: i32,
     capped: bool,
-    biz_type_version: Option<i64>,
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).

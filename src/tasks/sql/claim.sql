@@ -91,13 +91,9 @@ WITH wants AS (
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.expired AND b.failure_url IS NOT NULL
 )
--- With each task, its biz type's row version (xmin, which every change of the biz type
--- moves) as this statement saw it: a node that has not yet read a change the claim saw (a
--- secret rotated just before) reads it before it signs a callback.
-SELECT l.id, l.biz_type_id, l.key, l.run_at, l.payload, l.attempt_count, l.timer_id, l.expires_at, l.traceparent, l.expired,
-       l.db_now, false AS capped, b.xmin::text::int8 AS biz_type_version
-  FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
+SELECT id, biz_type_id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now, false AS capped
+  FROM leased
 UNION ALL
-SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true, NULL
+SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true
   FROM gate g
  WHERE g.room < g.picked

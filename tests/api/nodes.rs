@@ -215,3 +215,107 @@ async fn a_dead_node_s_leases_hold_their_slots_until_recovered() {
     engine.settled().await;
     assert_eq!(receiver.received().len(), 2);
 }
+
+/// The cap's gate (`chime_claim_room`, migrations 0033 and 0039), called as claim.sql calls
+/// it, each claim in a transaction of its own: far from the cap, three claims of 200 pass
+/// at once, each setting aside what the two others may take, and a fourth waits for a
+/// lane; near the cap, a claim waits for the one before it to commit and then counts its
+/// leases.
+#[tokio::test]
+async fn the_cap_s_gate_lets_three_claims_through_at_once_far_from_the_cap() {
+    use sqlx::{Connection, PgConnection};
+    let app = spawn_app().await;
+    let settings = Settings { callback_url: Some("http://127.0.0.1:9/".into()), max_in_flight: Some(1000), ..Default::default() };
+    let biz = biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap().id;
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let items: Vec<Value> = (0..1000).map(|i| json!({"biz_type": "orders", "delay_ms": 3_600_000, "payload": i})).collect();
+    assert_eq!(app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await.status, 200);
+    // Leases taken by claims (or a node that is no more): `n` pending tasks made running.
+    async fn lease(conn: &mut PgConnection, n: i64) {
+        sqlx::query(
+            "UPDATE tasks SET status = 'running', attempt_count = 1, leased_by = gen_random_uuid(), lease_until = now() + interval '1 hour'
+              WHERE id IN (SELECT id FROM tasks WHERE status = 'pending' LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(n)
+        .execute(conn)
+        .await
+        .unwrap();
+    }
+    // A claim of `picked` tasks: its transaction open, and the room the gate left it.
+    async fn claim(url: String, biz: i32, picked: i64) -> (PgConnection, i32) {
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        let room = sqlx::query_scalar("SELECT chime_claim_room($1, $2)").bind(biz).bind(picked).fetch_one(&mut conn).await.unwrap();
+        (conn, room)
+    }
+    async fn commit(mut conn: PgConnection) {
+        sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
+    }
+    // Claims waiting for an advisory lock, as PostgreSQL sees them.
+    let one_waiting = |what: &'static str| {
+        let pool = app.pool.clone();
+        async move {
+            for _ in 0..200 {
+                let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                if waiting == 1 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("{what}: not waiting for a lock after 10 s");
+        }
+    };
+    let mut conn = PgConnection::connect(&app.db_url).await.unwrap();
+    lease(&mut conn, 100).await;
+
+    // Far from the cap: 100 running, three claims of 200 at once, each left 1000 - 100 -
+    // 2 x 200 (what the two others may take).
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let (mut conn, room) = tokio::time::timeout(Duration::from_secs(10), claim(app.db_url.clone(), biz, 200)).await.expect("a claim far from the cap waited");
+        assert_eq!(room, 500);
+        lease(&mut conn, 100).await;
+        open.push(conn);
+    }
+    // A fourth waits for one lane, not for the others: it goes on when that lane's claim
+    // commits, after the two others, and counts all three claims' leases.
+    let fourth = tokio::spawn(claim(app.db_url.clone(), biz, 200));
+    one_waiting("the fourth claim").await;
+    let holder: i32 = sqlx::query_scalar(
+        "SELECT h.pid FROM pg_locks w JOIN pg_locks h ON (h.classid, h.objid, h.objsubid) = (w.classid, w.objid, w.objsubid)
+          WHERE w.locktype = 'advisory' AND NOT w.granted AND h.locktype = 'advisory' AND h.granted",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let mut last = None;
+    for mut conn in open.drain(..) {
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut conn).await.unwrap();
+        if pid == holder {
+            last = Some(conn);
+        } else {
+            commit(conn).await;
+        }
+    }
+    one_waiting("the fourth claim, the two other lanes free").await;
+    commit(last.expect("the lane waited for is a claim's")).await;
+    let (fourth, room) = tokio::time::timeout(Duration::from_secs(10), fourth).await.expect("the fourth claim still waits").unwrap();
+    assert_eq!(room, 1000 - 400 - 400);
+    commit(fourth).await;
+
+    // Near the cap (500 running: 200 + 2 x 200 more would pass it), claims queue: the
+    // second waits until the first commits, and counts what it leased.
+    lease(&mut conn, 100).await;
+    let (mut first, room) = claim(app.db_url.clone(), biz, 200).await;
+    assert_eq!(room, 500);
+    lease(&mut first, 200).await;
+    let second = tokio::spawn(claim(app.db_url.clone(), biz, 200));
+    one_waiting("the second claim near the cap").await;
+    commit(first).await;
+    let (second, room) = tokio::time::timeout(Duration::from_secs(10), second).await.expect("the second claim still waits").unwrap();
+    assert_eq!(room, 300, "1000 less the 700 running");
+    commit(second).await;
+}

@@ -5,9 +5,10 @@
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, so that claimers on other nodes pass
 -- over rows being taken rather than wait for them, and no two nodes hold one task. When
--- something is due, also the biz type's claim lock (`chime_claim_room`, migration 0033)
--- until the statement commits: claims of one biz type wait for each other, a few ms. Rows
--- picked beyond what the cap leaves stay locked, unchanged, until then.
+-- something is due, also the biz type's claim locks (`chime_claim_room`, migrations 0033
+-- and 0039) until the statement commits: up to three claims of a biz type run at once
+-- while the cap is far off; near it, claims of one biz type wait for each other, a few ms.
+-- Rows picked beyond what the cap leaves stay locked, unchanged, until then.
 --
 -- The cap (max_in_flight) is the biz type's, across the cluster: a receiver sized for 50
 -- requests at once gets 50 however many nodes there are. The gate counts the biz type's
@@ -62,7 +63,7 @@ WITH wants AS (
 {pick}, gate AS (
     -- In biz type id order, which every claim follows: two claims never wait for each
     -- other's locks in opposite orders.
-    SELECT biz_type_id, picked, chime_claim_room(biz_type_id) AS room
+    SELECT biz_type_id, picked, chime_claim_room(biz_type_id, picked) AS room
       FROM (SELECT biz_type_id, count(*) AS picked FROM picked GROUP BY biz_type_id ORDER BY biz_type_id) g
 ), due AS (
     SELECT r.id, r.run_at, r.biz_type_id

@@ -8,6 +8,8 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::db::Outage;
+
 pub use crate::error::Conflict;
 
 #[derive(Debug, thiserror::Error)]
@@ -101,19 +103,18 @@ impl From<crate::error::Error> for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        match e {
-            // Said once by `db::Health`, which the API's middleware marks down.
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+        // Said once by `db::Health`, which the API's middleware marks down.
+        match crate::db::outage(&e) {
+            Some(Outage::Unreachable | Outage::PoolClosed) => {
                 tracing::debug!(error = %e, "database unavailable");
                 ApiError::Unavailable("the database is unavailable; retry shortly".into())
             }
-            // A server that stopped taking writes under the session (a failover, a pooler
-            // that moved): the pools move to the one that does.
-            sqlx::Error::Database(db) if db.code().as_deref() == Some("25006") => {
-                tracing::debug!(error = %db, "database read-only");
+            // The pools move to the server that takes writes.
+            Some(Outage::ReadOnly) => {
+                tracing::debug!(error = %e, "database read-only");
                 ApiError::Unavailable("the database accepts no writes at the moment (a failover?); retry shortly".into())
             }
-            e => ApiError::Internal(e.into()),
+            None => ApiError::Internal(e.into()),
         }
     }
 }

@@ -172,6 +172,8 @@ pub enum ConsoleError {
     Invalid(String),
     #[error("{0}")]
     TooMany(String),
+    #[error("{0}")]
+    Unavailable(String),
     #[error("something went wrong on our side: {0}")]
     Internal(String),
 }
@@ -194,6 +196,10 @@ impl From<Error> for ConsoleError {
 
 impl From<sqlx::Error> for ConsoleError {
     fn from(e: sqlx::Error) -> Self {
+        if crate::db::outage(&e).is_some() {
+            tracing::debug!(error = %e, "console: database unavailable");
+            return ConsoleError::Unavailable("the database is unavailable or accepts no writes at the moment; try again shortly".into());
+        }
         tracing::error!(error = %e, "console: database error");
         ConsoleError::Internal("the database did not answer as expected".into())
     }
@@ -225,6 +231,7 @@ impl ResponseError for ConsoleError {
             ConsoleError::Conflict(_) => StatusCode::CONFLICT,
             ConsoleError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ConsoleError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ConsoleError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -119,6 +119,37 @@ fn pooled_statements(options: PgConnectOptions) -> PgConnectOptions {
     options.statement_cache_capacity(0).extra_float_digits(None)
 }
 
+/// Why a statement failed when the database, not the statement, is at fault: answered
+/// 503 ("retry shortly") rather than 500 by the API and the console, and, but for a pool
+/// closed at shutdown, marks the database down (`Health::saw`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outage {
+    /// Cut, refused, not answering in time, or ending the session: an I/O error, the pool's
+    /// acquire timeout, or SQLSTATE class 08 (connection exception) and 57P01-57P03 (the
+    /// server shutting down, restarting after a crash, or not yet accepting sessions). A
+    /// session killed under a failover reports a FATAL of that kind on its next statement.
+    Unreachable,
+    /// SQLSTATE 25006: a server that stopped taking writes under the session (a failover,
+    /// a pooler that moved, a promoted node still read-only).
+    ReadOnly,
+    /// This node's pool is closed: it is shutting down.
+    PoolClosed,
+}
+
+pub fn outage(e: &sqlx::Error) -> Option<Outage> {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => Some(Outage::Unreachable),
+        sqlx::Error::PoolClosed => Some(Outage::PoolClosed),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("25006") => Some(Outage::ReadOnly),
+            Some("57P01" | "57P02" | "57P03") => Some(Outage::Unreachable),
+            Some(code) if code.starts_with("08") => Some(Outage::Unreachable),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Where a pool's sessions go: DATABASE_URL, or the direct URL in pooler mode (the same
 /// hosts otherwise).
 #[derive(Clone, Copy, PartialEq)]
@@ -348,11 +379,7 @@ impl Health {
     /// pooler that moved) marks it down, so that the pools move to the server that accepts
     /// writes. Returns whether it did.
     pub fn saw(&self, e: &sqlx::Error) -> bool {
-        let down = match e {
-            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-            sqlx::Error::Database(db) => db.code().as_deref() == Some("25006"),
-            _ => false,
-        };
+        let down = outage(e).is_some_and(|o| o != Outage::PoolClosed);
         if down {
             self.mark_down();
         }

@@ -480,8 +480,24 @@ impl Formation {
         self.nodes[node].process = Some(cmd.spawn().unwrap());
     }
 
+    /// A `chime serve` on the formation's URL, its log kept beside the keepers' and shown
+    /// (warnings and errors) when the test fails.
+    pub async fn chime_node(&self) -> (tokio::process::Child, String) {
+        let nodes = fs::read_dir(&self.dir.0).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("chime-")).count();
+        let log = fs::File::create(self.dir.0.join(format!("chime-{}.log", nodes + 1))).unwrap();
+        crate::helpers::chime_process_logging(&self.url(), &[], log).await
+    }
+
     fn logs(&self) -> String {
-        [&self.monitor, &self.nodes[0], &self.nodes[1]].iter().map(|k| format!("--- {} ---\n{}\n", k.name, tail(&self.log(k)))).collect()
+        let mut logs: String = [&self.monitor, &self.nodes[0], &self.nodes[1]].iter().map(|k| format!("--- {} ---\n{}\n", k.name, tail(&self.log(k)))).collect();
+        let mut chime: Vec<PathBuf> = fs::read_dir(&self.dir.0).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("chime-")).collect();
+        chime.sort();
+        for path in chime {
+            let text = fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+            logs += &format!("--- {} (warnings and errors) ---\n{}\n", path.file_name().unwrap().to_string_lossy(), lines[lines.len().saturating_sub(30)..].join("\n"));
+        }
+        logs
     }
 }
 

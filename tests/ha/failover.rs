@@ -12,7 +12,7 @@ use serde_json::json;
 use chime::db::Pool;
 
 use crate::cluster::{Formation, advisory_locks, chime_sessions, in_recovery, query_one, url, wait_until};
-use crate::helpers::{chime_node, client};
+use crate::helpers::client;
 use crate::receiver::{Answer, Receiver};
 use crate::{Tally, create_task, heavy, load, orders, wait_readyz};
 
@@ -56,7 +56,7 @@ async fn a_failover_under_load_loses_no_acknowledged_task() {
     let old = chime::db::connect(&url(formation.nodes[0].port, "chime"), 2).await.unwrap();
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let token = orders(&old, &receiver.url).await;
-    let mut nodes = vec![chime_node(&formation.url(), &[]).await, chime_node(&formation.url(), &[]).await];
+    let mut nodes = vec![formation.chime_node().await, formation.chime_node().await];
     let addresses: Vec<String> = nodes.iter().map(|(_, a)| a.clone()).collect();
     let timer = client()
         .post(format!("{}/api/v1/timers", addresses[0]))
@@ -167,7 +167,7 @@ async fn the_old_primary_back_as_a_standby_gets_no_leader_and_no_writes() {
     let old = chime::db::connect(&url(formation.nodes[0].port, "chime"), 2).await.unwrap();
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let token = orders(&old, &receiver.url).await;
-    let mut nodes = vec![chime_node(&formation.url(), &[]).await, chime_node(&formation.url(), &[]).await];
+    let mut nodes = vec![formation.chime_node().await, formation.chime_node().await];
     let addresses: Vec<String> = nodes.iter().map(|(_, a)| a.clone()).collect();
     for address in &addresses {
         create_task(address, &token).await;
@@ -190,7 +190,7 @@ async fn the_old_primary_back_as_a_standby_gets_no_leader_and_no_writes() {
 
     // A node that starts now goes through DATABASE_URL's hosts from the first, the old
     // primary: it must pass it by.
-    nodes.push(chime_node(&formation.url(), &[]).await);
+    nodes.push(formation.chime_node().await);
     let addresses: Vec<String> = nodes.iter().map(|(_, a)| a.clone()).collect();
     // Load through the three nodes while the old primary is back, first in DATABASE_URL.
     let stop = Arc::new(AtomicBool::new(false));

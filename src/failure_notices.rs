@@ -50,7 +50,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use crate::callback_hosts::CallbackHosts;
-use crate::db::{Health, Pool, Route};
+use crate::db::{Health, Pool};
 use crate::engine::BizTypeConfig;
 use crate::engine::deliver;
 use crate::error::Error;
@@ -250,7 +250,8 @@ pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Sign
 impl Sender {
     pub fn start(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Signal) -> Sender {
         crate::engine::install_tls_provider();
-        let pool = Pool::direct(health.pool(Route::Statements, POOL_SIZE, |options| options));
+        // Its own sessions, so that notices never wait behind the API's statements.
+        let pool = health.statements_pool(POOL_SIZE);
         let client = hosts.http_client().build().expect("an HTTP client with the ring TLS provider");
         Sender { pool, health, node_id, hosts, client, stop }
     }

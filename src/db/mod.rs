@@ -63,11 +63,9 @@ impl Database {
             let statements = Hosts::parse(&url, "DATABASE_URL")?;
             let direct = args.direct_database_url.as_deref().map(|url| Hosts::parse(url, "CHIME_DIRECT_DATABASE_URL")).transpose()?;
             let health = Health::follow(statements, direct).await?;
-            let pooled = health.pooled();
-            let statements = health.pool(Route::Statements, args.db_pool_size, if pooled { pooled_statements } else { no_jit });
-            let sessions = if pooled { health.pool(Route::Sessions, SESSIONS_POOL_SIZE, no_jit) } else { statements.clone() };
+            let pool = health.statements_pool(args.db_pool_size);
+            let sessions = if health.pooled() { health.pool(Route::Sessions, SESSIONS_POOL_SIZE, no_jit) } else { pool.pg.clone() };
             let _ = health.inner.sessions.set(sessions);
-            let pool = if pooled { Pool::pooled(statements) } else { Pool::direct(statements) };
             check_server_version(&pool).await?;
             anyhow::Ok((pool, health))
         };
@@ -125,9 +123,10 @@ fn pooled_statements(options: PgConnectOptions) -> PgConnectOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outage {
     /// Cut, refused, not answering in time, or ending the session: an I/O error, the pool's
-    /// acquire timeout, or SQLSTATE class 08 (connection exception) and 57P01-57P03 (the
-    /// server shutting down, restarting after a crash, or not yet accepting sessions). A
-    /// session killed under a failover reports a FATAL of that kind on its next statement.
+    /// acquire timeout, or a SQLSTATE of connection failure (class 08, but for 08P01) or
+    /// 57P01-57P03 (the server shutting down, restarting after a crash, or not yet accepting
+    /// sessions). A session killed under a failover reports a FATAL of that kind on its next
+    /// statement.
     Unreachable,
     /// SQLSTATE 25006: a server that stopped taking writes under the session (a failover,
     /// a pooler that moved, a promoted node still read-only).
@@ -142,8 +141,9 @@ pub fn outage(e: &sqlx::Error) -> Option<Outage> {
         sqlx::Error::PoolClosed => Some(Outage::PoolClosed),
         sqlx::Error::Database(db) => match db.code().as_deref() {
             Some("25006") => Some(Outage::ReadOnly),
-            Some("57P01" | "57P02" | "57P03") => Some(Outage::Unreachable),
-            Some(code) if code.starts_with("08") => Some(Outage::Unreachable),
+            Some("57P01" | "57P02" | "57P03" | "08000" | "08001" | "08003" | "08004" | "08006" | "08007") => Some(Outage::Unreachable),
+            // 08P01, a protocol violation, is not among them: PgBouncer answers it to what it
+            // does not support (a startup parameter), which no retry mends.
             _ => None,
         },
         _ => None,
@@ -357,6 +357,16 @@ impl Health {
             .connect_lazy_with(customize(target.current().options.clone()));
         target.pools.lock().expect("not poisoned").push((pool.clone(), customize));
         pool
+    }
+
+    /// A pool for statements (`Route::Statements`), made for what DATABASE_URL names: a
+    /// pooler in transaction mode (see `pooled_statements`) or PostgreSQL itself.
+    pub fn statements_pool(&self, size: u32) -> Pool {
+        if self.pooled() {
+            Pool::pooled(self.pool(Route::Statements, size, pooled_statements))
+        } else {
+            Pool::direct(self.pool(Route::Statements, size, no_jit))
+        }
     }
 
     pub fn is_down(&self) -> bool {

@@ -224,6 +224,24 @@ async fn every_statement_is_safe_through_pgbouncer_in_transaction_mode() {
     }
     println!("pooler: lateness of tasks due in 200 ms: {lateness:?} ms");
     assert!(lateness.iter().all(|ms| *ms < 300), "lateness {lateness:?} ms: the engine was not woken");
+
+    // A task that fails: its failure notice is sent through the pooler too (the notice
+    // sender has sessions of its own, once opened with what PgBouncer refuses).
+    let refusing = Receiver::start(vec![], Answer::status(500)).await;
+    let notices = Receiver::start(vec![], Answer::status(200)).await;
+    let settings = Settings {
+        callback_url: Some(refusing.url.clone()),
+        failure_url: Some(notices.url.clone()),
+        max_attempts: Some(1),
+        ..Settings::default()
+    };
+    biz_types::create(&pool, "doomed", &settings, CallbackHosts::Any).await.unwrap();
+    let doomed = biz_types::create_token(&pool, "doomed").await.unwrap();
+    let task = post(&addresses[0], &doomed, "/api/v1/tasks", json!({"biz_type": "doomed", "key": "doomed-1"})).await;
+    let noticed = notices.wait_for(1, Duration::from_secs(15)).await;
+    assert_eq!(noticed.len(), 1, "no failure notice through the pooler");
+    assert_eq!(noticed[0].header("chime-event"), Some("task.failed"));
+    assert_eq!(noticed[0].header("chime-task-id"), task["id"].as_str());
     drop((a, b));
 }
 

@@ -384,8 +384,12 @@ impl Bench {
             let per_task = 1e6 * cpu / delivered.max(1) as f64;
             self.report.add(scenario, nodes, &format!("{what}: PostgreSQL CPU per delivered task"), "µs", per_task, None);
         }
-        for (wait, share) in seen.waits.iter().filter(|(_, share)| *share >= 0.01).take(6) {
+        for (wait, share, statement, in_it) in seen.waits.iter().filter(|(_, share, ..)| *share >= 0.01).take(6) {
             self.report.add(scenario, nodes, &format!("{what}: database backends waiting on {wait}"), "% of samples", 100.0 * share, None);
+            if wait != "CPU" {
+                let name = format!("{what}: of those on {wait}, in \"{statement}\"");
+                self.report.add(scenario, nodes, &name, "% of them", 100.0 * in_it, None);
+            }
         }
     }
 

@@ -38,7 +38,7 @@ DECLARE
     others CONSTANT integer := 2;   -- lanes less one: the claims that may run beside this one
     cap integer;
     running integer;
-    lane integer;
+    laned boolean := false;
 BEGIN
     SELECT max_in_flight INTO cap FROM biz_types WHERE id = biz_type;
     IF picked <= batch THEN
@@ -46,14 +46,11 @@ BEGIN
             SELECT 1 FROM tasks WHERE biz_type_id = biz_type AND status = 'running' LIMIT cap
         ) r;
         IF running + picked + others * batch <= cap AND pg_try_advisory_xact_lock_shared(1667787110, biz_type) THEN
-            lane := 0;
             FOR l IN 1 .. others + 1 LOOP
-                IF pg_try_advisory_xact_lock(1667787110 + l, biz_type) THEN
-                    lane := l;
-                    EXIT;
-                END IF;
+                laned := pg_try_advisory_xact_lock(1667787110 + l, biz_type);
+                EXIT WHEN laned;
             END LOOP;
-            IF lane = 0 THEN
+            IF NOT laned THEN
                 -- Three claims under way: wait for one lane (a few ms), not for them all.
                 PERFORM pg_advisory_xact_lock(1667787111 + pg_backend_pid() % (others + 1), biz_type);
             END IF;
@@ -67,10 +64,7 @@ BEGIN
             RETURN cap - running - others * batch;
         END IF;
     END IF;
-    PERFORM pg_advisory_xact_lock(1667787110, biz_type);
-    SELECT count(*) INTO running FROM (
-        SELECT 1 FROM tasks WHERE biz_type_id = biz_type AND status = 'running' LIMIT cap
-    ) r;
-    RETURN cap - running;
+    -- Near the cap: 0033's gate, the lock taken exclusively and the count alone.
+    RETURN chime_claim_room(biz_type);
 END
 $$;

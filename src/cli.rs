@@ -45,6 +45,8 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         backoff_max_ms: flags.backoff_max_ms,
         rate_limit: flags.rate_limit,
         max_in_flight: flags.max_in_flight,
+        flow_max_in_flight: flags.flow_max_in_flight,
+        ordered: flags.ordered,
         create_rate_limit: flags.create_rate_limit,
         breaker_threshold: flags.breaker_threshold,
         breaker_window_ms: flags.breaker_window_ms,
@@ -57,7 +59,7 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
 fn describe(b: &BizType) -> String {
     let rate = |r: Option<f64>| r.map_or("unlimited".to_string(), |r| format!("{r}/s"));
     format!(
-        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}, create rate {crate_}, {breaker}, failure notices to {failure}",
+        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}{flows}, create rate {crate_}, {breaker}, failure notices to {failure}",
         name = b.name,
         mode = b.mode,
         state = if b.archived_at.is_some() { "archived" } else if b.paused { "paused" } else { "active" },
@@ -69,6 +71,11 @@ fn describe(b: &BizType) -> String {
         bm = b.backoff_max_ms,
         rate = rate(b.rate_limit),
         inflight = b.max_in_flight,
+        flows = match (b.ordered, b.flow_max_in_flight) {
+            (true, _) => ", ordered by flow key".to_string(),
+            (false, 0) => String::new(),
+            (false, n) => format!(" ({n} per flow key)"),
+        },
         crate_ = rate(b.create_rate_limit),
         breaker = match b.breaker_threshold {
             0 => "no breaker".to_string(),

@@ -444,6 +444,14 @@ pub struct BizTypeFlags {
     /// Callbacks (or reserved tasks) in flight at once, across the whole cluster [default: 100].
     #[arg(long)]
     pub max_in_flight: Option<i32>,
+    /// Callbacks of one flow key (a task's `flow_key`) in flight at once, across the whole
+    /// cluster; 0 = no per-key limit [default: 0].
+    #[arg(long)]
+    pub flow_max_in_flight: Option<i32>,
+    /// Deliver each flow key's tasks one at a time, in run_at order: the next starts once
+    /// the one before is settled [default: false].
+    #[arg(long)]
+    pub ordered: Option<bool>,
     /// API create calls per second; 0 = unlimited [default: unlimited].
     #[arg(long)]
     pub create_rate_limit: Option<f64>,

@@ -81,6 +81,14 @@ pub(super) struct BizTypeRequest {
     /// Callbacks (or reserved tasks) in flight at once, across the cluster (default 100).
     #[schema(minimum = 1, maximum = 100_000)]
     max_in_flight: Option<i64>,
+    /// Callbacks of one flow key (a task's `flow_key`) in flight at once, across the
+    /// cluster; 0: no per-key limit (the default).
+    #[schema(minimum = 0, maximum = 100_000)]
+    flow_max_in_flight: Option<i64>,
+    /// Each flow key's tasks are delivered one at a time, in run_at order: the next starts
+    /// once the one before is settled (succeeded, failed, expired or cancelled). A task that
+    /// fails holds its key while it retries. Default false.
+    ordered: Option<bool>,
     /// API creates per second; 0: unlimited (the default).
     #[schema(minimum = 0, maximum = 1_000_000)]
     create_rate_limit: Option<f64>,
@@ -143,6 +151,8 @@ impl BizTypeRequest {
             backoff_max_ms: int(self.backoff_max_ms),
             rate_limit: self.rate_limit,
             max_in_flight: int(self.max_in_flight),
+            flow_max_in_flight: int(self.flow_max_in_flight),
+            ordered: self.ordered,
             create_rate_limit: self.create_rate_limit,
             breaker_threshold: int(self.breaker_threshold),
             breaker_window_ms: int(self.breaker_window_ms),

@@ -51,6 +51,8 @@ struct Entry {
     backoff_max_ms: Option<i32>,
     rate_limit: Option<f64>,
     max_in_flight: Option<i32>,
+    flow_max_in_flight: Option<i32>,
+    ordered: Option<bool>,
     create_rate_limit: Option<f64>,
     breaker_threshold: Option<i32>,
     breaker_window_ms: Option<i32>,
@@ -154,6 +156,8 @@ impl Entry {
             backoff_max_ms: self.backoff_max_ms,
             rate_limit: self.rate_limit,
             max_in_flight: self.max_in_flight,
+            flow_max_in_flight: self.flow_max_in_flight,
+            ordered: self.ordered,
             create_rate_limit: self.create_rate_limit,
             breaker_threshold: self.breaker_threshold,
             breaker_window_ms: self.breaker_window_ms,
@@ -280,7 +284,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 16] {
+fn shown(b: &BizType) -> [(&'static str, String); 18] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -293,6 +297,8 @@ fn shown(b: &BizType) -> [(&'static str, String); 16] {
         ("backoff_max_ms", b.backoff_max_ms.to_string()),
         ("rate_limit", rate(b.rate_limit)),
         ("max_in_flight", b.max_in_flight.to_string()),
+        ("flow_max_in_flight", b.flow_max_in_flight.to_string()),
+        ("ordered", b.ordered.to_string()),
         ("create_rate_limit", rate(b.create_rate_limit)),
         ("breaker_threshold", b.breaker_threshold.to_string()),
         ("breaker_window_ms", b.breaker_window_ms.to_string()),

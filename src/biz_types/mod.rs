@@ -72,6 +72,12 @@ pub struct BizType {
     pub rate_limit: Option<f64>,
     /// Callbacks in flight (or tasks reserved) at once, across the whole cluster.
     pub max_in_flight: i32,
+    /// Callbacks of one flow key in flight at once, across the whole cluster; 0: no such
+    /// limit (docs/design/claim.md, Flow keys).
+    pub flow_max_in_flight: i32,
+    /// Each flow key's tasks are delivered one at a time, in run_at order: the next starts
+    /// once the one before is settled (succeeded, failed, expired or cancelled).
+    pub ordered: bool,
     /// Create calls per second through the API, per node; None: unlimited.
     pub create_rate_limit: Option<f64>,
     /// Failures in a row (no answer, a timeout, 408, 429 or 5xx) that open the receiver's
@@ -119,6 +125,8 @@ pub struct Settings {
     pub backoff_max_ms: Option<i32>,
     pub rate_limit: Option<f64>,
     pub max_in_flight: Option<i32>,
+    pub flow_max_in_flight: Option<i32>,
+    pub ordered: Option<bool>,
     pub create_rate_limit: Option<f64>,
     pub breaker_threshold: Option<i32>,
     pub breaker_window_ms: Option<i32>,
@@ -180,6 +188,7 @@ impl Settings {
             range("backoff_initial_ms", self.backoff_initial_ms, 0, 86_400_000),
             range("backoff_max_ms", self.backoff_max_ms, 0, 7 * 86_400_000),
             range("max_in_flight", self.max_in_flight, 1, 100_000),
+            range("flow_max_in_flight", self.flow_max_in_flight, 0, 100_000),
             range("breaker_threshold", self.breaker_threshold, 0, 10_000),
             range("breaker_window_ms", self.breaker_window_ms, 100, 86_400_000),
             range("breaker_probe_ms", self.breaker_probe_ms, 100, 3_600_000),
@@ -270,6 +279,8 @@ impl BizType {
             backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
             rate_limit: None,
             max_in_flight: 100,
+            flow_max_in_flight: 0,
+            ordered: false,
             create_rate_limit: None,
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             breaker_window_ms: DEFAULT_BREAKER_WINDOW_MS,
@@ -311,6 +322,8 @@ impl BizType {
             backoff_max_ms: s.backoff_max_ms.unwrap_or(self.backoff_max_ms),
             rate_limit: rate(s.rate_limit, self.rate_limit),
             max_in_flight: s.max_in_flight.unwrap_or(self.max_in_flight),
+            flow_max_in_flight: s.flow_max_in_flight.unwrap_or(self.flow_max_in_flight),
+            ordered: s.ordered.unwrap_or(self.ordered),
             create_rate_limit: rate(s.create_rate_limit, self.create_rate_limit),
             breaker_threshold: s.breaker_threshold.unwrap_or(self.breaker_threshold),
             breaker_window_ms: s.breaker_window_ms.unwrap_or(self.breaker_window_ms),
@@ -436,7 +449,8 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
                 max_in_flight = $10, create_rate_limit = $11, paused = $12, failure_url = $13, max_snoozes = $14,
-                breaker_threshold = $15, breaker_window_ms = $16, breaker_probe_ms = $17, updated_at = now()
+                breaker_threshold = $15, breaker_window_ms = $16, breaker_probe_ms = $17,
+                flow_max_in_flight = $18, ordered = $19, updated_at = now()
           WHERE id = $1
           RETURNING *",
     )
@@ -457,6 +471,8 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     .bind(b.breaker_threshold)
     .bind(b.breaker_window_ms)
     .bind(b.breaker_probe_ms)
+    .bind(b.flow_max_in_flight)
+    .bind(b.ordered)
     .fetch_one(&mut *conn)
     .await?)
 }

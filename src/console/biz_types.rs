@@ -45,6 +45,11 @@ pub struct Form {
     #[serde(default)]
     pub max_in_flight: String,
     #[serde(default)]
+    pub flow_max_in_flight: String,
+    /// A checkbox: present ("on") when ticked.
+    #[serde(default)]
+    pub ordered: String,
+    #[serde(default)]
     pub create_rate_limit: String,
     #[serde(default)]
     pub failure_url: String,
@@ -74,6 +79,8 @@ impl Form {
             backoff_max_ms: b.backoff_max_ms.to_string(),
             rate_limit: rate(b.rate_limit),
             max_in_flight: b.max_in_flight.to_string(),
+            flow_max_in_flight: b.flow_max_in_flight.to_string(),
+            ordered: if b.ordered { "on".into() } else { String::new() },
             create_rate_limit: rate(b.create_rate_limit),
             failure_url: b.failure_url.as_deref().map(url).unwrap_or_default(),
             breaker_threshold: b.breaker_threshold.to_string(),
@@ -91,6 +98,7 @@ impl Form {
             backoff_initial_ms: biz_types::DEFAULT_BACKOFF_INITIAL_MS.to_string(),
             backoff_max_ms: biz_types::DEFAULT_BACKOFF_MAX_MS.to_string(),
             max_in_flight: "100".into(),
+            flow_max_in_flight: "0".into(),
             breaker_threshold: biz_types::DEFAULT_BREAKER_THRESHOLD.to_string(),
             breaker_window_ms: biz_types::DEFAULT_BREAKER_WINDOW_MS.to_string(),
             breaker_probe_ms: biz_types::DEFAULT_BREAKER_PROBE_MS.to_string(),
@@ -133,6 +141,8 @@ impl Form {
             backoff_max_ms: noted(int("backoff_max_ms", &self.backoff_max_ms), &mut problems),
             rate_limit: noted(rate("rate_limit", &self.rate_limit), &mut problems),
             max_in_flight: noted(int("max_in_flight", &self.max_in_flight), &mut problems),
+            flow_max_in_flight: noted(int("flow_max_in_flight", &self.flow_max_in_flight), &mut problems),
+            ordered: Some(!self.ordered.is_empty()),
             create_rate_limit: noted(rate("create_rate_limit", &self.create_rate_limit), &mut problems),
             breaker_threshold: noted(int("breaker_threshold", &self.breaker_threshold), &mut problems),
             breaker_window_ms: noted(int("breaker_window_ms", &self.breaker_window_ms), &mut problems),
@@ -569,6 +579,8 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
         breaker_threshold: b.breaker_threshold,
         breaker_window_ms: b.breaker_window_ms,
         breaker_probe_ms: b.breaker_probe_ms,
+        flow_max_in_flight: b.flow_max_in_flight,
+        ordered: b.ordered,
     };
     let client = match state.callback_hosts.http_client().build() {
         Ok(client) => client,

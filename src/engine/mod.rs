@@ -156,6 +156,12 @@ pub struct BizTypeConfig {
     pub max_in_flight: i32,
     /// Callbacks per second across the cluster; None = unlimited.
     pub rate_limit: Option<f64>,
+    /// Tasks of one flow key in flight at once, across the cluster; 0: no such limit.
+    #[sqlx(default)]
+    pub flow_max_in_flight: i32,
+    /// Each flow key's tasks one at a time, in run_at order.
+    #[sqlx(default)]
+    pub ordered: bool,
     #[sqlx(flatten)]
     pub signing_secret: SigningSecret,
     /// The secret the last rotation replaced, signing beside the current one until its
@@ -176,6 +182,15 @@ pub struct BizTypeConfig {
 }
 
 impl BizTypeConfig {
+    /// Its per-key limits, if it has any: a claim of its tasks then goes through them.
+    fn flow(&self) -> Option<(i32, bool)> {
+        if self.ordered {
+            Some((1, true))
+        } else {
+            (self.flow_max_in_flight > 0).then_some((self.flow_max_in_flight, false))
+        }
+    }
+
     /// Why this node cannot sign for the biz type: its secret, or the previous one while it
     /// still signs, is sealed under a key this node lacks. A callback never goes out with
     /// fewer signatures than it should.
@@ -197,7 +212,7 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
     let all: Vec<BizTypeConfig> = crate::db::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
-                breaker_threshold, breaker_window_ms, breaker_probe_ms,
+                breaker_threshold, breaker_window_ms, breaker_probe_ms, flow_max_in_flight, ordered,
                 CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
                 CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
@@ -215,9 +230,19 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
 struct Looks {
     ids: std::sync::Mutex<HashSet<i32>>,
     all: AtomicBool,
+    /// Biz types with per-key limits: a task of theirs settled may free its key for the
+    /// next, so the recorder names them after each batch it writes.
+    flows: std::sync::Mutex<HashSet<i32>>,
 }
 
 impl Looks {
+    /// Names `biz_type_id` if it has per-key limits.
+    fn settled(&self, biz_type_id: i32) {
+        if self.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&biz_type_id) {
+            self.add(biz_type_id);
+        }
+    }
+
     fn add(&self, biz_type_id: i32) {
         self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(biz_type_id);
     }
@@ -303,6 +328,8 @@ pub struct Engine {
     in_flight: HashMap<i32, Arc<AtomicI32>>,
     /// Leased of each biz type since its last task taken as the longest-due (`OLDEST_SHARE`).
     owed_oldest: HashMap<i32, i64>,
+    /// Where the next claim's walk of each biz type's flow keys goes on from (pick_flow.sql).
+    flow_cursors: HashMap<i32, String>,
     limiters: rate::Limiters,
     /// Live delivering nodes, re-counted with the settings: a rate limit's divisor.
     delivering_nodes: i64,
@@ -368,6 +395,7 @@ impl Engine {
             unrecorded,
             in_flight: HashMap::new(),
             owed_oldest: HashMap::new(),
+            flow_cursors: HashMap::new(),
             limiters: rate::Limiters::default(),
             delivering_nodes: 1,
             biz_types: Vec::new(),
@@ -489,7 +517,8 @@ impl Engine {
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() || probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
             let oldest = (self.owed_oldest.get(&biz.id).copied().unwrap_or(0) + free) / OLDEST_SHARE;
-            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest });
+            let flow = biz.flow().map(|(cap, ordered)| lease::FlowWant { cap, ordered, cursor: self.flow_cursors.get(&biz.id).cloned() });
+            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, flow });
             claiming.push((biz.clone(), counter, slots, free, wait, probe, oldest));
         }
         let mut claims = if wants.is_empty() {
@@ -511,7 +540,11 @@ impl Engine {
         // Biz types that claimed all that was due: when each is next due is asked below.
         let mut caught_up = Vec::new();
         for (biz, counter, slots, free, wait, probe, oldest) in claiming {
-            let lease::Claim { leased: claimed, expired, capped } = claims.remove(&biz.id).unwrap_or_default();
+            let lease::Claim { leased: claimed, expired, capped, cursor } = claims.remove(&biz.id).unwrap_or_default();
+            match cursor {
+                Some(cursor) => self.flow_cursors.insert(biz.id, cursor),
+                None => self.flow_cursors.remove(&biz.id),
+            };
             // Counted by what was leased: the longest-due came first in it (claim.sql).
             let took = (claimed.len() + expired) as i64;
             let owed = self.owed_oldest.entry(biz.id).or_default();
@@ -695,6 +728,9 @@ impl Engine {
                 let listed: HashSet<i32> = list.iter().map(|b| b.id).collect();
                 self.next_look.retain(|id, _| listed.contains(id));
                 self.owed_oldest.retain(|id, _| listed.contains(id));
+                self.flow_cursors.retain(|id, _| listed.contains(id));
+                *self.looks.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    list.iter().filter(|b| b.flow().is_some()).map(|b| b.id).collect();
                 self.biz_types = list.into_iter().map(Arc::new).collect();
                 self.refreshed_at = Some(tokio::time::Instant::now());
             }
@@ -802,6 +838,7 @@ async fn record_outcomes(
         let mut batch = Vec::with_capacity(reports.len());
         let mut unstarted = Vec::new();
         let mut again = HashSet::new();
+        let mut settled = HashSet::new();
         let (mut finished, mut cut_off) = (0, 0);
         for report in reports.drain(..) {
             match report {
@@ -809,6 +846,8 @@ async fn record_outcomes(
                     finished += 1;
                     if matches!(outcome.verdict, Verdict::RetryAt(_) | Verdict::Snooze(_)) {
                         again.insert(outcome.biz_type_id);
+                    } else {
+                        settled.insert(outcome.biz_type_id);
                     }
                     batch.push(outcome);
                 }
@@ -852,6 +891,9 @@ async fn record_outcomes(
         // A retry or snooze may be due before the biz type's next due time as last asked.
         for id in &again {
             looks.add(*id);
+        }
+        for id in settled {
+            looks.settled(id);
         }
         unrecorded.fetch_sub(count, Ordering::Relaxed);
         wake.notify_one();

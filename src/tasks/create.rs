@@ -64,6 +64,13 @@ pub struct CreateTask<'a> {
     /// as leaving it out.
     #[schema(minimum = 0, maximum = 9)]
     pub priority: Option<i64>,
+    /// What the task is for inside its biz type (a merchant, a user, a destination), by the
+    /// same rules as `key`. The biz type's `flow_max_in_flight` caps how many tasks of one
+    /// flow key are in flight at once, and with `ordered` a flow key's tasks are delivered
+    /// one at a time in run_at order; a key at its limit waits without holding back the
+    /// others. null: none (no per-key limit applies). A replace keeps the task's flow key.
+    #[schema(min_length = 1, max_length = 256)]
+    pub flow_key: Option<String>,
 }
 
 /// A validated create request.
@@ -83,6 +90,7 @@ pub struct NewTask {
     /// What to do when the key is taken.
     pub on_conflict: OnConflict,
     pub priority: i16,
+    pub flow_key: Option<String>,
 }
 
 impl CreateTask<'_> {
@@ -91,13 +99,26 @@ impl CreateTask<'_> {
         if let Some(key) = &self.key {
             validate_key(key)?;
         }
+        if let Some(flow_key) = &self.flow_key {
+            super::validate_flow_key(flow_key)?;
+        }
         let when = When::parse(self.run_at.as_deref(), self.delay_ms, now)?;
         let deadline = Deadline::parse(self.expires_at.as_deref(), self.ttl_ms, when, now)?;
         let payload = self.payload.unwrap_or(RawValue::NULL);
         check_payload(payload, max_payload_bytes)?;
         let on_conflict = self.on_conflict.unwrap_or_default();
         let priority = self.priority.map_or(Ok(super::DEFAULT_PRIORITY), super::validate_priority)?;
-        Ok(NewTask { key: self.key, when, payload: payload.to_owned(), request_hash, deadline, traceparent: None, on_conflict, priority })
+        Ok(NewTask {
+            key: self.key,
+            when,
+            payload: payload.to_owned(),
+            request_hash,
+            deadline,
+            traceparent: None,
+            on_conflict,
+            priority,
+            flow_key: self.flow_key,
+        })
     }
 }
 
@@ -128,6 +149,7 @@ pub struct Rows<'a> {
     ttls: Vec<Option<i64>>,
     traceparents: Vec<Option<&'a str>>,
     priorities: Vec<i16>,
+    flow_keys: Vec<Option<&'a str>>,
 }
 
 impl<'a> Rows<'a> {
@@ -143,6 +165,7 @@ impl<'a> Rows<'a> {
         self.ttls.push(None);
         self.traceparents.push(None);
         self.priorities.push(super::DEFAULT_PRIORITY);
+        self.flow_keys.push(None);
     }
 
     /// A client's task: `push` with its deadline and trace context.
@@ -153,6 +176,7 @@ impl<'a> Rows<'a> {
         *self.ttls.last_mut().expect("pushed") = ttl;
         *self.traceparents.last_mut().expect("pushed") = task.traceparent.as_deref();
         *self.priorities.last_mut().expect("pushed") = task.priority;
+        *self.flow_keys.last_mut().expect("pushed") = task.flow_key.as_deref();
     }
 }
 
@@ -186,6 +210,7 @@ impl Inserted {
             expires_at: self.expires_at,
             traceparent: item.traceparent.clone(),
             priority: item.priority,
+            flow_key: item.flow_key.clone(),
         }
     }
 }
@@ -214,6 +239,7 @@ pub async fn insert<'e>(
         .bind(&rows.ttls)
         .bind(&rows.traceparents)
         .bind(&rows.priorities)
+        .bind(&rows.flow_keys)
         .fetch_all(db)
         .await?;
     Ok(found.into_iter().map(|(id, run_at, expires_at, created_at)| Inserted { id, run_at, expires_at, created_at }).collect())

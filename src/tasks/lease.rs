@@ -63,13 +63,16 @@ pub struct Claim {
     pub expired: usize,
     /// The biz type's cap (max_in_flight, across the cluster) left tasks due untaken: a
     /// slot frees when a lease anywhere is settled, given back or recovered, and no node is
-    /// told when another's does.
+    /// told when another's does. Also set when a flow key's limit held back its due tasks.
     pub capped: bool,
+    /// Where the next claim's walk of the biz type's flow keys goes on from (None: from
+    /// the first key).
+    pub cursor: Option<String>,
 }
 
 /// One biz type's part of a claim: up to `limit` of its tasks due now or within the next
 /// `ahead_ms` (which the caller holds until they are due), leased for `lease_ms` after that.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Want {
     pub biz_type_id: i32,
     pub limit: i64,
@@ -77,6 +80,19 @@ pub struct Want {
     pub lease_ms: i64,
     /// How many of `limit` go to the longest-due tasks, whatever their priority.
     pub oldest: i64,
+    /// The biz type's per-key limits, if it has any (pick_flow.sql picks for it).
+    pub flow: Option<FlowWant>,
+}
+
+/// A biz type's per-key limits, for a claim.
+#[derive(Debug, Clone)]
+pub struct FlowWant {
+    /// Tasks of one flow key in flight at once, across the cluster (1 when ordered).
+    pub cap: i32,
+    /// One at a time per key, in run_at order.
+    pub ordered: bool,
+    /// Where the walk of the biz type's keys goes on from (the last claim's `Claim::cursor`).
+    pub cursor: Option<String>,
 }
 
 /// Leases to node `node_id` what each of `wants` asks for, in one statement whatever the
@@ -84,41 +100,80 @@ pub struct Want {
 /// the leases of every node. Tasks it picked whose deadline had passed are ended `expired`
 /// instead (see claim.sql). Returns each biz type's part; one that got nothing is absent.
 /// `floor`: `unfinished_floor()` as last read, or None.
+/// Biz types with per-key limits are claimed in a second statement (pick_flow.sql), so
+/// that the others' claim is what it was.
 pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<DateTime<Utc>>) -> Result<HashMap<i32, Claim>, sqlx::Error> {
+    let (flows, plain): (Vec<&Want>, Vec<&Want>) = wants.iter().partition(|w| w.flow.is_some());
+    let mut claims: HashMap<i32, Claim> = HashMap::new();
+    for part in [plain, flows] {
+        if !part.is_empty() {
+            claim_some(pool, &part, node_id, floor, &mut claims).await?;
+        }
+    }
+    Ok(claims)
+}
+
+async fn claim_some(
+    pool: &Pool,
+    wants: &[&Want],
+    node_id: Uuid,
+    floor: Option<DateTime<Utc>>,
+    claims: &mut HashMap<i32, Claim>,
+) -> Result<(), sqlx::Error> {
     let ids: Vec<i32> = wants.iter().map(|w| w.biz_type_id).collect();
     let limits: Vec<i64> = wants.iter().map(|w| w.limit).collect();
     let leases: Vec<i64> = wants.iter().map(|w| w.lease_ms + w.ahead_ms).collect();
     let aheads: Vec<i64> = wants.iter().map(|w| w.ahead_ms).collect();
     let oldest: Vec<i64> = wants.iter().map(|w| w.oldest).collect();
     static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim.sql")));
-    let picked: Vec<ClaimRow> = crate::db::query_as(CLAIM.as_str())
+    static CLAIM_FLOWS: LazyLock<String> = LazyLock::new(|| {
+        include_str!("sql/claim.sql").replace("{pick}", include_str!("sql/pick_flow.sql").trim_end()).replace(
+            "{markers}",
+            "\nUNION ALL\nSELECT '00000000-0000-0000-0000-000000000000', h.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false,
+       clock_timestamp(), h.held, h.cursor
+  FROM held h
+ WHERE h.held OR h.cursor IS NOT NULL",
+        )
+    });
+    let flows: Vec<&FlowWant> = wants.iter().filter_map(|w| w.flow.as_ref()).collect();
+    let query = if flows.is_empty() {
+        crate::db::query_as(CLAIM.as_str())
+    } else {
+        crate::db::query_as(CLAIM_FLOWS.as_str())
+    };
+    let mut query = query
         .bind(&ids)
         .bind(&limits)
         .bind(&leases)
         .bind(node_id)
         .bind(&aheads)
         .bind(floor)
-        .bind(&oldest)
-        .fetch_all(pool)
-        .await?;
-    let mut claims: HashMap<i32, Claim> = HashMap::new();
+        .bind(&oldest);
+    if !flows.is_empty() {
+        query = query
+            .bind(flows.iter().map(|f| f.cap).collect::<Vec<i32>>())
+            .bind(flows.iter().map(|f| f.ordered).collect::<Vec<bool>>())
+            .bind(flows.iter().map(|f| f.cursor.clone()).collect::<Vec<Option<String>>>());
+    }
+    let picked: Vec<ClaimRow> = query.fetch_all(pool).await?;
     for row in picked {
         let claim = claims.entry(row.biz_type_id).or_default();
-        if row.capped {
-            claim.capped = true;
+        if row.task.id.is_nil() {
+            claim.capped |= row.capped;
+            claim.cursor = claim.cursor.take().or(row.cursor);
         } else if row.task.expired {
             claim.expired += 1;
         } else {
             claim.leased.push(row.task);
         }
     }
-    Ok(claims)
+    Ok(())
 }
 
 /// claim.sql or reserve.sql with pick.sql's `picked` CTE, which both take due tasks with,
 /// in place of its `{pick}`.
 fn with_pick(sql: &str) -> String {
-    sql.replace("{pick}", include_str!("sql/pick.sql").trim_end())
+    sql.replace("{pick}", include_str!("sql/pick.sql").trim_end()).replace("{markers}", "")
 }
 
 /// A row of claim.sql: a task, or (`capped`) the one row per biz type that says the cap
@@ -129,6 +184,7 @@ struct ClaimRow {
     task: Claimed,
     biz_type_id: i32,
     capped: bool,
+    cursor: Option<String>,
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).

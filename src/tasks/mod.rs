@@ -222,6 +222,10 @@ pub struct Task {
     /// by due time (a tenth of its deliveries go to its longest-due tasks whatever their
     /// priority).
     pub priority: i16,
+    /// What it is for inside its biz type (a merchant, a user): the biz type's per-key
+    /// limits count tasks by it. null: none.
+    #[sqlx(default)]
+    pub flow_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -377,6 +381,14 @@ pub fn validate_priority(priority: i64) -> Result<i16, Error> {
         Ok(p @ 0..=9) => Ok(p),
         _ => Err(Error::invalid("priority", format!("must be an integer from 0 to 9 (9 the most urgent; 5 by default), not {priority}"))),
     }
+}
+
+/// A flow key as a request gives it: by the rules of `key`.
+pub fn validate_flow_key(flow_key: &str) -> Result<(), Error> {
+    validate_key(flow_key).map_err(|e| match e {
+        Error::Invalid { message, .. } => Error::invalid("flow_key", message),
+        e => e,
+    })
 }
 
 pub fn validate_key(key: &str) -> Result<(), Error> {

@@ -599,16 +599,17 @@ pub(super) async fn requeue(tx: &mut PgConnection, cold: bool, ids: &[Uuid], cha
                     first_run_at,
                     -- Counted afresh after a replay, as attempts are (max_snoozes).
                     CASE WHEN $5 THEN 0 ELSE snoozes END AS snoozes,
-                    coalesce($10::smallint, priority) AS priority
+                    coalesce($10::smallint, priority) AS priority,
+                    flow_key
                FROM moved
          ), hot AS (
              INSERT INTO tasks (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                expires_at, traceparent, first_run_at, snoozes, priority)
+                                expires_at, traceparent, first_run_at, snoozes, priority, flow_key)
              SELECT * FROM new WHERE run_at < (SELECT until FROM hot_horizon)
              RETURNING *
          ), cold AS (
              INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, attempt_count, timer_id, last_error, created_at,
-                                     expires_at, traceparent, first_run_at, snoozes, priority)
+                                     expires_at, traceparent, first_run_at, snoozes, priority, flow_key)
              SELECT * FROM new WHERE run_at >= (SELECT until FROM hot_horizon)
              RETURNING *
          ), wake AS (

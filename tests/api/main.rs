@@ -30,6 +30,7 @@ mod deadlines;
 mod delivery;
 mod embedded;
 mod failure_notices;
+mod flow_keys;
 mod fuzz_input;
 mod health;
 mod helpers;

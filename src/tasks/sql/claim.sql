@@ -23,6 +23,8 @@
 -- When the cap held the claim back, one more row says so (id all zeros, `capped`), so that
 -- the engine waits for a slot to free rather than take the tasks left due for work it
 -- missed. No node is told when another frees a slot; the engine looks again shortly.
+-- With per-key limits (pick_flow.sql) such a row also says when a key's limit held some
+-- back, and carries where the next claim's walk of the keys starts (`cursor`).
 --
 -- $6, when known, is chime_unfinished_floor() (migration 0036): no unfinished task is due
 -- before it, and with it the partitions of finished tasks are pruned as the statement
@@ -92,9 +94,10 @@ WITH wants AS (
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.expired AND b.failure_url IS NOT NULL
 )
-SELECT id, biz_type_id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now, false AS capped
+SELECT id, biz_type_id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now,
+       false AS capped, NULL::text AS cursor
   FROM leased
 UNION ALL
-SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true
+SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true, NULL
   FROM gate g
- WHERE g.room < g.picked
+ WHERE g.room < g.picked{markers}

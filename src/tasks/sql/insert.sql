@@ -1,7 +1,7 @@
 -- Inserts tasks of biz type $1, given column by column as arrays ($2 to $7: id, key, run_at
 -- or delay in ms, payload as JSON text, hash of the request; $9 to $11: the deadline, or
--- its distance in ms from run_at, the traceparent, and $12 the priority; $8 is the wake
--- channel).
+-- its distance in ms from run_at, the traceparent, $12 the priority and $13 the flow key;
+-- $8 is the wake channel).
 -- `first_run_at` is the run_at it is given here, kept by every later move. Used by single
 -- creates (batched), batch creates and replaces; timer occurrences have their own
 -- statement, `insert_occurrences.sql`.
@@ -20,26 +20,26 @@
 -- statement with 1000 rows).
 WITH input AS (
     SELECT i.id, i.key, coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond') AS run_at,
-           i.payload, i.request_hash, i.expires_at, i.ttl_ms, i.traceparent, i.priority
+           i.payload, i.request_hash, i.expires_at, i.ttl_ms, i.traceparent, i.priority, i.flow_key
       FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[], $7::bytea[],
-                  $9::timestamptz[], $10::bigint[], $11::text[], $12::smallint[])
-           AS i(id, key, run_at, delay_ms, payload, request_hash, expires_at, ttl_ms, traceparent, priority)
+                  $9::timestamptz[], $10::bigint[], $11::text[], $12::smallint[], $13::text[])
+           AS i(id, key, run_at, delay_ms, payload, request_hash, expires_at, ttl_ms, traceparent, priority, flow_key)
 ), taken AS (
     INSERT INTO task_keys (biz_type_id, key, task_id, request_hash)
     SELECT $1, key, id, request_hash FROM input WHERE key IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING task_id
 ), hot AS (
-    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, expires_at, traceparent, first_run_at, priority)
+    INSERT INTO tasks (id, biz_type_id, key, run_at, payload, expires_at, traceparent, first_run_at, priority, flow_key)
     SELECT id, $1, key, run_at, payload::jsonb, coalesce(expires_at, run_at + ttl_ms * interval '1 millisecond'),
-           traceparent, run_at, priority
+           traceparent, run_at, priority, flow_key
       FROM input
      WHERE run_at < (SELECT until FROM hot_horizon) AND (key IS NULL OR id IN (SELECT task_id FROM taken))
     RETURNING id, run_at, expires_at, created_at
 ), cold AS (
-    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, expires_at, traceparent, first_run_at, priority)
+    INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, expires_at, traceparent, first_run_at, priority, flow_key)
     SELECT id, $1, key, run_at, payload::jsonb, coalesce(expires_at, run_at + ttl_ms * interval '1 millisecond'),
-           traceparent, run_at, priority
+           traceparent, run_at, priority, flow_key
       FROM input
      WHERE run_at >= (SELECT until FROM hot_horizon) AND (key IS NULL OR id IN (SELECT task_id FROM taken))
     RETURNING id, run_at, expires_at, created_at

@@ -26,10 +26,10 @@ WITH later AS (
 )
 INSERT INTO tasks_cold (id, biz_type_id, key, run_at, payload, status, attempt_count, timer_id, last_error,
                         lease_until, leased_by, created_at, updated_at, finished_at, expires_at, traceparent,
-                        first_run_at, snoozes, priority)
+                        first_run_at, snoozes, priority, flow_key)
 SELECT id, biz_type_id, key, due_at, payload, 'pending',
        CASE WHEN snoozed THEN attempt_count - 1 ELSE attempt_count END, timer_id,
        CASE WHEN snoozed THEN NULL ELSE retry_error END,
        NULL, NULL, created_at, now(), NULL, expires_at, traceparent, first_run_at,
-       CASE WHEN snoozed THEN snoozes + 1 ELSE snoozes END, priority
+       CASE WHEN snoozed THEN snoozes + 1 ELSE snoozes END, priority, flow_key
   FROM moved

@@ -77,10 +77,10 @@ async fn a_key_at_its_cap_holds_back_no_other_key_across_nodes() {
     assert_eq!(peak, CAP, "the key's cap is used whole");
 }
 
-/// Ordered: key `a`'s three tasks reach the receiver one at a time in run_at order. The first
+/// Ordered: key `a`'s tasks reach the receiver one at a time in run_at order. The first
 /// fails once (500) and is snoozed once, and holds the key through both; the second is
-/// cancelled before its turn, and the third follows the first. Key `b` is not held back by
-/// `a`'s retries.
+/// cancelled before its turn; one due last is replaced to be due before the third, and
+/// goes before it. Key `b` is not held back by `a`'s retries.
 #[tokio::test]
 async fn an_ordered_key_is_delivered_one_at_a_time_through_a_retry_a_snooze_and_a_cancel() {
     let app = spawn_app().await;
@@ -102,18 +102,26 @@ async fn an_ordered_key_is_delivered_one_at_a_time_through_a_retry_a_snooze_and_
     assert_eq!(created.status, 200, "{}", created.body);
     let a2 = created.body["results"][1]["task"]["id"].as_str().unwrap().to_string();
     assert_eq!(app.delete(&format!("/api/v1/tasks/{a2}"), &token).await.status, 200);
+    // Due after a3 as created; a replace moves it before a3, and its key follows.
+    let mut late = task("a-late", "a", 5_000);
+    late["key"] = json!("moved");
+    app.create_task(&token, late).await;
+    let mut moved = task("a-moved", "a", 15);
+    moved["key"] = json!("moved");
+    moved["on_conflict"] = json!("replace");
+    assert_eq!(app.post("/api/v1/tasks", &token, moved).await.status, 200);
 
     let running = engine(&app).spawn();
     // a1 fails and is snoozed first: b1, created now, goes while a1 waits.
     let first_two = receiver.wait_for(2, Duration::from_secs(10)).await;
     assert_eq!(app.create_task(&token, task("b1", "b", 0)).await["status"], "pending");
-    let received = receiver.wait_for(5, Duration::from_secs(20)).await;
+    let received = receiver.wait_for(6, Duration::from_secs(20)).await;
     running.stop().await;
     let order: Vec<String> = received.iter().map(|r| r.json()["payload"].as_str().unwrap().to_string()).collect();
     println!("arrivals: {order:?}");
     assert_eq!(first_two.len(), 2);
     let of_a: Vec<&str> = order.iter().map(String::as_str).filter(|p| p.starts_with('a')).collect();
-    assert_eq!(of_a, ["a1", "a1", "a1", "a3"], "a1 held its key through its retry and snooze; a2 was cancelled");
+    assert_eq!(of_a, ["a1", "a1", "a1", "a-moved", "a3"], "a1 held its key through its retry and snooze; a2 was cancelled");
     let b1 = order.iter().position(|p| p == "b1").expect("b1 delivered");
     let last_a1 = order.iter().rposition(|p| p == "a1").unwrap();
     assert!(b1 < last_a1, "b1 waited for key a: {order:?}");
@@ -143,3 +151,31 @@ async fn flow_keys_and_limits_are_validated_and_answered() {
     assert!(refused.unwrap_err().to_string().contains("flow_max_in_flight"));
 }
 
+
+/// Ordered, and the node delivering a key's first task is killed (`kill -9`) mid-callback:
+/// the task holds its key while its lease runs out, is delivered again by another node, and
+/// only then does the key's second task go.
+#[tokio::test]
+async fn an_ordered_key_s_task_holds_its_key_through_a_kill_of_its_node() {
+    let app = spawn_app().await; // its leader recovers the dead node's lease
+    let receiver = Receiver::start(vec![Answer { delay: Duration::from_secs(30), ..Answer::status(200) }], Answer::status(200)).await;
+    let settings =
+        Settings { callback_url: Some(receiver.url.clone()), ordered: Some(true), timeout_ms: Some(1000), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let mut doomed = chime_process(&app.db_url, &[]).await;
+    let now = Utc::now();
+    let tasks: Vec<Value> = ["a1", "a2"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| json!({"biz_type": "orders", "run_at": (now + chrono::Duration::milliseconds(10 * i as i64)).to_rfc3339(), "flow_key": "a", "payload": name}))
+        .collect();
+    assert_eq!(app.post("/api/v1/tasks/batch", &token, json!({"tasks": tasks})).await.status, 200);
+    assert_eq!(receiver.wait_for(1, Duration::from_secs(10)).await.len(), 1, "a1 is being delivered");
+    doomed.kill().await.unwrap(); // SIGKILL, a1's callback unanswered
+    let _survivor = chime_process(&app.db_url, &[]).await;
+    let received = receiver.wait_for(3, Duration::from_secs(30)).await;
+    let order: Vec<String> = received.iter().map(|r| r.json()["payload"].as_str().unwrap().to_string()).collect();
+    println!("arrivals: {order:?}, the second after {:?}", received.get(1).map(|r| r.at - received[0].at));
+    assert_eq!(order, ["a1", "a1", "a2"], "a1 kept its key until delivered again");
+}

@@ -26,6 +26,9 @@ struct Body<'a> {
     task_id: Uuid,
     biz_type: &'a str,
     key: Option<&'a str>,
+    /// Only when the task has one, so that a body without is what it always was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flow_key: Option<&'a str>,
     run_at: DateTime<Utc>,
     fired_at: DateTime<Utc>,
     attempt: i32,
@@ -93,6 +96,7 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         task_id: task.id,
         biz_type: &biz.name,
         key: task.key.as_deref(),
+        flow_key: task.flow_key.as_deref(),
         run_at: task.run_at,
         fired_at,
         attempt: task.attempt_count,
@@ -554,6 +558,7 @@ mod tests {
         let task = Claimed {
             id: Uuid::new_v4(),
             key: None,
+            flow_key: None,
             run_at: now,
             payload: "{}".into(),
             attempt_count: 1,

@@ -36,6 +36,7 @@ use crate::db::Pool;
 pub struct Claimed {
     pub id: Uuid,
     pub key: Option<String>,
+    pub flow_key: Option<String>,
     pub run_at: DateTime<Utc>,
     /// The payload as stored, passed through to the callback body without parsing.
     pub payload: String,
@@ -129,7 +130,7 @@ async fn claim_some(
     static CLAIM_FLOWS: LazyLock<String> = LazyLock::new(|| {
         include_str!("sql/claim.sql").replace("{pick}", include_str!("sql/pick_flow.sql").trim_end()).replace(
             "{markers}",
-            "\nUNION ALL\nSELECT '00000000-0000-0000-0000-000000000000', h.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false,
+            "\nUNION ALL\nSELECT '00000000-0000-0000-0000-000000000000', h.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false,
        clock_timestamp(), h.held, h.cursor
   FROM held h
  WHERE h.held OR h.cursor IS NOT NULL",

@@ -120,6 +120,7 @@ async fn an_ordered_key_is_delivered_one_at_a_time_through_a_retry_a_snooze_and_
     let order: Vec<String> = received.iter().map(|r| r.json()["payload"].as_str().unwrap().to_string()).collect();
     println!("arrivals: {order:?}");
     assert_eq!(first_two.len(), 2);
+    assert_eq!(first_two[0].json()["flow_key"], "a", "the callback names its flow key");
     let of_a: Vec<&str> = order.iter().map(String::as_str).filter(|p| p.starts_with('a')).collect();
     assert_eq!(of_a, ["a1", "a1", "a1", "a-moved", "a3"], "a1 held its key through its retry and snooze; a2 was cancelled");
     let b1 = order.iter().position(|p| p == "b1").expect("b1 delivered");

@@ -87,17 +87,17 @@ WITH wants AS (
            updated_at = now()
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))
        AND t.run_at BETWEEN (SELECT min(run_at) FROM due) AND (SELECT max(run_at) FROM due)
-    RETURNING t.id, t.biz_type_id, t.key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
+    RETURNING t.id, t.biz_type_id, t.key, t.flow_key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
               t.expires_at, t.traceparent, t.status = 'expired' AS expired, clock_timestamp() AS db_now
 ), notices AS (
     INSERT INTO failure_notices (biz_type_id, task_id, event)
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.expired AND b.failure_url IS NOT NULL
 )
-SELECT id, biz_type_id, key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now,
+SELECT id, biz_type_id, key, flow_key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now,
        false AS capped, NULL::text AS cursor
   FROM leased
 UNION ALL
-SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true, NULL
+SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true, NULL
   FROM gate g
  WHERE g.room < g.picked{markers}

@@ -225,6 +225,8 @@ struct EditPage {
     last_hour: Option<LastHour>,
     /// Its receiver's breaker, if it ever opened or was slowed (`engine::breaker`).
     receiver: Option<crate::engine::breaker::State>,
+    /// Flow keys whose next tasks wait (with per-key limits only).
+    held: Vec<crate::tasks::HeldKey>,
     /// Shown once: a new signing secret or API token, left by the action that made it.
     revealed: Option<reveal::Revealed>,
     /// What was typed into a refused one-field form (rotate, new token): (field, value).
@@ -272,6 +274,7 @@ pub async fn new(req: HttpRequest, session: Session) -> Result<HttpResponse, Con
         tokens: vec![],
         last_hour: None,
         receiver: None,
+        held: vec![],
         revealed: None,
         typed: None,
     };
@@ -287,6 +290,9 @@ fn page_of(name: &str) -> String {
     format!("/console/biz-types/{name}")
 }
 
+/// Held flow keys listed on a biz type's page.
+const HELD_SHOWN: i64 = 20;
+
 pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ConsoleError> {
     let b = found(&state, &name).await?;
     let here = page_of(&b.name);
@@ -294,6 +300,11 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
     let last_hour = Some(LastHour::of(&state.pool, b.id).await?);
     let receiver = crate::engine::breaker::states(&state.pool).await?.remove(&b.id);
+    let held = if b.ordered || b.flow_max_in_flight > 0 {
+        crate::tasks::held_flow_keys(&state.pool, b.id, b.flow_max_in_flight, b.ordered, HELD_SHOWN).await?
+    } else {
+        vec![]
+    };
     let page = EditPage {
         ctx: Ctx::new(&session, &req, "biz-types"),
         form: Form::of(&b, session.is_admin()),
@@ -302,6 +313,7 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
         tokens,
         last_hour,
         receiver,
+        held,
         revealed,
         typed: None,
     };
@@ -334,7 +346,7 @@ fn refused(
     };
     let errors = Problems(problems.0.into_iter().map(name_taken).collect()).by_field()?;
     // The form and its errors only: the last hour is on the page a reload leads to.
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, receiver: None, revealed: None, typed };
+    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, receiver: None, held: vec![], revealed: None, typed };
     render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page)
 }
 

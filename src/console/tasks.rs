@@ -45,6 +45,9 @@ pub struct Filter {
     /// 0 to 9: only tasks of this priority; needs a biz type.
     #[serde(default)]
     pub priority: String,
+    /// A flow key: only its tasks; needs a biz type.
+    #[serde(default)]
+    pub flow_key: String,
     /// `oldest` (the default) or `newest` first, by due time.
     #[serde(default)]
     pub order: String,
@@ -66,7 +69,7 @@ impl Filter {
             .append_pair("from", &self.from)
             .append_pair("to", &self.to);
         // Left out when empty: the bulk actions' links back stay as they were.
-        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("timer", &self.timer), ("priority", &self.priority), ("order", &self.order)] {
+        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("timer", &self.timer), ("priority", &self.priority), ("flow_key", &self.flow_key), ("order", &self.order)] {
             if !value.is_empty() {
                 query.append_pair(name, value);
             }
@@ -166,6 +169,19 @@ fn parse_priority(filter: &Filter) -> Result<Option<i16>, Error> {
     Ok(Some(priority))
 }
 
+/// The flow key filter: none, or a key by the rules of `key`, within one biz type.
+fn parse_flow_key(filter: &Filter) -> Result<Option<String>, Error> {
+    let raw = filter.flow_key.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    tasks::validate_flow_key(raw)?;
+    if filter.biz_type.is_empty() {
+        return Err(Error::invalid("flow_key", "choose a biz type too: a flow key filter reads one biz type's tasks"));
+    }
+    Ok(Some(raw.to_string()))
+}
+
 /// Whether the list is newest first.
 fn parse_order(raw: &str) -> Result<bool, Error> {
     match raw {
@@ -197,13 +213,15 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
     });
     let timer = parse_timer(filter);
     let priority = parse_priority(filter);
-    let (status, newest_first, from, to, payload, timer_id, priority) =
-        match (status, order, from, to, payload.transpose(), key.transpose(), timer, priority) {
-            (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_), Ok(timer), Ok(priority)) => {
-                (status, order, from, to, payload, timer, priority)
+    let flow_key = parse_flow_key(filter);
+    let (status, newest_first, from, to, payload, timer_id, priority, flow_key) =
+        match (status, order, from, to, payload.transpose(), key.transpose(), timer, priority, flow_key) {
+            (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_), Ok(timer), Ok(priority), Ok(flow_key)) => {
+                (status, order, from, to, payload, timer, priority, flow_key)
             }
-            (status, order, from, to, payload, key, timer, priority) => {
-                let problems = [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err(), timer.err(), priority.err()];
+            (status, order, from, to, payload, key, timer, priority, flow_key) => {
+                let problems =
+                    [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err(), timer.err(), priority.err(), flow_key.err()];
                 return Err(Problems(problems.into_iter().flatten().collect()));
             }
         };
@@ -238,7 +256,8 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
         });
     }
     let (status, retrying) = status;
-    let list = ListFilter { status, retrying, from, to, payload, timer_id, priority, cursor, backward, newest_first, limit: PAGE_SIZE };
+    let list =
+        ListFilter { status, retrying, from, to, payload, timer_id, priority, flow_key, cursor, backward, newest_first, limit: PAGE_SIZE };
     let page = tasks::list(&state.pool, biz_type_id, &list).await?;
     let count = tasks::count(&state.pool, biz_type_id, &list).await?;
     Ok(Found {

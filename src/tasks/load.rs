@@ -74,6 +74,8 @@ pub struct Backlog<'a> {
     pub finished: bool,
     /// Into `tasks_cold`: every `run_at` is at or after the hot horizon.
     pub cold: bool,
+    /// Every row's flow key, if any.
+    pub flow_key: Option<&'a str>,
 }
 
 /// Writes backlog rows `first .. first + count` in one statement.
@@ -86,13 +88,13 @@ pub async fn insert_backlog(pool: &Pool, backlog: &Backlog<'_>, first: u64, coun
     // random leaf of the primary key, and a load of millions would rewrite the whole index.
     let table = if backlog.cold { "tasks_cold" } else { "tasks" };
     let done = db::query(AssertSqlSafe(format!(
-        "INSERT INTO {table} (id, biz_type_id, run_at, first_run_at, payload, status, attempt_count, finished_at)
+        "INSERT INTO {table} (id, biz_type_id, run_at, first_run_at, payload, status, attempt_count, finished_at, flow_key)
          SELECT (lpad(to_hex(((extract(epoch FROM clock_timestamp()) * 1000)::int8 << 16) | x'7000'::int8
                              | (random() * 4095)::int8), 16, '0')
                  || substr(replace(gen_random_uuid()::text, '-', ''), 17))::uuid,
                 $1, r.at, r.at, $5::jsonb,
                 CASE WHEN $6 THEN 'succeeded' ELSE 'pending' END, CASE WHEN $6 THEN 1 ELSE 0 END,
-                CASE WHEN $6 THEN r.at + interval '1 second' END
+                CASE WHEN $6 THEN r.at + interval '1 second' END, $8::text
            FROM generate_series($2::bigint, $2 + $3 - 1) i,
                 LATERAL (SELECT $4::timestamptz + (i * $7::float8) * interval '1 microsecond' AS at) r"
     )))
@@ -103,6 +105,7 @@ pub async fn insert_backlog(pool: &Pool, backlog: &Backlog<'_>, first: u64, coun
     .bind(backlog.payload)
     .bind(backlog.finished)
     .bind(backlog.step_us)
+    .bind(backlog.flow_key)
     .execute(pool)
     .await?;
     Ok(done.rows_affected())

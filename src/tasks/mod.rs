@@ -64,8 +64,8 @@ pub use occurrences::{Occurrences, insert_occurrences};
 pub use replace::OnConflict;
 pub use payload::{check_payload, containment};
 pub use queries::{
-    ATTEMPTS_SHOWN, AttemptPage, AttemptsFrom, COUNT_CAP, Holding, KeySearch, ListFilter, Page, Target, attempt_total, attempts, attempts_before, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys,
-    find_by_key, get, get_by_key, holding, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target,
+    ATTEMPTS_SHOWN, AttemptPage, AttemptsFrom, COUNT_CAP, HeldKey, Holding, KeySearch, ListFilter, Page, Target, attempt_total, attempts, attempts_before, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys,
+    find_by_key, get, get_by_key, held_flow_keys, holding, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target,
     search_keys,
 };
 

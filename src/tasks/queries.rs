@@ -154,6 +154,9 @@ pub struct ListFilter {
     /// Only tasks of this priority: like `payload`, the list's walk filtered, within one
     /// biz type.
     pub priority: Option<i16>,
+    /// Only tasks of this flow key: like `priority`, the list's walk filtered, within one
+    /// biz type.
+    pub flow_key: Option<String>,
     pub cursor: Option<String>,
     /// The cursor is the first row of a page, and the page before it is wanted.
     pub backward: bool,
@@ -197,6 +200,9 @@ fn push_conditions(q: &mut QueryBuilder<Postgres>, filter: &ListFilter) {
     }
     if let Some(timer_id) = filter.timer_id {
         q.push(" AND t.timer_id = ").push_bind(timer_id);
+    }
+    if let Some(flow_key) = &filter.flow_key {
+        q.push(" AND t.flow_key = ").push_bind(flow_key.clone());
     }
     if let Some(priority) = filter.priority {
         q.push(" AND t.priority = ").push_bind(priority);
@@ -824,4 +830,37 @@ mod tests {
             }
         }
     }
+}
+
+/// A flow key whose next tasks wait (docs/design/claim.md, Flow keys and order by key).
+#[derive(Debug, sqlx::FromRow)]
+pub struct HeldKey {
+    pub flow_key: String,
+    /// Ordered: the task holding the key while it waits for its retry or snooze. At its
+    /// cap: None.
+    pub task_id: Option<Uuid>,
+    /// Its tasks in flight now.
+    pub running: i64,
+    pub attempt_count: Option<i32>,
+    /// When the holding task is tried again.
+    pub run_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+/// Up to `limit` flow keys of the biz type whose next tasks wait: for an ordered one, those
+/// held by a task waiting for its retry or snooze (soonest first); otherwise those with
+/// `cap` tasks in flight. Both read tasks_flow_busy_idx (migration 0040), which holds only
+/// what is in flight or retrying.
+pub async fn held_flow_keys(pool: &Pool, biz_type_id: i32, cap: i32, ordered: bool, limit: i64) -> Result<Vec<HeldKey>, Error> {
+    let sql = if ordered {
+        "SELECT flow_key, id AS task_id, 0::int8 AS running, attempt_count, run_at, last_error FROM tasks
+          WHERE biz_type_id = $1 AND flow_key IS NOT NULL AND status = 'pending' AND (attempt_count > 0 OR snoozes > 0)
+          ORDER BY run_at LIMIT $3"
+    } else {
+        "SELECT flow_key, NULL::uuid AS task_id, count(*) AS running, NULL::int4 AS attempt_count,
+                NULL::timestamptz AS run_at, NULL::text AS last_error
+           FROM tasks WHERE biz_type_id = $1 AND flow_key IS NOT NULL AND status = 'running'
+          GROUP BY flow_key HAVING count(*) >= $2 ORDER BY flow_key LIMIT $3"
+    };
+    Ok(crate::db::query_as(sql).bind(biz_type_id).bind(cap).bind(limit).fetch_all(pool).await?)
 }

@@ -11,6 +11,7 @@ use chime::callback_hosts::CallbackHosts;
 use chrono::Utc;
 use serde_json::{Value, json};
 
+use crate::console::{ADMIN_PASSWORD, sign_in};
 use crate::helpers::{chime_process, engine, spawn_app};
 use crate::receiver::{Answer, Receiver};
 
@@ -179,4 +180,47 @@ async fn an_ordered_key_s_task_holds_its_key_through_a_kill_of_its_node() {
     let order: Vec<String> = received.iter().map(|r| r.json()["payload"].as_str().unwrap().to_string()).collect();
     println!("arrivals: {order:?}, the second after {:?}", received.get(1).map(|r| r.at - received[0].at));
     assert_eq!(order, ["a1", "a1", "a2"], "a1 kept its key until delivered again");
+}
+
+/// A flow key is kept when its task moves to cold storage and back; the console shows it on
+/// the task page, filters the task list by it within a biz type, and lists on the biz type's
+/// page the ordered keys held by a task waiting for its retry.
+#[tokio::test]
+async fn the_console_shows_flow_keys_and_the_keys_held() {
+    let app = spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer::status(503)).await;
+    let settings = Settings {
+        callback_url: Some(receiver.url.clone()),
+        ordered: Some(true),
+        backoff_initial_ms: Some(3_600_000),
+        breaker_threshold: Some(0),
+        ..Default::default()
+    };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    // Thirty days ahead: cold storage; moved back by a PATCH, its flow key with it.
+    let later = app.create_task(&token, json!({"biz_type": "orders", "flow_key": "m-2", "delay_ms": 30_i64 * 86_400_000})).await;
+    let later_id = later["id"].as_str().unwrap();
+    assert_eq!(app.table_of(later_id).await, "tasks_cold");
+    let moved = app.patch(&format!("/api/v1/tasks/{later_id}"), &token, json!({"delay_ms": 3_600_000})).await;
+    assert_eq!(moved.body["flow_key"], "m-2", "kept when moved into the partitions: {}", moved.body);
+    let failing = app.create_task(&token, json!({"biz_type": "orders", "flow_key": "m-1"})).await;
+    let id = failing["id"].as_str().unwrap();
+    let mut engine = engine(&app);
+    engine.turn().await;
+    engine.settled().await;
+
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let page = admin.get("/console/biz-types/orders").await;
+    let held = page.body.split(r#"<dd id="held-keys">"#).nth(1).expect("the held keys are listed").split("</dd>").next().unwrap();
+    assert!(held.contains("m-1") && held.contains(&format!("/console/tasks/{id}")) && held.contains("503"), "{held}");
+    assert!(!held.contains("m-2"), "a key whose task was never tried is not held: {held}");
+    let page = admin.get(&format!("/console/tasks/{id}")).await;
+    assert!(page.body.contains(r#"<dd id="flow-key"><a href="/console/tasks?biz_type=orders&amp;flow_key=m-1">m-1</a>"#), "{}", page.body);
+    let page = admin.get("/console/tasks?biz_type=orders&flow_key=m-1").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(id) && !page.body.contains(later_id), "{}", page.body);
+    let page = admin.get("/console/tasks?flow_key=m-1").await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    assert!(page.body.contains(r#"data-field="flow_key""#) && page.body.contains("choose a biz type"), "{}", page.body);
 }

@@ -39,7 +39,8 @@ final class Client
     /**
      * Schedules a task: `biz_type`, and any of `key`, `run_at` | `delay_ms`, `payload`,
      * `on_conflict` (`reject`, `replace`, `keep`), `expires_at` | `ttl_ms`, `priority` (0 to
-     * 9, 9 the most urgent; 5 when left out). Answers the task, with `created` added: true for
+     * 9, 9 the most urgent; 5 when left out), `flow_key` (what it is for: a merchant, a user;
+     * the biz type's per-key limits count by it). Answers the task, with `created` added: true for
      * a 201, false when the key's task answered (200). With a `key`, a 503 or a lost answer is
      * retried with the same key (the server may have stored it); without one, never.
      *

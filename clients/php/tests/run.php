@@ -230,6 +230,19 @@ $tests['priority'] = function () use ($url, $hooks) {
     $client->cancel($plain['id']);
 };
 
+$tests['flow key'] = function () use ($url, $hooks) {
+    $client = new Client($url, $hooks['token']);
+    $task = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000, 'flow_key' => 'merchant-7']);
+    same('merchant-7', $task['flow_key']);
+    $plain = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000]);
+    same(null, $plain['flow_key'], 'null when left out');
+    $e = throws(InvalidArgumentException::class, fn () => $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000, 'flow_key' => '']));
+    same(422, $e->getStatus());
+    check(str_contains($e->getMessage(), 'flow_key'), $e->getMessage());
+    $client->cancel($task['id']);
+    $client->cancel($plain['id']);
+};
+
 $tests['bulk cancel and replay'] = function () use ($url, $hooks) {
     $client = new Client($url, $hooks['token']);
     $prefix = 'bulk-' . uuid() . '-';

@@ -154,15 +154,16 @@ class Client:
     def create(self, biz_type: str, *, key: Optional[str] = None, run_at: Optional[Time] = None,
                delay_ms: Optional[int] = None, payload: Any = _UNSET, on_conflict: Optional[str] = None,
                expires_at: Optional[Time] = None, ttl_ms: Optional[int] = None, priority: Optional[int] = None,
-               traceparent: Optional[str] = None) -> Resource:
+               flow_key: Optional[str] = None, traceparent: Optional[str] = None) -> Resource:
         """Schedules a task (``POST /api/v1/tasks``). ``on_conflict``: ``"reject"`` (default),
         ``"replace"`` or ``"keep"``. ``priority``: 0 to 9, 9 the most urgent (5 when left
-        out). The task has ``.created`` True when this call made it (201), False when the
+        out). ``flow_key``: what the task is for (a merchant, a user), which the biz type's
+        per-key limits count by. The task has ``.created`` True when this call made it (201), False when the
         key's task answered (200)."""
         body: Dict[str, Any] = {"biz_type": biz_type}
         for name, value in (("key", key), ("run_at", _time(run_at)), ("delay_ms", delay_ms),
                             ("on_conflict", on_conflict), ("expires_at", _time(expires_at)), ("ttl_ms", ttl_ms),
-                            ("priority", priority)):
+                            ("priority", priority), ("flow_key", flow_key)):
             if value is not None:
                 body[name] = value
         if payload is not _UNSET:

@@ -105,6 +105,16 @@ class Tasks(unittest.TestCase):
         self.client.cancel(urgent.id)
         self.client.cancel(plain.id)
 
+    def test_flow_key(self):
+        task = self.client.create(hooks.name, delay_ms=3_600_000, flow_key="merchant-7")
+        self.assertEqual(task.flow_key, "merchant-7")
+        self.assertIsNone(self.client.create(hooks.name, delay_ms=3_600_000).flow_key)
+        with self.assertRaises(InvalidArgument) as caught:
+            self.client.create(hooks.name, delay_ms=3_600_000, flow_key="")
+        self.assertEqual(caught.exception.status, 422)
+        self.assertIn("flow_key", caught.exception.message)
+        self.client.cancel(task.id)
+
     def test_bulk_cancel_and_replay(self):
         prefix = f"bulk-{uuid.uuid4()}-"
         ids = {self.client.create(hooks.name, key=f"{prefix}{i}", delay_ms=3_600_000).id for i in range(3)}

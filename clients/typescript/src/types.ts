@@ -23,6 +23,8 @@ export interface Task {
   traceparent: string | null;
   /** 0 to 9, 9 the most urgent. */
   priority: number;
+  /** What the task is for inside its biz type (a merchant, a user): the biz type's per-key limits count by it. */
+  flow_key: string | null;
 }
 
 /** The answer to a create: `created` is true for a 201, false when the key's task answered (200). */
@@ -56,6 +58,8 @@ export interface CreateTask {
   ttl_ms?: number | null;
   /** 0 to 9, 9 the most urgent; 5 when left out or null. */
   priority?: number | null;
+  /** What the task is for (a merchant, a user; the rules of `key`): the biz type's `flow_max_in_flight` and `ordered` count by it. */
+  flow_key?: string | null;
 }
 
 export interface TaskChanges {

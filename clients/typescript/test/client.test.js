@@ -97,6 +97,17 @@ describe("tasks", () => {
     await client.cancel(plain.id);
   });
 
+  test("flow key", async () => {
+    const client = new Client(URL, hooks.token);
+    const task = await client.create({ biz_type: hooks.name, delay_ms: 3_600_000, flow_key: "merchant-7" });
+    assert.equal(task.flow_key, "merchant-7");
+    assert.equal((await client.create({ biz_type: hooks.name, delay_ms: 3_600_000 })).flow_key, null);
+    const e = await rejects(InvalidArgumentError, client.create({ biz_type: hooks.name, delay_ms: 3_600_000, flow_key: "" }));
+    assert.equal(e.status, 422);
+    assert.match(e.message, /flow_key/);
+    await client.cancel(task.id);
+  });
+
   test("bulk cancel and replay", async () => {
     const client = new Client(URL, hooks.token);
     const prefix = `bulk-${randomUUID()}-`;

@@ -266,7 +266,7 @@ impl Bench {
             let total = self.args.batch_tasks as usize;
             let run_at = Utc::now() + TimeDelta::milliseconds(CREATE_DELAY_MS);
             let started = Instant::now();
-            self.create_batches(&biz, &vec![run_at; total], keyed).await?;
+            self.create_batches(&biz, &vec![run_at; total], keyed, 0).await?;
             let rate = total as f64 / started.elapsed().as_secs_f64();
             let keys = if keyed { ", keyed" } else { "" };
             let metric = format!("create, {BATCH} tasks per request{keys}, {} clients", self.args.batch_clients);
@@ -279,13 +279,13 @@ impl Bench {
     /// Creates one task per `run_at` through the batch API, `batch_clients` requests at a
     /// time spread over the nodes.
     async fn create_due(&self, biz: &Biz, run_ats: &[DateTime<Utc>]) -> anyhow::Result<()> {
-        self.create_batches(biz, run_ats, false).await
+        self.create_batches(biz, run_ats, false, 0).await
     }
 
-    /// `create_due`, each task with a key of its own if `keyed`. The answers hold what
-    /// `--batch-results` says (by default ids only, as a client that keeps nothing else
-    /// would ask).
-    async fn create_batches(&self, biz: &Biz, run_ats: &[DateTime<Utc>], keyed: bool) -> anyhow::Result<()> {
+    /// `create_due`, each task with a key of its own if `keyed`, and task n with flow key
+    /// `k<n % flow_keys>` if `flow_keys` is not 0. The answers hold what `--batch-results`
+    /// says (by default ids only, as a client that keeps nothing else would ask).
+    pub(super) async fn create_batches(&self, biz: &Biz, run_ats: &[DateTime<Utc>], keyed: bool, flow_keys: usize) -> anyhow::Result<()> {
         let chunks: Arc<Vec<String>> = Arc::new(
             run_ats
                 .chunks(BATCH)
@@ -296,7 +296,10 @@ impl Bench {
                         .enumerate()
                         .map(|(i, at)| {
                             let n = c * BATCH + i;
-                            let key = if keyed { format!(r#""key":"task-{n}","#) } else { String::new() };
+                            let mut key = if keyed { format!(r#""key":"task-{n}","#) } else { String::new() };
+                            if flow_keys > 0 {
+                                key.push_str(&format!(r#""flow_key":"k{}","#, n % flow_keys));
+                            }
                             format!(
                                 r#"{{"biz_type":"{}",{key}"run_at":"{}","payload":{}}}"#,
                                 biz.name,
@@ -422,12 +425,17 @@ impl Bench {
     /// `--steady-secs` from `start`, which must not have passed once they are created.
     /// Returns how many.
     async fn create_steady(&self, biz: &Biz, start: DateTime<Utc>) -> anyhow::Result<usize> {
+        self.create_steady_over(biz, start, 0).await
+    }
+
+    /// `create_steady`, task n with flow key `k<n % flow_keys>` (0: none).
+    pub(super) async fn create_steady_over(&self, biz: &Biz, start: DateTime<Utc>, flow_keys: usize) -> anyhow::Result<usize> {
         let (rate, seconds) = (i64::from(self.args.steady_rate), i64::from(self.args.steady_secs));
         let total = (rate * seconds) as usize;
         let run_ats: Vec<DateTime<Utc>> =
             (0..total as i64).map(|i| start + TimeDelta::microseconds(i * 1_000_000 / rate)).collect();
         let lead = start - Utc::now();
-        self.create_due(biz, &run_ats).await?;
+        self.create_batches(biz, &run_ats, false, flow_keys).await?;
         if Utc::now() > start {
             bail!("creating {total} tasks took longer than the {} ms allowed", lead.num_milliseconds());
         }
@@ -479,7 +487,7 @@ impl Bench {
         let payload = self.payload(0);
         let horizon = load::hot_until(&self.pool).await?;
         let now = Utc::now();
-        let part = |what, count, from, to, finished| crate::scale::Part { what, count, from, to, finished, cold: false };
+        let part = |what, count, from, to, finished| crate::scale::Part { what, count, from, to, finished, cold: false, flow_key: None };
         let parts = vec![
             part("future", self.args.backlog_future, now + TimeDelta::hours(1), horizon - TimeDelta::hours(1), false),
             part("finished", self.args.backlog_finished, now - TimeDelta::hours(20), now - TimeDelta::hours(1), true),

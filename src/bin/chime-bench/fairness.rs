@@ -28,9 +28,17 @@
 //!    `URGENT_GAP`, and each one's lateness (its creation to its callback) is measured.
 //!    Target: at most 50 ms, the bound for a top-priority task behind 100,000.
 //!
-//! Left out, for now: the other figures need what is not built yet: flow keys (the
-//! hot key beside 10,000 others) and their overhead on a burst; and the herd of 100,000
-//! cron timers as the neighbour (the timers scenario measures steady beside cron timers).
+//! 4. Flow keys. One biz type with `flow_max_in_flight` `HOT_CAP`: steady spread over
+//!    `KEYS` flow keys, alone; then again beside `--fairness-herd` tasks of one hot key, all
+//!    due at one instant a moment after steady's first. Target: steady's p99 beside the hot
+//!    key within 2× alone. The hot key's running tasks are sampled every 10 ms meanwhile
+//!    (chime's side: what was leased, which bounds what reached the receiver); target: never
+//!    over `HOT_CAP`. Then the overhead: a burst of `--fairness-herd` tasks spread over
+//!    `KEYS` keys against the same burst in a biz type without per-key limits; target: at
+//!    least 70% of its rate.
+//!
+//! Left out, for now: the herd of 100,000 cron timers as the neighbour (the timers scenario
+//! measures steady beside cron timers).
 //! Priority's overhead on a burst is measured on the claim statement (docs/design/claim.md).
 
 use std::collections::HashSet;
@@ -61,6 +69,9 @@ const QUEUE_RATE: f64 = 200.0;
 /// Tasks of priority 9 created in part 3, one every `URGENT_GAP`.
 const URGENT: usize = 20;
 const URGENT_GAP: Duration = Duration::from_millis(100);
+/// Flow keys of part 4, and the cap per key.
+const KEYS: usize = 10_000;
+const HOT_CAP: i32 = 10;
 
 /// What one part-1 measurement found.
 struct Crowd {
@@ -77,7 +88,8 @@ impl Bench {
     pub(super) async fn fairness(&mut self, run: u32) -> anyhow::Result<()> {
         self.fairness_idle_biz_types(run).await?;
         self.fairness_herd(run).await?;
-        self.fairness_priority(run).await
+        self.fairness_priority(run).await?;
+        self.fairness_keys(run).await
     }
 
     /// Part 1: steady and the idle database among 10 biz types, then among
@@ -177,7 +189,7 @@ impl Bench {
         let write_lead = TimeDelta::milliseconds(2000 + herd as i64 / 10);
         let herd_due = Utc::now() + write_lead + self.steady_lead() + offset;
         let writing = Instant::now();
-        let part = crate::scale::Part { what: "herd", count: herd, from: herd_due, to: herd_due, finished: false, cold: false };
+        let part = crate::scale::Part { what: "herd", count: herd, from: herd_due, to: herd_due, finished: false, cold: false, flow_key: None };
         crate::scale::write(&self.pool, a.id, &self.payload(0), vec![part], "fairness herd").await?;
         let writing_s = writing.elapsed().as_secs_f64();
         let start = herd_due - offset;
@@ -235,7 +247,7 @@ impl Bench {
         let settings = Settings { rate_limit: Some(QUEUE_RATE), ..Settings::default() };
         let biz = self.new_biz_type_with(&format!("fairness-priority-{nodes}n-{run}"), settings).await?;
         let now = Utc::now();
-        let part = crate::scale::Part { what: "queue", count: queued, from: now, to: now, finished: false, cold: false };
+        let part = crate::scale::Part { what: "queue", count: queued, from: now, to: now, finished: false, cold: false, flow_key: None };
         crate::scale::write(&self.pool, biz.id, &self.payload(0), vec![part], "fairness priority queue").await?;
         // The queue is flowing once its first callbacks have come.
         let flowing = Instant::now();
@@ -281,6 +293,97 @@ impl Bench {
         r.add(s, nodes, &format!("{label}: still queued when the last urgent one came"), "tasks", still_queued as f64, None);
         r.add(s, nodes, &format!("{label}: lateness p50"), "ms", percentile(&lateness, 0.50), None);
         r.add(s, nodes, &format!("{label}: lateness max"), "ms", percentile(&lateness, 1.0), Some(Target::AtMost(50.0)));
+        Ok(())
+    }
+
+    /// Part 4: flow keys. Steady over `KEYS` keys alone, then beside a hot key's herd; then
+    /// a burst over `KEYS` keys against the same without flow keys.
+    async fn fairness_keys(&mut self, run: u32) -> anyhow::Result<()> {
+        let nodes = self.nodes.len() as u32;
+        let herd = self.args.fairness_herd;
+        let limit = Duration::from_secs(u64::from(self.args.steady_secs) + 60 + herd / 500);
+        let settings = Settings { flow_max_in_flight: Some(HOT_CAP), ..Settings::default() };
+
+        let alone = self.new_biz_type_with(&format!("fairness-keys-alone-{nodes}n-{run}"), settings.clone()).await?;
+        let start = Utc::now() + self.steady_lead();
+        let total = self.create_steady_over(&alone, start, KEYS).await?;
+        let (arrivals, _) = self.wait_delivered(&alone, total, limit).await?;
+        let alone_lateness = first_lateness_ms(&arrivals);
+
+        // The hot key's herd, in the same biz type as the steady keys beside it, due a
+        // second into steady (a quarter of it if shorter), half a millisecond off any
+        // steady task's time so that its arrivals are told apart by due time.
+        let beside = self.new_biz_type_with(&format!("fairness-keys-beside-{nodes}n-{run}"), settings.clone()).await?;
+        let offset = TimeDelta::milliseconds((i64::from(self.args.steady_secs) * 250).min(1000)) + TimeDelta::microseconds(500);
+        let write_lead = TimeDelta::milliseconds(2000 + herd as i64 / 10);
+        let herd_due = Utc::now() + write_lead + self.steady_lead() + offset;
+        let part = crate::scale::Part { what: "hot key", count: herd, from: herd_due, to: herd_due, finished: false, cold: false, flow_key: Some("hot") };
+        crate::scale::write(&self.pool, beside.id, &self.payload(0), vec![part], "fairness hot key").await?;
+        let start = herd_due - offset;
+        if Utc::now() + self.steady_lead() > start {
+            bail!("writing the hot key's {herd} tasks took longer than allowed; use a smaller --fairness-herd");
+        }
+        let sampler = {
+            let (pool, biz_type_id) = (self.pool.clone(), beside.id);
+            tokio::spawn(async move {
+                let mut peak = 0_i64;
+                loop {
+                    let running: i64 = db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND flow_key = 'hot' AND status = 'running'")
+                        .bind(biz_type_id)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap_or(0);
+                    peak = peak.max(running);
+                    let left: i64 = db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND flow_key = 'hot' AND status IN ('pending', 'running')")
+                        .bind(biz_type_id)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap_or(1);
+                    if left == 0 && Utc::now() > herd_due {
+                        return peak;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        };
+        let steady_total = self.create_steady_over(&beside, start, KEYS).await?;
+        let (arrivals, _) = self.wait_delivered(&beside, steady_total + herd as usize, limit).await?;
+        let peak = sampler.await?;
+        let (hot, steady): (Vec<Arrival>, Vec<Arrival>) = arrivals.into_iter().partition(|a| a.run_at == herd_due);
+        let beside_lateness = first_lateness_ms(&steady);
+        let hot_last = hot.iter().map(|a| a.at).max().context("the hot key has tasks")?;
+
+        // The overhead: one burst over KEYS keys, one without flow keys.
+        let mut rates = Vec::new();
+        // The plain one in a biz type without per-key limits, claimed as every other is.
+        for (label, flow_keys) in [("plain", 0), ("keyed", KEYS)] {
+            let with = if flow_keys == 0 { Settings::default() } else { settings.clone() };
+            let biz = self.new_biz_type_with(&format!("fairness-keys-burst-{label}-{nodes}n-{run}"), with).await?;
+            let due = Utc::now() + TimeDelta::milliseconds(2000 + herd as i64 / 10);
+            self.create_batches(&biz, &vec![due; herd as usize], false, flow_keys).await?;
+            let (_, recorded) = self.wait_delivered(&biz, herd as usize, limit).await?;
+            rates.push(herd as f64 / secs(recorded - due).max(1e-3));
+            biz_types::archive(&self.pool, &biz.name, "chime-bench").await?;
+        }
+        for biz in [&alone, &beside] {
+            biz_types::archive(&self.pool, &biz.name, "chime-bench").await?;
+        }
+
+        let rate = self.args.steady_rate;
+        let r = &mut self.report;
+        let s = SCENARIO;
+        let beside_label = format!("steady over {KEYS} keys beside a hot key of {herd}");
+        for (label, lateness) in [(format!("steady over {KEYS} keys alone"), &alone_lateness), (beside_label.clone(), &beside_lateness)] {
+            r.add(s, nodes, &format!("{label}: {rate}/s lateness p50"), "ms", percentile(lateness, 0.50), None);
+            r.add(s, nodes, &format!("{label}: {rate}/s lateness p99"), "ms", percentile(lateness, 0.99), None);
+        }
+        let ratio = percentile(&beside_lateness, 0.99) / percentile(&alone_lateness, 0.99);
+        r.add(s, nodes, &format!("{beside_label}: p99 / alone"), "×", ratio, Some(Target::AtMost(2.0)));
+        r.add(s, nodes, &format!("hot key (flow_max_in_flight {HOT_CAP}): most running at once"), "tasks", peak as f64, Some(Target::AtMost(f64::from(HOT_CAP))));
+        r.add(s, nodes, "hot key: last callback after due", "s", secs(hot_last - herd_due), None);
+        r.add(s, nodes, &format!("burst of {herd}, no flow keys"), "tasks/s", rates[0], None);
+        r.add(s, nodes, &format!("burst of {herd} over {KEYS} flow keys"), "tasks/s", rates[1], None);
+        r.add(s, nodes, &format!("burst over {KEYS} flow keys / without"), "×", rates[1] / rates[0], Some(Target::AtLeast(0.7)));
         Ok(())
     }
 }

@@ -47,6 +47,8 @@ pub struct Part {
     pub to: DateTime<Utc>,
     pub finished: bool,
     pub cold: bool,
+    /// Every task's flow key, if any.
+    pub flow_key: Option<&'static str>,
 }
 
 /// Writes `parts` as tasks of biz type `biz_type_id`, `LOADERS` statements of up to `CHUNK`
@@ -79,7 +81,15 @@ pub async fn write(pool: &Pool, biz_type_id: i32, payload: &str, parts: Vec<Part
                 let part = &parts[p];
                 let step_us = secs(part.to - part.from) * 1e6 / part.count as f64;
                 let backlog =
-                    Backlog { biz_type_id, from: part.from, step_us, payload: &payload, finished: part.finished, cold: part.cold };
+                    Backlog {
+                    biz_type_id,
+                    from: part.from,
+                    step_us,
+                    payload: &payload,
+                    finished: part.finished,
+                    cold: part.cold,
+                    flow_key: part.flow_key,
+                };
                 load::insert_backlog(&pool, &backlog, first, n).await.with_context(|| format!("writing {} tasks", part.what))?;
                 let done = written.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
                 eprintln!("bench: {label}: {done} of {total} tasks written ({:.0} s)", started.elapsed().as_secs_f64());
@@ -130,7 +140,7 @@ pub async fn fill(pool: &Pool, biz_type_id: i32, payload: &str, args: &BenchArgs
     let span = secs(pending_to - pending_from);
     let hot_count = (args.scale_pending as f64 * secs(horizon - pending_from) / span).round() as u64;
     let mut parts = vec![
-        Part { what: "pending (hot)", count: hot_count, from: pending_from, to: horizon, finished: false, cold: false },
+        Part { what: "pending (hot)", count: hot_count, from: pending_from, to: horizon, finished: false, cold: false, flow_key: None },
         Part {
             what: "pending (cold)",
             count: args.scale_pending - hot_count,
@@ -138,11 +148,12 @@ pub async fn fill(pool: &Pool, biz_type_id: i32, payload: &str, args: &BenchArgs
             to: pending_to,
             finished: false,
             cold: true,
+            flow_key: None,
         },
     ];
     for d in 1..=i64::from(args.scale_days) {
         let from = today - TimeDelta::days(d);
-        parts.push(Part { what: "finished", count: args.scale_finished, from, to: from + TimeDelta::days(1), finished: true, cold: false });
+        parts.push(Part { what: "finished", count: args.scale_finished, from, to: from + TimeDelta::days(1), finished: true, cold: false, flow_key: None });
     }
     let (total, load_secs) = write(pool, biz_type_id, payload, parts, "scale").await?;
     let vacuum_secs = settle(pool, "scale").await?;

@@ -45,7 +45,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use chime::biz_types::{self, Settings, load as biz_load};
 use chime::db::{self, Pool};
 
@@ -316,7 +316,8 @@ impl Bench {
         let beside = self.new_biz_type_with(&format!("fairness-keys-beside-{nodes}n-{run}"), settings.clone()).await?;
         let offset = TimeDelta::milliseconds((i64::from(self.args.steady_secs) * 250).min(1000)) + TimeDelta::microseconds(500);
         let write_lead = TimeDelta::milliseconds(2000 + herd as i64 / 10);
-        let herd_due = Utc::now() + write_lead + self.steady_lead() + offset;
+        // In whole microseconds, as stored, to be compared with what the callbacks say.
+        let herd_due = (Utc::now() + write_lead + self.steady_lead() + offset).trunc_subsecs(6);
         let part = crate::scale::Part { what: "hot key", count: herd, from: herd_due, to: herd_due, finished: false, cold: false, flow_key: Some("hot") };
         crate::scale::write(&self.pool, beside.id, &self.payload(0), vec![part], "fairness hot key").await?;
         let start = herd_due - offset;

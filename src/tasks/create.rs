@@ -69,7 +69,7 @@ pub struct CreateTask<'a> {
     /// flow key are in flight at once, and with `ordered` a flow key's tasks are delivered
     /// one at a time in run_at order; a key at its limit waits without holding back the
     /// others. null: none (no per-key limit applies). A replace keeps the task's flow key.
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = r"^[^\u0000-\u001f\u007f-\u009f]+$")]
     pub flow_key: Option<String>,
 }
 

@@ -268,3 +268,19 @@ async fn a_secret_file_that_is_not_a_regular_file_or_too_long_is_refused_at_once
     let out = out.expect("chime apply -f /dev/zero still running after 10 s");
     assert!(!out.ok && out.stderr.contains("/dev/zero is longer than 16 MiB"), "{}", out.stderr);
 }
+
+/// The per-key limits are settings like the others: applied, planned, and refused by the
+/// same rule, naming the field.
+#[tokio::test]
+async fn flow_limits_are_applied_and_checked() {
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+    let dir = Dir::new("flows");
+    let file = format!("{TWO}\n[biz_types.payouts]\ncallback_url = \"https://payouts.test/\"\nflow_max_in_flight = 3\nordered = true\n");
+    let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file)], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let payouts = chime::biz_types::by_name(&app.pool, "payouts").await.unwrap().unwrap();
+    assert_eq!((payouts.flow_max_in_flight, payouts.ordered), (3, true));
+    let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file.replace("flow_max_in_flight = 3", "flow_max_in_flight = -1"))], None).await;
+    assert!(!out.ok && out.stderr.contains("biz type `payouts`: flow_max_in_flight: must be between 0 and 100000"), "{}", out.stderr);
+}

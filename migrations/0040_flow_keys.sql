@@ -1,15 +1,20 @@
 -- Flow keys (docs/design/claim.md, Flow keys and order by key): a task may name the
 -- merchant, user or destination it is for, and a biz type may cap how many tasks of one
--- key are in flight at once across the cluster (`flow_max_in_flight`, 0: no cap) or deliver
--- each key's tasks one at a time, in order (`ordered`).
+-- key are in flight at once across the cluster (`flow_max_in_flight`, 0: no cap), how many
+-- start a second (`flow_rate_limit`, NULL: no limit), or deliver each key's tasks one at a
+-- time, in order (`ordered`).
 --
 -- Expand only: a nullable column and columns with constant defaults (no rewrite; a brief
 -- ACCESS EXCLUSIVE lock on each table for the catalog change). The previous release neither
 -- reads nor writes them: its claims ignore the per-key limits, and a task it moves (a
 -- snooze into cold storage) loses its flow key.
 ALTER TABLE tasks ADD COLUMN IF NOT EXISTS flow_key text;
+-- When a claim last leased the task (set by every claim, whatever its biz type): a key's
+-- rate counts its tasks leased within the last window.
+ALTER TABLE tasks ADD COLUMN IF NOT EXISTS attempted_at timestamptz;
 -- Same columns, same order: cold rows move into `tasks` with `SELECT *`.
 ALTER TABLE tasks_cold ADD COLUMN IF NOT EXISTS flow_key text;
+ALTER TABLE tasks_cold ADD COLUMN IF NOT EXISTS attempted_at timestamptz;
 
 CREATE OR REPLACE VIEW all_tasks AS
     SELECT * FROM tasks
@@ -18,6 +23,7 @@ CREATE OR REPLACE VIEW all_tasks AS
 
 ALTER TABLE biz_types ADD COLUMN IF NOT EXISTS flow_max_in_flight integer NOT NULL DEFAULT 0;
 ALTER TABLE biz_types ADD COLUMN IF NOT EXISTS ordered boolean NOT NULL DEFAULT false;
+ALTER TABLE biz_types ADD COLUMN IF NOT EXISTS flow_rate_limit double precision;
 
 -- The pending tasks of each key, in run_at order: the claim walks the keys of a biz type
 -- with per-key limits through it, one descent per key, and takes each key's due tasks
@@ -32,27 +38,60 @@ CREATE INDEX IF NOT EXISTS tasks_flow_idx ON ONLY tasks (biz_type_id, flow_key, 
 CREATE INDEX IF NOT EXISTS tasks_flow_busy_idx ON ONLY tasks (biz_type_id, flow_key)
     WHERE flow_key IS NOT NULL AND (status = 'running' OR (status = 'pending' AND (attempt_count > 0 OR snoozes > 0)));
 
--- `chime_flow_room(biz_type, flow_key, cap)`: how many more tasks of the key may be leased
--- now: `cap` less the key's running tasks (an ordered biz type's cap is 1).
+-- The tasks of each key leased lately, for a key's rate: only those with a flow key, and
+-- only once leased.
+CREATE INDEX IF NOT EXISTS tasks_flow_recent_idx ON ONLY tasks (biz_type_id, flow_key, attempted_at)
+    WHERE flow_key IS NOT NULL AND attempted_at IS NOT NULL;
+
+-- `chime_flow_room(biz_type, flow_key, cap, rate, head)`: how many more tasks of the key
+-- may be leased now: `cap` less the key's running tasks (0: no cap), and no more than
+-- `rate` a second allows: over a window of a second (1 / rate seconds when rate is below
+-- 1), at most rate × window leases, less the key's tasks leased within it (`attempted_at`,
+-- which a task's next lease overwrites: a retry within the window counts once). Given the
+-- `head` of an ordered key (the task the caller means to take), 1 only if no other task
+-- of the key is running or pending after a try (a retry or snooze waiting), else 0.
 --
 -- Locks: a transaction-scoped advisory lock on the key, the one-key form (biz type id in
 -- the high 32 bits, hashtext of the key in the low), taken with a try: a key another
 -- claim is taking right now gets 0 here and waits for the next turn, so claims never
--- wait on each other per key. As in chime_claim_room (0033), the count is a statement of
--- a VOLATILE function, taken after the lock: it sees every lease committed by the claim
--- that held the lock before. Two keys whose hashes collide share the lock: at worst one
--- waits a turn. The count reads at most `cap` entries of tasks_flow_busy_idx.
-CREATE OR REPLACE FUNCTION chime_flow_room(biz_type integer, flow text, cap integer) RETURNS integer
-    LANGUAGE plpgsql VOLATILE AS $$
+-- wait on each other per key. As in chime_claim_room (0033), the counts are statements of
+-- a VOLATILE function, taken after the lock: they see every lease committed by the claim
+-- that held the lock before, and every outcome recorded since the caller's statement
+-- began (its head may have been read before a retry was recorded). Two keys whose hashes
+-- collide share the lock: at worst one waits a turn. The counts read at most `cap` entries
+-- of tasks_flow_busy_idx and rate × window of tasks_flow_recent_idx.
+CREATE OR REPLACE FUNCTION chime_flow_room(biz_type integer, flow text, cap integer, rate double precision, head uuid)
+    RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
+    room integer := 1000000;
     busy integer;
+    span double precision;
+    allowed integer;
 BEGIN
     IF NOT pg_try_advisory_xact_lock((biz_type::bigint << 32) | (hashtext(flow)::bigint & 4294967295)) THEN
         RETURN 0;
     END IF;
-    SELECT count(*) INTO busy FROM (
-        SELECT 1 FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow AND status = 'running' LIMIT cap
-    ) r;
-    RETURN greatest(cap - busy, 0);
+    IF head IS NOT NULL THEN
+        IF EXISTS (SELECT FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow AND id <> head
+                      AND (status = 'running' OR (status = 'pending' AND (attempt_count > 0 OR snoozes > 0)))) THEN
+            RETURN 0;
+        END IF;
+        room := 1;
+    ELSIF cap > 0 THEN
+        SELECT count(*) INTO busy FROM (
+            SELECT 1 FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow AND status = 'running' LIMIT cap
+        ) r;
+        room := cap - busy;
+    END IF;
+    IF rate > 0 THEN
+        span := greatest(1.0, 1.0 / rate);
+        allowed := greatest(1, floor(rate * span)::integer);
+        SELECT count(*) INTO busy FROM (
+            SELECT 1 FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow
+               AND attempted_at > clock_timestamp() - span * interval '1 second' LIMIT allowed
+        ) r;
+        room := least(room, allowed - busy);
+    END IF;
+    RETURN greatest(room, 0);
 END
 $$;

@@ -47,6 +47,7 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         max_in_flight: flags.max_in_flight,
         flow_max_in_flight: flags.flow_max_in_flight,
         ordered: flags.ordered,
+        flow_rate_limit: flags.flow_rate_limit,
         create_rate_limit: flags.create_rate_limit,
         breaker_threshold: flags.breaker_threshold,
         breaker_window_ms: flags.breaker_window_ms,
@@ -75,7 +76,7 @@ fn describe(b: &BizType) -> String {
             (true, _) => ", ordered by flow key".to_string(),
             (false, 0) => String::new(),
             (false, n) => format!(" ({n} per flow key)"),
-        },
+        } + &b.flow_rate_limit.map(|r| format!(", {r}/s per flow key")).unwrap_or_default(),
         crate_ = rate(b.create_rate_limit),
         breaker = match b.breaker_threshold {
             0 => "no breaker".to_string(),

@@ -452,6 +452,10 @@ pub struct BizTypeFlags {
     /// the one before is settled [default: false].
     #[arg(long)]
     pub ordered: Option<bool>,
+    /// Callbacks of one flow key started a second, across the whole cluster; 0 = unlimited
+    /// [default: unlimited].
+    #[arg(long)]
+    pub flow_rate_limit: Option<f64>,
     /// API create calls per second; 0 = unlimited [default: unlimited].
     #[arg(long)]
     pub create_rate_limit: Option<f64>,

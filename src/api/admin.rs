@@ -89,6 +89,10 @@ pub(super) struct BizTypeRequest {
     /// once the one before is settled (succeeded, failed, expired or cancelled). A task that
     /// fails holds its key while it retries. Default false.
     ordered: Option<bool>,
+    /// Callbacks of one flow key started a second, across the cluster; 0: unlimited (the
+    /// default).
+    #[schema(minimum = 0, maximum = 1_000_000)]
+    flow_rate_limit: Option<f64>,
     /// API creates per second; 0: unlimited (the default).
     #[schema(minimum = 0, maximum = 1_000_000)]
     create_rate_limit: Option<f64>,
@@ -153,6 +157,7 @@ impl BizTypeRequest {
             max_in_flight: int(self.max_in_flight),
             flow_max_in_flight: int(self.flow_max_in_flight),
             ordered: self.ordered,
+            flow_rate_limit: self.flow_rate_limit,
             create_rate_limit: self.create_rate_limit,
             breaker_threshold: int(self.breaker_threshold),
             breaker_window_ms: int(self.breaker_window_ms),

@@ -53,6 +53,7 @@ struct Entry {
     max_in_flight: Option<i32>,
     flow_max_in_flight: Option<i32>,
     ordered: Option<bool>,
+    flow_rate_limit: Option<f64>,
     create_rate_limit: Option<f64>,
     breaker_threshold: Option<i32>,
     breaker_window_ms: Option<i32>,
@@ -158,6 +159,7 @@ impl Entry {
             max_in_flight: self.max_in_flight,
             flow_max_in_flight: self.flow_max_in_flight,
             ordered: self.ordered,
+            flow_rate_limit: self.flow_rate_limit,
             create_rate_limit: self.create_rate_limit,
             breaker_threshold: self.breaker_threshold,
             breaker_window_ms: self.breaker_window_ms,
@@ -284,7 +286,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 18] {
+fn shown(b: &BizType) -> [(&'static str, String); 19] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -299,6 +301,7 @@ fn shown(b: &BizType) -> [(&'static str, String); 18] {
         ("max_in_flight", b.max_in_flight.to_string()),
         ("flow_max_in_flight", b.flow_max_in_flight.to_string()),
         ("ordered", b.ordered.to_string()),
+        ("flow_rate_limit", rate(b.flow_rate_limit)),
         ("create_rate_limit", rate(b.create_rate_limit)),
         ("breaker_threshold", b.breaker_threshold.to_string()),
         ("breaker_window_ms", b.breaker_window_ms.to_string()),

@@ -78,6 +78,9 @@ pub struct BizType {
     /// Each flow key's tasks are delivered one at a time, in run_at order: the next starts
     /// once the one before is settled (succeeded, failed, expired or cancelled).
     pub ordered: bool,
+    /// Callbacks of one flow key started a second, across the whole cluster; None:
+    /// unlimited.
+    pub flow_rate_limit: Option<f64>,
     /// Create calls per second through the API, per node; None: unlimited.
     pub create_rate_limit: Option<f64>,
     /// Failures in a row (no answer, a timeout, 408, 429 or 5xx) that open the receiver's
@@ -127,6 +130,7 @@ pub struct Settings {
     pub max_in_flight: Option<i32>,
     pub flow_max_in_flight: Option<i32>,
     pub ordered: Option<bool>,
+    pub flow_rate_limit: Option<f64>,
     pub create_rate_limit: Option<f64>,
     pub breaker_threshold: Option<i32>,
     pub breaker_window_ms: Option<i32>,
@@ -194,6 +198,7 @@ impl Settings {
             range("breaker_probe_ms", self.breaker_probe_ms, 100, 3_600_000),
             rate("rate_limit", self.rate_limit),
             rate("create_rate_limit", self.create_rate_limit),
+            rate("flow_rate_limit", self.flow_rate_limit),
         ];
         problems.extend(checks.into_iter().filter_map(Result::err));
         problems
@@ -281,6 +286,7 @@ impl BizType {
             max_in_flight: 100,
             flow_max_in_flight: 0,
             ordered: false,
+            flow_rate_limit: None,
             create_rate_limit: None,
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             breaker_window_ms: DEFAULT_BREAKER_WINDOW_MS,
@@ -324,6 +330,7 @@ impl BizType {
             max_in_flight: s.max_in_flight.unwrap_or(self.max_in_flight),
             flow_max_in_flight: s.flow_max_in_flight.unwrap_or(self.flow_max_in_flight),
             ordered: s.ordered.unwrap_or(self.ordered),
+            flow_rate_limit: rate(s.flow_rate_limit, self.flow_rate_limit),
             create_rate_limit: rate(s.create_rate_limit, self.create_rate_limit),
             breaker_threshold: s.breaker_threshold.unwrap_or(self.breaker_threshold),
             breaker_window_ms: s.breaker_window_ms.unwrap_or(self.breaker_window_ms),
@@ -450,7 +457,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
                 max_in_flight = $10, create_rate_limit = $11, paused = $12, failure_url = $13, max_snoozes = $14,
                 breaker_threshold = $15, breaker_window_ms = $16, breaker_probe_ms = $17,
-                flow_max_in_flight = $18, ordered = $19, updated_at = now()
+                flow_max_in_flight = $18, ordered = $19, flow_rate_limit = $20, updated_at = now()
           WHERE id = $1
           RETURNING *",
     )
@@ -473,6 +480,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     .bind(b.breaker_probe_ms)
     .bind(b.flow_max_in_flight)
     .bind(b.ordered)
+    .bind(b.flow_rate_limit)
     .fetch_one(&mut *conn)
     .await?)
 }

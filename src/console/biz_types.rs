@@ -46,6 +46,8 @@ pub struct Form {
     pub max_in_flight: String,
     #[serde(default)]
     pub flow_max_in_flight: String,
+    #[serde(default)]
+    pub flow_rate_limit: String,
     /// A checkbox: present ("on") when ticked.
     #[serde(default)]
     pub ordered: String,
@@ -80,6 +82,7 @@ impl Form {
             rate_limit: rate(b.rate_limit),
             max_in_flight: b.max_in_flight.to_string(),
             flow_max_in_flight: b.flow_max_in_flight.to_string(),
+            flow_rate_limit: rate(b.flow_rate_limit),
             ordered: if b.ordered { "on".into() } else { String::new() },
             create_rate_limit: rate(b.create_rate_limit),
             failure_url: b.failure_url.as_deref().map(url).unwrap_or_default(),
@@ -142,6 +145,7 @@ impl Form {
             rate_limit: noted(rate("rate_limit", &self.rate_limit), &mut problems),
             max_in_flight: noted(int("max_in_flight", &self.max_in_flight), &mut problems),
             flow_max_in_flight: noted(int("flow_max_in_flight", &self.flow_max_in_flight), &mut problems),
+            flow_rate_limit: noted(rate("flow_rate_limit", &self.flow_rate_limit), &mut problems),
             ordered: Some(!self.ordered.is_empty()),
             create_rate_limit: noted(rate("create_rate_limit", &self.create_rate_limit), &mut problems),
             breaker_threshold: noted(int("breaker_threshold", &self.breaker_threshold), &mut problems),
@@ -593,6 +597,7 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
         breaker_probe_ms: b.breaker_probe_ms,
         flow_max_in_flight: b.flow_max_in_flight,
         ordered: b.ordered,
+        flow_rate_limit: b.flow_rate_limit,
     };
     let client = match state.callback_hosts.http_client().build() {
         Ok(client) => client,

@@ -162,6 +162,9 @@ pub struct BizTypeConfig {
     /// Each flow key's tasks one at a time, in run_at order.
     #[sqlx(default)]
     pub ordered: bool,
+    /// Callbacks a second per flow key, across the cluster; None: unlimited.
+    #[sqlx(default)]
+    pub flow_rate_limit: Option<f64>,
     #[sqlx(flatten)]
     pub signing_secret: SigningSecret,
     /// The secret the last rotation replaced, signing beside the current one until its
@@ -182,13 +185,11 @@ pub struct BizTypeConfig {
 }
 
 impl BizTypeConfig {
-    /// Its per-key limits, if it has any: a claim of its tasks then goes through them.
-    fn flow(&self) -> Option<(i32, bool)> {
-        if self.ordered {
-            Some((1, true))
-        } else {
-            (self.flow_max_in_flight > 0).then_some((self.flow_max_in_flight, false))
-        }
+    /// Its per-key limits, if it has any (a cap, 1 when ordered, 0 for none; whether
+    /// ordered; a rate): a claim of its tasks then goes through them.
+    fn flow(&self) -> Option<(i32, bool, Option<f64>)> {
+        let cap = if self.ordered { 1 } else { self.flow_max_in_flight };
+        (cap > 0 || self.flow_rate_limit.is_some()).then_some((cap, self.ordered, self.flow_rate_limit))
     }
 
     /// Why this node cannot sign for the biz type: its secret, or the previous one while it
@@ -212,7 +213,7 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
     let all: Vec<BizTypeConfig> = crate::db::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
-                breaker_threshold, breaker_window_ms, breaker_probe_ms, flow_max_in_flight, ordered,
+                breaker_threshold, breaker_window_ms, breaker_probe_ms, flow_max_in_flight, ordered, flow_rate_limit,
                 CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
                 CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
@@ -517,7 +518,9 @@ impl Engine {
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() || probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
             let oldest = (self.owed_oldest.get(&biz.id).copied().unwrap_or(0) + free) / OLDEST_SHARE;
-            let flow = biz.flow().map(|(cap, ordered)| lease::FlowWant { cap, ordered, cursor: self.flow_cursors.get(&biz.id).cloned() });
+            let flow = biz
+                .flow()
+                .map(|(cap, ordered, rate)| lease::FlowWant { cap, ordered, rate, cursor: self.flow_cursors.get(&biz.id).cloned() });
             wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, flow });
             claiming.push((biz.clone(), counter, slots, free, wait, probe, oldest));
         }

@@ -88,12 +88,14 @@ pub struct Want {
 /// A biz type's per-key limits, for a claim.
 #[derive(Debug, Clone)]
 pub struct FlowWant {
-    /// Tasks of one flow key in flight at once, across the cluster (1 when ordered).
+    /// Tasks of one flow key in flight at once, across the cluster (1 when ordered; 0: no cap).
     pub cap: i32,
     /// One at a time per key, in run_at order.
     pub ordered: bool,
     /// Where the walk of the biz type's keys goes on from (the last claim's `Claim::cursor`).
     pub cursor: Option<String>,
+    /// Leases a second per key, across the cluster; None: no such limit.
+    pub rate: Option<f64>,
 }
 
 /// Leases to node `node_id` what each of `wants` asks for, in one statement whatever the
@@ -154,7 +156,8 @@ async fn claim_some(
         query = query
             .bind(flows.iter().map(|f| f.cap).collect::<Vec<i32>>())
             .bind(flows.iter().map(|f| f.ordered).collect::<Vec<bool>>())
-            .bind(flows.iter().map(|f| f.cursor.clone()).collect::<Vec<Option<String>>>());
+            .bind(flows.iter().map(|f| f.cursor.clone()).collect::<Vec<Option<String>>>())
+            .bind(flows.iter().map(|f| f.rate).collect::<Vec<Option<f64>>>());
     }
     let picked: Vec<ClaimRow> = query.fetch_all(pool).await?;
     for row in picked {

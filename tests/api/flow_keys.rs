@@ -224,3 +224,31 @@ async fn the_console_shows_flow_keys_and_the_keys_held() {
     assert_eq!(page.status, 422, "{}", page.body);
     assert!(page.body.contains(r#"data-field="flow_key""#) && page.body.contains("choose a biz type"), "{}", page.body);
 }
+
+/// `flow_rate_limit` 5: of 20 tasks of key `a` due at once, no more than 5 start within a
+/// second, and key `b`'s tasks are not held back by `a`'s.
+#[tokio::test]
+async fn a_key_s_rate_holds_it_alone() {
+    let app = spawn_app().await;
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), flow_rate_limit: Some(5.0), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let mut items: Vec<Value> = (0..20).map(|i| json!({"biz_type": "orders", "flow_key": "a", "payload": format!("a{i}")})).collect();
+    items.extend((0..3).map(|i| json!({"biz_type": "orders", "flow_key": "b", "payload": format!("b{i}")})));
+    assert_eq!(app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await.status, 200);
+    let running = engine(&app).spawn();
+    let received = receiver.wait_for(13, Duration::from_secs(10)).await;
+    running.stop().await;
+    let first = received.iter().map(|r| r.at).min().unwrap();
+    let of = |key: char| -> Vec<Duration> {
+        received.iter().filter(|r| r.json()["payload"].as_str().unwrap().starts_with(key)).map(|r| r.at - first).collect()
+    };
+    let (a, b) = (of('a'), of('b'));
+    println!("a at {a:?}\nb at {b:?}");
+    assert_eq!(b.len(), 3, "b's tasks delivered");
+    assert!(b.iter().all(|d| *d < Duration::from_millis(500)), "b waited for a's rate: {b:?}");
+    let most_in_a_second = a.iter().map(|start| a.iter().filter(|d| **d >= *start && **d < *start + Duration::from_millis(900)).count()).max().unwrap();
+    assert!(most_in_a_second <= 5, "{most_in_a_second} of key a within a second, over its rate of 5: {a:?}");
+    assert!(a.len() >= 10, "the rate is used: {a:?}");
+}

@@ -1,8 +1,9 @@
 -- The `picked` CTE of claim.sql (`{pick}`, `lease::with_pick`) for biz types with per-key
 -- limits (docs/design/claim.md, Flow keys and order by key): `flow_max_in_flight`, or
--- `ordered` (one at a time per key, in run_at order). $8 to $10 hold, per biz type of $1,
--- the key's cap (1 when ordered), whether it is ordered, and where the last claim's walk
--- of its keys stopped (NULL: at the start).
+-- `ordered` (one at a time per key, in run_at order), or `flow_rate_limit`. $8 to $11
+-- hold, per biz type of $1, the key's cap (1 when ordered, 0: none), whether it is ordered,
+-- where the last claim's walk of its keys stopped (NULL: at the start), and the key's rate
+-- (NULL: none).
 --
 -- The keys a claim looks at: those of the biz type's first n due tasks in run_at order
 -- (tasks_claim_idx; tasks without a flow key among them are taken as they come), and up to
@@ -10,17 +11,18 @@
 -- tasks_flow_idx, one descent per key): a herd of one key at the head of the due order
 -- holds back no other key, since the walk goes round all of them over the claims. Each
 -- key's room is chime_flow_room's (migration 0040: a try-lock on the key, then its running
--- tasks counted); it takes that many of its due tasks in run_at order, or, ordered, its
--- head: the task already tried and waiting for its retry, else its first pending task,
--- and that only when due. Nothing here is read or written per key without due work.
+-- tasks and those leased within its rate's window counted); it takes that many of its due
+-- tasks in run_at order, or, ordered, its head: the task already tried and waiting for its
+-- retry, else its first pending task, and that only when due. Nothing here is read or written per key without due work.
 --
 -- Priority is not applied here: a biz type with per-key limits takes each key's tasks in
 -- run_at order.
 flows AS (
-    SELECT w.biz_type_id, w.n, w.ahead_ms, f.cap, f.ordered, f.cursor,
+    SELECT w.biz_type_id, w.n, w.ahead_ms, f.cap, f.ordered, f.cursor, f.rate,
            now() + w.ahead_ms * interval '1 millisecond' AS due_by
       FROM wants w
-      JOIN unnest($1::int[], $8::int[], $9::bool[], $10::text[]) AS f(biz_type_id, cap, ordered, cursor) USING (biz_type_id)
+      JOIN unnest($1::int[], $8::int[], $9::bool[], $10::text[], $11::float8[]) AS f(biz_type_id, cap, ordered, cursor, rate)
+           USING (biz_type_id)
 ), head AS (
     SELECT fl.biz_type_id, h.id, h.run_at, h.flow_key
       FROM flows fl
@@ -50,45 +52,55 @@ flows AS (
         SELECT flow_key, i FROM scan WHERE flow_key IS NOT NULL
      ) s
 ), rooms AS (
-    -- Each key once, those of the head first; its room counted under its lock.
-    SELECT k.biz_type_id, k.flow_key, k.pos, chime_flow_room(k.biz_type_id, k.flow_key, fl.cap) AS room
+    -- Each key once, those of the head first. Ordered, its head first: the task tried
+    -- already (a retry or snooze waiting) if there is one, else its first pending task,
+    -- due or not. Then its room, counted under its lock: for an ordered key, 1 only if no
+    -- task of it but the head is running or tried and pending, as read after the lock (the
+    -- head was read before it, so that a task settled or retried in between is seen).
+    SELECT k.biz_type_id, k.flow_key, k.pos, o.id AS head_id, o.run_at AS head_run_at,
+           chime_flow_room(k.biz_type_id, k.flow_key, fl.cap, fl.rate, o.id) AS room
       FROM (SELECT DISTINCT ON (biz_type_id, flow_key) biz_type_id, flow_key, pos
               FROM (SELECT biz_type_id, flow_key, 0 AS pos FROM head WHERE flow_key IS NOT NULL
                     UNION ALL
                     SELECT biz_type_id, flow_key, i FROM walk) u
              ORDER BY biz_type_id, flow_key, pos) k
       JOIN flows fl USING (biz_type_id)
+      LEFT JOIN LATERAL (
+        SELECT id, run_at FROM (
+            (SELECT id, run_at FROM tasks
+              WHERE fl.ordered AND biz_type_id = k.biz_type_id AND flow_key = k.flow_key AND status = 'pending'
+                AND (attempt_count > 0 OR snoozes > 0) AND run_at >= coalesce($6, '-infinity')
+              LIMIT 1)
+            UNION ALL
+            (SELECT id, run_at FROM tasks
+              WHERE fl.ordered AND biz_type_id = k.biz_type_id AND flow_key = k.flow_key AND status = 'pending'
+                AND run_at >= coalesce($6, '-infinity')
+              ORDER BY run_at, id LIMIT 1)
+            LIMIT 1
+        ) h
+      ) o ON true
+     WHERE NOT fl.ordered OR o.id IS NOT NULL
 ), chosen AS (
     SELECT c.biz_type_id, c.id, c.run_at,
            row_number() OVER (PARTITION BY c.biz_type_id ORDER BY c.pos, c.run_at) AS rank
       FROM (
         SELECT biz_type_id, id, run_at, 0 AS pos FROM head WHERE flow_key IS NULL
         UNION ALL
+        -- Ordered: the key's head, if due.
+        SELECT r.biz_type_id, r.head_id, r.head_run_at, r.pos
+          FROM rooms r JOIN flows fl USING (biz_type_id)
+         WHERE fl.ordered AND r.room > 0 AND r.head_run_at <= fl.due_by
+        UNION ALL
         SELECT r.biz_type_id, t.id, t.run_at, r.pos
           FROM rooms r
           JOIN flows fl USING (biz_type_id)
          CROSS JOIN LATERAL (
-            -- Ordered: the key's head, if due. A task tried already comes first: the key
-            -- is its until it is settled.
-            SELECT id, run_at FROM (
-                (SELECT id, run_at FROM tasks
-                  WHERE fl.ordered AND biz_type_id = r.biz_type_id AND flow_key = r.flow_key AND status = 'pending'
-                    AND (attempt_count > 0 OR snoozes > 0) AND run_at >= coalesce($6, '-infinity')
-                  LIMIT 1)
-                UNION ALL
-                (SELECT id, run_at FROM tasks
-                  WHERE fl.ordered AND biz_type_id = r.biz_type_id AND flow_key = r.flow_key AND status = 'pending'
-                    AND run_at >= coalesce($6, '-infinity')
-                  ORDER BY run_at, id LIMIT 1)
-                LIMIT 1
-            ) o WHERE o.run_at <= fl.due_by
-            UNION ALL
-            (SELECT id, run_at FROM tasks
-              WHERE NOT fl.ordered AND biz_type_id = r.biz_type_id AND flow_key = r.flow_key AND status = 'pending'
-                AND run_at <= fl.due_by AND run_at >= coalesce($6, '-infinity')
-              ORDER BY run_at, id LIMIT r.room)
+            SELECT id, run_at FROM tasks
+             WHERE biz_type_id = r.biz_type_id AND flow_key = r.flow_key AND status = 'pending'
+               AND run_at <= fl.due_by AND run_at >= coalesce($6, '-infinity')
+             ORDER BY run_at, id LIMIT r.room
          ) t
-         WHERE r.room > 0
+         WHERE NOT fl.ordered AND r.room > 0
       ) c
 ), picked AS (
     -- Locked as the plain pick locks, rows another claim took since being skipped: its

@@ -95,3 +95,23 @@ BEGIN
     RETURN greatest(room, 0);
 END
 $$;
+
+-- `chime_flow_head(biz_type, flow_key, floor)`: the task an ordered key delivers next, due
+-- or not: the one tried already and pending (a retry or snooze waiting: the key is its
+-- until it is settled), else its first pending task by run_at, then id. Two probes:
+-- tasks_flow_busy_idx, then tasks_flow_idx. `floor`: chime_unfinished_floor() or NULL.
+CREATE OR REPLACE FUNCTION chime_flow_head(biz_type integer, flow text, floor timestamptz)
+    RETURNS TABLE (id uuid, run_at timestamptz) LANGUAGE sql STABLE AS $$
+    SELECT h.id, h.run_at FROM (
+        (SELECT t.id, t.run_at FROM tasks t
+          WHERE t.biz_type_id = biz_type AND t.flow_key = flow AND t.status = 'pending'
+            AND (t.attempt_count > 0 OR t.snoozes > 0) AND t.run_at >= coalesce(floor, '-infinity')
+          LIMIT 1)
+        UNION ALL
+        (SELECT t.id, t.run_at FROM tasks t
+          WHERE t.biz_type_id = biz_type AND t.flow_key = flow AND t.status = 'pending'
+            AND t.run_at >= coalesce(floor, '-infinity')
+          ORDER BY t.run_at, t.id LIMIT 1)
+        LIMIT 1
+    ) h
+$$;

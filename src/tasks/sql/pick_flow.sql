@@ -6,14 +6,16 @@
 -- (NULL: none).
 --
 -- The keys a claim looks at: those of the biz type's first n due tasks in run_at order
--- (tasks_claim_idx; tasks without a flow key among them are taken as they come), and up to
--- KEY_WALK more with due work after the cursor, in key order (a loose scan of
--- tasks_flow_idx, one descent per key): a herd of one key at the head of the due order
--- holds back no other key, since the walk goes round all of them over the claims. Each
--- key's room is chime_flow_room's (migration 0040: a try-lock on the key, then its running
--- tasks and those leased within its rate's window counted); it takes that many of its due
--- tasks in run_at order, or, ordered, its head: the task already tried and waiting for its
--- retry, else its first pending task, and that only when due. Nothing here is read or written per key without due work.
+-- (tasks_claim_idx; tasks without a flow key among them are taken as they come), and, when
+-- those leave it short of n, up to KEY_WALK more with due work after the cursor, in key
+-- order (a loose scan of tasks_flow_idx, one descent per key): a herd of one key at the
+-- head of the due order holds back no other key, since the walk goes round all of them
+-- over the claims. Each key's room is chime_flow_room's (migration 0040: a try-lock on the
+-- key, then its running tasks and those leased within its rate's window counted). A key
+-- of the head gives its tasks there up to its room; a key of the walk, that many of its
+-- due tasks in run_at order. Ordered, a key gives its head (`chime_flow_head`: the task
+-- already tried and waiting for its retry, else its first pending task), and that only
+-- when due. Nothing here is read or written per key without due work.
 --
 -- Priority is not applied here: a biz type with per-key limits takes each key's tasks in
 -- run_at order.
@@ -24,18 +26,46 @@ flows AS (
       JOIN unnest($1::int[], $8::int[], $9::bool[], $10::text[], $11::float8[]) AS f(biz_type_id, cap, ordered, cursor, rate)
            USING (biz_type_id)
 ), head AS (
-    SELECT fl.biz_type_id, h.id, h.run_at, h.flow_key
+    -- The first n due tasks, each numbered within its key.
+    SELECT fl.biz_type_id, h.id, h.run_at, h.flow_key,
+           row_number() OVER (PARTITION BY fl.biz_type_id, h.flow_key ORDER BY h.run_at, h.id) AS nth
       FROM flows fl
      CROSS JOIN LATERAL (
         SELECT id, run_at, flow_key FROM tasks
          WHERE biz_type_id = fl.biz_type_id AND status = 'pending' AND run_at <= fl.due_by AND run_at >= coalesce($6, '-infinity')
          ORDER BY run_at LIMIT fl.n
      ) h
+), head_rooms AS (
+    -- The head's keys, each once, with its room (and, ordered, its head task: see
+    -- `chime_flow_head`).
+    SELECT k.biz_type_id, k.flow_key, 0 AS pos, o.id AS head_id, o.run_at AS head_run_at,
+           chime_flow_room(k.biz_type_id, k.flow_key, fl.cap, fl.rate, o.id) AS room
+      FROM (SELECT DISTINCT biz_type_id, flow_key FROM head WHERE flow_key IS NOT NULL) k
+      JOIN flows fl USING (biz_type_id)
+      LEFT JOIN LATERAL chime_flow_head(k.biz_type_id, k.flow_key, $6) o ON fl.ordered
+     WHERE NOT fl.ordered OR o.id IS NOT NULL
+), from_head AS (
+    -- What the head gives: its tasks without a flow key; of each key, its first tasks
+    -- there up to its room; of an ordered key, its head task if due.
+    SELECT h.biz_type_id, h.id, h.run_at, 0 AS pos FROM head h WHERE h.flow_key IS NULL
+    UNION ALL
+    SELECT h.biz_type_id, h.id, h.run_at, 0
+      FROM head h JOIN head_rooms r USING (biz_type_id, flow_key) JOIN flows fl USING (biz_type_id)
+     WHERE NOT fl.ordered AND h.nth <= r.room
+    UNION ALL
+    SELECT r.biz_type_id, r.head_id, r.head_run_at, 0
+      FROM head_rooms r JOIN flows fl USING (biz_type_id)
+     WHERE fl.ordered AND r.room > 0 AND r.head_run_at <= fl.due_by
+), short AS (
+    -- The biz types the head left short of what they may take: keys beyond it may have
+    -- due work that a herd of the head's keys hides.
+    SELECT fl.* FROM flows fl
+     WHERE (SELECT count(*) FROM from_head f WHERE f.biz_type_id = fl.biz_type_id) < fl.n
 ), walk AS (
     -- KEY_WALK (64) keys after the cursor, each the next key of tasks_flow_idx with a due
     -- task: one descent each (the run_at bound is checked inside the index).
     SELECT fl.biz_type_id, s.flow_key, s.i
-      FROM flows fl
+      FROM short fl
      CROSS JOIN LATERAL (
         WITH RECURSIVE scan(flow_key, i) AS (
             SELECT (SELECT flow_key FROM tasks
@@ -51,48 +81,27 @@ flows AS (
         )
         SELECT flow_key, i FROM scan WHERE flow_key IS NOT NULL
      ) s
-), rooms AS (
-    -- Each key once, those of the head first. Ordered, its head first: the task tried
-    -- already (a retry or snooze waiting) if there is one, else its first pending task,
-    -- due or not. Then its room, counted under its lock: for an ordered key, 1 only if no
-    -- task of it but the head is running or tried and pending, as read after the lock (the
-    -- head was read before it, so that a task settled or retried in between is seen).
-    SELECT k.biz_type_id, k.flow_key, k.pos, o.id AS head_id, o.run_at AS head_run_at,
-           chime_flow_room(k.biz_type_id, k.flow_key, fl.cap, fl.rate, o.id) AS room
-      FROM (SELECT DISTINCT ON (biz_type_id, flow_key) biz_type_id, flow_key, pos
-              FROM (SELECT biz_type_id, flow_key, 0 AS pos FROM head WHERE flow_key IS NOT NULL
-                    UNION ALL
-                    SELECT biz_type_id, flow_key, i FROM walk) u
-             ORDER BY biz_type_id, flow_key, pos) k
+), walk_rooms AS (
+    -- The walk's keys not in the head, with their rooms, as head_rooms.
+    SELECT w.biz_type_id, w.flow_key, w.i AS pos, o.id AS head_id, o.run_at AS head_run_at,
+           chime_flow_room(w.biz_type_id, w.flow_key, fl.cap, fl.rate, o.id) AS room
+      FROM walk w
       JOIN flows fl USING (biz_type_id)
-      LEFT JOIN LATERAL (
-        SELECT id, run_at FROM (
-            (SELECT id, run_at FROM tasks
-              WHERE fl.ordered AND biz_type_id = k.biz_type_id AND flow_key = k.flow_key AND status = 'pending'
-                AND (attempt_count > 0 OR snoozes > 0) AND run_at >= coalesce($6, '-infinity')
-              LIMIT 1)
-            UNION ALL
-            (SELECT id, run_at FROM tasks
-              WHERE fl.ordered AND biz_type_id = k.biz_type_id AND flow_key = k.flow_key AND status = 'pending'
-                AND run_at >= coalesce($6, '-infinity')
-              ORDER BY run_at, id LIMIT 1)
-            LIMIT 1
-        ) h
-      ) o ON true
-     WHERE NOT fl.ordered OR o.id IS NOT NULL
+      LEFT JOIN LATERAL chime_flow_head(w.biz_type_id, w.flow_key, $6) o ON fl.ordered
+     WHERE NOT EXISTS (SELECT FROM head_rooms r WHERE r.biz_type_id = w.biz_type_id AND r.flow_key = w.flow_key)
+       AND (NOT fl.ordered OR o.id IS NOT NULL)
 ), chosen AS (
     SELECT c.biz_type_id, c.id, c.run_at,
            row_number() OVER (PARTITION BY c.biz_type_id ORDER BY c.pos, c.run_at) AS rank
       FROM (
-        SELECT biz_type_id, id, run_at, 0 AS pos FROM head WHERE flow_key IS NULL
+        SELECT * FROM from_head
         UNION ALL
-        -- Ordered: the key's head, if due.
         SELECT r.biz_type_id, r.head_id, r.head_run_at, r.pos
-          FROM rooms r JOIN flows fl USING (biz_type_id)
+          FROM walk_rooms r JOIN flows fl USING (biz_type_id)
          WHERE fl.ordered AND r.room > 0 AND r.head_run_at <= fl.due_by
         UNION ALL
         SELECT r.biz_type_id, t.id, t.run_at, r.pos
-          FROM rooms r
+          FROM walk_rooms r
           JOIN flows fl USING (biz_type_id)
          CROSS JOIN LATERAL (
             SELECT id, run_at FROM tasks
@@ -118,7 +127,11 @@ flows AS (
     -- Per biz type: whether a key with due work had no room (the engine then looks again
     -- shortly, rather than at once), and where the next claim's walk starts.
     SELECT fl.biz_type_id,
-           EXISTS (SELECT FROM rooms r WHERE r.biz_type_id = fl.biz_type_id AND r.room = 0) AS held,
-           (SELECT w.flow_key FROM walk w WHERE w.biz_type_id = fl.biz_type_id AND w.i = 64) AS cursor
+           EXISTS (SELECT FROM head_rooms r WHERE r.biz_type_id = fl.biz_type_id AND r.room = 0)
+           OR EXISTS (SELECT FROM walk_rooms r WHERE r.biz_type_id = fl.biz_type_id AND r.room = 0) AS held,
+           -- No walk: it goes on from where it was.
+           CASE WHEN fl.biz_type_id IN (SELECT biz_type_id FROM short)
+                THEN (SELECT w.flow_key FROM walk w WHERE w.biz_type_id = fl.biz_type_id AND w.i = 64)
+                ELSE fl.cursor END AS cursor
       FROM flows fl
 )

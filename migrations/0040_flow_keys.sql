@@ -53,8 +53,9 @@ CREATE INDEX IF NOT EXISTS tasks_flow_recent_idx ON ONLY tasks (biz_type_id, flo
 --
 -- Locks: a transaction-scoped advisory lock on the key, the one-key form (biz type id in
 -- the high 32 bits, hashtext of the key in the low), taken with a try: a key another
--- claim is taking right now gets 0 here and waits for the next turn, so claims never
--- wait on each other per key. As in chime_claim_room (0033), the counts are statements of
+-- claim is taking right now gets -1 here (no room, but not for its limit) and waits for
+-- the next turn, so claims never wait on each other per key. As in chime_claim_room
+-- (0033), the counts are statements of
 -- a VOLATILE function, taken after the lock: they see every lease committed by the claim
 -- that held the lock before, and every outcome recorded since the caller's statement
 -- began (its head may have been read before a retry was recorded). Two keys whose hashes
@@ -69,7 +70,7 @@ DECLARE
     allowed integer;
 BEGIN
     IF NOT pg_try_advisory_xact_lock((biz_type::bigint << 32) | (hashtext(flow)::bigint & 4294967295)) THEN
-        RETURN 0;
+        RETURN -1;
     END IF;
     IF head IS NOT NULL THEN
         IF EXISTS (SELECT FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow AND id <> head

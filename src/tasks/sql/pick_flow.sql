@@ -31,9 +31,13 @@ flows AS (
            row_number() OVER (PARTITION BY fl.biz_type_id, h.flow_key ORDER BY h.run_at, h.id) AS nth
       FROM flows fl
      CROSS JOIN LATERAL (
+        -- Locked, as the plain pick's rows are, so that another node's claim passes over
+        -- them to the next due tasks (and their keys) rather than find the same keys
+        -- locked. Rows a key's limit leaves stay locked, unchanged, until the claim ends.
         SELECT id, run_at, flow_key FROM tasks
          WHERE biz_type_id = fl.biz_type_id AND status = 'pending' AND run_at <= fl.due_by AND run_at >= coalesce($6, '-infinity')
          ORDER BY run_at LIMIT fl.n
+         FOR UPDATE SKIP LOCKED
      ) h
 ), head_rooms AS (
     -- The head's keys, each once, with its room (and, ordered, its head task: see
@@ -107,7 +111,7 @@ flows AS (
             SELECT id, run_at FROM tasks
              WHERE biz_type_id = r.biz_type_id AND flow_key = r.flow_key AND status = 'pending'
                AND run_at <= fl.due_by AND run_at >= coalesce($6, '-infinity')
-             ORDER BY run_at, id LIMIT r.room
+             ORDER BY run_at, id LIMIT greatest(r.room, 0)
          ) t
          WHERE NOT fl.ordered AND r.room > 0
       ) c
@@ -127,6 +131,7 @@ flows AS (
     -- Per biz type: whether a key with due work had no room (the engine then looks again
     -- shortly, rather than at once), and where the next claim's walk starts.
     SELECT fl.biz_type_id,
+           -- (-1: the key's lock was another claim's, which is taking it: not held.)
            EXISTS (SELECT FROM head_rooms r WHERE r.biz_type_id = fl.biz_type_id AND r.room = 0)
            OR EXISTS (SELECT FROM walk_rooms r WHERE r.biz_type_id = fl.biz_type_id AND r.room = 0) AS held,
            -- No walk: it goes on from where it was.

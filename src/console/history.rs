@@ -173,6 +173,7 @@ mod tests {
             expires_at: None,
             traceparent: None,
             priority: 5,
+            flow_key: None,
         }
     }
 

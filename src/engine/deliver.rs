@@ -458,6 +458,9 @@ mod tests {
             breaker_threshold: 0,
             breaker_window_ms: 60_000,
             breaker_probe_ms: 5_000,
+            flow_max_in_flight: 0,
+            ordered: false,
+            flow_rate_limit: None,
         }
     }
 

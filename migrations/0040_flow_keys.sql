@@ -43,57 +43,54 @@ CREATE INDEX IF NOT EXISTS tasks_flow_busy_idx ON ONLY tasks (biz_type_id, flow_
 CREATE INDEX IF NOT EXISTS tasks_flow_recent_idx ON ONLY tasks (biz_type_id, flow_key, attempted_at)
     WHERE flow_key IS NOT NULL AND attempted_at IS NOT NULL;
 
--- `chime_flow_room(biz_type, flow_key, cap, rate, head)`: how many more tasks of the key
--- may be leased now: `cap` less the key's running tasks (0: no cap), and no more than
--- `rate` a second allows: over a window of a second (1 / rate seconds when rate is below
--- 1), at most rate × window leases, less the key's tasks leased within it (`attempted_at`,
--- which a task's next lease overwrites: a retry within the window counts once). Given the
--- `head` of an ordered key (the task the caller means to take), 1 only if no other task
--- of the key is running or pending after a try (a retry or snooze waiting), else 0.
+-- `chime_flow_rooms(biz_type, flow_keys, heads, cap, rate)`: for each of the keys, how many
+-- more of its tasks may be leased now: `cap` less the key's running tasks (0: no cap), and
+-- no more than `rate` a second allows: over a window of a second (1 / rate seconds when
+-- rate is below 1), at most rate × window leases, less the key's tasks leased within it
+-- (`attempted_at`, which a task's next lease overwrites: a retry within the window counts
+-- once). Given the key's `head` (ordered: the task the caller means to take), 1 only if
+-- no other task of the key is running or pending after a try (a retry or snooze waiting),
+-- else 0. -1: the key's lock is another claim's, which is taking it.
 --
--- Locks: a transaction-scoped advisory lock on the key, the one-key form (biz type id in
--- the high 32 bits, hashtext of the key in the low), taken with a try: a key another
--- claim is taking right now gets -1 here (no room, but not for its limit) and waits for
--- the next turn, so claims never wait on each other per key. As in chime_claim_room
--- (0033), the counts are statements of
--- a VOLATILE function, taken after the lock: they see every lease committed by the claim
--- that held the lock before, and every outcome recorded since the caller's statement
--- began (its head may have been read before a retry was recorded). Two keys whose hashes
--- collide share the lock: at worst one waits a turn. The counts read at most `cap` entries
--- of tasks_flow_busy_idx and rate × window of tasks_flow_recent_idx.
-CREATE OR REPLACE FUNCTION chime_flow_room(biz_type integer, flow text, cap integer, rate double precision, head uuid)
-    RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+-- Locks: a transaction-scoped advisory lock per key, the one-key form (biz type id in the
+-- high 32 bits, hashtext of the key in the low), taken with a try: a key another claim is
+-- taking right now waits for the next turn, so claims never wait on each other per key.
+-- As in chime_claim_room (0033), the counts are a statement of a VOLATILE function of its
+-- own, after the locks: it sees every lease committed by the claim that held a lock
+-- before, and every outcome recorded since the caller's statement began (its heads may
+-- have been read before a retry was recorded). One statement for all the keys: an index
+-- scan of tasks_flow_busy_idx (what is running or retrying) and, with a rate, one of
+-- tasks_flow_recent_idx, for the keys given. Two keys whose hashes collide share a lock:
+-- at worst one waits a turn.
+CREATE OR REPLACE FUNCTION chime_flow_rooms(biz_type integer, flow_keys text[], heads uuid[], cap integer, rate double precision)
+    RETURNS TABLE (key_of integer, room integer) LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    room integer := 1000000;
-    busy integer;
-    span double precision;
-    allowed integer;
+    locked text[];
+    span double precision := greatest(1.0, 1.0 / nullif(rate, 0));
+    allowed integer := greatest(1, floor(coalesce(rate, 0) * greatest(1.0, 1.0 / nullif(rate, 0)))::integer);
 BEGIN
-    IF NOT pg_try_advisory_xact_lock((biz_type::bigint << 32) | (hashtext(flow)::bigint & 4294967295)) THEN
-        RETURN -1;
-    END IF;
-    IF head IS NOT NULL THEN
-        IF EXISTS (SELECT FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow AND id <> head
-                      AND (status = 'running' OR (status = 'pending' AND (attempt_count > 0 OR snoozes > 0)))) THEN
-            RETURN 0;
-        END IF;
-        room := 1;
-    ELSIF cap > 0 THEN
-        SELECT count(*) INTO busy FROM (
-            SELECT 1 FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow AND status = 'running' LIMIT cap
-        ) r;
-        room := cap - busy;
-    END IF;
-    IF rate > 0 THEN
-        span := greatest(1.0, 1.0 / rate);
-        allowed := greatest(1, floor(rate * span)::integer);
-        SELECT count(*) INTO busy FROM (
-            SELECT 1 FROM tasks WHERE biz_type_id = biz_type AND flow_key = flow
-               AND attempted_at > clock_timestamp() - span * interval '1 second' LIMIT allowed
-        ) r;
-        room := least(room, allowed - busy);
-    END IF;
-    RETURN greatest(room, 0);
+    SELECT coalesce(array_agg(f.k), '{}') INTO locked FROM unnest(flow_keys) AS f(k)
+     WHERE pg_try_advisory_xact_lock((biz_type::bigint << 32) | (hashtext(f.k)::bigint & 4294967295));
+    RETURN QUERY
+    SELECT f.i::integer,
+           CASE WHEN NOT f.k = ANY(locked) THEN -1
+                ELSE greatest(0, least(
+                    CASE WHEN f.head IS NOT NULL THEN
+                              CASE WHEN EXISTS (SELECT FROM tasks t WHERE t.biz_type_id = biz_type AND t.flow_key = f.k AND t.id <> f.head
+                                                   AND (t.status = 'running' OR (t.status = 'pending' AND (t.attempt_count > 0 OR t.snoozes > 0))))
+                                   THEN 0 ELSE 1 END
+                         WHEN cap > 0 THEN cap - coalesce(busy.n, 0)::integer
+                         ELSE 1000000 END,
+                    CASE WHEN rate > 0 THEN allowed - coalesce(recent.n, 0)::integer ELSE 1000000 END))
+           END
+      FROM unnest(flow_keys, heads) WITH ORDINALITY AS f(k, head, i)
+      LEFT JOIN (SELECT t.flow_key, count(*) AS n FROM tasks t
+                  WHERE cap > 0 AND t.biz_type_id = biz_type AND t.flow_key = ANY(locked) AND t.status = 'running'
+                  GROUP BY t.flow_key) busy ON busy.flow_key = f.k
+      LEFT JOIN (SELECT t.flow_key, count(*) AS n FROM tasks t
+                  WHERE rate > 0 AND t.biz_type_id = biz_type AND t.flow_key = ANY(locked)
+                    AND t.attempted_at > clock_timestamp() - span * interval '1 second'
+                  GROUP BY t.flow_key) recent ON recent.flow_key = f.k;
 END
 $$;
 

@@ -84,7 +84,7 @@ WITH wants AS (
                              THEN format('expired at %s: not delivered before its deadline (due at %s, it was not claimed '
                                          'by then: held back by a pause, a backlog or the rate limit)', t.expires_at, t.run_at)
                              ELSE t.last_error END,
-           -- A key's rate counts these (chime_flow_room, migration 0040).
+           -- A key's rate counts these (chime_flow_rooms, migration 0040).
            attempted_at = CASE WHEN t.expires_at <= now() THEN t.attempted_at ELSE now() END,
            updated_at = now()
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))

@@ -10,8 +10,9 @@
 -- those leave it short of n, up to KEY_WALK more with due work after the cursor, in key
 -- order (a loose scan of tasks_flow_idx, one descent per key): a herd of one key at the
 -- head of the due order holds back no other key, since the walk goes round all of them
--- over the claims. Each key's room is chime_flow_room's (migration 0040: a try-lock on the
--- key, then its running tasks and those leased within its rate's window counted). A key
+-- over the claims. The keys' rooms are chime_flow_rooms's (migration 0040: a try-lock on
+-- each key, then their running tasks and those leased within the rate's window counted,
+-- in one statement for all of them). A key
 -- of the head gives its tasks there up to its room; a key of the walk, that many of its
 -- due tasks in run_at order. Ordered, a key gives its head (`chime_flow_head`: the task
 -- already tried and waiting for its retry, else its first pending task), and that only
@@ -39,15 +40,27 @@ flows AS (
          ORDER BY run_at LIMIT fl.n
          FOR UPDATE SKIP LOCKED
      ) h
-), head_rooms AS (
-    -- The head's keys, each once, with its room (and, ordered, its head task: see
+), head_keys AS (
+    -- The head's keys, each once, numbered per biz type; ordered, with its head task (see
     -- `chime_flow_head`).
-    SELECT k.biz_type_id, k.flow_key, 0 AS pos, o.id AS head_id, o.run_at AS head_run_at,
-           chime_flow_room(k.biz_type_id, k.flow_key, fl.cap, fl.rate, o.id) AS room
+    SELECT k.biz_type_id, k.flow_key, o.id AS head_id, o.run_at AS head_run_at,
+           row_number() OVER (PARTITION BY k.biz_type_id ORDER BY k.flow_key) AS i
       FROM (SELECT DISTINCT biz_type_id, flow_key FROM head WHERE flow_key IS NOT NULL) k
       JOIN flows fl USING (biz_type_id)
       LEFT JOIN LATERAL chime_flow_head(k.biz_type_id, k.flow_key, $6) o ON fl.ordered
      WHERE NOT fl.ordered OR o.id IS NOT NULL
+), head_counted AS (
+    -- Their rooms, one call per biz type (a CTE: called once).
+    SELECT fl.biz_type_id, x.key_of, x.room
+      FROM flows fl
+     CROSS JOIN LATERAL chime_flow_rooms(
+        fl.biz_type_id,
+        ARRAY(SELECT k.flow_key FROM head_keys k WHERE k.biz_type_id = fl.biz_type_id ORDER BY k.i),
+        ARRAY(SELECT k.head_id FROM head_keys k WHERE k.biz_type_id = fl.biz_type_id ORDER BY k.i),
+        fl.cap, fl.rate) x
+), head_rooms AS (
+    SELECT k.biz_type_id, k.flow_key, 0 AS pos, k.head_id, k.head_run_at, c.room
+      FROM head_keys k JOIN head_counted c ON c.biz_type_id = k.biz_type_id AND c.key_of = k.i
 ), from_head AS (
     -- What the head gives: its tasks without a flow key; of each key, its first tasks
     -- there up to its room; of an ordered key, its head task if due.
@@ -85,15 +98,26 @@ flows AS (
         )
         SELECT flow_key, i FROM scan WHERE flow_key IS NOT NULL
      ) s
-), walk_rooms AS (
-    -- The walk's keys not in the head, with their rooms, as head_rooms.
+), walk_keys AS (
+    -- The walk's keys not in the head, numbered, as head_keys.
     SELECT w.biz_type_id, w.flow_key, w.i AS pos, o.id AS head_id, o.run_at AS head_run_at,
-           chime_flow_room(w.biz_type_id, w.flow_key, fl.cap, fl.rate, o.id) AS room
+           row_number() OVER (PARTITION BY w.biz_type_id ORDER BY w.i) AS i
       FROM walk w
       JOIN flows fl USING (biz_type_id)
       LEFT JOIN LATERAL chime_flow_head(w.biz_type_id, w.flow_key, $6) o ON fl.ordered
-     WHERE NOT EXISTS (SELECT FROM head_rooms r WHERE r.biz_type_id = w.biz_type_id AND r.flow_key = w.flow_key)
+     WHERE NOT EXISTS (SELECT FROM head_keys k WHERE k.biz_type_id = w.biz_type_id AND k.flow_key = w.flow_key)
        AND (NOT fl.ordered OR o.id IS NOT NULL)
+), walk_counted AS (
+    SELECT fl.biz_type_id, x.key_of, x.room
+      FROM short fl
+     CROSS JOIN LATERAL chime_flow_rooms(
+        fl.biz_type_id,
+        ARRAY(SELECT k.flow_key FROM walk_keys k WHERE k.biz_type_id = fl.biz_type_id ORDER BY k.i),
+        ARRAY(SELECT k.head_id FROM walk_keys k WHERE k.biz_type_id = fl.biz_type_id ORDER BY k.i),
+        fl.cap, fl.rate) x
+), walk_rooms AS (
+    SELECT k.biz_type_id, k.flow_key, k.pos, k.head_id, k.head_run_at, c.room
+      FROM walk_keys k JOIN walk_counted c ON c.biz_type_id = k.biz_type_id AND c.key_of = k.i
 ), chosen AS (
     SELECT c.biz_type_id, c.id, c.run_at,
            row_number() OVER (PARTITION BY c.biz_type_id ORDER BY c.pos, c.run_at) AS rank

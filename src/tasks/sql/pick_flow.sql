@@ -12,9 +12,8 @@
 -- head of the due order holds back no other key, since the walk goes round all of them
 -- over the claims. The keys' rooms are chime_flow_rooms's (migration 0040: a try-lock on
 -- each key, then their running tasks and those leased within the rate's window counted,
--- in one statement for all of them). A key
--- of the head gives its tasks there up to its room; a key of the walk, that many of its
--- due tasks in run_at order. Ordered, a key gives its head (`chime_flow_head`: the task
+-- in one statement for all of them). A key of the head gives its tasks there up to its
+-- room; a key of the walk, that many of its due tasks in run_at order. Ordered, a key gives its head (`chime_flow_head`: the task
 -- already tried and waiting for its retry, else its first pending task), and that only
 -- when due. Nothing here is read or written per key without due work.
 --

@@ -257,6 +257,11 @@ impl EditPage {
         self.receiver.as_ref().filter(|r| r.open)
     }
 
+    /// The held keys listed are only the first ones.
+    fn held_cut_short(&self) -> bool {
+        self.held.len() as i64 == HELD_SHOWN
+    }
+
     /// Until when the secret the last rotation replaced still signs, if it does now.
     fn previous_secret_until(&self) -> Option<chrono::DateTime<chrono::Utc>> {
         self.biz_type.as_ref()?.previous_secret_until.filter(|until| *until > chrono::Utc::now())

@@ -130,13 +130,9 @@ async fn claim_some(
     let oldest: Vec<i64> = wants.iter().map(|w| w.oldest).collect();
     static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim.sql")));
     static CLAIM_FLOWS: LazyLock<String> = LazyLock::new(|| {
-        include_str!("sql/claim.sql").replace("{pick}", include_str!("sql/pick_flow.sql").trim_end()).replace(
-            "{markers}",
-            "\nUNION ALL\nSELECT '00000000-0000-0000-0000-000000000000', h.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false,
-       clock_timestamp(), h.held, h.cursor
-  FROM held h
- WHERE h.held OR h.cursor IS NOT NULL",
-        )
+        include_str!("sql/claim.sql")
+            .replace("{pick}", include_str!("sql/pick_flow.sql").trim_end())
+            .replace("{markers}", &format!("\n{}", include_str!("sql/flow_markers.sql").trim_end()))
     });
     let flows: Vec<&FlowWant> = wants.iter().filter_map(|w| w.flow.as_ref()).collect();
     let query = if flows.is_empty() {

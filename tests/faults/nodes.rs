@@ -30,11 +30,21 @@ async fn a_node_killed_mid_burst_loses_nothing() {
     let ids = create_tasks(&address, &token, tasks).await;
     assert!(db_now(&pool).await < due, "the burst was created before it was due");
 
-    let before_kill = receiver.wait_for(TASKS / 4, Duration::from_secs(60)).await.len();
+    receiver.wait_for(TASKS / 4, Duration::from_secs(60)).await;
+    // A node delivering fast holds no lease between two of its claims: the kill waits for
+    // one of its claims to hold some.
+    let holding = "SELECT count(*) FROM tasks WHERE status = 'running' AND leased_by = $1";
+    let waiting = std::time::Instant::now();
+    while sqlx::query_scalar::<_, i64>(holding).bind(doomed_id).fetch_one(&pool).await.unwrap() == 0
+        && waiting.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let before_kill = receiver.received().len();
     doomed.kill().await.unwrap(); // SIGKILL
     // What the dead node held: claimed, and not recorded. Nothing touches these rows until
     // their lease ends (2 s timeout + margin), so this counts them as they were at the kill.
-    let in_flight: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'running' AND leased_by = $1")
+    let in_flight: i64 = sqlx::query_scalar(holding)
         .bind(doomed_id)
         .fetch_one(&pool)
         .await

@@ -121,6 +121,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub fairness_herd: u64,
 
+    /// Which parts of the fairness scenario run (1: many biz types, 2: a herd beside steady,
+    /// 3: priority, 4: flow keys), to measure one of them again without the others.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4", value_parser = clap::value_parser!(u8).range(1..=4))]
+    pub fairness_parts: Vec<u8>,
+
     /// Seconds over which the fairness scenario counts the database's transactions at idle
     /// (with 10 biz types, then with --fairness-biz-types): long beside PostgreSQL's
     /// statistics flush lag (up to 10 s for an idle session).

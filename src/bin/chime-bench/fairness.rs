@@ -86,10 +86,20 @@ struct Crowd {
 
 impl Bench {
     pub(super) async fn fairness(&mut self, run: u32) -> anyhow::Result<()> {
-        self.fairness_idle_biz_types(run).await?;
-        self.fairness_herd(run).await?;
-        self.fairness_priority(run).await?;
-        self.fairness_keys(run).await
+        let parts = self.args.fairness_parts.clone();
+        if parts.contains(&1) {
+            self.fairness_idle_biz_types(run).await?;
+        }
+        if parts.contains(&2) {
+            self.fairness_herd(run).await?;
+        }
+        if parts.contains(&3) {
+            self.fairness_priority(run).await?;
+        }
+        if parts.contains(&4) {
+            self.fairness_keys(run).await?;
+        }
+        Ok(())
     }
 
     /// Part 1: steady and the idle database among 10 biz types, then among

@@ -132,6 +132,49 @@ async fn an_ordered_key_is_delivered_one_at_a_time_through_a_retry_a_snooze_and_
     assert!(a_ats.windows(2).all(|w| w[1] > w[0]));
 }
 
+/// Ordered: a head snoozed beyond the hot horizon (three days; it waits in cold storage)
+/// still holds its key. The key's next task, due just after it, is not sent while tasks of
+/// another key created later are.
+#[tokio::test]
+async fn an_ordered_key_s_head_snoozed_into_cold_storage_still_holds_its_key() {
+    let app = spawn_app().await;
+    let receiver = Receiver::start(vec![Answer::snooze("259200")], Answer::status(200)).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), ordered: Some(true), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let now = Utc::now();
+    let task = |name: &str, key: &str, ms: i64| {
+        json!({"biz_type": "orders", "run_at": (now + chrono::Duration::milliseconds(ms)).to_rfc3339(), "flow_key": key, "payload": name})
+    };
+    let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": [task("a1", "a", 0), task("a2", "a", 10)]})).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let a1 = created.body["results"][0]["task"]["id"].as_str().unwrap().to_string();
+
+    let running = engine(&app).spawn();
+    receiver.wait_for(1, Duration::from_secs(10)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let cold: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks_cold WHERE id = $1::uuid AND status = 'pending' AND snoozes = 1")
+            .bind(&a1)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        if cold == 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "a1's snooze did not send it to cold storage");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Key b's tasks, one after the other: each is a turn in which a2, due before them, was looked at.
+    for (i, name) in ["b1", "b2"].into_iter().enumerate() {
+        app.create_task(&token, task(name, "b", 0)).await;
+        receiver.wait_for(2 + i, Duration::from_secs(10)).await;
+    }
+    running.stop().await;
+    let order: Vec<String> = receiver.received().iter().map(|r| r.json()["payload"].as_str().unwrap().to_string()).collect();
+    assert_eq!(order, ["a1", "b1", "b2"], "a2 went while a1, snoozed into cold storage, held key a");
+}
+
 /// `flow_key` follows `key`'s rules and is answered with the task; a biz type's
 /// `flow_max_in_flight` is 0 or more, and both are refused with 422 naming the field.
 #[tokio::test]

@@ -48,6 +48,7 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         flow_max_in_flight: flags.flow_max_in_flight,
         ordered: flags.ordered,
         flow_rate_limit: flags.flow_rate_limit,
+        weight: flags.weight,
         create_rate_limit: flags.create_rate_limit,
         breaker_threshold: flags.breaker_threshold,
         breaker_window_ms: flags.breaker_window_ms,
@@ -60,7 +61,7 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
 fn describe(b: &BizType) -> String {
     let rate = |r: Option<f64>| r.map_or("unlimited".to_string(), |r| format!("{r}/s"));
     format!(
-        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}{flows}, create rate {crate_}, {breaker}, failure notices to {failure}",
+        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}{flows}{weight}, create rate {crate_}, {breaker}, failure notices to {failure}",
         name = b.name,
         mode = b.mode,
         state = if b.archived_at.is_some() { "archived" } else if b.paused { "paused" } else { "active" },
@@ -77,6 +78,7 @@ fn describe(b: &BizType) -> String {
             (false, 0) => String::new(),
             (false, n) => format!(" ({n} per flow key)"),
         } + &b.flow_rate_limit.map(|r| format!(", {r}/s per flow key")).unwrap_or_default(),
+        weight = if b.weight == 1 { String::new() } else { format!(", weight {}", b.weight) },
         crate_ = rate(b.create_rate_limit),
         breaker = match b.breaker_threshold {
             0 => "no breaker".to_string(),

@@ -456,6 +456,11 @@ pub struct BizTypeFlags {
     /// [default: unlimited].
     #[arg(long)]
     pub flow_rate_limit: Option<f64>,
+    /// Its share of a node's delivery capacity against the other biz types with due work,
+    /// when that capacity is short (`--node-capacity`): weight 3 gets three times the share
+    /// of weight 1; it caps nothing by itself. 1 to 100 [default: 1].
+    #[arg(long)]
+    pub weight: Option<i32>,
     /// API create calls per second; 0 = unlimited [default: unlimited].
     #[arg(long)]
     pub create_rate_limit: Option<f64>,

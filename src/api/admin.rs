@@ -93,6 +93,11 @@ pub(super) struct BizTypeRequest {
     /// default).
     #[schema(minimum = 0, maximum = 1_000_000)]
     flow_rate_limit: Option<f64>,
+    /// Its share of a node's delivery capacity against the other biz types with due work,
+    /// when that capacity is short (`--node-capacity`): a biz type of weight 3 gets three
+    /// times the share of one of weight 1. It caps nothing by itself (default 1).
+    #[schema(minimum = 1, maximum = 100)]
+    weight: Option<i64>,
     /// API creates per second; 0: unlimited (the default).
     #[schema(minimum = 0, maximum = 1_000_000)]
     create_rate_limit: Option<f64>,
@@ -158,6 +163,7 @@ impl BizTypeRequest {
             flow_max_in_flight: int(self.flow_max_in_flight),
             ordered: self.ordered,
             flow_rate_limit: self.flow_rate_limit,
+            weight: int(self.weight),
             create_rate_limit: self.create_rate_limit,
             breaker_threshold: int(self.breaker_threshold),
             breaker_window_ms: int(self.breaker_window_ms),

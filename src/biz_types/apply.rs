@@ -54,6 +54,7 @@ struct Entry {
     flow_max_in_flight: Option<i32>,
     ordered: Option<bool>,
     flow_rate_limit: Option<f64>,
+    weight: Option<i32>,
     create_rate_limit: Option<f64>,
     breaker_threshold: Option<i32>,
     breaker_window_ms: Option<i32>,
@@ -160,6 +161,7 @@ impl Entry {
             flow_max_in_flight: self.flow_max_in_flight,
             ordered: self.ordered,
             flow_rate_limit: self.flow_rate_limit,
+            weight: self.weight,
             create_rate_limit: self.create_rate_limit,
             breaker_threshold: self.breaker_threshold,
             breaker_window_ms: self.breaker_window_ms,
@@ -286,7 +288,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 19] {
+fn shown(b: &BizType) -> [(&'static str, String); 20] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -302,6 +304,7 @@ fn shown(b: &BizType) -> [(&'static str, String); 19] {
         ("flow_max_in_flight", b.flow_max_in_flight.to_string()),
         ("ordered", b.ordered.to_string()),
         ("flow_rate_limit", rate(b.flow_rate_limit)),
+        ("weight", b.weight.to_string()),
         ("create_rate_limit", rate(b.create_rate_limit)),
         ("breaker_threshold", b.breaker_threshold.to_string()),
         ("breaker_window_ms", b.breaker_window_ms.to_string()),

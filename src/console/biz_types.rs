@@ -48,6 +48,8 @@ pub struct Form {
     pub flow_max_in_flight: String,
     #[serde(default)]
     pub flow_rate_limit: String,
+    #[serde(default)]
+    pub weight: String,
     /// A checkbox: present ("on") when ticked.
     #[serde(default)]
     pub ordered: String,
@@ -83,6 +85,7 @@ impl Form {
             max_in_flight: b.max_in_flight.to_string(),
             flow_max_in_flight: b.flow_max_in_flight.to_string(),
             flow_rate_limit: rate(b.flow_rate_limit),
+            weight: b.weight.to_string(),
             ordered: if b.ordered { "on".into() } else { String::new() },
             create_rate_limit: rate(b.create_rate_limit),
             failure_url: b.failure_url.as_deref().map(url).unwrap_or_default(),
@@ -102,6 +105,7 @@ impl Form {
             backoff_max_ms: biz_types::DEFAULT_BACKOFF_MAX_MS.to_string(),
             max_in_flight: "100".into(),
             flow_max_in_flight: "0".into(),
+            weight: "1".into(),
             breaker_threshold: biz_types::DEFAULT_BREAKER_THRESHOLD.to_string(),
             breaker_window_ms: biz_types::DEFAULT_BREAKER_WINDOW_MS.to_string(),
             breaker_probe_ms: biz_types::DEFAULT_BREAKER_PROBE_MS.to_string(),
@@ -146,6 +150,7 @@ impl Form {
             max_in_flight: noted(int("max_in_flight", &self.max_in_flight), &mut problems),
             flow_max_in_flight: noted(int("flow_max_in_flight", &self.flow_max_in_flight), &mut problems),
             flow_rate_limit: noted(rate("flow_rate_limit", &self.flow_rate_limit), &mut problems),
+            weight: noted(int("weight", &self.weight), &mut problems),
             ordered: Some(!self.ordered.is_empty()),
             create_rate_limit: noted(rate("create_rate_limit", &self.create_rate_limit), &mut problems),
             breaker_threshold: noted(int("breaker_threshold", &self.breaker_threshold), &mut problems),

@@ -135,6 +135,9 @@ async fn the_admin_api_refuses_bad_settings_in_the_consoles_words() {
         ("backoff_max_ms", "10", json!(10)),
         ("callback_url", "ftp://example.test/hook", json!("ftp://example.test/hook")),
         ("rate_limit", "-1", json!(-1)),
+        ("weight", "0", json!(0)),
+        ("weight", "-1", json!(-1)),
+        ("weight", "101", json!(101)),
         ("name", "Bad Name", json!("Bad Name")),
         ("name", "taken", json!("taken")),
     ] {
@@ -157,6 +160,67 @@ async fn the_admin_api_refuses_bad_settings_in_the_consoles_words() {
     }
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM biz_types").fetch_one(&app.pool).await.unwrap();
     assert_eq!(count, 1, "only `taken` exists");
+}
+
+/// A biz type's weight is 1 unless given, answered by the admin API, changed by it, by
+/// `chime biz-type` and by the console's form, shown where it is not 1, and refused with 422
+/// naming `weight` outside 1-100 or when it is not a whole number.
+#[tokio::test]
+async fn a_biz_type_s_weight_is_taken_answered_and_checked() {
+    let app = spawn_app().await;
+    let admin = admin_token(&app).await;
+    let url = "http://127.0.0.1:9/";
+    let plain = app.post("/api/v1/admin/biz-types", &admin, json!({"name": "plain", "callback_url": url})).await;
+    assert_eq!((plain.status, &plain.body["weight"]), (201, &json!(1)), "{}", plain.body);
+    let heavy = app.post("/api/v1/admin/biz-types", &admin, json!({"name": "heavy", "callback_url": url, "weight": 3})).await;
+    assert_eq!((heavy.status, &heavy.body["weight"]), (201, &json!(3)), "{}", heavy.body);
+    assert_eq!(app.get("/api/v1/admin/biz-types/heavy", &admin).await.body["weight"], json!(3));
+    let changed = app.patch("/api/v1/admin/biz-types/heavy", &admin, json!({"weight": 5})).await;
+    assert_eq!((changed.status, &changed.body["weight"]), (200, &json!(5)), "{}", changed.body);
+    for bad in [json!(0), json!(-1), json!(101), json!(1.5), json!("3"), json!(i64::MAX)] {
+        let refused = app.patch("/api/v1/admin/biz-types/heavy", &admin, json!({"weight": bad})).await;
+        assert_eq!(refused.status, 422, "weight {bad}: {}", refused.body);
+        assert!(refused.message().starts_with("weight: "), "weight {bad}: {}", refused.body);
+        let refused = app.post("/api/v1/admin/biz-types", &admin, json!({"name": "other", "callback_url": url, "weight": bad})).await;
+        assert_eq!(refused.status, 422, "weight {bad}: {}", refused.body);
+        assert!(refused.message().starts_with("weight: "), "weight {bad}: {}", refused.body);
+    }
+    for bad in [0, -1, 101] {
+        let refused = app.patch("/api/v1/admin/biz-types/heavy", &admin, json!({"weight": bad})).await;
+        assert_eq!(refused.message(), "weight: must be between 1 and 100");
+    }
+    assert_eq!(app.get("/api/v1/admin/biz-types/heavy", &admin).await.body["weight"], json!(5), "nothing refused was stored");
+    assert_eq!(app.get("/api/v1/admin/biz-types/other", &admin).await.status, 404);
+
+    let db = ("DATABASE_URL", app.db_url.as_str());
+    let out = chime(&[db], &["biz-type", "update", "heavy", "--weight", "101"], None).await;
+    assert!(!out.ok && out.stderr.contains("weight: must be between 1 and 100"), "{}", out.stderr);
+    let out = chime(&[db], &["biz-type", "update", "heavy", "--weight", "7"], None).await;
+    assert!(out.ok && out.stdout.contains("in-flight 100, weight 7,"), "{}{}", out.stdout, out.stderr);
+    let out = chime(&[db], &["biz-type", "list"], None).await;
+    let line = |name: &str| out.stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}: {}", out.stdout)).to_string();
+    assert!(line("heavy").contains(", weight 7,") && !line("plain").contains("weight"), "{}", out.stdout);
+
+    let console = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    for (bad, rule) in [("0", "must be between 1 and 100"), ("-1", "must be between 1 and 100"), ("101", "must be between 1 and 100"), ("2.5", "must be a whole number"), ("x", "must be a whole number")] {
+        let page = console.post("/console/biz-types/heavy", &[("mode", "callback"), ("callback_url", url), ("weight", bad)]).await;
+        assert_eq!(page.status, 422, "weight {bad}: {}", page.body);
+        assert_eq!(console_error(&page.body, "weight"), rule, "weight {bad}");
+        assert!(page.body.contains(&format!(r#"name="weight" value="{bad}""#)), "the form comes back as typed: {}", page.body);
+        let page = console.post("/console/biz-types", &[("name", "other"), ("mode", "callback"), ("callback_url", url), ("weight", bad)]).await;
+        assert_eq!((page.status, console_error(&page.body, "weight")), (422, rule.to_string()), "new, weight {bad}");
+    }
+    assert_eq!(app.get("/api/v1/admin/biz-types/heavy", &admin).await.body["weight"], json!(7));
+    assert_eq!(console.post("/console/biz-types/heavy", &[("mode", "callback"), ("callback_url", url), ("weight", "4")]).await.status, 303);
+    assert_eq!(app.get("/api/v1/admin/biz-types/heavy", &admin).await.body["weight"], json!(4));
+    assert_eq!(console.post("/console/biz-types", &[("name", "created"), ("mode", "callback"), ("callback_url", url), ("weight", "9")]).await.status, 303);
+    assert_eq!(app.get("/api/v1/admin/biz-types/created", &admin).await.body["weight"], json!(9));
+    let page = console.get("/console/biz-types/heavy").await.body;
+    assert!(page.contains(r#"name="weight" value="4""#) && page.contains(r#"<dd id="weight">4: 4 times the share"#), "{page}");
+    let page = console.get("/console/biz-types/plain").await.body;
+    assert!(page.contains(r#"name="weight" value="1""#) && !page.contains(r#"id="weight""#), "{page}");
+    let page = console.get("/console/biz-types/new").await.body;
+    assert!(page.contains(r#"name="weight" value="1""#), "a new biz type's form starts at 1: {page}");
 }
 
 /// `chime admin-token create` prints a `chime_admin_` token once (stored only hashed; `list`

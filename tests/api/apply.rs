@@ -284,3 +284,34 @@ async fn flow_limits_are_applied_and_checked() {
     let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file.replace("flow_max_in_flight = 3", "flow_max_in_flight = -1"))], None).await;
     assert!(!out.ok && out.stderr.contains("biz type `payouts`: flow_max_in_flight: must be between 0 and 100000"), "{}", out.stderr);
 }
+
+/// A biz type's weight is applied, planned old → new, and refused outside 1-100 by the same
+/// rule as everywhere, naming the field; a weight that is not a whole number is refused as
+/// the file is read, naming its line (line 15: `weight = 3` in the file below).
+#[tokio::test]
+async fn weight_is_applied_and_checked() {
+    let app = spawn_app().await;
+    let env = [("DATABASE_URL", app.db_url.as_str())];
+    let dir = Dir::new("weight");
+    let file = format!("{TWO}\n[biz_types.payouts]\ncallback_url = \"https://payouts.test/\"\nweight = 3\n");
+    let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file)], None).await;
+    assert!(out.ok && out.stdout.lines().any(|l| l == "    weight: 3"), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("create orders\n") && out.stdout.lines().any(|l| l == "    weight: 1"), "the default is planned too: {}", out.stdout);
+    assert_eq!((weight(&app, "payouts").await, weight(&app, "orders").await), (3, 1));
+    let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file.replace("weight = 3", "weight = 100"))], None).await;
+    assert!(out.ok && out.stdout.contains("update payouts\n    weight: 3 → 100\n"), "{}{}", out.stdout, out.stderr);
+    assert_eq!(weight(&app, "payouts").await, 100);
+    for bad in ["0", "-1", "101"] {
+        let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file.replace("weight = 3", &format!("weight = {bad}")))], None).await;
+        assert!(!out.ok && out.stderr.contains("biz type `payouts`: weight: must be between 1 and 100"), "weight {bad}: {}", out.stderr);
+    }
+    for bad in ["1.5", "\"3\""] {
+        let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file.replace("weight = 3", &format!("weight = {bad}")))], None).await;
+        assert!(!out.ok && out.stderr.contains("chime.toml: line 15: invalid type: ") && out.stderr.contains("expected i32"), "weight {bad}: {}", out.stderr);
+    }
+    assert_eq!(weight(&app, "payouts").await, 100, "nothing refused was stored");
+}
+
+async fn weight(app: &TestApp, name: &str) -> i32 {
+    chime::biz_types::by_name(&app.pool, name).await.unwrap().unwrap().weight
+}

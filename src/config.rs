@@ -313,6 +313,16 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub shutdown_grace_secs: u64,
 
+    /// Tasks this node holds at once, over all biz types: claimed, called back and not yet
+    /// recorded. When the biz types with due work want more, what is free goes first to
+    /// those holding least for their weight, so one biz type's herd cannot fill the node
+    /// ahead of another's due task. Each biz type's max_in_flight still caps it across the
+    /// cluster; raise this for many slow receivers at once (each held task is a connection
+    /// and a little memory).
+    #[arg(long, env = "CHIME_NODE_CAPACITY", default_value_t = crate::engine::DEFAULT_NODE_CAPACITY,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub node_capacity: usize,
+
     /// Deliver due tasks from this node. `false` makes an API-only node.
     #[arg(long, env = "CHIME_ENGINE", default_value_t = true, action = clap::ArgAction::Set)]
     pub engine: bool,
@@ -360,6 +370,7 @@ impl Default for ServeArgs {
             migrate_batch: 5000,
             http_workers: None,
             shutdown_grace_secs: 20,
+            node_capacity: crate::engine::DEFAULT_NODE_CAPACITY,
             engine: true,
             deny_private_callbacks: false,
             auto_migrate: true,

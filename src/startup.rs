@@ -248,7 +248,7 @@ impl Application {
         let node = nodes::Node { id: node_id, listen, delivers: settings.engine };
         let heartbeat = tokio::spawn(nodes::heartbeat(pool.clone(), node, signal.clone()));
         let leader = tokio::spawn(leader::run(pool.clone(), health.sessions(), node_id, leader, node_metrics.into_inner(), signal.clone()));
-        let engine = settings.engine.then(|| tokio::spawn(engine::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));
+        let engine = settings.engine.then(|| tokio::spawn(engine::run(health.clone(), node_id, settings.callback_hosts(), settings.node_capacity, signal.clone())));
         // Nodes that deliver callbacks send failure notices too.
         let notices =
             settings.engine.then(|| tokio::spawn(failure_notices::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));

@@ -608,6 +608,7 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
         flow_max_in_flight: b.flow_max_in_flight,
         ordered: b.ordered,
         flow_rate_limit: b.flow_rate_limit,
+        weight: b.weight,
     };
     let client = match state.callback_hosts.http_client().build() {
         Ok(client) => client,

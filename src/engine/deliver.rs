@@ -461,6 +461,7 @@ mod tests {
             flow_max_in_flight: 0,
             ordered: false,
             flow_rate_limit: None,
+            weight: 1,
         }
     }
 

@@ -24,7 +24,10 @@
 //!
 //! Fair between biz types. Every biz type due in a turn is claimed in the same statement,
 //! each up to its own free slots (at most `CLAIM_BATCH`): a herd of one takes its share
-//! of the claim, not the turn before the others' come.
+//! of the claim, not the turn before the others' come. The node holds at most its
+//! capacity (`capacity`) over all biz types; when the due ones want more than is free, the
+//! free part goes by weight to those holding least, so a herd that fills the node gives
+//! the next freed places to a biz type due beside it.
 //!
 //! Sleeping. When a turn leaves nothing due, the loop sleeps until the first biz type with
 //! a free slot is next due, until a callback finishes or an outcome is recorded (a slot
@@ -80,6 +83,7 @@
 //! stays pending in the database, where any node can take it, rather than queueing here.
 
 pub mod breaker;
+pub mod capacity;
 pub(crate) mod deliver;
 mod failures;
 pub(crate) mod rate;
@@ -132,10 +136,10 @@ const NOTHING_DUE: Duration = Duration::from_secs(3600);
 /// How far ahead of their due time tasks are claimed. Longer holds in-flight slots for
 /// longer; shorter makes claims smaller when tasks are due one by one.
 const CLAIM_AHEAD: Duration = Duration::from_millis(100);
-/// Outcomes waiting to be recorded beyond which no more tasks are claimed: under a burst,
-/// calling back can outrun recording, and a task whose outcome waits longer than its lease
-/// would be delivered again.
-const MAX_UNRECORDED: usize = 2000;
+/// Tasks a node holds at once unless told otherwise (`--node-capacity`): claimed and not
+/// yet recorded, over all biz types. Under a burst, calling back can outrun recording, and
+/// a task whose outcome waits longer than its lease would be delivered again.
+pub const DEFAULT_NODE_CAPACITY: usize = 2000;
 /// Added to a biz type's timeout to make its lease: time to record the outcome. Longer
 /// costs a dead node's tasks that much delay; shorter risks a second delivery when the
 /// recording is slow.
@@ -165,6 +169,9 @@ pub struct BizTypeConfig {
     /// Callbacks a second per flow key, across the cluster; None: unlimited.
     #[sqlx(default)]
     pub flow_rate_limit: Option<f64>,
+    /// Its share of the node's capacity against the other biz types due, when short.
+    #[sqlx(default)]
+    pub weight: i32,
     #[sqlx(flatten)]
     pub signing_secret: SigningSecret,
     /// The secret the last rotation replaced, signing beside the current one until its
@@ -213,7 +220,7 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
     let all: Vec<BizTypeConfig> = crate::db::query_as(
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
-                breaker_threshold, breaker_window_ms, breaker_probe_ms, flow_max_in_flight, ordered, flow_rate_limit,
+                breaker_threshold, breaker_window_ms, breaker_probe_ms, flow_max_in_flight, ordered, flow_rate_limit, weight,
                 CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
                 CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
@@ -277,8 +284,10 @@ enum Report {
 /// waits for the callbacks in flight (until the grace is over) and records them.
 /// `hosts` decides which addresses callbacks may reach. While the database is down (or no
 /// host accepts writes) the engine waits for it rather than fail a claim a second.
-pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Signal) {
-    Engine::start(health, node_id, hosts, stop).run().await
+pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, capacity: usize, stop: Signal) {
+    let mut engine = Engine::start(health, node_id, hosts, stop);
+    engine.capacity = capacity;
+    engine.run().await
 }
 
 /// What one turn of the engine did, and when the loop should take the next.
@@ -303,8 +312,10 @@ pub struct Engine {
     /// Which addresses callbacks may reach.
     hosts: CallbackHosts,
     client: reqwest::Client,
-    /// To the recorder; each delivery task holds a clone until it has reported.
-    outcomes_tx: mpsc::UnboundedSender<Report>,
+    /// To the recorder, with the task's place in the node's capacity, which the recorder
+    /// gives up once the outcome is written; each delivery task holds a clone until it has
+    /// reported.
+    outcomes_tx: mpsc::UnboundedSender<(Report, capacity::Hold)>,
     /// Woken by: a callback finishing, an outcome recorded, a wake-up notification.
     wake: Arc<Notify>,
     /// Set by a biz type's change on any node: re-read the settings at the next turn.
@@ -322,8 +333,12 @@ pub struct Engine {
     floor: Option<chrono::DateTime<chrono::Utc>>,
     listener: JoinHandle<()>,
     recorder: JoinHandle<Drained>,
-    /// Outcomes sent to the recorder and not yet written (`MAX_UNRECORDED`).
-    unrecorded: Arc<AtomicUsize>,
+    /// Tasks this node holds, per biz type id: claimed and not yet recorded (`capacity`).
+    held: HashMap<i32, Arc<AtomicUsize>>,
+    /// The most tasks it holds at once, over all biz types.
+    pub capacity: usize,
+    /// Turns taken: which biz type wins a tie for the capacity turns with it.
+    turns: usize,
     /// Callbacks in flight (or waiting for their due time) on this node, per biz type id:
     /// this node's part of the biz type's cap, which the claim checks across the cluster.
     in_flight: HashMap<i32, Arc<AtomicI32>>,
@@ -358,7 +373,7 @@ impl Engine {
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .expect("an HTTP client with the ring TLS provider");
-        let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel::<Report>();
+        let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
         let wake = Arc::new(Notify::new());
         let settings_changed = Arc::new(AtomicBool::new(false));
         let looks = Arc::new(Looks::default());
@@ -373,8 +388,7 @@ impl Engine {
                 wake.notify_one();
             }, || ()))
         };
-        let unrecorded = Arc::new(AtomicUsize::new(0));
-        let to_claims = ClaimLoop { wake: wake.clone(), looks: looks.clone(), unrecorded: unrecorded.clone() };
+        let to_claims = ClaimLoop { wake: wake.clone(), looks: looks.clone() };
         let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, to_claims, stop.clone()));
         let breakers = Arc::new(breaker::Breakers::new(pool.clone(), looks.clone()));
         tracing::info!(%node_id, "delivery engine started");
@@ -393,7 +407,9 @@ impl Engine {
             floor: None,
             listener,
             recorder,
-            unrecorded,
+            held: HashMap::new(),
+            capacity: DEFAULT_NODE_CAPACITY,
+            turns: 0,
             in_flight: HashMap::new(),
             owed_oldest: HashMap::new(),
             flow_cursors: HashMap::new(),
@@ -445,8 +461,7 @@ impl Engine {
 
     /// Callbacks started and not yet recorded, over all biz types.
     pub fn unsettled(&self) -> usize {
-        let in_flight: i32 = self.in_flight.values().map(|n| n.load(Ordering::Relaxed)).sum();
-        in_flight.max(0) as usize + self.unrecorded.load(Ordering::Relaxed)
+        self.held.values().map(|n| n.load(Ordering::Relaxed)).sum()
     }
 
     /// Waits until every callback started so far has finished and its outcome is written.
@@ -478,11 +493,14 @@ impl Engine {
         // Each biz type claimed, with what it may take and its counter of callbacks.
         let mut wants = Vec::new();
         let mut claiming = Vec::new();
-        let recording_behind = self.unrecorded.load(Ordering::Relaxed) >= MAX_UNRECORDED;
-        // No claim starts once the node is stopping.
-        let may_claim = !recording_behind && !self.stop.is_stopping();
+        let room = self.capacity.saturating_sub(self.unsettled());
+        // No claim starts once the node is stopping, or while it holds all it may.
+        let may_claim = room > 0 && !self.stop.is_stopping();
         // The open breakers whose probe this node won (a statement only when one is due).
         let probing = if may_claim { self.breakers.elect(&self.biz_types).await } else { HashSet::new() };
+        // The biz types due, with their counters and free slots; then what the node's
+        // capacity gives each of them.
+        let mut due = Vec::new();
         for biz in self.biz_types.iter().filter(|_| may_claim) {
             // Nothing due yet, as far as this node knows: costs nothing this turn.
             if self.next_look.get(&biz.id).is_some_and(|at| *at > now) {
@@ -505,8 +523,25 @@ impl Engine {
                 // A finishing callback wakes the loop.
                 continue;
             }
+            due.push((biz.clone(), counter, slots, probe));
+        }
+        let claimants: Vec<_> = due
+            .iter()
+            .map(|(biz, _, slots, _)| capacity::Claimant {
+                held: self.held.get(&biz.id).map_or(0, |n| n.load(Ordering::Relaxed)),
+                weight: biz.weight.max(1) as u32,
+                wants: *slots as usize,
+            })
+            .collect();
+        self.turns = self.turns.wrapping_add(1);
+        let given = capacity::share(room, &claimants, self.turns);
+        for ((biz, counter, slots, probe), given) in due.into_iter().zip(given) {
+            if given == 0 {
+                // The node holds all it may: a recorded outcome frees a place and wakes the loop.
+                continue;
+            }
             let share = biz.rate_limit.map(|r| r / self.delivering_nodes as f64);
-            let (free, wait) = self.limiters.take(biz.id, share, slots);
+            let (free, wait) = self.limiters.take(biz.id, share, given as i64);
             if free == 0 {
                 let wait = wait.unwrap_or(IDLE_POLL);
                 self.next_look.insert(biz.id, now + wait);
@@ -522,7 +557,7 @@ impl Engine {
                 .flow()
                 .map(|(cap, ordered, rate)| lease::FlowWant { cap, ordered, rate, cursor: self.flow_cursors.get(&biz.id).cloned() });
             wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, flow });
-            claiming.push((biz.clone(), counter, slots, free, wait, probe, oldest));
+            claiming.push((biz, counter, slots, free, wait, probe, oldest));
         }
         let mut claims = if wants.is_empty() {
             HashMap::new()
@@ -572,8 +607,9 @@ impl Engine {
             }
             claimed_in_turn += claimed.len();
             let received = tokio::time::Instant::now();
+            let held = self.held.entry(biz.id).or_default().clone();
             for task in claimed {
-                self.start_callback(&biz, &counter, received, task, probe);
+                self.start_callback(&biz, &counter, capacity::Hold::take(&held), received, task, probe);
             }
         }
         if !caught_up.is_empty() {
@@ -594,7 +630,8 @@ impl Engine {
         // Until the first biz type with free slots is next due, or the next sweep.
         let now = tokio::time::Instant::now();
         let mut until = self.swept_at.map_or(now, |at| at + SWEEP).min(now + rate_wait);
-        if !recording_behind {
+        // While the node holds all it may, a recorded outcome wakes it.
+        if self.unsettled() < self.capacity {
             for biz in &self.biz_types {
                 let busy = self.in_flight.get(&biz.id).is_some_and(|n| n.load(Ordering::Relaxed) >= biz.max_in_flight);
                 if !busy {
@@ -607,17 +644,24 @@ impl Engine {
 
     /// Starts the callback of a claimed task: it waits for its due time, then calls back and
     /// hands its outcome to the recorder. A `probe` tests the receiver of an open breaker.
-    fn start_callback(&self, biz: &Arc<BizTypeConfig>, counter: &Arc<AtomicI32>, received: tokio::time::Instant, task: lease::Claimed, probe: bool) {
+    fn start_callback(
+        &self,
+        biz: &Arc<BizTypeConfig>,
+        counter: &Arc<AtomicI32>,
+        hold: capacity::Hold,
+        received: tokio::time::Instant,
+        task: lease::Claimed,
+        probe: bool,
+    ) {
         counter.fetch_add(1, Ordering::Relaxed);
         let breakers = self.breakers.clone();
-        let (client, hosts, biz, outcomes_tx, counter, wake, unrecorded, failures, mut stop) = (
+        let (client, hosts, biz, outcomes_tx, counter, wake, failures, mut stop) = (
             self.client.clone(),
             self.hosts,
             biz.clone(),
             self.outcomes_tx.clone(),
             counter.clone(),
             self.wake.clone(),
-            self.unrecorded.clone(),
             self.failures.clone(),
             self.stop.clone(),
         );
@@ -662,8 +706,7 @@ impl Engine {
                     _ = stop.leaving() => Report::CutOff(deliver::cut_off(&biz, task_id, run_at, attempt, started_at, started)),
                 }
             };
-            unrecorded.fetch_add(1, Ordering::Relaxed);
-            let _ = outcomes_tx.send(report);
+            let _ = outcomes_tx.send((report, hold));
             counter.fetch_sub(1, Ordering::Relaxed);
             wake.notify_one();
         });
@@ -816,12 +859,11 @@ struct Drained {
     cut_off: usize,
 }
 
-/// What the recorder tells the claim loop: that a batch is written (a slot is free, a retry
-/// may be due), which biz types to look at again, how many outcomes wait to be written.
+/// What the recorder tells the claim loop: that a batch is written (a slot and a place in
+/// the node's capacity are free, a retry may be due), which biz types to look at again.
 struct ClaimLoop {
     wake: Arc<Notify>,
     looks: Arc<Looks>,
-    unrecorded: Arc<AtomicUsize>,
 }
 
 /// Writes outcomes in batches: whatever has arrived by the time the previous batch is
@@ -830,20 +872,23 @@ async fn record_outcomes(
     pool: Pool,
     health: Health,
     node_id: Uuid,
-    mut rx: mpsc::UnboundedReceiver<Report>,
+    mut rx: mpsc::UnboundedReceiver<(Report, capacity::Hold)>,
     claims: ClaimLoop,
     stop: Signal,
 ) -> Drained {
-    let ClaimLoop { wake, looks, unrecorded } = claims;
+    let ClaimLoop { wake, looks } = claims;
     let mut reports = Vec::new();
     let mut drained = Drained::default();
     while rx.recv_many(&mut reports, 1000).await > 0 {
         let mut batch = Vec::with_capacity(reports.len());
+        // Given up once the batch is written.
+        let mut holds = Vec::with_capacity(reports.len());
         let mut unstarted = Vec::new();
         let mut again = HashSet::new();
         let mut settled = HashSet::new();
         let (mut finished, mut cut_off) = (0, 0);
-        for report in reports.drain(..) {
+        for (report, hold) in reports.drain(..) {
+            holds.push(hold);
             match report {
                 Report::Finished(outcome) => {
                     finished += 1;
@@ -898,7 +943,7 @@ async fn record_outcomes(
         for id in settled {
             looks.settled(id);
         }
-        unrecorded.fetch_sub(count, Ordering::Relaxed);
+        drop(holds);
         wake.notify_one();
     }
     drained

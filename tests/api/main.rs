@@ -16,6 +16,7 @@ mod browser_smoke;
 mod bulk;
 mod by_key;
 mod callback_hosts;
+mod capacity;
 mod cli;
 mod console;
 mod console_browser;

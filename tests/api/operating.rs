@@ -1,6 +1,6 @@
-//! The README's "Operating chime" section, held to what a real node does: the Kubernetes
-//! example's probes, ports and grace period are tried against a `chime serve` process
-//! started with the example's settings.
+//! The Kubernetes manifests (deploy/kubernetes/), which the README's "Operating chime"
+//! section points to, held to what a real node does: the Deployment's init container, probes,
+//! ports and grace period are tried against `chime` processes started with its settings.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -13,32 +13,53 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::helpers::{TestApp, client, free_port, fresh_database, wait_ready};
+use crate::helpers::{TestApp, client, empty_database, free_port, wait_ready};
 use crate::receiver::{Answer, Receiver};
 
-/// What the test reads from the README's Kubernetes example.
-struct Example {
+const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes");
+
+/// What the test reads from the Deployment.
+struct Deployment {
     grace_period_secs: u64,
+    /// The init container's arguments to chime: what runs before each node starts.
+    init_args: Vec<String>,
+    /// The chime container's arguments, settings and probes.
+    args: Vec<String>,
     env: BTreeMap<String, String>,
     liveness_path: String,
     readiness_path: String,
 }
 
-/// The first `yaml` block of the "Operating chime" section, read line by line: the example
-/// is written in a few fixed shapes (`- {name: X, value: "Y"}`, `httpGet: {path: /p, …}`),
-/// which this reader insists on, so that an edit it cannot follow fails here.
-fn kubernetes_example() -> Example {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme.split("\n## Operating chime\n").nth(1).expect("the README has an \"Operating chime\" section");
-    let yaml = section.split("```yaml\n").nth(1).and_then(|s| s.split("```").next()).expect("a yaml block in it");
+/// `args: ["a", "b"]`, as the manifests write them.
+fn args(line: &str) -> Option<Vec<String>> {
+    let list = line.strip_prefix("args: [")?.strip_suffix(']')?;
+    Some(list.split(',').map(|a| a.trim().trim_matches('"').to_string()).collect())
+}
+
+/// deploy/kubernetes/deployment.yaml, read line by line: it is written in a few fixed shapes
+/// (`- {name: X, value: "Y"}`, `httpGet: {path: /p, …}`, `args: [...]`), which this reader
+/// insists on, so that an edit it cannot follow fails here. What follows `initContainers:` is
+/// the init container's, what follows `containers:` the node's.
+fn kubernetes_deployment() -> Deployment {
+    let yaml = std::fs::read_to_string(format!("{MANIFESTS}/deployment.yaml")).unwrap();
     let mut grace_period_secs = None;
+    let (mut init_args, mut node_args) = (None, None);
     let mut env = BTreeMap::new();
     let (mut liveness_path, mut readiness_path) = (None, None);
-    let mut probe = "";
+    let (mut section, mut probe) = ("", "");
     for line in yaml.lines().map(str::trim) {
         if let Some(v) = line.strip_prefix("terminationGracePeriodSeconds:") {
             grace_period_secs = Some(v.trim().parse().unwrap());
+        } else if matches!(line, "initContainers:" | "containers:" | "volumes:") {
+            section = line;
+        } else if let Some(a) = args(line) {
+            match section {
+                "initContainers:" => init_args = Some(a),
+                "containers:" => node_args = Some(a),
+                other => panic!("args under {other:?}"),
+            }
         } else if let Some(item) = line.strip_prefix("- {name: ").and_then(|l| l.strip_suffix("\"}")) {
+            assert_eq!(section, "containers:", "settings with a value are the node's only: {line}");
             let (name, value) = item.split_once(", value: \"").expect("env items as {name: X, value: \"Y\"}");
             env.insert(name.to_string(), value.to_string());
         } else if line.ends_with("Probe:") {
@@ -52,43 +73,63 @@ fn kubernetes_example() -> Example {
             }
         }
     }
-    Example {
+    Deployment {
         grace_period_secs: grace_period_secs.expect("terminationGracePeriodSeconds"),
+        init_args: init_args.expect("an init container with args"),
+        args: node_args.expect("a container with args"),
         env,
         liveness_path: liveness_path.expect("a livenessProbe path"),
         readiness_path: readiness_path.expect("a readinessProbe path"),
     }
 }
 
-/// The example's grace period covers chime's own with room for the HTTP server's stop, its
-/// probes answer on a node started with its settings, `/metrics` is where it says, and a
-/// node told to stop with a callback in flight stops taking traffic at once and exits
-/// inside the example's grace period.
+/// The Deployment's grace period covers chime's own with room for the HTTP server's stop; its
+/// init container (the migration Job's command) makes an empty database fit for a node that
+/// does not migrate; its probes answer on a node started with its settings, `/metrics` is
+/// where it says, and a node told to stop with a callback in flight stops taking traffic at
+/// once and exits inside the grace period.
 #[tokio::test]
-async fn the_readmes_kubernetes_example_matches_a_real_node() {
-    let example = kubernetes_example();
-    let grace: u64 = example.env["CHIME_SHUTDOWN_GRACE_SECS"].parse().unwrap();
+async fn the_kubernetes_manifests_match_a_real_node() {
+    let deployment = kubernetes_deployment();
+    let grace: u64 = deployment.env["CHIME_SHUTDOWN_GRACE_SECS"].parse().unwrap();
     assert!(
-        grace + 5 <= example.grace_period_secs,
+        grace + 5 <= deployment.grace_period_secs,
         "terminationGracePeriodSeconds ({}) must leave 5 s beyond CHIME_SHUTDOWN_GRACE_SECS ({grace})",
-        example.grace_period_secs
+        deployment.grace_period_secs
     );
-    assert!(example.env["CHIME_LISTEN"].ends_with(":8080") && example.env["CHIME_METRICS_LISTEN"].ends_with(":9090"));
+    let env = &deployment.env;
+    assert!(env["CHIME_LISTEN"].ends_with(":8080") && env["CHIME_METRICS_LISTEN"].ends_with(":9090"));
+    assert_eq!(deployment.args, ["serve"]);
+    assert_eq!(env["CHIME_AUTO_MIGRATE"], "false", "the Job and the init container migrate, not the nodes");
+    let job = std::fs::read_to_string(format!("{MANIFESTS}/migrate-job.yaml")).unwrap();
+    let job_args = job.lines().find_map(|l| args(l.trim())).expect("the Job's args");
+    assert_eq!(job_args, deployment.init_args, "the Job runs what the init container runs");
 
-    // The example's settings, on free loopback ports.
+    // A first rollout: the init container runs on an empty database, with only its URL.
+    let db_url = empty_database().await;
+    let init = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
+        .args(&deployment.init_args)
+        .env("DATABASE_URL", &db_url)
+        .env_remove("CHIME_CONFIG")
+        .output()
+        .await
+        .unwrap();
+    assert!(init.status.success(), "the init container failed: {}", String::from_utf8_lossy(&init.stderr));
+
+    // The node's settings, on free loopback ports.
     let (port, metrics_port) = (free_port(), free_port());
-    let db_url = fresh_database().await;
-    let mut env = example.env.clone();
+    let mut env = deployment.env.clone();
     env.insert("CHIME_LISTEN".into(), format!("127.0.0.1:{port}"));
     env.insert("CHIME_METRICS_LISTEN".into(), format!("127.0.0.1:{metrics_port}"));
+    // DATABASE_URL and the admin password come from the Secret, as does the mounted key.
     env.insert("CHIME_ADMIN_PASSWORD".into(), "operating-admin-password".into());
     // The mounted Secret's key: 32 random bytes in base64, as `openssl rand -base64 32` makes.
     let key_file = std::env::temp_dir().join(format!("chime-operating-key-{}", uuid::Uuid::new_v4()));
     std::fs::write(&key_file, STANDARD.encode([7u8; 32])).unwrap();
-    assert!(env.contains_key("CHIME_SECRET_KEY_FILE"), "the example mounts the secret key");
+    assert!(env.contains_key("CHIME_SECRET_KEY_FILE"), "the Deployment mounts the secret key");
     env.insert("CHIME_SECRET_KEY_FILE".into(), key_file.display().to_string());
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime"))
-        .arg("serve")
+        .args(&deployment.args)
         .env("DATABASE_URL", &db_url)
         .env_remove("CHIME_CONFIG")
         .envs(&env)
@@ -98,9 +139,13 @@ async fn the_readmes_kubernetes_example_matches_a_real_node() {
         .spawn()
         .unwrap();
     let address = format!("http://127.0.0.1:{port}");
-    wait_ready(&address).await;
+    // A node that refuses to start (a schema the init container left behind) says so at once.
+    tokio::select! {
+        () = wait_ready(&address) => {}
+        status = child.wait() => panic!("the node exited before it was ready: {status:?}"),
+    }
     let http = client();
-    for path in [&example.liveness_path, &example.readiness_path] {
+    for path in [&deployment.liveness_path, &deployment.readiness_path] {
         let status = http.get(format!("{address}{path}")).send().await.unwrap().status();
         assert_eq!(status, 200, "{path} on a ready node");
     }
@@ -121,7 +166,7 @@ async fn the_readmes_kubernetes_example_matches_a_real_node() {
     let signalled = Instant::now();
     kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     // Ready no more within a probe period: 503, or the listener already closed.
-    let readiness = format!("{address}{}", example.readiness_path);
+    let readiness = format!("{address}{}", deployment.readiness_path);
     loop {
         match http.get(&readiness).timeout(Duration::from_secs(1)).send().await {
             Ok(r) if r.status() == 200 => {}
@@ -130,7 +175,7 @@ async fn the_readmes_kubernetes_example_matches_a_real_node() {
         assert!(signalled.elapsed() < Duration::from_secs(2), "{readiness} still 200 two seconds after SIGTERM");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let status = tokio::time::timeout(Duration::from_secs(example.grace_period_secs), child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(deployment.grace_period_secs), child.wait())
         .await
         .expect("the node exits inside terminationGracePeriodSeconds")
         .unwrap();

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the suite needs when missing (tests/setup.sh),
+# then runs it. Arguments go to `cargo test` (a test binary, a filter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/setup.sh
+cargo test "$@"

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs what building chime and running its test suite need, when missing (Debian or
+# Ubuntu, with apt-get; as root, or through sudo). Quick when everything is there: it only
+# looks. The README's two commands start with it, and .ci/run uses it too.
+set -euo pipefail
+
+# Each line: the Debian package, then the shell test that says it is there.
+needs=(
+    # The C linker and OpenSSL's development files: sqlx's TLS to PostgreSQL is OpenSSL's
+    # (native-tls), as libpq's, and openssl-sys finds the system's libssl through pkg-config.
+    "gcc|command -v cc"
+    "pkg-config|command -v pkg-config"
+    "libssl-dev|test -f /usr/include/openssl/ssl.h"
+    # chime's embedded PostgreSQL and every test start one from the server binaries
+    # (initdb, pg_ctl, postgres); the HA tests (tests/ha) run PostgreSQL 15 replicas and a
+    # pg_auto_failover formation.
+    "postgresql|compgen -G '/usr/lib/postgresql/*/bin/initdb'"
+    "postgresql-15|test -x /usr/lib/postgresql/15/bin/pg_basebackup"
+    "pg-auto-failover-cli|command -v pg_autoctl"
+    "postgresql-15-auto-failover|test -f /usr/share/postgresql/15/extension/pgautofailover.control"
+    # The https callback test runs `openssl s_server`; the console tests drive headless
+    # Chromium through ChromeDriver (the paths tests/api/browser.rs expects); PgBouncer is for
+    # pooler mode, HAProxy for the proxy in front of a primary and its standby.
+    "openssl|command -v openssl"
+    "chromium|test -x /usr/bin/chromium"
+    "chromium-driver|test -x /usr/bin/chromedriver"
+    "pgbouncer|command -v pgbouncer"
+    "haproxy|test -x /usr/sbin/haproxy"
+)
+# More, from the caller (.ci/run's own tools), in the same form.
+needs+=("$@")
+
+missing=()
+for need in "${needs[@]}"; do
+    eval "${need#*|}" >/dev/null 2>&1 || missing+=("${need%%|*}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}" >&2
+    if [ "$(id -u)" -eq 0 ]; then
+        as_root=()
+    elif command -v sudo >/dev/null; then
+        as_root=(sudo)
+    else
+        echo "error: missing ${missing[*]}; install them as root (apt-get install ${missing[*]}) and run this again" >&2
+        exit 1
+    fi
+    "${as_root[@]}" apt-get update
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+for need in "${needs[@]}"; do
+    eval "${need#*|}" >/dev/null 2>&1 || { echo "error: ${need%%|*} still not found (${need#*|})" >&2; exit 1; }
+done
+pkg-config --exists openssl || { echo "error: OpenSSL's development files (libssl-dev) still not found by pkg-config" >&2; exit 1; }

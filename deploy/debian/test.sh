@@ -64,6 +64,14 @@ verify=$(in_root systemd-analyze verify chime.service 2>&1) || fail "systemd-ana
 [ -z "$verify" ] || fail "systemd-analyze verify: $verify"
 in_root systemd-analyze security --offline=yes chime.service | tail -1
 
+# TimeoutStopSec is chime's default grace plus 10 s, and chime.env names that default.
+grace=$(in_root chime serve --help | sed -n '/--shutdown-grace-secs/,/\[default:/s/.*\[default: \([0-9]*\)\].*/\1/p')
+[ -n "$grace" ] || fail "no default for --shutdown-grace-secs in chime serve --help"
+grep -qx "TimeoutStopSec=$((grace + 10))s" "$root/usr/lib/systemd/system/chime.service" \
+    || fail "TimeoutStopSec in chime.service is not the grace ($grace s) + 10 s"
+grep -qx "#CHIME_SHUTDOWN_GRACE_SECS=$grace" "$root/etc/chime/chime.env" \
+    || fail "chime.env does not show the grace's default ($grace)"
+
 # A system user and group, no login.
 entry=$(in_root getent passwd chime) || fail "no user chime"
 IFS=: read -r _ _ uid _ _ home shell <<<"$entry"

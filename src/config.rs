@@ -315,8 +315,8 @@ pub struct ServeArgs {
 
     /// Tasks this node holds at once, over all biz types: claimed, called back and not yet
     /// recorded. When the biz types with due work want more, what is free goes first to
-    /// those holding least for their weight, so one biz type's herd cannot fill the node
-    /// ahead of another's due task. Each biz type's max_in_flight still caps it across the
+    /// those holding least for their weight, so a place that one biz type's herd frees goes
+    /// first to another's due task. Each biz type's max_in_flight still caps it across the
     /// cluster; raise this for many slow receivers at once (each held task is a connection
     /// and a little memory).
     #[arg(long, env = "CHIME_NODE_CAPACITY", default_value_t = crate::engine::DEFAULT_NODE_CAPACITY,

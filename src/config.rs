@@ -91,9 +91,9 @@ pub struct LogArgs {
 pub struct SecretArgs {
     /// Key that encrypts biz types' signing secrets in the database: 32 random bytes in
     /// base64 (`openssl rand -base64 32`). Set it on every node and wherever admin commands
-    /// run, once every node runs a release that knows it (README: Secrets at rest); without
-    /// it secrets are stored in clear. Prefer the environment or CHIME_SECRET_KEY_FILE to the
-    /// flag, which others on the machine can see.
+    /// run, once every node runs a release that knows it (docs/book/src/settings.md, Secrets
+    /// at rest); without it secrets are stored in clear. Prefer the environment or
+    /// CHIME_SECRET_KEY_FILE to the flag, which others on the machine can see.
     #[arg(long, env = "CHIME_SECRET_KEY", global = true, hide_env_values = true, conflicts_with = "secret_key_file")]
     pub secret_key: Option<String>,
 
@@ -201,7 +201,7 @@ pub struct MigrateArgs {
     file, only where to read them (a relative file path is read from the file's directory); without one, \
     the secret is kept, or generated for a new biz type. Biz types not in the file are left as they are. \
     Everything in the file is checked first, every problem reported, and the changes are made in one \
-    transaction, recorded in the audit log as `apply`. See \"Chime as code\" in the README.")]
+    transaction, recorded in the audit log as `apply`. See \"Chime as code\" in docs/book/src/admin-commands.md.")]
 pub struct ApplyArgs {
     /// The TOML file that describes the biz types.
     #[arg(short = 'f', long = "file", value_name = "FILE")]

@@ -74,7 +74,7 @@ async fn run() -> anyhow::Result<i32> {
                 if !sealing {
                     tracing::warn!(
                         "CHIME_SECRET_KEY is not set: biz types' signing secrets are stored in clear in the database \
-                         (README: Secrets at rest)"
+                         (docs/book/src/settings.md, Secrets at rest)"
                     );
                 }
                 serve(&database, &settings, &args.db, sealing).await
@@ -119,7 +119,7 @@ async fn serve(database: &Database, settings: &ServeArgs, db: &DbArgs, sealing: 
             let more = if clear.len() > names.len() { format!(" and {} more", clear.len() - names.len()) } else { String::new() };
             tracing::warn!(
                 "CHIME_SECRET_KEY is set, but the signing secrets of {} biz type(s) are stored in clear in the database: {}{more}; \
-                 run `chime secrets reencrypt` to encrypt them (README: Secrets at rest)",
+                 run `chime secrets reencrypt` to encrypt them (docs/book/src/settings.md, Secrets at rest)",
                 clear.len(),
                 names.join(", ")
             );

@@ -27,7 +27,8 @@ use crate::tasks::wake::{self, Wake};
 
 /// A new biz type's retries (the schema's column defaults, from migration 0008): 1 s
 /// doubling to an hour, for at least 24 hours even with the jitter at its least, so that a
-/// receiver down for a working day loses nothing. The README's table is checked against them.
+/// receiver down for a working day loses nothing. The book's retry table
+/// (docs/book/src/callbacks.md) is checked against them.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 60;
 /// Snoozes a task may take before the next fails it (migration 0028's default): 2.8 hours of
 /// a receiver snoozing every second, a week of one snoozing every minute.

@@ -12,20 +12,27 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A task's place in its node's capacity: taken when the task is claimed, given up when
 /// its outcome is written (the recorder drops it then), or when its report is lost with
-/// the recorder.
-pub struct Hold(Arc<AtomicUsize>);
+/// the recorder. Counted twice: in its biz type's count (for `share`) and in the node's
+/// total, so that a turn reads what the node holds without summing every biz type's.
+pub struct Hold {
+    biz_type: Arc<AtomicUsize>,
+    node: Arc<AtomicUsize>,
+}
 
 impl Hold {
-    /// Counts one more task held in `held` (its biz type's count on this node).
-    pub fn take(held: &Arc<AtomicUsize>) -> Hold {
-        held.fetch_add(1, Ordering::Relaxed);
-        Hold(held.clone())
+    /// Counts one more task held in `biz_type` (its biz type's count on this node) and in
+    /// `node` (the node's).
+    pub fn take(biz_type: &Arc<AtomicUsize>, node: &Arc<AtomicUsize>) -> Hold {
+        biz_type.fetch_add(1, Ordering::Relaxed);
+        node.fetch_add(1, Ordering::Relaxed);
+        Hold { biz_type: biz_type.clone(), node: node.clone() }
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.biz_type.fetch_sub(1, Ordering::Relaxed);
+        self.node.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

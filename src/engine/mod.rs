@@ -335,6 +335,8 @@ pub struct Engine {
     recorder: JoinHandle<Drained>,
     /// Tasks this node holds, per biz type id: claimed and not yet recorded (`capacity`).
     held: HashMap<i32, Arc<AtomicUsize>>,
+    /// Their sum, over all biz types.
+    held_total: Arc<AtomicUsize>,
     /// The most tasks it holds at once, over all biz types.
     pub capacity: usize,
     /// Turns taken: which biz type wins a tie for the capacity turns with it.
@@ -408,6 +410,7 @@ impl Engine {
             listener,
             recorder,
             held: HashMap::new(),
+            held_total: Arc::default(),
             capacity: DEFAULT_NODE_CAPACITY,
             turns: 0,
             in_flight: HashMap::new(),
@@ -461,7 +464,7 @@ impl Engine {
 
     /// Callbacks started and not yet recorded, over all biz types.
     pub fn unsettled(&self) -> usize {
-        self.held.values().map(|n| n.load(Ordering::Relaxed)).sum()
+        self.held_total.load(Ordering::Relaxed)
     }
 
     /// Waits until every callback started so far has finished and its outcome is written.
@@ -609,7 +612,7 @@ impl Engine {
             let received = tokio::time::Instant::now();
             let held = self.held.entry(biz.id).or_default().clone();
             for task in claimed {
-                self.start_callback(&biz, &counter, capacity::Hold::take(&held), received, task, probe);
+                self.start_callback(&biz, &counter, capacity::Hold::take(&held, &self.held_total), received, task, probe);
             }
         }
         if !caught_up.is_empty() {

@@ -204,10 +204,20 @@ export CHIME1_PORT=$(free_port) CHIME2_PORT=$(free_port)
 compose() { (cd $work && podman-compose -p $tag "$@"); }
 compose up -d >$work/compose-up.log 2>&1 || { cat $work/compose-up.log >&2; die "podman-compose up failed"; }
 node1=${tag}_chime1_1 node2=${tag}_chime2_1
+# podman-compose 1.0.3 starts the nodes without waiting for `service_healthy`: they may come
+# up while PostgreSQL is still in its first start (a server for initdb, stopped, then the
+# real one), and lose it for a moment. Wait for the database too, and give the first admin
+# command a few tries (a clean-clone CI run once failed here, silently, under set -e).
+wait_healthy ${tag}_postgres_1 90
 wait_healthy $node1 90
 wait_healthy $node2 90
-secret=$(podman exec $node1 chime biz-type create image_test --callback-url $hook 2>/dev/null | tail -1)
-[ -n "$secret" ] || die "chime biz-type create printed no secret (compose)"
+secret=
+for _ in $(seq 30); do
+    secret=$(podman exec $node1 chime biz-type create image_test --callback-url $hook 2>$work/create.err | tail -1) && break
+    secret=
+    sleep 1
+done
+[ -n "$secret" ] || die "chime biz-type create printed no secret (compose): $(cat $work/create.err)"
 token=$(podman exec $node1 chime token create --biz-type image_test 2>/dev/null | tail -1)
 create_task http://127.0.0.1:$CHIME1_PORT "$token" image_test compose-both 0 >/dev/null
 wait_callback compose-both 20

@@ -116,6 +116,7 @@ fn add_what_utoipa_cannot_say(doc: &mut Value) {
         {"required": ["run_at"], "properties": {"run_at": {"type": "string"}}},
         {"required": ["delay_ms"], "properties": {"delay_ms": {"type": "integer"}}},
         {"required": ["payload"]},
+        {"required": ["priority"], "properties": {"priority": {"type": "integer"}}},
     ]}]);
     schemas["PatchTimer"]["anyOf"] = json!([
         {"required": ["cron"], "properties": {"cron": {"type": "string"}}},
@@ -309,6 +310,20 @@ mod tests {
 
     use super::*;
     use crate::api::ApiError;
+
+    /// A PATCH that gives any one field is accepted, so each field is a branch of the "at
+    /// least one" list; a field added to the body and not to the list makes schemathesis
+    /// call chime wrong for accepting it.
+    #[test]
+    fn every_patch_field_can_be_the_one_given() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        for (name, branches) in [("PatchTask", &schemas["PatchTask"]["allOf"][1]["anyOf"]), ("PatchTimer", &schemas["PatchTimer"]["anyOf"])] {
+            let fields: BTreeSet<&str> = schemas[name]["properties"].as_object().unwrap().keys().map(String::as_str).collect();
+            let alone: BTreeSet<&str> = branches.as_array().unwrap().iter().map(|b| b["required"][0].as_str().unwrap()).collect();
+            assert_eq!(alone, fields, "{name}: each field may be the only one given");
+        }
+    }
 
     /// Every `code` an error answer can carry is in the document's enum, and no other.
     #[test]

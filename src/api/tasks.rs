@@ -491,7 +491,7 @@ pub(super) struct ListAnswer<'a> {
 }
 
 /// What to change in a pending task: its due time (`run_at` or `delay_ms`, not both), its
-/// payload, or both; at least one must be given. A time field that is left out or null is
+/// payload, its priority; at least one must be given. A time field that is left out or null is
 /// kept; a payload that is left out is kept, and `"payload": null` sets it to null.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -4,9 +4,9 @@
 //! recognisable, and live in a table of their own: an API token is never an admin token,
 //! nor the other way round.
 
+use crate::db::Pool;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::biz_types::{hash_token, random_base64};
@@ -59,9 +59,7 @@ pub async fn create(pool: &Pool, name: &str) -> Result<(AdminToken, String), Err
 }
 
 pub async fn list(pool: &Pool) -> Result<Vec<AdminToken>, Error> {
-    Ok(crate::db::query_as("SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens ORDER BY created_at")
-        .fetch_all(pool)
-        .await?)
+    Ok(crate::db::query_as("SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens ORDER BY created_at").fetch_all(pool).await?)
 }
 
 /// Revokes the token with this id, or the one whose prefix starts with this text (as lists
@@ -104,10 +102,8 @@ pub async fn authenticate(pool: &Pool, token: &str) -> Result<Option<AdminToken>
     if !token.starts_with(PREFIX) {
         return Ok(None);
     }
-    crate::db::query_as(
-        "SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
-    )
-    .bind(hash_token(token))
-    .fetch_optional(pool)
-    .await
+    crate::db::query_as("SELECT id, name, prefix, created_at, revoked_at FROM admin_tokens WHERE token_hash = $1 AND revoked_at IS NULL")
+        .bind(hash_token(token))
+        .fetch_optional(pool)
+        .await
 }

@@ -31,7 +31,8 @@ pub fn masked_urls(text: &str) -> String {
     let mut rest = text;
     while let Some(at) = rest.find("://") {
         // The scheme: the letters just before "://".
-        let start = rest[..at].char_indices().rev().find(|(_, c)| !(c.is_ascii_alphanumeric() || "+-.".contains(*c))).map_or(0, |(i, c)| i + c.len_utf8());
+        let start =
+            rest[..at].char_indices().rev().find(|(_, c)| !(c.is_ascii_alphanumeric() || "+-.".contains(*c))).map_or(0, |(i, c)| i + c.len_utf8());
         let authority = at + 3;
         let end = rest[authority..].find(|c: char| c.is_whitespace() || "/?#)>\"'".contains(c)).map_or(rest.len(), |i| authority + i);
         out.push_str(&rest[..start]);

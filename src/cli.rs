@@ -3,8 +3,8 @@
 
 use std::io::{Read, Write};
 
-use anyhow::Context;
 use crate::db::Pool;
+use anyhow::Context;
 
 use crate::biz_types::apply::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
@@ -64,7 +64,13 @@ fn describe(b: &BizType) -> String {
         "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}{flows}{weight}, create rate {crate_}, {breaker}, failure notices to {failure}",
         name = b.name,
         mode = b.mode,
-        state = if b.archived_at.is_some() { "archived" } else if b.paused { "paused" } else { "active" },
+        state = if b.archived_at.is_some() {
+            "archived"
+        } else if b.paused {
+            "paused"
+        } else {
+            "active"
+        },
         url = if b.callback_url.is_empty() { "-" } else { &b.callback_url },
         timeout = b.timeout_ms,
         attempts = b.max_attempts,
@@ -105,10 +111,8 @@ pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let mut rows: Vec<(i64, &str, &str)> = db::MIGRATOR
-        .iter()
-        .map(|m| (m.version, &*m.description, if schema.is_applied(m.version) { "applied" } else { "pending" }))
-        .collect();
+    let mut rows: Vec<(i64, &str, &str)> =
+        db::MIGRATOR.iter().map(|m| (m.version, &*m.description, if schema.is_applied(m.version) { "applied" } else { "pending" })).collect();
     rows.extend(schema.newer().into_iter().map(|(v, d)| (*v, d.as_str(), "applied, newer than this binary")));
     rows.sort_by_key(|r| r.0);
     for (version, description, state) in rows {
@@ -122,14 +126,19 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
     match command {
         BizTypeCommand::Create { name, settings: flags } => {
             let created = biz_types::create(pool, &name, &settings(flags, None), hosts).await?;
-            audit::record(pool, "cli", "biz_type.create", "biz_type", &name, None, Some(serde_json::to_value(&created)?))
-                .await?;
+            audit::record(pool, "cli", "biz_type.create", "biz_type", &name, None, Some(serde_json::to_value(&created)?)).await?;
             say!("created biz type {}", describe(&created));
             say!("signing secret (verify the Chime-Signature header with it):");
             say!("{}", created.signing_secret.expose()?);
         }
         BizTypeCommand::Update { name, settings: flags, pause, resume } => {
-            let paused = if pause { Some(true) } else if resume { Some(false) } else { None };
+            let paused = if pause {
+                Some(true)
+            } else if resume {
+                Some(false)
+            } else {
+                None
+            };
             let (before, after) = biz_types::update(pool, &name, &settings(flags, paused), hosts).await?;
             audit::record(
                 pool,
@@ -232,7 +241,9 @@ pub async fn secrets(pool: &Pool, command: SecretsCommand) -> anyhow::Result<()>
             }
             say!(
                 "signing secrets: {} encrypted (were in clear), {} re-encrypted (were under an older key), {} already under the current key",
-                done.sealed, done.resealed, done.unchanged
+                done.sealed,
+                done.resealed,
+                done.unchanged
             );
         }
     }
@@ -319,7 +330,8 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             let mut record = serde_json::to_value(&after)?;
             record["password"] = if generated { "generated" } else { "given" }.into();
             audit::record(pool, "cli", "user.reset_password", "user", &name, serde_json::to_value(&before).ok(), Some(record)).await?;
-            let disabled = if after.disabled { format!("; {name} is disabled: `chime user enable {name}` to let them sign in") } else { String::new() };
+            let disabled =
+                if after.disabled { format!("; {name} is disabled: `chime user enable {name}` to let them sign in") } else { String::new() };
             say!("reset the password of {name}: their sessions have ended{disabled}");
             if generated {
                 say!("new password (shown only this once):");

@@ -19,9 +19,8 @@ fn parse_proxy(text: &str) -> Result<IpNet, String> {
     let text = text.trim();
     match IpAddr::from_str(text) {
         Ok(address) => Ok(IpNet::from(address.to_canonical())),
-        Err(_) => IpNet::from_str(text).map_err(|_| {
-            format!("`{text}` is not an IP address or a CIDR range (like 10.0.0.0/8 or 192.0.2.7, comma-separated)")
-        }),
+        Err(_) => IpNet::from_str(text)
+            .map_err(|_| format!("`{text}` is not an IP address or a CIDR range (like 10.0.0.0/8 or 192.0.2.7, comma-separated)")),
     }
 }
 

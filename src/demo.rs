@@ -2,12 +2,12 @@
 //! callbacks go to a small receiver built into chime itself, so that the first `curl`
 //! shows a delivery in the log without writing a receiver.
 
-use actix_web::{HttpRequest, HttpResponse, web};
 use crate::db::Pool;
+use actix_web::{HttpRequest, HttpResponse, web};
 
-use crate::state::AppState;
 use crate::biz_types::{self, Settings};
 use crate::callback_hosts::CallbackHosts;
+use crate::state::AppState;
 
 pub const PATH: &str = "/demo/callback";
 

@@ -107,11 +107,7 @@ pub enum EmbeddedPgError {
         pgdata.display(),
         log.display()
     )]
-    StaleServer {
-        pgdata: PathBuf,
-        log: PathBuf,
-        log_tail: String,
-    },
+    StaleServer { pgdata: PathBuf, log: PathBuf, log_tail: String },
 
     #[error("the embedded PostgreSQL started but chime could not set up its database in it: {0}")]
     Database(#[from] sqlx::Error),
@@ -125,10 +121,7 @@ pub enum EmbeddedPgError {
 
 impl From<io::Error> for EmbeddedPgError {
     fn from(source: io::Error) -> Self {
-        EmbeddedPgError::Io {
-            what: "embedded PostgreSQL".into(),
-            source,
-        }
+        EmbeddedPgError::Io { what: "embedded PostgreSQL".into(), source }
     }
 }
 
@@ -139,10 +132,7 @@ trait Context<T> {
 
 impl<T> Context<T> for io::Result<T> {
     fn ctx(self, what: impl Display) -> Result<T, EmbeddedPgError> {
-        self.map_err(|source| EmbeddedPgError::Io {
-            what: what.to_string(),
-            source,
-        })
+        self.map_err(|source| EmbeddedPgError::Io { what: what.to_string(), source })
     }
 }
 
@@ -151,17 +141,9 @@ impl<T> Context<T> for io::Result<T> {
 /// newest version first.
 pub fn find_bin_dir(override_dir: Option<&Path>) -> Result<PathBuf, EmbeddedPgError> {
     if let Some(dir) = override_dir {
-        return if has_binaries(dir) {
-            Ok(dir.to_path_buf())
-        } else {
-            Err(EmbeddedPgError::BadBinDir {
-                dir: dir.to_path_buf(),
-            })
-        };
+        return if has_binaries(dir) { Ok(dir.to_path_buf()) } else { Err(EmbeddedPgError::BadBinDir { dir: dir.to_path_buf() }) };
     }
-    let path_dirs = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
+    let path_dirs = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
     let pg_config_dir = Command::new("pg_config")
         .arg("--bindir")
         .stderr(Stdio::null())
@@ -174,12 +156,7 @@ pub fn find_bin_dir(override_dir: Option<&Path>) -> Result<PathBuf, EmbeddedPgEr
         .flatten()
         .flatten()
         .map(|e| {
-            let version = e
-                .file_name()
-                .to_string_lossy()
-                .split('.')
-                .map(|n| n.parse().unwrap_or(0))
-                .collect();
+            let version = e.file_name().to_string_lossy().split('.').map(|n| n.parse().unwrap_or(0)).collect();
             (version, e.path().join("bin"))
         })
         .collect();
@@ -194,17 +171,12 @@ pub fn find_bin_dir(override_dir: Option<&Path>) -> Result<PathBuf, EmbeddedPgEr
 }
 
 fn has_binaries(dir: &Path) -> bool {
-    ["initdb", "pg_ctl", "postgres"].iter().all(|name| {
-        fs::metadata(dir.join(name))
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
+    ["initdb", "pg_ctl", "postgres"].iter().all(|name| fs::metadata(dir.join(name)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
 /// The URL of the embedded database in `data_dir`, whichever process manages it.
 pub fn socket_url(data_dir: &Path, database: &str) -> String {
-    let data_dir = fs::canonicalize(data_dir)
-        .or_else(|_| std::path::absolute(data_dir))
-        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let data_dir = fs::canonicalize(data_dir).or_else(|_| std::path::absolute(data_dir)).unwrap_or_else(|_| data_dir.to_path_buf());
     url_for(&data_dir.join("run"), database)
 }
 
@@ -253,19 +225,11 @@ fn db_user(pgdata: &Path) -> Result<Option<DbUser>, EmbeddedPgError> {
             Ok(Some(u)) => u.name,
             _ => meta.uid().to_string(),
         };
-        return Ok(Some(DbUser {
-            name,
-            uid,
-            gid: Gid::from_raw(meta.gid()),
-        }));
+        return Ok(Some(DbUser { name, uid, gid: Gid::from_raw(meta.gid()) }));
     }
     for name in ["postgres", "nobody"] {
         if let Ok(Some(u)) = User::from_name(name) {
-            return Ok(Some(DbUser {
-                name: u.name,
-                uid: u.uid,
-                gid: u.gid,
-            }));
+            return Ok(Some(DbUser { name: u.name, uid: u.uid, gid: u.gid }));
         }
     }
     Err(EmbeddedPgError::Other(
@@ -290,10 +254,7 @@ fn check_reachable(dir: &Path, user: &DbUser) -> Result<(), EmbeddedPgError> {
             0o001
         };
         if meta.mode() & bit == 0 {
-            return Err(EmbeddedPgError::Unreachable {
-                dir: ancestor.to_path_buf(),
-                user: user.name.clone(),
-            });
+            return Err(EmbeddedPgError::Unreachable { dir: ancestor.to_path_buf(), user: user.name.clone() });
         }
     }
     Ok(())
@@ -313,35 +274,19 @@ pub struct EmbeddedPg {
 impl EmbeddedPg {
     /// Starts (creating on first use) the cluster under `data_dir` and ensures the `chime`
     /// database exists. [`EmbeddedPgError::Busy`] means another process manages it.
-    pub async fn start(
-        data_dir: &Path,
-        bin_override: Option<&Path>,
-    ) -> Result<EmbeddedPg, EmbeddedPgError> {
+    pub async fn start(data_dir: &Path, bin_override: Option<&Path>) -> Result<EmbeddedPg, EmbeddedPgError> {
         let bin_dir = find_bin_dir(bin_override)?;
         Self::start_with(data_dir, bin_dir, "").await
     }
 
-    async fn start_with(
-        data_dir: &Path,
-        bin_dir: PathBuf,
-        extra_conf: &str,
-    ) -> Result<EmbeddedPg, EmbeddedPgError> {
-        let data_dir =
-            std::path::absolute(data_dir).ctx(format_args!("resolving {}", data_dir.display()))?;
-        fs::create_dir_all(&data_dir).ctx(format_args!(
-            "creating the data directory {}",
-            data_dir.display()
-        ))?;
-        let data_dir =
-            fs::canonicalize(&data_dir).ctx(format_args!("resolving {}", data_dir.display()))?;
+    async fn start_with(data_dir: &Path, bin_dir: PathBuf, extra_conf: &str) -> Result<EmbeddedPg, EmbeddedPgError> {
+        let data_dir = std::path::absolute(data_dir).ctx(format_args!("resolving {}", data_dir.display()))?;
+        fs::create_dir_all(&data_dir).ctx(format_args!("creating the data directory {}", data_dir.display()))?;
+        let data_dir = fs::canonicalize(&data_dir).ctx(format_args!("resolving {}", data_dir.display()))?;
 
         let lock_path = data_dir.join("chime.lock");
-        let mut lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .ctx(format_args!("opening {}", lock_path.display()))?;
+        let mut lock =
+            OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).ctx(format_args!("opening {}", lock_path.display()))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => return Err(EmbeddedPgError::Busy { data_dir }),
@@ -350,9 +295,7 @@ impl EmbeddedPg {
             }
         }
         // For whoever wonders which process holds the lock.
-        let _ = lock
-            .set_len(0)
-            .and_then(|()| writeln!(lock, "{}", std::process::id()));
+        let _ = lock.set_len(0).and_then(|()| writeln!(lock, "{}", std::process::id()));
 
         let user = db_user(&data_dir.join("pgdata"))?;
         if let Some(user) = &user {
@@ -368,13 +311,7 @@ impl EmbeddedPg {
         }
 
         // From here on, dropping `pg` on an error stops the server if it got that far.
-        let mut pg = EmbeddedPg {
-            data_dir,
-            bin_dir,
-            user,
-            running: false,
-            _lock: lock,
-        };
+        let mut pg = EmbeddedPg { data_dir, bin_dir, user, running: false, _lock: lock };
         pg.prepare_dirs()?;
         if !pg.pgdata().join("PG_VERSION").exists() {
             pg.init(extra_conf).await?;
@@ -384,11 +321,7 @@ impl EmbeddedPg {
         pg.start_server().await?;
         pg.running = true;
         let version = pg.create_database().await?;
-        tracing::info!(
-            "embedded PostgreSQL {version} started (data dir {}, socket {})",
-            pg.data_dir.display(),
-            pg.run_dir().display()
-        );
+        tracing::info!("embedded PostgreSQL {version} started (data dir {}, socket {})", pg.data_dir.display(), pg.run_dir().display());
         Ok(pg)
     }
 
@@ -405,8 +338,7 @@ impl EmbeddedPg {
     /// and releases the data directory.
     pub async fn stop(mut self) {
         self.running = false;
-        let result =
-            Self::run(self.pg_ctl(&["stop", "-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS])).await;
+        let result = Self::run(self.pg_ctl(&["stop", "-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS])).await;
         match result {
             Ok(out) if out.status.success() => tracing::info!("embedded PostgreSQL stopped"),
             Ok(out) => tracing::error!(
@@ -425,10 +357,7 @@ impl EmbeddedPg {
     pub async fn crash(&mut self) -> Result<(), EmbeddedPgError> {
         let out = Self::run(self.pg_ctl(&["stop", "-m", "immediate", "-w", "-t", PG_CTL_TIMEOUT_SECS])).await?;
         if !out.status.success() {
-            return Err(EmbeddedPgError::Other(format!(
-                "pg_ctl stop -m immediate failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+            return Err(EmbeddedPgError::Other(format!("pg_ctl stop -m immediate failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
         }
         self.running = false;
         Ok(())
@@ -472,10 +401,7 @@ impl EmbeddedPg {
 
     async fn run(cmd: Command) -> Result<Output, EmbeddedPgError> {
         let program = cmd.get_program().to_string_lossy().into_owned();
-        tokio::process::Command::from(cmd)
-            .output()
-            .await
-            .ctx(format_args!("running {program}"))
+        tokio::process::Command::from(cmd).output().await.ctx(format_args!("running {program}"))
     }
 
     /// Hands what the server must write to the database user, and closes the socket
@@ -485,26 +411,19 @@ impl EmbeddedPg {
         fs::create_dir_all(&run_dir).ctx(format_args!("creating {}", run_dir.display()))?;
         self.give(&run_dir, 0o700)?;
         let log = self.log_path();
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .ctx(format_args!("creating {}", log.display()))?;
+        OpenOptions::new().create(true).append(true).open(&log).ctx(format_args!("creating {}", log.display()))?;
         self.give(&log, 0o600)
     }
 
     fn give(&self, path: &Path, mode: u32) -> Result<(), EmbeddedPgError> {
         if let Some(user) = &self.user {
-            chown(path, Some(user.uid), Some(user.gid))
-                .map_err(io::Error::from)
-                .ctx(format_args!(
-                    "giving {} to the user {}",
-                    path.display(),
-                    user.name
-                ))?;
+            chown(path, Some(user.uid), Some(user.gid)).map_err(io::Error::from).ctx(format_args!(
+                "giving {} to the user {}",
+                path.display(),
+                user.name
+            ))?;
         }
-        fs::set_permissions(path, fs::Permissions::from_mode(mode))
-            .ctx(format_args!("setting the mode of {}", path.display()))
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).ctx(format_args!("setting the mode of {}", path.display()))
     }
 
     async fn init(&self, extra_conf: &str) -> Result<(), EmbeddedPgError> {
@@ -512,58 +431,32 @@ impl EmbeddedPg {
         if pgdata.exists() {
             // An empty directory is harmless leftover; anything else is not ours to delete.
             fs::remove_dir(&pgdata).map_err(|_| {
-                EmbeddedPgError::Other(format!(
-                    "{} exists but is not a PostgreSQL cluster (no PG_VERSION); move it away and retry",
-                    pgdata.display()
-                ))
+                EmbeddedPgError::Other(format!("{} exists but is not a PostgreSQL cluster (no PG_VERSION); move it away and retry", pgdata.display()))
             })?;
         }
         let staging = self.data_dir.join("pgdata.init");
         if staging.exists() {
-            fs::remove_dir_all(&staging).ctx(format_args!(
-                "removing the unfinished cluster {}",
-                staging.display()
-            ))?;
+            fs::remove_dir_all(&staging).ctx(format_args!("removing the unfinished cluster {}", staging.display()))?;
         }
         fs::create_dir(&staging).ctx(format_args!("creating {}", staging.display()))?;
         self.give(&staging, 0o700)?;
 
-        tracing::info!(
-            "creating the embedded PostgreSQL cluster in {}",
-            pgdata.display()
-        );
+        tracing::info!("creating the embedded PostgreSQL cluster in {}", pgdata.display());
         let mut initdb = self.command("initdb");
-        initdb.arg("-D").arg(&staging).args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        ]);
+        initdb.arg("-D").arg(&staging).args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]);
         let out = Self::run(initdb).await?;
         if !out.status.success() {
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
             let log = self.log_path();
             if let Ok(mut f) = OpenOptions::new().append(true).open(&log) {
                 let _ = writeln!(f, "--- initdb failed ({}):\n{text}", out.status);
             }
             let _ = fs::remove_dir_all(&staging);
-            return Err(EmbeddedPgError::InitDb {
-                log,
-                log_tail: last_lines(&text, LOG_TAIL_LINES),
-            });
+            return Err(EmbeddedPgError::InitDb { log, log_tail: last_lines(&text, LOG_TAIL_LINES) });
         }
 
         let conf = staging.join("postgresql.conf");
-        let mut f = OpenOptions::new()
-            .append(true)
-            .open(&conf)
-            .ctx(format_args!("opening {}", conf.display()))?;
+        let mut f = OpenOptions::new().append(true).open(&conf).ctx(format_args!("opening {}", conf.display()))?;
         write!(
             f,
             "\n# Added by chime for its embedded PostgreSQL.\n\
@@ -574,21 +467,13 @@ impl EmbeddedPg {
              include = 'chime.conf'\n"
         )
         .ctx(format_args!("writing {}", conf.display()))?;
-        fs::rename(&staging, &pgdata).ctx(format_args!(
-            "renaming {} to {}",
-            staging.display(),
-            pgdata.display()
-        ))
+        fs::rename(&staging, &pgdata).ctx(format_args!("renaming {} to {}", staging.display(), pgdata.display()))
     }
 
     fn write_socket_conf(&self) -> Result<(), EmbeddedPgError> {
         // unix_socket_directories is a list: double quotes keep commas and spaces in the
         // path; the single quotes are the configuration file's own string quoting.
-        let dir = self
-            .run_dir()
-            .to_string_lossy()
-            .replace('"', "\"\"")
-            .replace('\'', "''");
+        let dir = self.run_dir().to_string_lossy().replace('"', "\"\"").replace('\'', "''");
         let path = self.pgdata().join("chime.conf");
         fs::write(
             &path,
@@ -618,36 +503,23 @@ impl EmbeddedPg {
         // `pg_ctl stop` would then shut down. A postmaster's working directory is its data
         // directory, so where /proc can tell, a different one means the file is stale.
         let pid_file = pgdata.join("postmaster.pid");
-        let pid = fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.lines().next()?.trim().parse::<u32>().ok());
+        let pid = fs::read_to_string(&pid_file).ok().and_then(|s| s.lines().next()?.trim().parse::<u32>().ok());
         if let Some(pid) = pid
             && let Ok(cwd) = fs::read_link(format!("/proc/{pid}/cwd"))
             && cwd != pgdata
         {
-            tracing::warn!(
-                "{} names process {pid}, which is not this cluster's server; removing it",
-                pid_file.display()
-            );
+            tracing::warn!("{} names process {pid}, which is not this cluster's server; removing it", pid_file.display());
             return fs::remove_file(&pid_file).ctx(format_args!("removing {}", pid_file.display()));
         }
-        tracing::warn!(
-            "stopping a PostgreSQL server left running on {} by an earlier chime",
-            pgdata.display()
-        );
-        let out = Self::run(self.pg_ctl(&["stop", "-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS]))
-            .await?;
+        tracing::warn!("stopping a PostgreSQL server left running on {} by an earlier chime", pgdata.display());
+        let out = Self::run(self.pg_ctl(&["stop", "-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS])).await?;
         if out.status.success() {
             return Ok(());
         }
         Err(EmbeddedPgError::StaleServer {
             pgdata,
             log: self.log_path(),
-            log_tail: format!(
-                "{}{}",
-                tail_of_file(&self.log_path(), 0),
-                String::from_utf8_lossy(&out.stderr)
-            ),
+            log_tail: format!("{}{}", tail_of_file(&self.log_path(), 0), String::from_utf8_lossy(&out.stderr)),
         })
     }
 
@@ -666,20 +538,14 @@ impl EmbeddedPg {
             // another live process (common after a reboot or in containers). pg_ctl status
             // just told us no server runs, so the file is safe to remove.
             let pid_file = pgdata.join("postmaster.pid");
-            if attempt == 0
-                && new_log.contains("lock file \"postmaster.pid\" already exists")
-                && pid_file.exists()
-            {
+            if attempt == 0 && new_log.contains("lock file \"postmaster.pid\" already exists") && pid_file.exists() {
                 tracing::warn!("removing the stale {} and retrying", pid_file.display());
                 fs::remove_file(&pid_file).ctx(format_args!("removing {}", pid_file.display()))?;
                 continue;
             }
             // Only what this attempt logged: older runs' shutdown messages would bury it.
             let pg_ctl_said = String::from_utf8_lossy(&out.stderr);
-            return Err(EmbeddedPgError::Start {
-                log: log.clone(),
-                log_tail: format!("{new_log}{}", pg_ctl_said.trim_end()),
-            });
+            return Err(EmbeddedPgError::Start { log: log.clone(), log_tail: format!("{new_log}{}", pg_ctl_said.trim_end()) });
         }
         unreachable!("the second attempt always returns")
     }
@@ -687,18 +553,11 @@ impl EmbeddedPg {
     /// Returns the server version, for the log.
     async fn create_database(&self) -> Result<String, EmbeddedPgError> {
         let mut conn = sqlx::PgConnection::connect(&self.url("postgres")).await?;
-        let version: String = crate::db::query_scalar("SELECT current_setting('server_version')")
-            .fetch_one(&mut conn)
-            .await?;
+        let version: String = crate::db::query_scalar("SELECT current_setting('server_version')").fetch_one(&mut conn).await?;
         let exists: bool =
-            crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-                .bind(DATABASE)
-                .fetch_one(&mut conn)
-                .await?;
+            crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)").bind(DATABASE).fetch_one(&mut conn).await?;
         if !exists {
-            crate::db::query("CREATE DATABASE chime")
-                .execute(&mut conn)
-                .await?;
+            crate::db::query("CREATE DATABASE chime").execute(&mut conn).await?;
         }
         conn.close().await?;
         Ok(version)
@@ -712,11 +571,7 @@ impl Drop for EmbeddedPg {
         if !self.running {
             return;
         }
-        let result = self
-            .pg_ctl(&["stop", "-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let result = self.pg_ctl(&["stop", "-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS]).stdout(Stdio::null()).stderr(Stdio::null()).status();
         match result {
             Ok(s) if s.success() => tracing::info!("embedded PostgreSQL stopped"),
             Ok(s) => tracing::warn!("pg_ctl stop for the embedded PostgreSQL failed ({s})"),
@@ -854,13 +709,11 @@ pub async fn start_temporary(extra_conf: &str) -> Result<EmbeddedPg, EmbeddedPgE
     let dir = make_temp_dir()?;
     let user = db_user(&dir.join("pgdata"))?;
     if let Some(user) = &user {
-        chown(&dir, Some(user.uid), Some(user.gid))
-            .map_err(io::Error::from)
-            .ctx(format_args!(
-                "giving {} to the user {}",
-                dir.display(),
-                user.name
-            ))?;
+        chown(&dir, Some(user.uid), Some(user.gid)).map_err(io::Error::from).ctx(format_args!(
+            "giving {} to the user {}",
+            dir.display(),
+            user.name
+        ))?;
     }
     spawn_watchdog(&bin_dir, &dir, user.as_ref())?;
     EmbeddedPg::start_with(&dir, bin_dir, extra_conf).await
@@ -875,8 +728,7 @@ fn make_temp_dir() -> Result<PathBuf, EmbeddedPgError> {
         match fs::create_dir(&dir) {
             Ok(()) => {
                 // Traversable by the database user, whoever owns it.
-                fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
-                    .ctx(format_args!("setting the mode of {}", dir.display()))?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).ctx(format_args!("setting the mode of {}", dir.display()))?;
                 return Ok(dir);
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -887,11 +739,7 @@ fn make_temp_dir() -> Result<PathBuf, EmbeddedPgError> {
     }
 }
 
-fn spawn_watchdog(
-    bin_dir: &Path,
-    dir: &Path,
-    user: Option<&DbUser>,
-) -> Result<(), EmbeddedPgError> {
+fn spawn_watchdog(bin_dir: &Path, dir: &Path, user: Option<&DbUser>) -> Result<(), EmbeddedPgError> {
     const SCRIPT: &str = r#"trap '' HUP INT
 read _ || true
 "$1" stop -D "$2" -m immediate -w -t 30 >/dev/null 2>&1
@@ -915,8 +763,7 @@ rm -rf "$3""#;
         cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
     }
     // Not waited for: it outlives us by design and is reaped by init.
-    cmd.spawn()
-        .ctx("starting the cleanup watchdog for the test database")?;
+    cmd.spawn().ctx("starting the cleanup watchdog for the test database")?;
     // Keep the write end open until the process exits. std opens pipes close-on-exec, so
     // no child (the postmaster included) holds a copy that would delay the end-of-file.
     std::mem::forget(writer);
@@ -955,15 +802,9 @@ mod tests {
     #[test]
     fn url_encodes_the_socket_directory() {
         let url = url_for(Path::new("/tmp/my data+x/run"), "chime");
-        assert_eq!(
-            url,
-            "postgres://postgres@localhost:5432/chime?host=/tmp/my%20data%2Bx/run&sslmode=disable"
-        );
+        assert_eq!(url, "postgres://postgres@localhost:5432/chime?host=/tmp/my%20data%2Bx/run&sslmode=disable");
         let opts: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
-        assert_eq!(
-            opts.get_socket(),
-            Some(Path::new("/tmp/my data+x/run").to_path_buf()).as_ref()
-        );
+        assert_eq!(opts.get_socket(), Some(Path::new("/tmp/my data+x/run").to_path_buf()).as_ref());
         assert_eq!(opts.get_database(), Some("chime"));
         assert_eq!(opts.get_port(), 5432);
     }
@@ -985,10 +826,7 @@ mod tests {
     async fn throwaway_cluster_serves_queries() {
         let pg = start_throwaway().await.unwrap();
         let mut conn = sqlx::PgConnection::connect(&pg.url("chime")).await.unwrap();
-        let one: i32 = crate::db::query_scalar("SELECT 1")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        let one: i32 = crate::db::query_scalar("SELECT 1").fetch_one(&mut conn).await.unwrap();
         assert_eq!(one, 1);
         conn.close().await.unwrap();
         pg.stop().await;

@@ -382,7 +382,11 @@ impl Sender {
                     Ok(None) => return give_up("the task no longer exists (retired past retention)".into()),
                     Err(e) => {
                         let retry_at = Utc::now() + chrono::TimeDelta::seconds(1);
-                        return Attempted { verdict: Verdict::RetryAt(retry_at), status_code: None, error: Some(format!("could not read the task: {e}")) };
+                        return Attempted {
+                            verdict: Verdict::RetryAt(retry_at),
+                            status_code: None,
+                            error: Some(format!("could not read the task: {e}")),
+                        };
                     }
                 };
                 headers.push(("Chime-Task-Id", task_id.to_string()));

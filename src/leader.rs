@@ -17,8 +17,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection};
 use crate::db::Pool;
+use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 use uuid::Uuid;
 

@@ -4,18 +4,18 @@
 pub mod cli;
 /// Flags, environment variables and the optional TOML file.
 pub mod config;
-/// Reaching the database (external or embedded) and migrating it.
-pub mod db;
-/// What the first start hands the operator: on a terminal, or in an owner-only file.
-pub mod first_start;
-/// Starting and stopping the embedded PostgreSQL.
-pub mod embedded_pg;
-/// The quick start's demo biz type and built-in receiver.
-pub mod demo;
 /// The web console: server-rendered pages for admins and support staff.
 pub mod console;
+/// Reaching the database (external or embedded) and migrating it.
+pub mod db;
+/// The quick start's demo biz type and built-in receiver.
+pub mod demo;
+/// Starting and stopping the embedded PostgreSQL.
+pub mod embedded_pg;
 /// The domain error every operation returns.
 pub mod error;
+/// What the first start hands the operator: on a terminal, or in an owner-only file.
+pub mod first_start;
 
 /// Admin tokens: the credentials of the admin API.
 pub mod admin_tokens;
@@ -25,28 +25,28 @@ pub mod api;
 pub mod audit;
 /// Biz types, their API tokens and signing secrets.
 pub mod biz_types;
-/// Which client a request comes from, behind trusted reverse proxies.
-pub mod client_address;
 /// Which addresses callbacks may go to: the optional deny list for private ranges.
 pub mod callback_hosts;
+/// Which client a request comes from, behind trusted reverse proxies.
+pub mod client_address;
 /// The delivery engine: claim due tasks, call back, retry, record.
 pub mod engine;
 /// Failure notices: a signed POST to a biz type's failure_url when a task ends failed or expired.
 pub mod failure_notices;
-/// A node's phases, from binding its port to leaving, and the signal its loops stop on.
-pub mod lifecycle;
 /// The leader: election by advisory lock, and the cluster's housekeeping.
 pub mod leader;
+/// A node's phases, from binding its port to leaving, and the signal its loops stop on.
+pub mod lifecycle;
 /// The log's format: one line per event, client text escaped.
 pub mod logs;
 /// Prometheus metrics at /metrics.
 pub mod metrics;
 /// Node registration and heartbeats.
 pub mod nodes;
-/// Pull delivery: consumers reserve due tasks and ack or nack them.
-pub mod pull;
 /// Partitions, the hot horizon, moving cold tasks in, retention.
 pub mod partitions;
+/// Pull delivery: consumers reserve due tasks and ack or nack them.
+pub mod pull;
 /// What the database server reports about itself and its standbys.
 pub mod replication;
 /// Building a node's HTTP server.

@@ -1,10 +1,10 @@
 use anyhow::Context;
 use clap::Parser;
 
+use chime::biz_types::secrets;
 use chime::config::{Cli, Command, DbArgs, ServeArgs};
 use chime::db::{self, Database};
 use chime::startup::Application;
-use chime::biz_types::secrets;
 use chime::{cli, config};
 
 #[tokio::main]

@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::db::Pool;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
@@ -27,7 +28,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::tasks::stats;
@@ -425,7 +425,11 @@ impl Node {
             "HTTP requests answered by this node (API, console, probes), by method, route pattern (`unmatched` for a path no route matches) and status",
             node.requests.clone(),
         );
-        r.register("chime_http_request_duration_seconds", "Time to answer an HTTP request, by method and route pattern", node.request_seconds.clone());
+        r.register(
+            "chime_http_request_duration_seconds",
+            "Time to answer an HTTP request, by method and route pattern",
+            node.request_seconds.clone(),
+        );
         r.register(
             "chime_db_pool_connections_in_use",
             "Connections of this node's database pool (CHIME_DB_POOL_SIZE) in use; at chime_db_pool_max_connections, further queries wait for one. The engine's own 4 connections and the leader's session are not counted",

@@ -41,10 +41,7 @@ async fn beat(pool: &Pool, node: &Node) -> Result<(), sqlx::Error> {
     .bind(node.delivers)
     .execute(pool)
     .await?;
-    crate::db::query("DELETE FROM nodes WHERE heartbeat_at < now() - $1 * interval '1 second'")
-        .bind(DEAD_AFTER_SECS)
-        .execute(pool)
-        .await?;
+    crate::db::query("DELETE FROM nodes WHERE heartbeat_at < now() - $1 * interval '1 second'").bind(DEAD_AFTER_SECS).execute(pool).await?;
     Ok(())
 }
 

@@ -20,10 +20,10 @@
 //!   builds each partition's index concurrently and attaches it, after which PostgreSQL
 //!   marks the parent's index valid. Partitions created later get it with their table.
 
-use chrono::{DateTime, Duration, DurationRound, Utc};
-use sqlx::{AssertSqlSafe, Connection};
 use crate::db::Pool;
 use crate::tasks::placement;
+use chrono::{DateTime, Duration, DurationRound, Utc};
+use sqlx::{AssertSqlSafe, Connection};
 
 /// Serialises partition DDL between nodes starting together.
 const PARTITION_LOCK: i64 = 0x6368_696d_6570; // "chimep"
@@ -47,9 +47,7 @@ pub struct Layout {
 impl Layout {
     pub fn new(partition_hours: u32, hot_days: u32, retention_days: u32) -> Result<Layout, String> {
         if !(24 % partition_hours == 0 || partition_hours % 24 == 0) {
-            return Err(format!(
-                "CHIME_PARTITION_HOURS must divide 24 (1, 2, 3, 4, 6, 8, 12) or be a multiple of 24, not {partition_hours}"
-            ));
+            return Err(format!("CHIME_PARTITION_HOURS must divide 24 (1, 2, 3, 4, 6, 8, 12) or be a multiple of 24, not {partition_hours}"));
         }
         Ok(Layout { width: Duration::hours(i64::from(partition_hours)), hot_days, retention_days })
     }
@@ -144,11 +142,7 @@ pub async fn ensure_since(pool: &Pool, layout: &Layout, behind: Duration) -> Res
             // Task partitions are queues: rows change state within minutes of arriving, so
             // they are vacuumed and analysed early (stale statistics can make the claim
             // walk the list index past finished tasks instead of the pending-only one).
-            let storage = if table == "tasks" {
-                " WITH (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02)"
-            } else {
-                ""
-            };
+            let storage = if table == "tasks" { " WITH (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02)" } else { "" };
             crate::db::query(AssertSqlSafe(format!(
                 "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}'){storage}",
                 partition_name(table, from),
@@ -160,10 +154,8 @@ pub async fn ensure_since(pool: &Pool, layout: &Layout, behind: Duration) -> Res
             created += 1;
         }
     }
-    let horizon: DateTime<Utc> = crate::db::query_scalar("UPDATE hot_horizon SET until = greatest(until, $1) RETURNING until")
-        .bind(end)
-        .fetch_one(&mut *tx)
-        .await?;
+    let horizon: DateTime<Utc> =
+        crate::db::query_scalar("UPDATE hot_horizon SET until = greatest(until, $1) RETURNING until").bind(end).fetch_one(&mut *tx).await?;
     tx.commit().await?;
     if created > 0 {
         tracing::info!(created, %horizon, "created partitions");
@@ -349,13 +341,7 @@ mod tests {
     fn fills_whole_slots_from_the_aligned_start() {
         let layout = Layout::default();
         let got = missing_ranges(&layout, &[], at("2026-11-21T13:00:00Z"), at("2026-11-23T00:00:00Z"));
-        assert_eq!(
-            got,
-            vec![
-                (at("2026-11-21T00:00:00Z"), at("2026-11-22T00:00:00Z")),
-                (at("2026-11-22T00:00:00Z"), at("2026-11-23T00:00:00Z")),
-            ]
-        );
+        assert_eq!(got, vec![(at("2026-11-21T00:00:00Z"), at("2026-11-22T00:00:00Z")), (at("2026-11-22T00:00:00Z"), at("2026-11-23T00:00:00Z")),]);
     }
 
     #[test]
@@ -364,13 +350,7 @@ mod tests {
         let layout = Layout { width: Duration::hours(6), ..Layout::default() };
         let existing = [part("2026-11-21T00:00:00Z", "2026-11-22T00:00:00Z"), part("2026-11-22T12:00:00Z", "2026-11-23T00:00:00Z")];
         let got = missing_ranges(&layout, &existing, at("2026-11-21T05:00:00Z"), at("2026-11-22T13:00:00Z"));
-        assert_eq!(
-            got,
-            vec![
-                (at("2026-11-22T00:00:00Z"), at("2026-11-22T06:00:00Z")),
-                (at("2026-11-22T06:00:00Z"), at("2026-11-22T12:00:00Z")),
-            ]
-        );
+        assert_eq!(got, vec![(at("2026-11-22T00:00:00Z"), at("2026-11-22T06:00:00Z")), (at("2026-11-22T06:00:00Z"), at("2026-11-22T12:00:00Z")),]);
     }
 
     #[test]

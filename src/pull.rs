@@ -173,7 +173,10 @@ impl PullLimits {
 pub enum Verdict {
     Ack,
     /// Retry after this delay (None: the biz type's backoff), with the consumer's reason.
-    Nack { delay_ms: Option<i64>, error: Option<String> },
+    Nack {
+        delay_ms: Option<i64>,
+        error: Option<String>,
+    },
 }
 
 /// Acks or nacks a task of `biz` reserved under `receipt`, and returns the task as it is
@@ -194,7 +197,8 @@ pub async fn settle(pool: &Pool, biz: &BizType, id: Uuid, receipt: Uuid, verdict
     let (verdict, error, excerpt) = match verdict {
         Verdict::Ack => (lease::Verdict::Delivered, None, Some("acked".to_string())),
         Verdict::Nack { delay_ms, error } => {
-            let policy = RetryPolicy { max_attempts: biz.max_attempts, backoff_initial_ms: biz.backoff_initial_ms, backoff_max_ms: biz.backoff_max_ms };
+            let policy =
+                RetryPolicy { max_attempts: biz.max_attempts, backoff_initial_ms: biz.backoff_initial_ms, backoff_max_ms: biz.backoff_max_ms };
             let wait = delay_ms.map(|ms| std::time::Duration::from_millis(ms.max(0) as u64));
             let reason = format!("nacked{}", error.map(|e| format!(": {e}")).unwrap_or_default());
             (lease::Verdict::after_failure(held.attempt_count, policy, wait, held.db_now, held.expires_at), Some(reason), None)

@@ -9,23 +9,23 @@ use std::time::Duration;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::db::Pool;
 use actix_web::dev::{Payload, Server, ServerHandle, Service, ServiceRequest, ServiceResponse};
-use actix_web::http::header;
 use actix_web::error::PayloadError;
+use actix_web::http::header;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpMessage, HttpServer, middleware, web};
 use anyhow::Context;
 use futures_util::future::Either;
 use futures_util::{Stream, StreamExt};
-use crate::db::Pool;
 use tokio::time::Instant;
 
 use crate::api;
-use crate::state::AppState;
 use crate::config::ServeArgs;
 use crate::db::{self, Health};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::partitions::{self, Layout};
+use crate::state::AppState;
 use crate::{biz_types, console, demo, engine, failure_notices, leader, metrics, nodes, users};
 
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
@@ -90,13 +90,14 @@ impl Application {
             migrate_batch: settings.migrate_batch.into(),
         };
         let lifecycle = Lifecycle::default();
-        let listener = listen(settings.listen)
-            .map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
+        let listener =
+            listen(settings.listen).map_err(|e| anyhow::anyhow!("cannot listen on {} ({e}); set CHIME_LISTEN to a free address", settings.listen))?;
         let port = listener.local_addr()?.port();
         let node_id = uuid::Uuid::now_v7();
         let node_metrics = web::Data::new(metrics::Node::new(node_id, pool.clone()));
         let signal = lifecycle.signal();
-        let state = web::Data::new(AppState::new(pool.clone(), health.clone(), settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
+        let state =
+            web::Data::new(AppState::new(pool.clone(), health.clone(), settings.max_payload_bytes as usize, settings.callback_hosts(), signal));
         let login_limiter = web::Data::new(console::LoginLimiter::default());
         let login_key = web::Data::new(console::LoginKey::default());
         let proxies = web::Data::new(settings.trusted_proxies.clone().unwrap_or_default());
@@ -174,18 +175,18 @@ impl Application {
         let mut servers = vec![start(server.run())];
         let mut metrics_port = None;
         if let Some(address) = settings.metrics_listen {
-            let listener = listen(address)
-                .map_err(|e| anyhow::anyhow!("cannot listen on {address} ({e}); set CHIME_METRICS_LISTEN to a free address"))?;
+            let listener =
+                listen(address).map_err(|e| anyhow::anyhow!("cannot listen on {address} ({e}); set CHIME_METRICS_LISTEN to a free address"))?;
             metrics_port = Some(listener.local_addr()?.port());
             let node_metrics = node_metrics.clone();
             let server = HttpServer::new(move || {
                 App::new().app_data(node_metrics.clone()).configure(api::metrics_route).default_service(web::to(api::not_found))
             })
-                .listen(listener)?
-                .disable_signals()
-                .shutdown_timeout(http_grace)
-                .workers(1)
-                .run();
+            .listen(listener)?
+            .disable_signals()
+            .shutdown_timeout(http_grace)
+            .workers(1)
+            .run();
             servers.push(start(server));
         }
         let listen = format!("{}:{port}", settings.listen.ip());
@@ -248,10 +249,11 @@ impl Application {
         let node = nodes::Node { id: node_id, listen, delivers: settings.engine };
         let heartbeat = tokio::spawn(nodes::heartbeat(pool.clone(), node, signal.clone()));
         let leader = tokio::spawn(leader::run(pool.clone(), health.sessions(), node_id, leader, node_metrics.into_inner(), signal.clone()));
-        let engine = settings.engine.then(|| tokio::spawn(engine::run(health.clone(), node_id, settings.callback_hosts(), settings.node_capacity, signal.clone())));
+        let engine = settings
+            .engine
+            .then(|| tokio::spawn(engine::run(health.clone(), node_id, settings.callback_hosts(), settings.node_capacity, signal.clone())));
         // Nodes that deliver callbacks send failure notices too.
-        let notices =
-            settings.engine.then(|| tokio::spawn(failure_notices::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));
+        let notices = settings.engine.then(|| tokio::spawn(failure_notices::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));
 
         let mut signals = Box::pin(signals);
         let name = signals.next().await.unwrap_or("the end of the signals");

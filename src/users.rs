@@ -3,8 +3,8 @@
 
 mod hashing;
 
-use rand::Rng;
 use crate::db::Pool;
+use rand::Rng;
 
 use crate::error::Error;
 
@@ -20,7 +20,11 @@ async fn hash_password(password: &str) -> String {
 /// name is one name in any case: unique and looked up by `lower(username)`.
 fn validate_username(username: &str) -> Result<(), Error> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "_.@-".contains(c);
-    if username.is_empty() || username.len() > 64 || !username.chars().all(ok_char) || !username.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
+    if username.is_empty()
+        || username.len() > 64
+        || !username.chars().all(ok_char)
+        || !username.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+    {
         return Err(Error::invalid("name", "must be 1-64 letters, digits, '_', '.', '@' or '-', starting with a letter or digit"));
     }
     Ok(())
@@ -252,7 +256,10 @@ pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Resul
     .await?;
     keep_an_admin(&mut tx, username).await?;
     if changes.password.is_some() || after.disabled {
-        crate::db::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE lower(username) = lower($1))").bind(username).execute(&mut *tx).await?;
+        crate::db::query("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE lower(username) = lower($1))")
+            .bind(username)
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     Ok((before, after))

@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::auth::Admin;
 use super::{ApiError, from_json, from_raw, parse_query, raw_json, read_optional_json, read_raw_body, resource};
-use crate::state::AppState;
 use crate::biz_types::{self, BizType, Settings};
+use crate::state::AppState;
 use crate::users::{self, UserChanges, UserInfo};
 use crate::{audit, error::Error};
 
@@ -19,24 +19,18 @@ use crate::{audit, error::Error};
 const BODY_LIMIT: usize = 16 * 1024;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        resource("/admin/biz-types", "GET, POST").route(web::get().to(list_biz_types)).route(web::post().to(create_biz_type)),
-    )
-    .service(
-        resource("/admin/biz-types/{name}", "GET, PATCH, DELETE")
-            .route(web::get().to(get_biz_type))
-            .route(web::patch().to(update_biz_type))
-            .route(web::delete().to(archive_biz_type)),
-    )
-    .service(resource("/admin/biz-types/{name}/rotate-secret", "POST").route(web::post().to(rotate_secret)))
-    .service(
-        resource("/admin/biz-types/{name}/tokens", "GET, POST").route(web::get().to(list_tokens)).route(web::post().to(create_token)),
-    )
-    .service(resource("/admin/biz-types/{name}/tokens/{id}", "DELETE").route(web::delete().to(revoke_token)))
-    .service(resource("/admin/users", "GET, POST").route(web::get().to(list_users)).route(web::post().to(create_user)))
-    .service(
-        resource("/admin/users/{name}", "PATCH, DELETE").route(web::patch().to(update_user)).route(web::delete().to(delete_user)),
-    );
+    cfg.service(resource("/admin/biz-types", "GET, POST").route(web::get().to(list_biz_types)).route(web::post().to(create_biz_type)))
+        .service(
+            resource("/admin/biz-types/{name}", "GET, PATCH, DELETE")
+                .route(web::get().to(get_biz_type))
+                .route(web::patch().to(update_biz_type))
+                .route(web::delete().to(archive_biz_type)),
+        )
+        .service(resource("/admin/biz-types/{name}/rotate-secret", "POST").route(web::post().to(rotate_secret)))
+        .service(resource("/admin/biz-types/{name}/tokens", "GET, POST").route(web::get().to(list_tokens)).route(web::post().to(create_token)))
+        .service(resource("/admin/biz-types/{name}/tokens/{id}", "DELETE").route(web::delete().to(revoke_token)))
+        .service(resource("/admin/users", "GET, POST").route(web::get().to(list_users)).route(web::post().to(create_user)))
+        .service(resource("/admin/users/{name}", "PATCH, DELETE").route(web::patch().to(update_user)).route(web::delete().to(delete_user)));
 }
 
 /// A biz type's settings as the API takes them: every field optional (on create, absent
@@ -349,7 +343,12 @@ pub(super) async fn create_biz_type(admin: Admin, state: web::Data<AppState>, bo
     ),
     security(("adminAuth" = []))
 )]
-pub(super) async fn update_biz_type(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+pub(super) async fn update_biz_type(
+    admin: Admin,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let request: BizTypeRequest = read(body).await?;
     if request.name.as_ref().is_some_and(|n| n != name.as_str()) {
         return Err(Error::invalid("name", "a biz type cannot be renamed").into());
@@ -516,7 +515,12 @@ pub(super) struct NewToken<'a> {
     ),
     security(("adminAuth" = []))
 )]
-pub(super) async fn create_token(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+pub(super) async fn create_token(
+    admin: Admin,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let asked: Option<TokenRequest> = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?;
     found(&state, &name).await?;
     let (info, token) = biz_types::mint_token(&state.pool, &name, asked.and_then(|a| a.name).as_deref()).await?;
@@ -662,7 +666,12 @@ pub(super) struct UserPatch {
     ),
     security(("adminAuth" = []))
 )]
-pub(super) async fn update_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
+pub(super) async fn update_user(
+    admin: Admin,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let patch: UserPatch = read(body).await?;
     let changes = UserChanges { role: patch.role, password: patch.password, disabled: patch.disabled };
     let (before, after): (UserInfo, UserInfo) = users::update(&state.pool, &name, &changes).await?;

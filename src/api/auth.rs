@@ -7,9 +7,9 @@ use std::pin::Pin;
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 
 use super::ApiError;
-use crate::state::AppState;
 use crate::admin_tokens::{self, AdminToken};
 use crate::biz_types::{self, TokenAuth};
+use crate::state::AppState;
 
 /// The bearer token of a request, or why there is none.
 fn bearer(req: &HttpRequest) -> Result<String, ApiError> {

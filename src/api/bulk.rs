@@ -13,8 +13,8 @@ use super::tasks::parse_time;
 use super::{ApiError, from_raw, raw_json, read_raw_body};
 use crate::audit;
 use crate::state::AppState;
-use crate::tasks::{self, Status};
 use crate::tasks::bulk::{self, BulkFilter, Under};
+use crate::tasks::{self, Status};
 
 /// Room for a filter's fields.
 const BODY_BYTES: usize = 4096;

@@ -20,11 +20,11 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::error::PayloadError;
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use serde::de::value::MapDeserializer;
 use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
 use crate::lifecycle::Phase;
 use crate::state::AppState;
@@ -42,9 +42,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(
             web::scope("/api/v1")
                 .wrap(from_fn(require_database))
-                .service(
-                    resource("/tasks", "GET, POST").route(web::post().to(tasks::create)).route(web::get().to(tasks::list)),
-                )
+                .service(resource("/tasks", "GET, POST").route(web::post().to(tasks::create)).route(web::get().to(tasks::list)))
                 .service(resource("/tasks/batch", "POST").route(web::post().to(tasks::create_batch)))
                 .service(
                     resource("/tasks/{id}", "GET, PATCH, DELETE")
@@ -62,9 +60,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         .route(web::patch().to(tasks::reschedule_by_key))
                         .route(web::delete().to(tasks::cancel_by_key)),
                 )
-                .service(
-                    resource("/timers", "GET, POST").route(web::post().to(timers::create)).route(web::get().to(timers::list)),
-                )
+                .service(resource("/timers", "GET, POST").route(web::post().to(timers::create)).route(web::get().to(timers::list)))
                 .service(
                     resource("/timers/{id}", "GET, PATCH, DELETE")
                         .route(web::get().to(timers::get))
@@ -229,10 +225,7 @@ pub async fn by_phase(req: ServiceRequest, next: Next<impl MessageBody>) -> Resu
 /// While the database is known to be down, every API call answers 503 at once (not after
 /// the pool's acquire timeout), and so does a call in flight when it is found down; a call
 /// that finds it unreachable marks it down.
-async fn require_database(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+async fn require_database(req: ServiceRequest, next: Next<impl MessageBody>) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let health = req.app_data::<web::Data<AppState>>().expect("the API's state is registered").health.clone();
     let unavailable = || ApiError::Unavailable("the database is unavailable; retry shortly".into());
     if health.is_down() {
@@ -308,7 +301,9 @@ async fn read_body(payload: web::Payload, limit: usize) -> Result<web::Bytes, Ap
     match payload.to_bytes_limited(limit).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Err(_) => Err(ApiError::TooLarge(format!("request body is larger than {limit} bytes"))),
-        Ok(Err(e)) if e.as_error::<PayloadError>().is_some_and(|e| matches!(e, PayloadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)) => {
+        Ok(Err(e))
+            if e.as_error::<PayloadError>().is_some_and(|e| matches!(e, PayloadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)) =>
+        {
             Err(ApiError::TimedOut(e.to_string()))
         }
         Ok(Err(e)) => Err(ApiError::BadRequest(format!("could not read the request body: {e}"))),
@@ -389,9 +384,7 @@ fn from_raw<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Result<T, ApiError> {
 
 /// A query string parsed into `T`; a bad one is a 422 naming what is wrong.
 fn parse_query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiError> {
-    web::Query::<T>::from_query(req.query_string())
-        .map(web::Query::into_inner)
-        .map_err(|e| ApiError::Invalid(format!("query: {e}")))
+    web::Query::<T>::from_query(req.query_string()).map(web::Query::into_inner).map_err(|e| ApiError::Invalid(format!("query: {e}")))
 }
 
 /// A list's `limit` query parameter: 1 to 1000, 100 when absent.

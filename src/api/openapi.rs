@@ -166,7 +166,12 @@ fn require_every_property(schema: &mut Value) {
 /// utoipa 5.5 writes a link's fields in snake case (`operation_id`); OpenAPI names them in
 /// camel case, and schemathesis follows only links that say `operationId`.
 fn name_link_fields_as_openapi_does(doc: &mut Value) {
-    let operations = doc["paths"].as_object_mut().into_iter().flat_map(|paths| paths.values_mut()).flat_map(|item| item.as_object_mut()).flat_map(|item| item.values_mut());
+    let operations = doc["paths"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .flat_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut());
     for operation in operations {
         let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut) else { continue };
         for link in responses.values_mut().filter_map(|r| r.get_mut("links")).filter_map(Value::as_object_mut).flat_map(|links| links.values_mut()) {
@@ -186,13 +191,9 @@ struct SecuritySchemes;
 impl Modify for SecuritySchemes {
     fn modify(&self, doc: &mut Document) {
         let components = doc.components.get_or_insert_with(Default::default);
-        let bearer = |description: &str| {
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(description)).build())
-        };
-        components.add_security_scheme(
-            "bearerAuth",
-            bearer("An API token of one biz type (`chime token create --biz-type NAME`; shown once)."),
-        );
+        let bearer =
+            |description: &str| SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(description)).build());
+        components.add_security_scheme("bearerAuth", bearer("An API token of one biz type (`chime token create --biz-type NAME`; shown once)."));
         components.add_security_scheme(
             "adminAuth",
             bearer(
@@ -273,20 +274,8 @@ shared_response!(
     "the request body did not arrive within 30 s",
     false
 );
-shared_response!(
-    BadBody,
-    "The request body is empty or is not valid JSON.",
-    "bad_request",
-    "request body is empty; send a JSON object",
-    false
-);
-shared_response!(
-    BodyOver16KiB,
-    "The request body is over 16 KiB.",
-    "payload_too_large",
-    "request body is larger than 16384 bytes",
-    false
-);
+shared_response!(BadBody, "The request body is empty or is not valid JSON.", "bad_request", "request body is empty; send a JSON object", false);
+shared_response!(BodyOver16KiB, "The request body is over 16 KiB.", "payload_too_large", "request body is larger than 16384 bytes", false);
 shared_response!(
     AdminForbidden,
     "The token is a biz type's API token, not an admin token.",

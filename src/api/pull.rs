@@ -5,15 +5,15 @@ use std::time::Duration;
 use actix_web::{HttpResponse, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use tokio::time::Instant;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::auth::Caller;
 use super::{ApiError, from_json, read_optional_json};
-use crate::state::AppState;
 use crate::biz_types::{self, BizType};
 use crate::pull::{self, Turn, Verdict};
+use crate::state::AppState;
 use crate::tasks::lease;
 
 const MAX_RESERVE: i64 = 100;
@@ -55,9 +55,10 @@ async fn pull_biz_type(caller: &Caller, state: &AppState, name: &str) -> Result<
     caller.require(state, name).await?;
     let biz = biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ApiError::NotFound(format!("no biz type named `{name}`")))?;
     if biz.mode != "pull" {
-        return Err(ApiError::Conflict(super::error::Conflict::InvalidState, format!(
-            "biz type `{name}` delivers by callback; set its mode to pull to reserve its tasks"
-        )));
+        return Err(ApiError::Conflict(
+            super::error::Conflict::InvalidState,
+            format!("biz type `{name}` delivers by callback; set its mode to pull to reserve its tasks"),
+        ));
     }
     Ok(biz)
 }

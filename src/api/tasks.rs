@@ -367,8 +367,7 @@ fn item_error(index: usize, e: &ApiError) -> ItemResult<'static> {
 )]
 pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let (task, attempts) =
-        tasks::get(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no task with id {id}")))?;
+    let (task, attempts) = tasks::get(&state.pool, id).await?.ok_or_else(|| ApiError::NotFound(format!("no task with id {id}")))?;
     if task.biz_type_id != caller.0.biz_type_id {
         return Err(ApiError::Forbidden("this task belongs to another biz type".into()));
     }
@@ -544,12 +543,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     ),
     security(("bearerAuth" = []))
 )]
-pub async fn reschedule(
-    caller: Caller,
-    state: web::Data<AppState>,
-    id: web::Path<String>,
-    body: web::Payload,
-) -> Result<HttpResponse, ApiError> {
+pub async fn reschedule(caller: Caller, state: web::Data<AppState>, id: web::Path<String>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     patch(&caller, &state, tasks::Target::Id(id), body).await
 }

@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use super::auth::Caller;
 use super::{ApiError, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
-use crate::state::AppState;
 use crate::audit;
+use crate::state::AppState;
 use crate::tasks::validate_key;
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
 
@@ -79,8 +79,7 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
     caller.require(&state, &request.biz_type).await?;
     request.validate(state.max_payload_bytes)?;
     let timer = timers::create(&state.pool, caller.0.biz_type_id, request).await?;
-    audit::record(&state.pool, &caller.actor(), "timer.create", "timer", &timer.id.to_string(), None, Some(snapshot(&timer)))
-        .await?;
+    audit::record(&state.pool, &caller.actor(), "timer.create", "timer", &timer.id.to_string(), None, Some(snapshot(&timer))).await?;
     Ok(HttpResponse::Created().json(view(&timer)))
 }
 
@@ -164,8 +163,7 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
 
 async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChanges, action: &str) -> Result<HttpResponse, ApiError> {
     let (before, after) = timers::update(&state.pool, caller.0.biz_type_id, id, changes, state.max_payload_bytes).await?;
-    audit::record(&state.pool, &caller.actor(), action, "timer", &id.to_string(), Some(snapshot(&before)), Some(snapshot(&after)))
-        .await?;
+    audit::record(&state.pool, &caller.actor(), action, "timer", &id.to_string(), Some(snapshot(&before)), Some(snapshot(&after))).await?;
     Ok(HttpResponse::Ok().json(view(&after)))
 }
 

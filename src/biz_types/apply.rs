@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use sqlx::{PgConnection};
 use crate::db::Pool;
+use serde::Deserialize;
+use sqlx::PgConnection;
 
 use super::{BizType, MAX_SIGNING_SECRET_BYTES, Settings, create_in, set_signing_secret, update_in, validate_name, validate_signing_secret};
 use crate::audit;
@@ -436,7 +436,11 @@ async fn write(tx: &mut PgConnection, step: &Step, hosts: CallbackHosts) -> Resu
     // between the plan and the writers, and nothing is committed.
     let off = diff(&step.planned, &written);
     if !off.is_empty() {
-        return Err(Error::invalid_state(format!("biz type `{name}` was written differently from its plan ({}); nothing was changed", off.join(", "))).into());
+        return Err(Error::invalid_state(format!(
+            "biz type `{name}` was written differently from its plan ({}); nothing was changed",
+            off.join(", ")
+        ))
+        .into());
     }
     Ok(())
 }
@@ -498,7 +502,14 @@ mod tests {
         assert_eq!(plan.steps.len(), 1);
         let step = &plan.steps[0];
         assert_eq!(step.action, Action::Create);
-        for line in ["mode: callback", r#"callback_url: "https://orders.test/hook""#, "timeout_ms: 5000", "rate_limit: unlimited", "max_attempts: 60", "paused: false"] {
+        for line in [
+            "mode: callback",
+            r#"callback_url: "https://orders.test/hook""#,
+            "timeout_ms: 5000",
+            "rate_limit: unlimited",
+            "max_attempts: 60",
+            "paused: false",
+        ] {
             assert!(step.changes.iter().any(|c| c == line), "{line} not in {:?}", step.changes);
         }
         assert!(step.changes.last().unwrap().starts_with("signing_secret: generated"), "{:?}", step.changes);

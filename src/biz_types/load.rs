@@ -22,8 +22,7 @@ pub async fn create_idle(pool: &Pool, prefix: &str, first: u64, count: u64, call
     let mut tx = pool.begin().await?;
     secrets::refuse_clear_where_sealed(&mut tx).await?;
     let keyring = secrets::keyring();
-    let (clear, sealed): (Vec<Option<String>>, Vec<Option<String>>) =
-        names.iter().map(|name| keyring.store(name, &super::new_secret())).unzip();
+    let (clear, sealed): (Vec<Option<String>>, Vec<Option<String>>) = names.iter().map(|name| keyring.store(name, &super::new_secret())).unzip();
     let done = crate::db::query(
         "INSERT INTO biz_types (name, mode, callback_url, signing_secret, signing_secret_sealed)
          SELECT n, 'callback', $2, c, s FROM unnest($1::text[], $3::text[], $4::text[]) AS u(n, c, s)

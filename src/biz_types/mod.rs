@@ -11,15 +11,15 @@ pub use create_limits::CreateLimiter;
 pub use secrets::{PreviousSecret, SecretError, SigningSecret};
 use tokens::set_signing_secret;
 pub use tokens::{
-    DEFAULT_OVERLAP_SECS, MAX_OVERLAP_SECS, MAX_SIGNING_SECRET_BYTES, Rotated, TokenAuth, TokenCache, TokenInfo, authenticate, create_token, list_tokens, mint_token,
-    new_secret, record_use, revoke_token, rotate_secret, token_name, validate_overlap, validate_signing_secret,
+    DEFAULT_OVERLAP_SECS, MAX_OVERLAP_SECS, MAX_SIGNING_SECRET_BYTES, Rotated, TokenAuth, TokenCache, TokenInfo, authenticate, create_token,
+    list_tokens, mint_token, new_secret, record_use, revoke_token, rotate_secret, token_name, validate_overlap, validate_signing_secret,
 };
 pub(crate) use tokens::{hash as hash_token, random_base64};
 
+use crate::db::Pool;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgConnection};
-use crate::db::Pool;
+use sqlx::PgConnection;
 
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
@@ -151,10 +151,7 @@ pub fn validate_name(name: &str) -> Result<(), Error> {
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if !first_ok || !rest_ok || name.len() > 64 {
-        return Err(Error::invalid(
-            "name",
-            "must be 1-64 characters of lowercase letters, digits, '-' and '_', starting with a letter or digit",
-        ));
+        return Err(Error::invalid("name", "must be 1-64 characters of lowercase letters, digits, '-' and '_', starting with a letter or digit"));
     }
     Ok(())
 }
@@ -408,10 +405,8 @@ pub async fn create_in(
     .fetch_optional(&mut *conn)
     .await?;
     let Some(inserted) = inserted else {
-        let archived_name: Option<bool> = crate::db::query_scalar("SELECT archived_at IS NOT NULL FROM biz_types WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&mut *conn)
-            .await?;
+        let archived_name: Option<bool> =
+            crate::db::query_scalar("SELECT archived_at IS NOT NULL FROM biz_types WHERE name = $1").bind(name).fetch_optional(&mut *conn).await?;
         return Err(match archived_name {
             // The name is taken for good: a key conflict, not a state to wait out.
             Some(true) => Error::key_conflict(archived(name).to_string()),
@@ -438,12 +433,7 @@ pub async fn update(pool: &Pool, name: &str, settings: &Settings, hosts: Callbac
 }
 
 /// `update` inside the caller's transaction.
-pub async fn update_in(
-    conn: &mut PgConnection,
-    name: &str,
-    settings: &Settings,
-    hosts: CallbackHosts,
-) -> Result<(BizType, BizType), Error> {
+pub async fn update_in(conn: &mut PgConnection, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<(BizType, BizType), Error> {
     settings.validate(hosts)?;
     let before = crate::db::query_as::<BizType>("SELECT * FROM biz_types WHERE name = $1 FOR UPDATE")
         .bind(name)
@@ -581,11 +571,10 @@ pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
     let mut tx = pool.begin().await?;
     // (id, name, secret in clear, sealed, previous secret)
     type Stored = (i32, String, Option<String>, Option<String>, Option<String>);
-    let rows: Vec<Stored> = crate::db::query_as(
-        "SELECT id, name, signing_secret, signing_secret_sealed, previous_secret FROM biz_types ORDER BY id FOR UPDATE",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    let rows: Vec<Stored> =
+        crate::db::query_as("SELECT id, name, signing_secret, signing_secret_sealed, previous_secret FROM biz_types ORDER BY id FOR UPDATE")
+            .fetch_all(&mut *tx)
+            .await?;
     let mut done = Reencrypted::default();
     for (id, name, clear, sealed, previous) in rows {
         // The secret a rotation replaced, kept in one column (`secrets.rs`), counted alike.
@@ -632,11 +621,9 @@ pub async fn unopened_secrets(pool: &Pool) -> Result<Vec<SecretError>, Error> {
 /// The biz types whose signing secret (or the one a rotation replaced) is stored in clear,
 /// by name: with CHIME_SECRET_KEY set, `chime secrets reencrypt` encrypts them.
 pub async fn secrets_in_clear(pool: &Pool) -> Result<Vec<String>, Error> {
-    Ok(crate::db::query_scalar(
-        "SELECT name FROM biz_types WHERE signing_secret IS NOT NULL OR previous_secret NOT LIKE 'enc:v1:%' ORDER BY name",
-    )
-    .fetch_all(pool)
-    .await?)
+    Ok(crate::db::query_scalar("SELECT name FROM biz_types WHERE signing_secret IS NOT NULL OR previous_secret NOT LIKE 'enc:v1:%' ORDER BY name")
+        .fetch_all(pool)
+        .await?)
 }
 
 /// Whether a biz type of this name exists, archived or not (a name that cannot be valid never does).
@@ -708,7 +695,18 @@ mod tests {
             prop_oneof![
                 any::<f64>(),
                 (-400i32..400).prop_map(|e| 10f64.powi(e)),
-                prop::sample::select(vec![0.0, -0.0, 5e-324, f64::MIN_POSITIVE, 1_000_000.0, 1_000_000.000_001, f64::MAX, f64::NAN, f64::INFINITY, f64::NEG_INFINITY]),
+                prop::sample::select(vec![
+                    0.0,
+                    -0.0,
+                    5e-324,
+                    f64::MIN_POSITIVE,
+                    1_000_000.0,
+                    1_000_000.000_001,
+                    f64::MAX,
+                    f64::NAN,
+                    f64::INFINITY,
+                    f64::NEG_INFINITY
+                ]),
             ]
         }
 

@@ -62,13 +62,8 @@ impl std::fmt::Debug for Key {
 impl Key {
     /// A key from its base64 text; `setting` names where it came from, for the error.
     fn parse(setting: &str, text: &str) -> Result<Key, String> {
-        let bytes = STANDARD
-            .decode(text.trim())
-            .map_err(|e| format!("{setting} is not base64 ({e}): {MAKE_ONE}"))?;
-        let bytes: [u8; 32] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| format!("{setting} is {} bytes long: {MAKE_ONE}", bytes.len()))?;
+        let bytes = STANDARD.decode(text.trim()).map_err(|e| format!("{setting} is not base64 ({e}): {MAKE_ONE}"))?;
+        let bytes: [u8; 32] = bytes.as_slice().try_into().map_err(|_| format!("{setting} is {} bytes long: {MAKE_ONE}", bytes.len()))?;
         let id = hex::encode(&Sha256::digest(bytes)[..4]);
         Ok(Key { id, cipher: XChaCha20Poly1305::new(&bytes.into()) })
     }
@@ -105,7 +100,9 @@ impl Keyring {
     pub fn from_settings(args: &SecretArgs) -> anyhow::Result<Keyring> {
         let current = match (&args.secret_key, &args.secret_key_file) {
             (Some(text), _) => Some(Key::parse("CHIME_SECRET_KEY", text).map_err(anyhow::Error::msg)?),
-            (None, Some(path)) => Some(Key::parse("CHIME_SECRET_KEY_FILE", &read_key_file("CHIME_SECRET_KEY_FILE", path)?).map_err(anyhow::Error::msg)?),
+            (None, Some(path)) => {
+                Some(Key::parse("CHIME_SECRET_KEY_FILE", &read_key_file("CHIME_SECRET_KEY_FILE", path)?).map_err(anyhow::Error::msg)?)
+            }
             (None, None) => None,
         };
         let (setting, old) = match (&args.secret_key_old, &args.secret_key_old_file) {
@@ -208,11 +205,10 @@ pub(super) async fn refuse_clear_where_sealed(conn: &mut PgConnection) -> Result
     }
     // Reads only, locking nothing: a key set on one node and not another is an operator's
     // mistake to point out, not a race to close.
-    let sealed: bool = crate::db::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM biz_types WHERE signing_secret_sealed IS NOT NULL OR previous_secret LIKE 'enc:v1:%')",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
+    let sealed: bool =
+        crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types WHERE signing_secret_sealed IS NOT NULL OR previous_secret LIKE 'enc:v1:%')")
+            .fetch_one(&mut *conn)
+            .await?;
     if sealed {
         return Err(Error::invalid_state(
             "the signing secrets in this database are encrypted and CHIME_SECRET_KEY is not set: set CHIME_SECRET_KEY \

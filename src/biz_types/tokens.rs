@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::db::Pool;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::{PgConnection};
-use crate::db::Pool;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::SigningSecret;
@@ -94,7 +94,13 @@ pub async fn authenticate(pool: &Pool, token: &str) -> Result<Option<TokenAuth>,
     .bind(hash(token))
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(token_id, biz_type_id, biz_type, create_rate_limit, archived)| TokenAuth { token_id, biz_type_id, biz_type, create_rate_limit, archived }))
+    Ok(row.map(|(token_id, biz_type_id, biz_type, create_rate_limit, archived)| TokenAuth {
+        token_id,
+        biz_type_id,
+        biz_type,
+        create_rate_limit,
+        archived,
+    }))
 }
 
 /// Records that the token let a request in, unless a use was recorded less than a minute

@@ -15,9 +15,7 @@ struct Static;
 fn versions() -> &'static HashMap<String, String> {
     static VERSIONS: OnceLock<HashMap<String, String>> = OnceLock::new();
     VERSIONS.get_or_init(|| {
-        Static::iter()
-            .filter_map(|name| Some((name.to_string(), hex::encode(&Static::get(&name)?.metadata.sha256_hash()[..6]))))
-            .collect()
+        Static::iter().filter_map(|name| Some((name.to_string(), hex::encode(&Static::get(&name)?.metadata.sha256_hash()[..6])))).collect()
     })
 }
 

@@ -6,9 +6,9 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::{ConsoleError, Ctx, Session, render};
-use crate::state::AppState;
 use crate::audit::{self, Entry};
 use crate::error::Error;
+use crate::state::AppState;
 
 const PAGE_SIZE: i64 = 100;
 

@@ -10,11 +10,11 @@ use uuid::Uuid;
 
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, render, reveal};
-use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType, Settings, TokenInfo};
 use crate::engine::{BizTypeConfig, deliver};
 use crate::error::Error;
+use crate::state::AppState;
 use crate::tasks::stats;
 
 /// The settings form, as typed: kept as text so that a refused form comes back as it was.
@@ -360,7 +360,18 @@ fn refused(
     };
     let errors = Problems(problems.0.into_iter().map(name_taken).collect()).by_field()?;
     // The form and its errors only: the last hour is on the page a reload leads to.
-    let page = EditPage { ctx: Ctx::new(session, req, "biz-types"), biz_type, form, errors, tokens, last_hour: None, receiver: None, held: vec![], revealed: None, typed };
+    let page = EditPage {
+        ctx: Ctx::new(session, req, "biz-types"),
+        biz_type,
+        form,
+        errors,
+        tokens,
+        last_hour: None,
+        receiver: None,
+        held: vec![],
+        revealed: None,
+        typed,
+    };
     render(StatusCode::UNPROCESSABLE_ENTITY, &page.ctx, &page)
 }
 
@@ -401,8 +412,16 @@ pub async fn update(
     };
     match updated {
         Ok((before, after)) => {
-            audit::record(&state.pool, &session.actor(), "biz_type.update", "biz_type", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
-                .await?;
+            audit::record(
+                &state.pool,
+                &session.actor(),
+                "biz_type.update",
+                "biz_type",
+                &name,
+                serde_json::to_value(&before).ok(),
+                serde_json::to_value(&after).ok(),
+            )
+            .await?;
             Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them at once."))
         }
         Err(problems) => {
@@ -414,18 +433,30 @@ pub async fn update(
 
 async fn set_paused(session: &Session, state: &AppState, name: &str, form: &CsrfForm, paused: bool) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let (before, after) = biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }, state.callback_hosts).await?;
+    let (before, after) =
+        biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }, state.callback_hosts).await?;
     let action = if paused { "biz_type.pause" } else { "biz_type.resume" };
-    audit::record(&state.pool, &session.actor(), action, "biz_type", name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+    audit::record(&state.pool, &session.actor(), action, "biz_type", name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
+        .await?;
     let message = if paused { "Paused: its tasks stay pending until resumed." } else { "Resumed: pending tasks are delivered again." };
     Ok(done(&format!("/console/biz-types/{name}"), message))
 }
 
-pub async fn pause(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn pause(
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     set_paused(&session, &state, &name, &form, true).await
 }
 
-pub async fn resume(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn resume(
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     set_paused(&session, &state, &name, &form, false).await
 }
 
@@ -446,7 +477,9 @@ impl RotateForm {
             return Ok(biz_types::DEFAULT_OVERLAP_SECS);
         }
         let max_hours = biz_types::MAX_OVERLAP_SECS / 3600;
-        let refused = || Error::invalid("overlap_hours", format!("must be a whole number of hours from 0 (the old secret stops at once) to {max_hours} (30 days)"));
+        let refused = || {
+            Error::invalid("overlap_hours", format!("must be a whole number of hours from 0 (the old secret stops at once) to {max_hours} (30 days)"))
+        };
         let hours: i64 = raw.parse().map_err(|_| refused())?;
         let secs = hours.checked_mul(3600).ok_or_else(refused)?;
         biz_types::validate_overlap(secs).map_err(|_| refused())?;
@@ -467,7 +500,15 @@ pub async fn rotate_secret(
         Ok(secs) => secs,
         Err(e) => {
             let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), e.into(), tokens, Some(("overlap_hours", form.overlap_hours.clone())));
+            return refused(
+                &req,
+                &session,
+                Some(b.clone()),
+                Form::of(&b, session.is_admin()),
+                e.into(),
+                tokens,
+                Some(("overlap_hours", form.overlap_hours.clone())),
+            );
         }
     };
     let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
@@ -506,7 +547,15 @@ pub async fn create_token(
         // On this page `name` is the biz type's: the token's name has a field of its own.
         Err(Error::Invalid { field, message }) if field == "name" => {
             let tokens = biz_types::list_tokens(&state.pool, b.id).await?;
-            return refused(&req, &session, Some(b.clone()), Form::of(&b, session.is_admin()), Error::invalid("token_name", message).into(), tokens, Some(("token_name", form.token_name.clone())));
+            return refused(
+                &req,
+                &session,
+                Some(b.clone()),
+                Form::of(&b, session.is_admin()),
+                Error::invalid("token_name", message).into(),
+                tokens,
+                Some(("token_name", form.token_name.clone())),
+            );
         }
         Err(e) => return Err(e.into()),
     };
@@ -535,7 +584,12 @@ pub async fn revoke_token(
 }
 
 /// Archives the biz type (after the button's confirmation).
-pub async fn archive(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn archive(
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let (_, _, cancelled) = biz_types::archive(&state.pool, &name, &session.actor()).await?;
     state.forget_tokens();
@@ -624,7 +678,12 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
 
 /// "Send test callback": a signed test body to the callback URL, its result shown on the
 /// biz type's page (post/redirect/get, as a flash message) and audited.
-pub async fn test_callback(session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn test_callback(
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let b = found(&state, &name).await?;
     if b.mode != "callback" {

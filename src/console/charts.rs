@@ -28,10 +28,18 @@ pub fn minute_bars(points: &[(i64, i64)], scale: i64) -> String {
         let hf = *failed as f64 / max * H;
         let w = (bar - 0.5).max(0.5);
         if hd > 0.0 {
-            let _ = write!(svg, r#"<rect x="{x:.1}" y="{:.1}" width="{w:.1}" height="{hd:.1}" class="ok"><title>{delivered} delivered</title></rect>"#, foot - hd);
+            let _ = write!(
+                svg,
+                r#"<rect x="{x:.1}" y="{:.1}" width="{w:.1}" height="{hd:.1}" class="ok"><title>{delivered} delivered</title></rect>"#,
+                foot - hd
+            );
         }
         if hf > 0.0 {
-            let _ = write!(svg, r#"<rect x="{x:.1}" y="{:.1}" width="{w:.1}" height="{hf:.1}" class="bad"><title>{failed} failed</title></rect>"#, foot - hd - hf);
+            let _ = write!(
+                svg,
+                r#"<rect x="{x:.1}" y="{:.1}" width="{w:.1}" height="{hf:.1}" class="bad"><title>{failed} failed</title></rect>"#,
+                foot - hd - hf
+            );
         }
     }
     svg.push_str("</svg>");

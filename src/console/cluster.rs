@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{ConsoleError, Ctx, Session, render};
-use crate::state::AppState;
 use crate::partitions;
 use crate::replication::{self, Address};
+use crate::state::AppState;
 
 #[derive(sqlx::FromRow)]
 pub struct PartitionRow {

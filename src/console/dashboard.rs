@@ -134,7 +134,9 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
             for m in minutes.iter().filter(|m| m.biz_type_id == c.biz_type_id && (0..60).contains(&m.ago)) {
                 per_minute[59 - m.ago as usize] = (m.delivered, m.failed);
                 // The busiest minute; the latest of equals.
-                if peak.is_none_or(|p| m.delivered + m.failed > p.delivered + p.failed || (m.delivered + m.failed == p.delivered + p.failed && m.ago < p.ago)) {
+                if peak.is_none_or(|p| {
+                    m.delivered + m.failed > p.delivered + p.failed || (m.delivered + m.failed == p.delivered + p.failed && m.ago < p.ago)
+                }) {
                     peak = Some(m);
                 }
             }
@@ -169,7 +171,15 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     // Needing attention first, by name within each group (the counts come by name): rows
     // keep their places from one refresh to the next unless their state changes.
     rows.sort_by_key(|r| r.attention.is_empty());
-    let page = Page { ctx: Ctx::new(&session, &req, "dashboard"), rows, leader, nodes, scale, late: human_ms(LATE_MS.into()), cap: shown(crate::tasks::COUNT_CAP) };
+    let page = Page {
+        ctx: Ctx::new(&session, &req, "dashboard"),
+        rows,
+        leader,
+        nodes,
+        scale,
+        late: human_ms(LATE_MS.into()),
+        cap: shown(crate::tasks::COUNT_CAP),
+    };
     render(StatusCode::OK, &page.ctx, &page)
 }
 

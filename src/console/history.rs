@@ -191,7 +191,16 @@ mod tests {
     }
 
     fn entry(action: &str, at_: &str, target: &str, after: Option<serde_json::Value>) -> Entry {
-        Entry { id: 1, at: at(at_), actor: "user:admin".into(), action: action.into(), target_type: "task".into(), target: target.into(), before: None, after }
+        Entry {
+            id: 1,
+            at: at(at_),
+            actor: "user:admin".into(),
+            action: action.into(),
+            target_type: "task".into(),
+            target: target.into(),
+            before: None,
+            after,
+        }
     }
 
     fn rows(events: &[Event]) -> Vec<String> {
@@ -262,10 +271,18 @@ mod tests {
         assert_eq!(rows(&events(&t, attempts.clone(), Audited { own: vec![], bulk })), ["#1 try 1", "bulk replay by \"user:bob\"", "#2 try 1"]);
 
         let bulk = vec![by("user:ann", replayed("2026-11-24T11:10:00Z", vec![other.clone()], 1))];
-        assert_eq!(rows(&events(&t, attempts.clone(), Audited { own: vec![], bulk })), ["#1 try 1", "replay by \"\"", "#2 try 1"], "an entry that does not list it");
+        assert_eq!(
+            rows(&events(&t, attempts.clone(), Audited { own: vec![], bulk })),
+            ["#1 try 1", "replay by \"\"", "#2 try 1"],
+            "an entry that does not list it"
+        );
 
         let bulk = vec![by("user:ann", replayed("2026-11-24T11:10:00Z", vec![other], 1_001))];
-        assert_eq!(rows(&events(&t, attempts, Audited { own: vec![], bulk })), ["#1 try 1", "bulk replay by \"user:ann\"", "#2 try 1"], "its list is cut short");
+        assert_eq!(
+            rows(&events(&t, attempts, Audited { own: vec![], bulk })),
+            ["#1 try 1", "bulk replay by \"user:ann\"", "#2 try 1"],
+            "its list is cut short"
+        );
     }
 
     /// Replayed after its last attempt and not attempted since: the mark closes the list.

@@ -52,7 +52,8 @@ pub async fn apply(req: HttpRequest, session: Session, state: web::Data<AppState
         }
     }
     let verb = if replay { "Replayed" } else { "Cancelled" };
-    let mut message = format!("{verb} {changed} of {} selected task{}.", changed + skipped.len(), if changed + skipped.len() == 1 { "" } else { "s" });
+    let mut message =
+        format!("{verb} {changed} of {} selected task{}.", changed + skipped.len(), if changed + skipped.len() == 1 { "" } else { "s" });
     if !skipped.is_empty() {
         let named: Vec<String> = skipped.iter().take(NAMED).map(|(id, why)| format!("{id} ({why})")).collect();
         message.push_str(&format!(" Skipped {}: {}", skipped.len(), named.join("; ")));
@@ -86,11 +87,8 @@ async fn one(session: &Session, state: &AppState, raw: &str, replay: bool) -> Re
         tasks::cancel(&state.pool, task.biz_type_id, id).await.map_err(failed)?;
         "task.cancel"
     };
-    let (before, after) = if replay {
-        (Some(serde_json::json!({"status": task.status})), Some(serde_json::json!({"status": Status::Pending})))
-    } else {
-        (None, None)
-    };
+    let (before, after) =
+        if replay { (Some(serde_json::json!({"status": task.status})), Some(serde_json::json!({"status": Status::Pending}))) } else { (None, None) };
     audit::record(&state.pool, &session.actor(), action, "task", &id.to_string(), before, after).await.map_err(|e| failed(e.into()))?;
     Ok(())
 }

@@ -27,9 +27,9 @@ use sha2::{Digest, Sha256};
 
 use super::login_limits::LoginLimiter;
 use super::{ConsoleError, assets, see_other};
-use crate::state::AppState;
 use crate::audit;
 use crate::client_address::TrustedProxies;
+use crate::state::AppState;
 use crate::users::{self, User};
 
 /// The session cookie; a request without it (or an Authorization header) is anonymous.
@@ -208,16 +208,8 @@ fn login_token_ok(key: &[u8; 32], cookie: &str, form: &str) -> bool {
 fn login_page(req: &HttpRequest, key: &[u8; 32], status: StatusCode, next: String, username: String, error: Option<String>) -> HttpResponse {
     let csrf = signed_token(key);
     let page = LoginPage { csrf: csrf.clone(), next, username, error, css: assets::url("console.css") };
-    let cookie = Cookie::build(LOGIN_COOKIE, csrf)
-        .path("/console/login")
-        .http_only(true)
-        .secure(secure(req))
-        .same_site(SameSite::Strict)
-        .finish();
-    HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .cookie(cookie)
-        .body(page.render().unwrap_or_default())
+    let cookie = Cookie::build(LOGIN_COOKIE, csrf).path("/console/login").http_only(true).secure(secure(req)).same_site(SameSite::Strict).finish();
+    HttpResponse::build(status).content_type("text/html; charset=utf-8").cookie(cookie).body(page.render().unwrap_or_default())
 }
 
 /// A refusal that asks the caller to come back in `secs`, on a new connection: the
@@ -302,15 +294,13 @@ pub async fn login(
     // A fresh session on every sign-in; expired ones are cleared on the way.
     let token = random_token();
     crate::db::query("DELETE FROM sessions WHERE expires_at < now()").execute(&state.pool).await?;
-    crate::db::query(
-        "INSERT INTO sessions (token_hash, user_id, csrf_token, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 hour')",
-    )
-    .bind(hash(&token))
-    .bind(user.id)
-    .bind(random_token())
-    .bind(SESSION_HOURS)
-    .execute(&state.pool)
-    .await?;
+    crate::db::query("INSERT INTO sessions (token_hash, user_id, csrf_token, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 hour')")
+        .bind(hash(&token))
+        .bind(user.id)
+        .bind(random_token())
+        .bind(SESSION_HOURS)
+        .execute(&state.pool)
+        .await?;
     if let Some(old) = req.cookie(COOKIE) {
         crate::db::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(old.value())).execute(&state.pool).await?;
     }
@@ -372,7 +362,9 @@ mod tests {
     #[test]
     fn only_console_paths_are_followed_after_sign_in() {
         assert_eq!(safe_next(Some("/console/tasks?status=failed")), "/console/tasks?status=failed");
-        for bad in ["https://evil.example/", "//evil.example", "/console//evil", "/api/v1/tasks", "/console\\x", "/console\r\nSet-Cookie: x=1", "/console/é"] {
+        for bad in
+            ["https://evil.example/", "//evil.example", "/console//evil", "/api/v1/tasks", "/console\\x", "/console\r\nSet-Cookie: x=1", "/console/é"]
+        {
             assert_eq!(safe_next(Some(bad)), "/console", "{bad}");
         }
         assert_eq!(safe_next(None), "/console");
@@ -387,7 +379,8 @@ mod tests {
         let other = signed_token(&key);
         assert!(!login_token_ok(&key, &token, &other), "two genuine tokens, not the same");
         let (random, _) = token.split_once('.').unwrap();
-        for forged in ["", ".", "chosen-by-the-client", random, &format!("{random}.AAAA"), &format!("{random}.{}", URL_SAFE_NO_PAD.encode([0u8; 32]))] {
+        for forged in ["", ".", "chosen-by-the-client", random, &format!("{random}.AAAA"), &format!("{random}.{}", URL_SAFE_NO_PAD.encode([0u8; 32]))]
+        {
             assert!(!login_token_ok(&key, forged, forged), "{forged}");
         }
     }

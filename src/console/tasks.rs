@@ -7,15 +7,15 @@ use askama::Template;
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::history;
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, parse_local_time, render, see_other};
-use crate::failure_notices;
-use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
 use crate::error::Error;
+use crate::failure_notices;
+use crate::state::AppState;
 use crate::tasks::bulk::{self, BulkFilter};
-use super::history;
 use crate::tasks::{self, Attempt, AttemptsFrom, Holding, ListFilter, Status, Task, When};
 
 const PAGE_SIZE: i64 = 50;
@@ -63,13 +63,16 @@ impl Filter {
     /// The query string of this filter (without the page's position), for links.
     fn query(&self) -> String {
         let mut query = url::form_urlencoded::Serializer::new(String::new());
-        query
-            .append_pair("biz_type", &self.biz_type)
-            .append_pair("status", &self.status)
-            .append_pair("from", &self.from)
-            .append_pair("to", &self.to);
+        query.append_pair("biz_type", &self.biz_type).append_pair("status", &self.status).append_pair("from", &self.from).append_pair("to", &self.to);
         // Left out when empty: the bulk actions' links back stay as they were.
-        for (name, value) in [("q", &self.q), ("payload", &self.payload), ("timer", &self.timer), ("priority", &self.priority), ("flow_key", &self.flow_key), ("order", &self.order)] {
+        for (name, value) in [
+            ("q", &self.q),
+            ("payload", &self.payload),
+            ("timer", &self.timer),
+            ("priority", &self.priority),
+            ("flow_key", &self.flow_key),
+            ("order", &self.order),
+        ] {
             if !value.is_empty() {
                 query.append_pair(name, value);
             }
@@ -256,8 +259,7 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
         });
     }
     let (status, retrying) = status;
-    let list =
-        ListFilter { status, retrying, from, to, payload, timer_id, priority, flow_key, cursor, backward, newest_first, limit: PAGE_SIZE };
+    let list = ListFilter { status, retrying, from, to, payload, timer_id, priority, flow_key, cursor, backward, newest_first, limit: PAGE_SIZE };
     let page = tasks::list(&state.pool, biz_type_id, &list).await?;
     let count = tasks::count(&state.pool, biz_type_id, &list).await?;
     Ok(Found {
@@ -372,7 +374,9 @@ fn parse_zoned_time(field: &str, raw: &str, zone: chrono_tz::Tz) -> Result<Optio
         if let Ok(local) = chrono::NaiveDateTime::parse_from_str(trimmed, format) {
             return match zone.from_local_datetime(&local).single() {
                 Some(t) => parse_local_time(field, &t.with_timezone(&chrono::Utc).to_rfc3339()),
-                None => Err(Error::invalid(field, format!("`{trimmed}` is skipped or repeated by a clock change in {zone}; choose a time an hour away"))),
+                None => {
+                    Err(Error::invalid(field, format!("`{trimmed}` is skipped or repeated by a clock change in {zone}; choose a time an hour away")))
+                }
             };
         }
     }
@@ -490,7 +494,12 @@ pub async fn show(
     task_page(&req, &session, &state, task, from, zone, run_at, errors).await
 }
 
-pub async fn cancel(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn cancel(
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     let (task, _) = found(&state, parse_id(&id)?).await?;
     tasks::cancel(&state.pool, task.biz_type_id, task.id).await?;
@@ -544,7 +553,12 @@ pub struct ReplayForm {
     confirm: String,
 }
 
-pub async fn replay(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<ReplayForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn replay(
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<ReplayForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     let (task, _) = found(&state, parse_id(&id)?).await?;
     may_replay(&session, &task)?;
@@ -576,7 +590,12 @@ pub struct ReleaseForm {
 
 /// Puts a task held by a pull consumer an admin judged dead back to pending now (admins
 /// only, audited), rather than waiting for its time to run to pass.
-pub async fn release(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<ReleaseForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn release(
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<ReleaseForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let (task, _) = found(&state, parse_id(&id)?).await?;
     let back = format!("/console/tasks/{}", task.id);
@@ -585,7 +604,10 @@ pub async fn release(session: Session, state: web::Data<AppState>, id: web::Path
     };
     let reason = format!("released by {}: the consumer holding it was given up for dead", session.actor());
     if !tasks::lease::release(&state.pool, task.biz_type_id, task.id, receipt, &reason).await? {
-        return Ok(done(&back, "Not released: the task is no longer held by that consumer (it was acked, nacked or recovered meanwhile). Read its state below."));
+        return Ok(done(
+            &back,
+            "Not released: the task is no longer held by that consumer (it was acked, nacked or recovered meanwhile). Read its state below.",
+        ));
     }
     audit::record(
         &state.pool,
@@ -733,13 +755,21 @@ impl BulkForm {
     /// that says how many) stands for the API's `"all": true`: a filter of a biz type alone
     /// (or of every biz type) is taken. When a field is wrong, the list page with every
     /// field's problem.
-    async fn bulk_filter(&self, bulk: Bulk, req: &HttpRequest, session: &Session, state: &AppState) -> Result<Result<BulkFilter, HttpResponse>, ConsoleError> {
+    async fn bulk_filter(
+        &self,
+        bulk: Bulk,
+        req: &HttpRequest,
+        session: &Session,
+        state: &AppState,
+    ) -> Result<Result<BulkFilter, HttpResponse>, ConsoleError> {
         let prefix = Some(self.key_prefix.clone()).filter(|p| !p.is_empty());
         let filter = match (parse_local_time("from", &self.from), parse_local_time("to", &self.to)) {
             (Ok(from), Ok(to)) => BulkFilter::new(self.filter().biz_type_id(state).await?, prefix, from, to, None, true)
                 // The console's form names its times `from` and `to`.
                 .map_err(|e| match e {
-                    Error::Invalid { field, message } if field.starts_with("run_at_") => Error::Invalid { field: field["run_at_".len()..].into(), message },
+                    Error::Invalid { field, message } if field.starts_with("run_at_") => {
+                        Error::Invalid { field: field["run_at_".len()..].into(), message }
+                    }
                     e => e,
                 })
                 .map_err(|e| Problems(vec![e])),
@@ -824,25 +854,45 @@ async fn apply(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<
 }
 
 /// The bulk replay's confirm page (failed or expired tasks).
-pub async fn ask_replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, query: web::Query<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn ask_replay_failed(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    query: web::Query<BulkForm>,
+) -> Result<HttpResponse, ConsoleError> {
     let form = query.into_inner();
     let bulk = form.replay()?;
     ask(bulk, req, session, state, form).await
 }
 
 /// Replays the failed (or expired) tasks matching the list's filter, once confirmed.
-pub async fn replay_failed(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn replay_failed(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    form: web::Form<BulkForm>,
+) -> Result<HttpResponse, ConsoleError> {
     let form = form.into_inner();
     let bulk = form.replay()?;
     apply(bulk, req, session, state, form).await
 }
 
 /// The bulk cancel's confirm page (pending tasks).
-pub async fn ask_cancel_pending(req: HttpRequest, session: Session, state: web::Data<AppState>, query: web::Query<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn ask_cancel_pending(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    query: web::Query<BulkForm>,
+) -> Result<HttpResponse, ConsoleError> {
     ask(Bulk::Cancel, req, session, state, query.into_inner()).await
 }
 
 /// Cancels the pending tasks matching the list's filter, hot and cold, once confirmed.
-pub async fn cancel_pending(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<BulkForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn cancel_pending(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    form: web::Form<BulkForm>,
+) -> Result<HttpResponse, ConsoleError> {
     apply(Bulk::Cancel, req, session, state, form.into_inner()).await
 }

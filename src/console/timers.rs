@@ -10,10 +10,10 @@ use uuid::Uuid;
 
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, render};
-use crate::state::AppState;
 use crate::audit;
 use crate::biz_types::{self, BizType};
 use crate::error::Error;
+use crate::state::AppState;
 use crate::tasks::{self, ListFilter, Task};
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
 
@@ -128,7 +128,14 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
     render(StatusCode::OK, &page.ctx, &page)
 }
 
-async fn edit_page(req: &HttpRequest, session: &Session, state: &AppState, timer: Option<Timer>, form: Form, errors: Vec<(String, String)>) -> Result<HttpResponse, ConsoleError> {
+async fn edit_page(
+    req: &HttpRequest,
+    session: &Session,
+    state: &AppState,
+    timer: Option<Timer>,
+    form: Form,
+    errors: Vec<(String, String)>,
+) -> Result<HttpResponse, ConsoleError> {
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
     let occurrences = match &timer {
         Some(timer) => occurrences(state, timer).await?,
@@ -185,7 +192,8 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     };
     match created {
         Ok(timer) => {
-            audit::record(&state.pool, &session.actor(), "timer.create", "timer", &timer.id.to_string(), None, serde_json::to_value(&timer).ok()).await?;
+            audit::record(&state.pool, &session.actor(), "timer.create", "timer", &timer.id.to_string(), None, serde_json::to_value(&timer).ok())
+                .await?;
             Ok(done(&format!("/console/timers/{}", timer.id), "Timer created."))
         }
         Err(problems) => edit_page(&req, &session, &state, None, form, field_errors(problems)?).await,
@@ -205,12 +213,26 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
 
 async fn change(session: &Session, state: &AppState, timer: &Timer, changes: TimerChanges, action: &str) -> Result<Timer, Error> {
     let (before, after) = timers::update(&state.pool, timer.biz_type_id, timer.id, changes, state.max_payload_bytes).await?;
-    audit::record(&state.pool, &session.actor(), action, "timer", &timer.id.to_string(), serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
-        .await?;
+    audit::record(
+        &state.pool,
+        &session.actor(),
+        action,
+        "timer",
+        &timer.id.to_string(),
+        serde_json::to_value(&before).ok(),
+        serde_json::to_value(&after).ok(),
+    )
+    .await?;
     Ok(after)
 }
 
-pub async fn update(req: HttpRequest, session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
+pub async fn update(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<Form>,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
     let form = form.into_inner();
@@ -254,15 +276,30 @@ async fn set_active(session: &Session, state: &AppState, id: &str, form: &CsrfFo
     Ok(done(&format!("/console/timers/{}", timer.id), message))
 }
 
-pub async fn activate(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn activate(
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     set_active(&session, &state, &id, &form, true).await
 }
 
-pub async fn deactivate(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn deactivate(
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     set_active(&session, &state, &id, &form, false).await
 }
 
-pub async fn delete(session: Session, state: web::Data<AppState>, id: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn delete(
+    session: Session,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
     let deleted = timers::delete(&state.pool, timer.biz_type_id, timer.id).await?;

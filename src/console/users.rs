@@ -79,7 +79,8 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
     session.require_admin()?;
     let revealed = reveal::take(&req, &session, PAGE);
     let form = NewUserForm { role: "support".into(), ..NewUserForm::default() };
-    let page = UsersPage { ctx: Ctx::new(&session, &req, "users"), users: users::list(&state.pool).await?, form, errors: vec![], refused: None, revealed };
+    let page =
+        UsersPage { ctx: Ctx::new(&session, &req, "users"), users: users::list(&state.pool).await?, form, errors: vec![], refused: None, revealed };
     let mut response = render(StatusCode::OK, &page.ctx, &page)?;
     reveal::forget(&req, &mut response, PAGE);
     Ok(response)
@@ -101,7 +102,12 @@ fn record(user: &UserInfo, password: Option<&str>) -> Option<serde_json::Value> 
     Some(value)
 }
 
-pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<NewUserForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn create(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    form: web::Form<NewUserForm>,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let mut form = form.into_inner();
     form.name = form.name.trim().to_string();
@@ -127,7 +133,12 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     };
     let how = if generated.is_some() { "generated" } else { "given" };
     audit::record(&state.pool, &session.actor(), "user.create", "user", &user.name, None, record(&user, Some(how))).await?;
-    let message = format!("{} user {} created; they sign in with the password {}.", user.role, user.name, if generated.is_some() { "below" } else { "you typed" });
+    let message = format!(
+        "{} user {} created; they sign in with the password {}.",
+        user.role,
+        user.name,
+        if generated.is_some() { "below" } else { "you typed" }
+    );
     Ok(match generated {
         Some(password) => done_revealing(&req, &session, &message, &user.name, &password),
         None => done(PAGE, &message),
@@ -191,7 +202,14 @@ pub async fn set_role(
     })
 }
 
-async fn set_disabled(req: &HttpRequest, session: &Session, state: &AppState, name: &str, form: &CsrfForm, disabled: bool) -> Result<HttpResponse, ConsoleError> {
+async fn set_disabled(
+    req: &HttpRequest,
+    session: &Session,
+    state: &AppState,
+    name: &str,
+    form: &CsrfForm,
+    disabled: bool,
+) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let changes = UserChanges { disabled: Some(disabled), ..UserChanges::default() };
     Ok(match change(req, session, state, name, &changes, "user.update", None).await? {
@@ -201,11 +219,23 @@ async fn set_disabled(req: &HttpRequest, session: &Session, state: &AppState, na
     })
 }
 
-pub async fn disable(req: HttpRequest, session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn disable(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     set_disabled(&req, &session, &state, &name, &form, true).await
 }
 
-pub async fn enable(req: HttpRequest, session: Session, state: web::Data<AppState>, name: web::Path<String>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
+pub async fn enable(
+    req: HttpRequest,
+    session: Session,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
     set_disabled(&req, &session, &state, &name, &form, false).await
 }
 

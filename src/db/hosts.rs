@@ -272,9 +272,7 @@ fn check_session_attrs(value: &str, setting: &str) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        _ => bail!(
-            "target_session_attrs={value} in {setting} is not one of read-write, primary, any, read-only, standby, prefer-standby"
-        ),
+        _ => bail!("target_session_attrs={value} in {setting} is not one of read-write, primary, any, read-only, standby, prefer-standby"),
     }
 }
 
@@ -319,7 +317,11 @@ fn split_url_hosts(text: &str) -> anyhow::Result<String> {
     let mut url = url::Url::parse(&format!("{scheme}://{user}localhost{path}"))?;
     url.set_query((!query.is_empty()).then_some(query));
     // An empty port is the default; keep the list aligned with the hosts.
-    let ports = if ports.iter().all(String::is_empty) { String::new() } else { ports.iter().map(|p| if p.is_empty() { "5432" } else { p }).collect::<Vec<_>>().join(",") };
+    let ports = if ports.iter().all(String::is_empty) {
+        String::new()
+    } else {
+        ports.iter().map(|p| if p.is_empty() { "5432" } else { p }).collect::<Vec<_>>().join(",")
+    };
     url.query_pairs_mut().append_pair("host", &hosts.join(","));
     if !ports.is_empty() {
         url.query_pairs_mut().append_pair("port", &ports);
@@ -381,7 +383,8 @@ mod tests {
         assert_eq!(labels("postgres://u:p@h1:5433,h2,[::1]:5435/chime?sslmode=disable"), ["h1:5433", "h2:5432", "[::1]:5435"]);
         assert_eq!(labels("host=h1,h2 port=5433,5434 dbname=chime user=u"), ["h1:5433", "h2:5434"]);
         assert_eq!(labels("host=h1,h2 port=6000"), ["h1:6000", "h2:6000"]);
-        let hosts = Hosts::parse("postgresql://me:s%40cret@a:1,b:2/orders?application_name=x&target_session_attrs=read-write", "DATABASE_URL").unwrap();
+        let hosts =
+            Hosts::parse("postgresql://me:s%40cret@a:1,b:2/orders?application_name=x&target_session_attrs=read-write", "DATABASE_URL").unwrap();
         for host in hosts.hosts() {
             assert_eq!(host.options.get_username(), "me");
             assert_eq!(host.options.get_database(), Some("orders"));
@@ -415,7 +418,11 @@ mod tests {
 
     #[test]
     fn no_writable_host_names_each_host_and_why() {
-        let e = NoWritableHost { setting: "DATABASE_URL", refusals: vec!["127.0.0.1:5433 is a standby".into(), "127.0.0.1:5432 refused the connection".into()], certificate_refused: false };
+        let e = NoWritableHost {
+            setting: "DATABASE_URL",
+            refusals: vec!["127.0.0.1:5433 is a standby".into(), "127.0.0.1:5432 refused the connection".into()],
+            certificate_refused: false,
+        };
         assert_eq!(e.to_string(), "no host in DATABASE_URL accepts writes: 127.0.0.1:5433 is a standby; 127.0.0.1:5432 refused the connection");
         // A certificate that fails verification: what to do follows OpenSSL's reason.
         let why = "127.0.0.1:5432 sent a certificate that failed verification (certificate verify failed: IP address mismatch)";

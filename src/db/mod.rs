@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use sqlx::migrate::{Migrate, Migration, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 
 use crate::config::DbArgs;
@@ -530,8 +530,7 @@ fn check_root_cert(hosts: &Hosts) -> anyhow::Result<()> {
         let pem = std::fs::read(&path).with_context(|| format!("cannot read sslrootcert {path} ({})", hosts.setting))?;
         (pem, path.as_str())
     };
-    let certs = openssl::x509::X509::stack_from_pem(&pem)
-        .map_err(|e| anyhow::anyhow!("sslrootcert {name}: not a valid PEM certificate: {e}"))?;
+    let certs = openssl::x509::X509::stack_from_pem(&pem).map_err(|e| anyhow::anyhow!("sslrootcert {name}: not a valid PEM certificate: {e}"))?;
     anyhow::ensure!(!certs.is_empty(), "sslrootcert {name}: no certificate in it (expected PEM, -----BEGIN CERTIFICATE-----)");
     // sqlx gives OpenSSL the file's first certificate only (native-tls's `from_pem`), where
     // libpq trusts them all: a bundle works only if the CA needed comes first.
@@ -581,11 +580,10 @@ pub async fn migrate_on(conn: &mut PgConnection) -> anyhow::Result<()> {
 /// beside them.
 pub async fn unapplied(pool: &Pool) -> Result<Vec<i64>, sqlx::Error> {
     let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
-    let applied: Option<Vec<i64>> =
-        crate::db::query_scalar("SELECT array_agg(version) FROM _sqlx_migrations WHERE success AND version = ANY($1)")
-            .bind(&known)
-            .fetch_one(pool)
-            .await?;
+    let applied: Option<Vec<i64>> = crate::db::query_scalar("SELECT array_agg(version) FROM _sqlx_migrations WHERE success AND version = ANY($1)")
+        .bind(&known)
+        .fetch_one(pool)
+        .await?;
     let applied = applied.unwrap_or_default();
     Ok(known.into_iter().filter(|v| !applied.contains(v)).collect())
 }
@@ -643,10 +641,7 @@ impl Schema {
         let pending = self.pending();
         if !pending.is_empty() {
             let names: Vec<_> = pending.iter().map(|m| format!("{} ({})", m.version, m.description)).collect();
-            anyhow::bail!(
-                "the database schema is older than this chime needs: pending migrations {}; run `chime migrate` first",
-                names.join(", ")
-            );
+            anyhow::bail!("the database schema is older than this chime needs: pending migrations {}; run `chime migrate` first", names.join(", "));
         }
         Ok(())
     }

@@ -231,11 +231,7 @@ impl Breakers {
             if ids.is_empty() {
                 return HashSet::new();
             }
-            biz_types
-                .iter()
-                .filter(|b| b.breaker_threshold > 0 && ids.contains(&b.id))
-                .map(|b| (b.id, probe_hold(b).as_millis() as i64))
-                .collect()
+            biz_types.iter().filter(|b| b.breaker_threshold > 0 && ids.contains(&b.id)).map(|b| (b.id, probe_hold(b).as_millis() as i64)).collect()
         };
         if due.is_empty() {
             return HashSet::new();

@@ -9,10 +9,10 @@ use serde_json::value::RawValue;
 use sha2::Sha256;
 use uuid::Uuid;
 
-use crate::tasks::lease::{Claimed, Outcome, RetryPolicy, Verdict};
 use super::BizTypeConfig;
 use crate::biz_types::SecretError;
 use crate::callback_hosts::CallbackHosts;
+use crate::tasks::lease::{Claimed, Outcome, RetryPolicy, Verdict};
 
 /// How much of a receiver's answer is kept with the attempt.
 const EXCERPT_BYTES: usize = 512;
@@ -205,11 +205,7 @@ pub fn not_sent(biz: &BizTypeConfig, task: &Claimed, deadline: DateTime<Utc>) ->
         started_at: Utc::now(),
         duration_ms: 0,
         status_code: None,
-        error: Some(format!(
-            "not sent: its deadline {} came before its due time {}",
-            deadline.to_rfc3339(),
-            task.run_at.to_rfc3339()
-        )),
+        error: Some(format!("not sent: its deadline {} came before its due time {}", deadline.to_rfc3339(), task.run_at.to_rfc3339())),
         response_excerpt: None,
         redirected_to: None,
         verdict: Verdict::Expire { deadline, next: None, snoozed: false },
@@ -261,14 +257,7 @@ pub fn child_traceparent(parent: &str) -> Option<String> {
 /// The outcome of a callback cut off because the node's shutdown grace ran out: an attempt
 /// without an answer, and the task pending again at once for another node (whatever its
 /// attempt count: the receiver is not at fault).
-pub fn cut_off(
-    biz: &BizTypeConfig,
-    task_id: Uuid,
-    run_at: DateTime<Utc>,
-    attempt: i32,
-    started_at: DateTime<Utc>,
-    started: Instant,
-) -> Outcome {
+pub fn cut_off(biz: &BizTypeConfig, task_id: Uuid, run_at: DateTime<Utc>, attempt: i32, started_at: DateTime<Utc>, started: Instant) -> Outcome {
     Outcome {
         task_id,
         biz_type_id: biz.id,
@@ -277,7 +266,10 @@ pub fn cut_off(
         started_at,
         duration_ms: started.elapsed().as_millis().min(i32::MAX as u128) as i32,
         status_code: None,
-        error: Some("cut off: the node delivering it was stopping and its shutdown grace (CHIME_SHUTDOWN_GRACE_SECS) ran out before the receiver answered".into()),
+        error: Some(
+            "cut off: the node delivering it was stopping and its shutdown grace (CHIME_SHUTDOWN_GRACE_SECS) ran out before the receiver answered"
+                .into(),
+        ),
         response_excerpt: None,
         redirected_to: None,
         verdict: Verdict::RetryAt(Utc::now()),
@@ -583,11 +575,7 @@ mod tests {
     async fn redirects_into_denied_ranges_are_not_followed() {
         crate::engine::install_tls_provider();
         let (target, reached) = server(None);
-        for to in [
-            format!("http://127.0.0.1:{target}/"),
-            format!("http://[::ffff:127.0.0.1]:{target}/"),
-            format!("http://localhost:{target}/"),
-        ] {
+        for to in [format!("http://127.0.0.1:{target}/"), format!("http://[::ffff:127.0.0.1]:{target}/"), format!("http://localhost:{target}/")] {
             let (redirector, asked) = server(Some(to.clone()));
             let biz = BizTypeConfig { callback_url: format!("http://public.test:{redirector}/hook"), ..biz(100, 100) };
             let outcome = deliver_via_public_name(CallbackHosts::PublicOnly, &biz).await;
@@ -624,9 +612,24 @@ mod tests {
     /// answer says it is up; only a 429 or 503 with Retry-After asks the biz type to wait.
     #[test]
     fn an_answer_says_whether_the_receiver_is_in_trouble() {
-        let sent = |code: Option<i16>, retry_after: Option<u64>| Sent { status_code: code, retry_after: retry_after.map(Duration::from_secs), ..Sent::default() };
-        for (code, trouble) in [(None, true), (Some(200), false), (Some(204), false), (Some(302), false), (Some(400), false), (Some(404), false),
-            (Some(408), true), (Some(429), true), (Some(500), true), (Some(502), true), (Some(503), true)] {
+        let sent = |code: Option<i16>, retry_after: Option<u64>| Sent {
+            status_code: code,
+            retry_after: retry_after.map(Duration::from_secs),
+            ..Sent::default()
+        };
+        for (code, trouble) in [
+            (None, true),
+            (Some(200), false),
+            (Some(204), false),
+            (Some(302), false),
+            (Some(400), false),
+            (Some(404), false),
+            (Some(408), true),
+            (Some(429), true),
+            (Some(500), true),
+            (Some(502), true),
+            (Some(503), true),
+        ] {
             assert_eq!(Answer::of(&sent(code, None)), Answer { trouble, slow_for: None }, "{code:?}");
         }
         assert_eq!(Answer::of(&sent(Some(429), Some(3))).slow_for, Some(Duration::from_secs(3)));
@@ -658,8 +661,14 @@ mod tests {
             assert!(fields[2].len() == 16 && fields[2] != "0000000000000000" && fields[2] != "00f067aa0ba902b7", "{child}");
         }
         assert_ne!(a, b, "each attempt has a span of its own");
-        for bad in ["", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "nonsense"] {
+        for bad in [
+            "",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "nonsense",
+        ] {
             assert_eq!(child_traceparent(bad), None, "{bad}");
         }
     }
@@ -685,13 +694,15 @@ mod tests {
         let at: DateTime<Utc> = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
         let rotated = |until: DateTime<Utc>| BizTypeConfig {
             signing_secret: crate::biz_types::SigningSecret::Open("whsec_new".into()),
-            previous_secret: crate::biz_types::PreviousSecret {
-                overlap: Some((crate::biz_types::SigningSecret::Open("whsec_test".into()), until)),
-            },
+            previous_secret: crate::biz_types::PreviousSecret { overlap: Some((crate::biz_types::SigningSecret::Open("whsec_test".into()), until)) },
             ..biz(100, 100)
         };
         assert_eq!(sign(&rotated(at + chrono::TimeDelta::seconds(1)), at, br#"{"a":1}"#).unwrap(), both);
-        assert_eq!(sign(&rotated(at), at, br#"{"a":1}"#).unwrap(), signature("whsec_new", 1_700_000_000, br#"{"a":1}"#), "the overlap is over at its end");
+        assert_eq!(
+            sign(&rotated(at), at, br#"{"a":1}"#).unwrap(),
+            signature("whsec_new", 1_700_000_000, br#"{"a":1}"#),
+            "the overlap is over at its end"
+        );
     }
 
     /// The vectors the three clients' `verify_signature` are tested on (clients/*/tests) hold
@@ -700,8 +711,7 @@ mod tests {
     /// is one the server would send for that body, time and one of the case's secrets.
     #[test]
     fn signature_produces_the_clients_shared_vectors() {
-        let vectors: serde_json::Value =
-            serde_json::from_str(include_str!("../../clients/signature-vectors.json")).expect("the vectors are JSON");
+        let vectors: serde_json::Value = serde_json::from_str(include_str!("../../clients/signature-vectors.json")).expect("the vectors are JSON");
         let signatures = vectors["signatures"].as_array().expect("a `signatures` list");
         assert!(signatures.len() >= 3);
         for v in signatures {

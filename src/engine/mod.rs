@@ -101,12 +101,12 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use crate::tasks::lease::{self, Outcome, Verdict};
-use crate::tasks::wake::{self, Wake};
 use crate::biz_types::{PreviousSecret, SecretError, SigningSecret};
 use crate::callback_hosts::CallbackHosts;
 use crate::db::{Health, Route};
 use crate::lifecycle::Signal;
+use crate::tasks::lease::{self, Outcome, Verdict};
+use crate::tasks::wake::{self, Wake};
 use crate::{metrics, nodes};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
@@ -370,25 +370,25 @@ impl Engine {
         install_tls_provider();
         let sessions = health.pool(Route::Sessions, POOL_SIZE, hot_path);
         let pool = Pool::direct(sessions.clone());
-        let client = hosts
-            .http_client()
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build()
-            .expect("an HTTP client with the ring TLS provider");
+        let client = hosts.http_client().pool_idle_timeout(Duration::from_secs(90)).build().expect("an HTTP client with the ring TLS provider");
         let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
         let wake = Arc::new(Notify::new());
         let settings_changed = Arc::new(AtomicBool::new(false));
         let looks = Arc::new(Looks::default());
         let listener = {
             let (wake, settings_changed, looks) = (wake.clone(), settings_changed.clone(), looks.clone());
-            tokio::spawn(wake::listen(sessions, move |why| {
-                match why {
-                    Wake::Settings => settings_changed.store(true, Ordering::Relaxed),
-                    Wake::DueFor(id) => looks.add(id),
-                    Wake::Due => looks.add_all(),
-                }
-                wake.notify_one();
-            }, || ()))
+            tokio::spawn(wake::listen(
+                sessions,
+                move |why| {
+                    match why {
+                        Wake::Settings => settings_changed.store(true, Ordering::Relaxed),
+                        Wake::DueFor(id) => looks.add(id),
+                        Wake::Due => looks.add_all(),
+                    }
+                    wake.notify_one();
+                },
+                || (),
+            ))
         };
         let to_claims = ClaimLoop { wake: wake.clone(), looks: looks.clone() };
         let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, to_claims, stop.clone()));
@@ -556,9 +556,7 @@ impl Engine {
             // take its permit early and could fire together with later permits.
             let ahead_ms = if share.is_some() || probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
             let oldest = (self.owed_oldest.get(&biz.id).copied().unwrap_or(0) + free) / OLDEST_SHARE;
-            let flow = biz
-                .flow()
-                .map(|(cap, ordered, rate)| lease::FlowWant { cap, ordered, rate, cursor: self.flow_cursors.get(&biz.id).cloned() });
+            let flow = biz.flow().map(|(cap, ordered, rate)| lease::FlowWant { cap, ordered, rate, cursor: self.flow_cursors.get(&biz.id).cloned() });
             wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, flow });
             claiming.push((biz, counter, slots, free, wait, probe, oldest));
         }
@@ -843,12 +841,7 @@ impl Engine {
 /// went from 40% of the empty table's rate to 61-71%). Session settings: in pooler mode these
 /// sessions take the direct URL.
 fn hot_path(options: PgConnectOptions) -> PgConnectOptions {
-    options.options([
-        ("jit", "off"),
-        ("enable_seqscan", "off"),
-        ("enable_bitmapscan", "off"),
-        ("plan_cache_mode", "force_generic_plan"),
-    ])
+    options.options([("jit", "off"), ("enable_seqscan", "off"), ("enable_bitmapscan", "off"), ("plan_cache_mode", "force_generic_plan")])
 }
 
 /// The engine's pool size.
@@ -951,4 +944,3 @@ async fn record_outcomes(
     }
     drained
 }
-

@@ -35,9 +35,8 @@ impl Limiters {
 /// come in batches at high rates without bunching a second's callbacks together.
 fn limiter(rate: f64) -> DefaultDirectRateLimiter {
     let burst = NonZeroU32::new((rate / 10.0).ceil().clamp(1.0, 100_000.0) as u32).unwrap_or(NonZeroU32::MIN);
-    let quota = Quota::with_period(Duration::from_secs_f64(1.0 / rate.max(1e-6)))
-        .unwrap_or_else(|| Quota::per_second(NonZeroU32::MAX))
-        .allow_burst(burst);
+    let quota =
+        Quota::with_period(Duration::from_secs_f64(1.0 / rate.max(1e-6))).unwrap_or_else(|| Quota::per_second(NonZeroU32::MAX)).allow_burst(burst);
     RateLimiter::direct(quota)
 }
 

@@ -277,8 +277,7 @@ pub async fn cancel(pool: &Pool, filter: &BulkFilter) -> Result<BulkCount, Error
                  SELECT (SELECT count(*) FROM picked), ARRAY(SELECT id FROM done), last.run_at, last.id
                    FROM (SELECT 1) one LEFT JOIN last ON true"
             ));
-            let (picked, done, run_at, id): (i64, Vec<Uuid>, Option<DateTime<Utc>>, Option<Uuid>) =
-                q.build_query_as().fetch_one(pool).await?;
+            let (picked, done, run_at, id): (i64, Vec<Uuid>, Option<DateTime<Utc>>, Option<Uuid>) = q.build_query_as().fetch_one(pool).await?;
             count.matched += picked;
             count.changed += done.len() as i64;
             count.note(done);

@@ -2,11 +2,11 @@
 
 use std::collections::HashMap;
 
+use crate::db::Pool;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use crate::db::Pool;
 use uuid::Uuid;
 
 use super::replace::OnConflict;
@@ -220,11 +220,7 @@ impl Inserted {
 /// which follows it). Returns what the database decided of each task created (the caller
 /// has the rest); a row whose key was already taken is not created, and the caller tells a
 /// repeat from a conflict.
-pub async fn insert<'e>(
-    db: impl sqlx::PgExecutor<'e>,
-    biz_type_id: i32,
-    rows: &Rows<'_>,
-) -> Result<Vec<Inserted>, sqlx::Error> {
+pub async fn insert<'e>(db: impl sqlx::PgExecutor<'e>, biz_type_id: i32, rows: &Rows<'_>) -> Result<Vec<Inserted>, sqlx::Error> {
     // Columns by position: a row of four decodes in a fraction of the time by name.
     let found: Vec<(Uuid, DateTime<Utc>, Option<DateTime<Utc>>, DateTime<Utc>)> = crate::db::query_as(include_str!("sql/insert.sql"))
         .bind(biz_type_id)
@@ -351,10 +347,7 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
 }
 
 pub(super) fn key_conflict(item: &NewTask) -> Error {
-    Error::key_conflict(format!(
-        "key `{}` is already used by a task created with a different request",
-        item.key.as_deref().unwrap_or_default()
-    ))
+    Error::key_conflict(format!("key `{}` is already used by a task created with a different request", item.key.as_deref().unwrap_or_default()))
 }
 
 /// The tasks holding these keys, with the hash of the request that created each.
@@ -379,8 +372,5 @@ async fn existing_by_key(pool: &Pool, biz_type_id: i32, keys: &[String]) -> Resu
     .bind(keys)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| Some((r.task.key.clone()?, (r.request_hash, r.task))))
-        .collect())
+    Ok(rows.into_iter().filter_map(|r| Some((r.task.key.clone()?, (r.request_hash, r.task)))).collect())
 }

@@ -135,19 +135,8 @@ async fn claim_some(
             .replace("{markers}", &format!("\n{}", include_str!("sql/flow_markers.sql").trim_end()))
     });
     let flows: Vec<&FlowWant> = wants.iter().filter_map(|w| w.flow.as_ref()).collect();
-    let query = if flows.is_empty() {
-        crate::db::query_as(CLAIM.as_str())
-    } else {
-        crate::db::query_as(CLAIM_FLOWS.as_str())
-    };
-    let mut query = query
-        .bind(&ids)
-        .bind(&limits)
-        .bind(&leases)
-        .bind(node_id)
-        .bind(&aheads)
-        .bind(floor)
-        .bind(&oldest);
+    let query = if flows.is_empty() { crate::db::query_as(CLAIM.as_str()) } else { crate::db::query_as(CLAIM_FLOWS.as_str()) };
+    let mut query = query.bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).bind(floor).bind(&oldest);
     if !flows.is_empty() {
         query = query
             .bind(flows.iter().map(|f| f.cap).collect::<Vec<i32>>())
@@ -282,10 +271,7 @@ pub async fn due_count(pool: &Pool, biz_type_id: i32, up_to: i64) -> Result<i64,
 
 /// How many tasks of the biz type are leased (reserved and not yet acked or nacked).
 pub async fn leased_count(pool: &Pool, biz_type_id: i32) -> Result<i64, sqlx::Error> {
-    crate::db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND status = 'running'")
-        .bind(biz_type_id)
-        .fetch_one(pool)
-        .await
+    crate::db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND status = 'running'").bind(biz_type_id).fetch_one(pool).await
 }
 
 /// A reservation locked for settling, as `hold` found it.
@@ -363,7 +349,11 @@ pub enum Verdict {
     /// The task ends `expired`: its `deadline` passed before the callback could start
     /// (`next` None: it was not sent), or its next callback, a retry or (`snoozed`) the
     /// end of a snooze at `next`, would start at or after it (docs/design/contract.md, Tasks by key).
-    Expire { deadline: DateTime<Utc>, next: Option<DateTime<Utc>>, snoozed: bool },
+    Expire {
+        deadline: DateTime<Utc>,
+        next: Option<DateTime<Utc>>,
+        snoozed: bool,
+    },
     /// The attempt failed while the biz type's receiver breaker was open (a probe, or a
     /// callback in flight when it opened): the task is pending again, due at this time, and
     /// the attempt, recorded with its error, does not count toward `max_attempts`
@@ -384,7 +374,13 @@ impl Verdict {
     /// a retry after `wait` (a receiver's `Retry-After`, a consumer's nack delay) or the
     /// backoff, counted from `now`; expired now if that retry would start at or after the
     /// task's deadline `expires_at`, since no callback starts then.
-    pub fn after_failure(attempt: i32, policy: RetryPolicy, wait: Option<Duration>, now: DateTime<Utc>, expires_at: Option<DateTime<Utc>>) -> Verdict {
+    pub fn after_failure(
+        attempt: i32,
+        policy: RetryPolicy,
+        wait: Option<Duration>,
+        now: DateTime<Utc>,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Verdict {
         if attempt >= policy.max_attempts {
             return Verdict::GiveUp;
         }
@@ -417,11 +413,9 @@ impl Verdict {
                 until.to_rfc3339(),
                 deadline.to_rfc3339()
             ),
-            (Some(at), false) => format!(
-                "expired: its next retry would start at {}, at or after its deadline {}{last}",
-                at.to_rfc3339(),
-                deadline.to_rfc3339()
-            ),
+            (Some(at), false) => {
+                format!("expired: its next retry would start at {}, at or after its deadline {}{last}", at.to_rfc3339(), deadline.to_rfc3339())
+            }
             (None, _) => format!("expired at {}: not delivered before its deadline{last}", deadline.to_rfc3339()),
         })
     }

@@ -48,9 +48,9 @@
 mod batcher;
 pub mod bulk;
 mod create;
-mod occurrences;
 pub mod lease;
 pub mod load;
+mod occurrences;
 mod payload;
 pub mod placement;
 mod queries;
@@ -61,13 +61,13 @@ pub mod wake;
 pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};
 pub use occurrences::{Occurrences, insert_occurrences};
-pub use replace::OnConflict;
 pub use payload::{check_payload, containment};
 pub use queries::{
-    ATTEMPTS_SHOWN, AttemptPage, AttemptsFrom, COUNT_CAP, HeldKey, Holding, KeySearch, ListFilter, Page, Target, attempt_total, attempts, attempts_before, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys,
-    find_by_key, get, get_by_key, held_flow_keys, holding, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target,
-    search_keys,
+    ATTEMPTS_SHOWN, AttemptPage, AttemptsFrom, COUNT_CAP, HeldKey, Holding, KeySearch, ListFilter, Page, Target, attempt_total, attempts,
+    attempts_before, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys, find_by_key, get, get_by_key, held_flow_keys, holding,
+    list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target, search_keys,
 };
+pub use replace::OnConflict;
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
 use serde::Serialize;
@@ -93,8 +93,7 @@ pub enum Status {
 }
 
 impl Status {
-    pub const ALL: [Status; 6] =
-        [Status::Pending, Status::Running, Status::Succeeded, Status::Failed, Status::Cancelled, Status::Expired];
+    pub const ALL: [Status; 6] = [Status::Pending, Status::Running, Status::Succeeded, Status::Failed, Status::Cancelled, Status::Expired];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -265,9 +264,7 @@ impl When {
             (Some(_), Some(_)) => Err(Error::invalid("run_at", "give run_at or delay_ms, not both")),
             (Some(s), None) => {
                 let at = DateTime::parse_from_rfc3339(s)
-                    .map_err(|e| {
-                        Error::invalid("run_at", format!("must be an RFC 3339 time such as 2026-11-21T09:30:00Z ({e})"))
-                    })?
+                    .map_err(|e| Error::invalid("run_at", format!("must be an RFC 3339 time such as 2026-11-21T09:30:00Z ({e})")))?
                     .with_timezone(&Utc);
                 if at < now - MAX_PAST {
                     return Err(Error::invalid("run_at", "is more than 24 hours in the past"));
@@ -279,10 +276,7 @@ impl When {
             }
             (None, Some(ms)) => {
                 if ms < 0 || ms > MAX_AHEAD.num_milliseconds() {
-                    return Err(Error::invalid(
-                        "delay_ms",
-                        format!("must be between 0 and {} (10 years)", MAX_AHEAD.num_milliseconds()),
-                    ));
+                    return Err(Error::invalid("delay_ms", format!("must be between 0 and {} (10 years)", MAX_AHEAD.num_milliseconds())));
                 }
                 Ok(When::After { delay_ms: ms })
             }
@@ -425,10 +419,7 @@ mod tests {
     fn when_accepts_either_field_or_neither() {
         assert_eq!(When::parse(None, None, now()).unwrap(), When::After { delay_ms: 0 });
         assert_eq!(When::parse(None, Some(1500), now()).unwrap(), When::After { delay_ms: 1500 });
-        assert_eq!(
-            When::parse(Some("2026-11-21T13:00:00+01:00"), None, now()).unwrap(),
-            When::At("2026-11-21T12:00:00Z".parse().unwrap())
-        );
+        assert_eq!(When::parse(Some("2026-11-21T13:00:00+01:00"), None, now()).unwrap(), When::At("2026-11-21T12:00:00Z".parse().unwrap()));
     }
 
     #[test]
@@ -548,24 +539,17 @@ mod tests {
         fn rfc3339_like() -> impl Strategy<Value = String> {
             let zone = prop_oneof![Just("Z".to_string()), Just("z".to_string()), "[+-](0[0-9]|1[0-9]|2[0-4]):[0-5][0-9]"];
             let frac = prop::option::of("[0-9]{1,12}");
-            ((0u32..=9999, 0u32..=13, 0u32..=32), (0u32..=24, 0u32..=60, 0u32..=60), frac, zone).prop_map(
-                |((y, mo, d), (h, mi, s), frac, zone)| {
-                    let frac = frac.map(|f| format!(".{f}")).unwrap_or_default();
-                    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{frac}{zone}")
-                },
-            )
+            ((0u32..=9999, 0u32..=13, 0u32..=32), (0u32..=24, 0u32..=60, 0u32..=60), frac, zone).prop_map(|((y, mo, d), (h, mi, s), frac, zone)| {
+                let frac = frac.map(|f| format!(".{f}")).unwrap_or_default();
+                format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{frac}{zone}")
+            })
         }
 
         /// An instant anywhere in chrono's range (or past it, then None), as seconds from
         /// `now()`, mostly near the accepted window's edges.
         fn seconds_from_now() -> impl Strategy<Value = i64> {
             let day: i64 = 86_400;
-            prop_oneof![
-                (-2 * day..2 * day),
-                (3659 * day..3661 * day),
-                (-400 * 366 * day..10_000 * 366 * day),
-                any::<i64>(),
-            ]
+            prop_oneof![(-2 * day..2 * day), (3659 * day..3661 * day), (-400 * 366 * day..10_000 * 366 * day), any::<i64>(),]
         }
 
         proptest! {

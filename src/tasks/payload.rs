@@ -179,7 +179,6 @@ fn number_len(text: &str) -> Option<usize> {
     Some((sign + whole_len + fraction_len) as usize)
 }
 
-
 /// Longest "payload contains" filter, in bytes: a filter names a field or a few, not a document.
 pub const MAX_FILTER_BYTES: usize = 2048;
 

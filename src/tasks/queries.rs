@@ -1,10 +1,10 @@
 //! Reading and changing single tasks, and listing them.
 
+use crate::db::Pool;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, QueryBuilder};
-use crate::db::Pool;
 use uuid::Uuid;
 
 use super::{Attempt, Deadline, Status, Task, When};
@@ -380,9 +380,7 @@ pub async fn search_keys(pool: &Pool, search: &KeySearch<'_>) -> Result<Page, Er
         q.push(" WHERE bt.id = ").push_bind(id);
     }
     q.push(format_args!(" ORDER BY k.key COLLATE \"C\"{dir}, k.biz_type_id{dir} LIMIT ")).push_bind(limit);
-    q.push(
-        ") k JOIN all_tasks t ON t.id = k.task_id AND t.biz_type_id = k.biz_type_id JOIN biz_types bt ON bt.id = t.biz_type_id",
-    );
+    q.push(") k JOIN all_tasks t ON t.id = k.task_id AND t.biz_type_id = k.biz_type_id JOIN biz_types bt ON bt.id = t.biz_type_id");
     q.push(format_args!(" ORDER BY k.key COLLATE \"C\"{dir}, k.biz_type_id{dir}"));
     let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
     let more = items.len() as i64 > search.limit;
@@ -490,10 +488,7 @@ fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), Error> {
     let bad = || Error::invalid("cursor", "is not a cursor returned by this API");
     let text = String::from_utf8(URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?).map_err(|_| bad())?;
     let (run_at, id) = text.split_once('|').ok_or_else(bad)?;
-    Ok((
-        DateTime::parse_from_rfc3339(run_at).map_err(|_| bad())?.with_timezone(&Utc),
-        id.parse().map_err(|_| bad())?,
-    ))
+    Ok((DateTime::parse_from_rfc3339(run_at).map_err(|_| bad())?.with_timezone(&Utc), id.parse().map_err(|_| bad())?))
 }
 
 /// Locks the task wherever it lives and checks that the caller's biz type owns it.
@@ -676,8 +671,11 @@ pub async fn reschedule_target(
     let task = one(requeue(&mut tx, cold, &[id], Requeue { when, payload, priority, ..Requeue::default() }).await?)?;
     if let Some(when) = when {
         // No callback starts at or after the deadline: a task moved there could only expire.
-        let deadline: Option<DateTime<Utc>> =
-            crate::db::query_scalar("SELECT expires_at FROM all_tasks WHERE id = $1 AND run_at >= expires_at").bind(id).fetch_optional(&mut *tx).await?.flatten();
+        let deadline: Option<DateTime<Utc>> = crate::db::query_scalar("SELECT expires_at FROM all_tasks WHERE id = $1 AND run_at >= expires_at")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .flatten();
         if let Some(deadline) = deadline {
             let field = if matches!(when, When::At(_)) { "run_at" } else { "delay_ms" };
             return Err(Error::invalid(

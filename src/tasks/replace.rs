@@ -15,9 +15,9 @@
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::Status;
 use super::create::{CreateOutcome, NewTask, Rows, insert, key_conflict};
 use super::queries::{Requeue, lock, read, requeue};
-use super::Status;
 use crate::db::Pool;
 use crate::error::{Conflict, Error};
 
@@ -52,11 +52,7 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
         // Creates of this key that say what to do about it wait here for each other, until
         // the one before commits. Two-key advisory locks are apart from the one-key locks
         // the leader and the partition keeper take.
-        crate::db::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
-            .bind(biz_type_id)
-            .bind(&key)
-            .execute(&mut *tx)
-            .await?;
+        crate::db::query("SELECT pg_advisory_xact_lock($1, hashtext($2))").bind(biz_type_id).bind(&key).execute(&mut *tx).await?;
         // Locks the key's row against a cancel or retirement.
         let row: Option<(Uuid, Vec<u8>)> =
             crate::db::query_as("SELECT task_id, request_hash FROM task_keys WHERE biz_type_id = $1 AND key = $2 FOR UPDATE")
@@ -84,7 +80,9 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
             (OnConflict::Reject, Some(_)) => Some(CreateOutcome::Failed(key_conflict(item))),
             (OnConflict::Replace, Some((_, Status::Running, _))) => Some(CreateOutcome::Failed(Error::Conflict(
                 Conflict::TaskRunning,
-                format!("the task holding key `{key}` is running (its callback is under way); once it has finished, the same replace gives the key to a new task"),
+                format!(
+                    "the task holding key `{key}` is running (its callback is under way); once it has finished, the same replace gives the key to a new task"
+                ),
             ))),
             (OnConflict::Replace, Some((id, Status::Pending, cold))) => {
                 // The request's time, payload and deadline (none: none), the deadline

@@ -17,13 +17,13 @@ mod schedule;
 
 pub use schedule::Schedule;
 
+use crate::db::Pool;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use sqlx::{Postgres, Transaction};
-use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::error::Error;

@@ -43,8 +43,7 @@ impl Schedule {
                 ),
             ));
         }
-        let cron = cron::Schedule::from_str(expression)
-            .map_err(|e| Error::invalid("cron", format!("is not a valid cron expression: {e}")))?;
+        let cron = cron::Schedule::from_str(expression).map_err(|e| Error::invalid("cron", format!("is not a valid cron expression: {e}")))?;
         let tz: Tz = timezone
             .parse()
             .map_err(|_| Error::invalid("timezone", format!("`{timezone}` is not an IANA time zone name such as Europe/Berlin or UTC")))?;
@@ -182,15 +181,7 @@ mod tests {
     #[test]
     fn every_fifteen_minutes_through_the_gap_has_no_duplicates() {
         let got = fires("0 */15 * * * *", "America/New_York", "2026-03-08T01:30:00-05:00", "2026-03-08T03:30:00-04:00");
-        assert_eq!(
-            got,
-            [
-                "2026-03-08T01:45:00-05:00",
-                "2026-03-08T03:00:00-04:00",
-                "2026-03-08T03:15:00-04:00",
-                "2026-03-08T03:30:00-04:00",
-            ]
-        );
+        assert_eq!(got, ["2026-03-08T01:45:00-05:00", "2026-03-08T03:00:00-04:00", "2026-03-08T03:15:00-04:00", "2026-03-08T03:30:00-04:00",]);
     }
 
     #[test]
@@ -270,9 +261,41 @@ mod tests {
         fn cron_like() -> impl Strategy<Value = String> {
             let token = prop_oneof![
                 prop::sample::select(vec![
-                    "*", "?", "0", "7", "59", "60", "-1", "4294967295", "4294967296", "99999999999999999999", "*/0",
-                    "0/0", "1-0", "5-3", "0-59/0", "*/4294967295", "L", "W", "LW", "1#2", "Mon", "MON-FRI", "Sun-Sat",
-                    "Jan", "JAN-DEC", "1,,2", "1-", "-", "/", ",", "", "1970", "2100", "2101", "1969-2200",
+                    "*",
+                    "?",
+                    "0",
+                    "7",
+                    "59",
+                    "60",
+                    "-1",
+                    "4294967295",
+                    "4294967296",
+                    "99999999999999999999",
+                    "*/0",
+                    "0/0",
+                    "1-0",
+                    "5-3",
+                    "0-59/0",
+                    "*/4294967295",
+                    "L",
+                    "W",
+                    "LW",
+                    "1#2",
+                    "Mon",
+                    "MON-FRI",
+                    "Sun-Sat",
+                    "Jan",
+                    "JAN-DEC",
+                    "1,,2",
+                    "1-",
+                    "-",
+                    "/",
+                    ",",
+                    "",
+                    "1970",
+                    "2100",
+                    "2101",
+                    "1969-2200",
                 ])
                 .prop_map(str::to_string),
                 "[0-9*/,?LW#A-Za-z-]{1,8}",

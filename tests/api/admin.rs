@@ -76,7 +76,8 @@ async fn the_admin_api_runs_a_biz_type_from_creation_to_archive() {
     assert_eq!(archived.body["cancelled_tasks"], 2, "{}", archived.body);
     assert!(archived.body["archived_at"].is_string(), "{}", archived.body);
     for id in [&soon["id"], &later["id"]] {
-        let status: String = sqlx::query_scalar("SELECT status FROM all_tasks WHERE id = $1::uuid").bind(id.as_str().unwrap()).fetch_one(&app.pool).await.unwrap();
+        let status: String =
+            sqlx::query_scalar("SELECT status FROM all_tasks WHERE id = $1::uuid").bind(id.as_str().unwrap()).fetch_one(&app.pool).await.unwrap();
         assert_eq!(status, "cancelled", "task {id}");
     }
     let refused = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders"})).await;
@@ -118,7 +119,13 @@ fn console_error(body: &str, field: &str) -> String {
     let marker = format!(r#"data-field="{field}">"#);
     let start = body.find(&marker).unwrap_or_else(|| panic!("no {field} field: {body}")) + marker.len();
     let text = body[start..].split('<').next().unwrap();
-    text.replace("&#x27;", "'").replace("&#39;", "'").replace("&#x2f;", "/").replace("&#47;", "/").replace("&quot;", "\"").replace("&#96;", "`").replace("&amp;", "&")
+    text.replace("&#x27;", "'")
+        .replace("&#39;", "'")
+        .replace("&#x2f;", "/")
+        .replace("&#47;", "/")
+        .replace("&quot;", "\"")
+        .replace("&#96;", "`")
+        .replace("&amp;", "&")
 }
 
 /// The admin API refuses what the console refuses, in the console's words: each bad value
@@ -202,7 +209,13 @@ async fn a_biz_type_s_weight_is_taken_answered_and_checked() {
     assert!(line("heavy").contains(", weight 7,") && !line("plain").contains("weight"), "{}", out.stdout);
 
     let console = sign_in(&app, "admin", ADMIN_PASSWORD).await;
-    for (bad, rule) in [("0", "must be between 1 and 100"), ("-1", "must be between 1 and 100"), ("101", "must be between 1 and 100"), ("2.5", "must be a whole number"), ("x", "must be a whole number")] {
+    for (bad, rule) in [
+        ("0", "must be between 1 and 100"),
+        ("-1", "must be between 1 and 100"),
+        ("101", "must be between 1 and 100"),
+        ("2.5", "must be a whole number"),
+        ("x", "must be a whole number"),
+    ] {
         let page = console.post("/console/biz-types/heavy", &[("mode", "callback"), ("callback_url", url), ("weight", bad)]).await;
         assert_eq!(page.status, 422, "weight {bad}: {}", page.body);
         assert_eq!(console_error(&page.body, "weight"), rule, "weight {bad}");
@@ -213,7 +226,10 @@ async fn a_biz_type_s_weight_is_taken_answered_and_checked() {
     assert_eq!(app.get("/api/v1/admin/biz-types/heavy", &admin).await.body["weight"], json!(7));
     assert_eq!(console.post("/console/biz-types/heavy", &[("mode", "callback"), ("callback_url", url), ("weight", "4")]).await.status, 303);
     assert_eq!(app.get("/api/v1/admin/biz-types/heavy", &admin).await.body["weight"], json!(4));
-    assert_eq!(console.post("/console/biz-types", &[("name", "created"), ("mode", "callback"), ("callback_url", url), ("weight", "9")]).await.status, 303);
+    assert_eq!(
+        console.post("/console/biz-types", &[("name", "created"), ("mode", "callback"), ("callback_url", url), ("weight", "9")]).await.status,
+        303
+    );
     assert_eq!(app.get("/api/v1/admin/biz-types/created", &admin).await.body["weight"], json!(9));
     let page = console.get("/console/biz-types/heavy").await.body;
     assert!(page.contains(r#"name="weight" value="4""#) && page.contains(r#"<dd id="weight">4: 4 times the share"#), "{page}");
@@ -238,7 +254,11 @@ async fn admin_tokens_are_made_listed_and_revoked_from_the_command_line() {
     assert_eq!(rows.len(), 1);
     assert!(!rows[0].contains(&token[18..]), "stored in the clear: {rows:?}");
     let list = chime(&env, &["admin-token", "list"], None).await;
-    assert!(list.ok && list.stdout.contains(&token[..18]) && list.stdout.contains("deploy-bot") && !list.stdout.contains(&token[18..]), "{}", list.stdout);
+    assert!(
+        list.ok && list.stdout.contains(&token[..18]) && list.stdout.contains("deploy-bot") && !list.stdout.contains(&token[18..]),
+        "{}",
+        list.stdout
+    );
 
     assert_eq!(app.get("/api/v1/admin/users", &token).await.status, 200);
     let out = chime(&env, &["admin-token", "revoke", &token[..18]], None).await;
@@ -293,7 +313,8 @@ async fn archiving_from_the_command_line_refuses_tokens_on_running_nodes_at_once
     assert_eq!(refused.status, 403, "{}", refused.body);
     println!("refused {:?} after the token was checked (the command took part of it)", cached_at.elapsed());
     assert!(cached_at.elapsed() < Duration::from_secs(5), "refused only when the cache expired, after {:?}", cached_at.elapsed());
-    let status: String = sqlx::query_scalar("SELECT status FROM all_tasks WHERE id = $1::uuid").bind(task["id"].as_str().unwrap()).fetch_one(&app.pool).await.unwrap();
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM all_tasks WHERE id = $1::uuid").bind(task["id"].as_str().unwrap()).fetch_one(&app.pool).await.unwrap();
     assert_eq!(status, "cancelled");
     let list = chime(&env, &["biz-type", "list"], None).await;
     assert!(list.ok && !list.stdout.contains("orders"), "{}", list.stdout);
@@ -336,7 +357,8 @@ async fn the_admin_api_manages_console_users() {
     let users = app.get("/api/v1/admin/users", &admin).await.body;
     assert_eq!(users["items"].as_array().unwrap().len(), 1, "{users}");
 
-    let actions: Vec<String> = audit(&app).await.into_iter().filter(|(a, _, t)| a.starts_with("admin-token:") && t == "helen").map(|(_, action, _)| action).collect();
+    let actions: Vec<String> =
+        audit(&app).await.into_iter().filter(|(a, _, t)| a.starts_with("admin-token:") && t == "helen").map(|(_, action, _)| action).collect();
     assert_eq!(actions, ["user.create", "user.update", "user.update", "user.delete"]);
     let rows: Vec<String> = sqlx::query_scalar("SELECT l::text FROM audit_log l").fetch_all(&app.pool).await.unwrap();
     assert!(rows.iter().all(|r| !r.contains("first-password") && !r.contains("second-password")), "{rows:#?}");
@@ -380,10 +402,16 @@ async fn archiving_an_archived_biz_type_again_records_nothing() {
     let first = app.delete("/api/v1/admin/biz-types/orders", &admin).await;
     assert_eq!(first.status, 200, "{}", first.body);
     let again = app.delete("/api/v1/admin/biz-types/orders", &admin).await;
-    assert_eq!((again.status, &again.body["archived_at"], &again.body["cancelled_tasks"]), (200, &first.body["archived_at"], &json!(0)), "{}", again.body);
+    assert_eq!(
+        (again.status, &again.body["archived_at"], &again.body["cancelled_tasks"]),
+        (200, &first.body["archived_at"], &json!(0)),
+        "{}",
+        again.body
+    );
     let out = chime(&[("DATABASE_URL", app.db_url.as_str())], &["biz-type", "archive", "orders"], None).await;
     assert!(out.ok, "{}", out.stderr);
     println!("{}", out.stdout);
-    let entries: Vec<String> = sqlx::query_scalar("SELECT actor FROM audit_log WHERE action = 'biz_type.archive' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let entries: Vec<String> =
+        sqlx::query_scalar("SELECT actor FROM audit_log WHERE action = 'biz_type.archive' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     assert_eq!(entries.len(), 1, "one entry, of the archive that happened: {entries:?}");
 }

@@ -68,7 +68,15 @@ async fn apply_creates_then_changes_nothing_then_updates_one_field() {
 
     let out = chime(&env, &["apply", "-f", &file], None).await;
     assert!(out.ok, "{}", out.stderr);
-    for line in ["create orders", "    timeout_ms: 5000", "    rate_limit: 50", "create reports", "    mode: pull", "    paused: true", "not in the file (left as is): legacy"] {
+    for line in [
+        "create orders",
+        "    timeout_ms: 5000",
+        "    rate_limit: 50",
+        "create reports",
+        "    mode: pull",
+        "    paused: true",
+        "not in the file (left as is): legacy",
+    ] {
         assert!(out.stdout.lines().any(|l| l == line), "no line {line:?} in:\n{}", out.stdout);
     }
     assert_eq!(out.last_line(), "applied: created 2 and updated 0 biz type(s)");
@@ -172,10 +180,8 @@ async fn a_referenced_secret_signs_callbacks_and_is_never_printed() {
     let dir = Dir::new("secret");
     let from_env = "env-secret-3f9a7c2e51d84b06";
     let from_file = "file-secret-8d1e4a7b93c25f60";
-    let file = dir.write(
-        "chime.toml",
-        &format!("[biz_types.orders]\ncallback_url = \"{}\"\nsigning_secret = {{ env = \"ORDERS_SECRET\" }}\n", receiver.url),
-    );
+    let file = dir
+        .write("chime.toml", &format!("[biz_types.orders]\ncallback_url = \"{}\"\nsigning_secret = {{ env = \"ORDERS_SECRET\" }}\n", receiver.url));
     let env = [("DATABASE_URL", app.db_url.as_str()), ("ORDERS_SECRET", from_env)];
 
     let out = chime(&env, &["apply", "-f", &file], None).await;
@@ -190,7 +196,8 @@ async fn a_referenced_secret_signs_callbacks_and_is_never_printed() {
     assert_eq!(again.last_line(), "no changes", "the same secret is no change: {}", again.stdout);
 
     dir.write("orders.secret", &format!("{from_file}\n"));
-    let file = dir.write("chime.toml", &std::fs::read_to_string(&file).unwrap().replace("{ env = \"ORDERS_SECRET\" }", "{ file = \"orders.secret\" }"));
+    let file =
+        dir.write("chime.toml", &std::fs::read_to_string(&file).unwrap().replace("{ env = \"ORDERS_SECRET\" }", "{ file = \"orders.secret\" }"));
     let out = chime(&env, &["apply", "-f", &file], None).await;
     assert!(out.ok, "{}", out.stderr);
     assert!(out.stdout.contains("update orders\n    signing_secret: changed (from file "), "{}", out.stdout);
@@ -202,7 +209,11 @@ async fn a_referenced_secret_signs_callbacks_and_is_never_printed() {
 
     let unset = dir.write("unset.toml", "[biz_types.orders]\nsigning_secret = { env = \"NO_SUCH_SECRET_VARIABLE\" }\n");
     let out = chime(&env, &["apply", "-f", &unset], None).await;
-    assert!(!out.ok && out.stderr.contains("biz type `orders`: signing_secret: environment variable NO_SUCH_SECRET_VARIABLE is not set"), "{}", out.stderr);
+    assert!(
+        !out.ok && out.stderr.contains("biz type `orders`: signing_secret: environment variable NO_SUCH_SECRET_VARIABLE is not set"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// Waits for the n-th callback and checks its signature with `secret`.
@@ -248,13 +259,16 @@ async fn a_secret_file_that_is_not_a_regular_file_or_too_long_is_refused_at_once
         (fifo.display().to_string(), format!("{} is not a regular file (a FIFO)", fifo.display())),
         ("long.secret".into(), format!("{} is longer than a signing secret can be (1000 bytes)", dir.0.join("long.secret").display())),
     ] {
-        let file = dir.write("chime.toml", &format!("[biz_types.orders]\ncallback_url = \"https://o.test/\"\nsigning_secret = {{ file = \"{source}\" }}\n"));
+        let file =
+            dir.write("chime.toml", &format!("[biz_types.orders]\ncallback_url = \"https://o.test/\"\nsigning_secret = {{ file = \"{source}\" }}\n"));
         let started = std::time::Instant::now();
         let out = tokio::time::timeout(Duration::from_secs(5), chime(&env, &["apply", "-f", &file], None)).await;
         println!("{source}: {:?}: {}", started.elapsed(), out.as_ref().map_or("still running after 5 s", |o| o.stderr.as_str()));
         match out {
             Err(_) => wrong.push(format!("{source}: still running after 5 s")),
-            Ok(out) if out.ok || !out.stderr.contains(&format!("biz type `orders`: signing_secret: {says}")) => wrong.push(format!("{source}: {}", out.stderr)),
+            Ok(out) if out.ok || !out.stderr.contains(&format!("biz type `orders`: signing_secret: {says}")) => {
+                wrong.push(format!("{source}: {}", out.stderr))
+            }
             Ok(_) => {}
         }
     }
@@ -307,7 +321,11 @@ async fn weight_is_applied_and_checked() {
     }
     for bad in ["1.5", "\"3\""] {
         let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file.replace("weight = 3", &format!("weight = {bad}")))], None).await;
-        assert!(!out.ok && out.stderr.contains("chime.toml: line 15: invalid type: ") && out.stderr.contains("expected i32"), "weight {bad}: {}", out.stderr);
+        assert!(
+            !out.ok && out.stderr.contains("chime.toml: line 15: invalid type: ") && out.stderr.contains("expected i32"),
+            "weight {bad}: {}",
+            out.stderr
+        );
     }
     assert_eq!(weight(&app, "payouts").await, 100, "nothing refused was stored");
 }

@@ -29,11 +29,7 @@ async fn every_endpoint_requires_a_valid_token() {
     let task = app.create_task(&token, json!({"biz_type": "orders", "key": "k"})).await;
     let id = task["id"].as_str().unwrap();
     let revoked = chime::biz_types::create_token(&app.pool, "orders").await.unwrap();
-    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1")
-        .bind(&revoked[..12])
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1").bind(&revoked[..12]).execute(&app.pool).await.unwrap();
 
     for (method, path, body) in endpoints(id) {
         for bad in [None, Some("chime_not-a-real-token"), Some(revoked.as_str())] {
@@ -94,8 +90,7 @@ async fn a_token_acts_only_on_its_own_biz_type() {
 async fn tokens_are_stored_hashed() {
     let app = spawn_app().await;
     let token = app.biz_type("orders").await;
-    let stored: Vec<(Vec<u8>, String)> =
-        sqlx::query_as("SELECT token_hash, prefix FROM api_tokens").fetch_all(&app.pool).await.unwrap();
+    let stored: Vec<(Vec<u8>, String)> = sqlx::query_as("SELECT token_hash, prefix FROM api_tokens").fetch_all(&app.pool).await.unwrap();
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].0.len(), 32);
     assert!(!String::from_utf8_lossy(&stored[0].0).contains(&token[12..]));

@@ -7,9 +7,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
+use chime::db::Pool;
 use reqwest::header::{COOKIE, LOCATION};
 use serde_json::{Value, json};
-use chime::db::Pool;
 
 use crate::console::{ADMIN_PASSWORD, Console, no_redirects, revealed, sign_in, sign_in_attempt, support_user};
 use crate::helpers::{Reply, TestApp, chime_process_logging, fresh_database, spawn_app};
@@ -326,7 +326,13 @@ const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
     ("POST", "/console/users/{user}/reset-password", &[], Admin, 303),
     // Every user's own password, support staff's too.
     ("GET", "/console/account", &[], Staff, 200),
-    ("POST", "/console/account/password", &[("current_password", "{password}"), ("new_password", "changed-password"), ("confirm_password", "changed-password")], Staff, 303),
+    (
+        "POST",
+        "/console/account/password",
+        &[("current_password", "{password}"), ("new_password", "changed-password"), ("confirm_password", "changed-password")],
+        Staff,
+        303,
+    ),
     ("POST", "/console/logout", &[], Staff, 303),
 ];
 
@@ -413,12 +419,11 @@ async fn tokens_and_passwords_are_stored_hashed_only() {
     chime::users::create(&app.pool, "helen", "support", "support-password").await.unwrap();
     let support = sign_in(&app, "helen", "support-password").await;
 
-    let rows: Vec<String> = sqlx::query_scalar(
-        "SELECT t::text FROM api_tokens t UNION ALL SELECT u::text FROM users u UNION ALL SELECT s::text FROM sessions s",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
+    let rows: Vec<String> =
+        sqlx::query_scalar("SELECT t::text FROM api_tokens t UNION ALL SELECT u::text FROM users u UNION ALL SELECT s::text FROM sessions s")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
     assert_eq!(rows.len(), 1 + 2 + 1, "{rows:#?}");
     // The stored prefix is the token's first 12 characters; the rest must be nowhere.
     for secret in [&token[12..], ADMIN_PASSWORD, "support-password", &support.session] {
@@ -450,9 +455,14 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
     let pool = chime::db::connect(&db_url, 2).await.unwrap();
     let node = TestApp { address, pool, db_url, client: crate::helpers::client() };
 
-    biz_types::create(&node.pool, "orders", &Settings { callback_url: Some("http://127.0.0.1:9/x".into()), ..Default::default() }, CallbackHosts::Any)
-        .await
-        .unwrap();
+    biz_types::create(
+        &node.pool,
+        "orders",
+        &Settings { callback_url: Some("http://127.0.0.1:9/x".into()), ..Default::default() },
+        CallbackHosts::Any,
+    )
+    .await
+    .unwrap();
     chime::users::create(&node.pool, "helen", "support", "support-password").await.unwrap();
     let admin = sign_in(&node, "admin", "log-test-admin-password").await;
     let support = sign_in(&node, "helen", "support-password").await;

@@ -16,7 +16,15 @@ struct Case {
     mentions: &'static str,
 }
 
-fn case(what: &'static str, method: &'static str, path: &str, body: impl Into<Vec<u8>>, status: u16, code: &'static str, mentions: &'static str) -> Case {
+fn case(
+    what: &'static str,
+    method: &'static str,
+    path: &str,
+    body: impl Into<Vec<u8>>,
+    status: u16,
+    code: &'static str,
+    mentions: &'static str,
+) -> Case {
     Case { what, method, path: path.to_string(), body: body.into(), status, code, mentions }
 }
 
@@ -48,7 +56,15 @@ async fn bad_input_gets_a_clear_4xx() {
         case("run_at far past", "POST", t, r#"{"biz_type": "orders", "run_at": "1999-01-01T00:00:00Z"}"#, 422, "invalid_argument", "run_at"),
         case("run_at far future", "POST", t, r#"{"biz_type": "orders", "run_at": "9999-12-31T23:59:59Z"}"#, 422, "invalid_argument", "run_at"),
         case("run_at a number", "POST", t, r#"{"biz_type": "orders", "run_at": 1700000000}"#, 422, "invalid_argument", "run_at"),
-        case("both run_at and delay_ms", "POST", t, r#"{"biz_type": "orders", "run_at": "2026-12-01T10:00:00Z", "delay_ms": 5}"#, 422, "invalid_argument", "run_at"),
+        case(
+            "both run_at and delay_ms",
+            "POST",
+            t,
+            r#"{"biz_type": "orders", "run_at": "2026-12-01T10:00:00Z", "delay_ms": 5}"#,
+            422,
+            "invalid_argument",
+            "run_at",
+        ),
         case("negative delay", "POST", t, r#"{"biz_type": "orders", "delay_ms": -1}"#, 422, "invalid_argument", "delay_ms"),
         case("delay beyond ten years", "POST", t, r#"{"biz_type": "orders", "delay_ms": 999999999999999}"#, 422, "invalid_argument", "delay_ms"),
         case("delay beyond i64", "POST", t, r#"{"biz_type": "orders", "delay_ms": 99999999999999999999999}"#, 422, "invalid_argument", "delay_ms"),
@@ -86,11 +102,51 @@ async fn bad_input_gets_a_clear_4xx() {
         case("NUL in the listed biz type", "GET", "/api/v1/tasks?biz_type=%00", "", 404, "not_found", "biz type"),
         case("NUL in a by-key biz type", "GET", "/api/v1/biz-types/%00/tasks/by-key/x", "", 404, "not_found", "biz type"),
         case("NUL in a by-key key", "GET", "/api/v1/biz-types/orders/tasks/by-key/a%00b", "", 422, "invalid_argument", "control characters"),
-        case("payload number beyond PostgreSQL's range", "POST", t, r#"{"biz_type": "orders", "payload": {"n": 1e131072}}"#, 422, "invalid_argument", "payload"),
-        case("payload number with too many decimals for PostgreSQL", "PATCH", &task_path, r#"{"payload": [1e-16384]}"#, 422, "invalid_argument", "payload"),
-        case("payload number printed 100001 digits long", "POST", t, r#"{"biz_type": "orders", "payload": 1e100000}"#, 422, "invalid_argument", "payload"),
-        case("payload number beyond a double's exponent", "POST", t, r#"{"biz_type": "orders", "payload": [-1E+400]}"#, 422, "invalid_argument", "payload"),
-        case("timer payload number beyond range", "POST", "/api/v1/timers", r#"{"biz_type": "orders", "key": "t", "cron": "0 0 9 * * *", "payload": 1e131072}"#, 422, "invalid_argument", "payload"),
+        case(
+            "payload number beyond PostgreSQL's range",
+            "POST",
+            t,
+            r#"{"biz_type": "orders", "payload": {"n": 1e131072}}"#,
+            422,
+            "invalid_argument",
+            "payload",
+        ),
+        case(
+            "payload number with too many decimals for PostgreSQL",
+            "PATCH",
+            &task_path,
+            r#"{"payload": [1e-16384]}"#,
+            422,
+            "invalid_argument",
+            "payload",
+        ),
+        case(
+            "payload number printed 100001 digits long",
+            "POST",
+            t,
+            r#"{"biz_type": "orders", "payload": 1e100000}"#,
+            422,
+            "invalid_argument",
+            "payload",
+        ),
+        case(
+            "payload number beyond a double's exponent",
+            "POST",
+            t,
+            r#"{"biz_type": "orders", "payload": [-1E+400]}"#,
+            422,
+            "invalid_argument",
+            "payload",
+        ),
+        case(
+            "timer payload number beyond range",
+            "POST",
+            "/api/v1/timers",
+            r#"{"biz_type": "orders", "key": "t", "cron": "0 0 9 * * *", "payload": 1e131072}"#,
+            422,
+            "invalid_argument",
+            "payload",
+        ),
         case("timers list: NUL in the cursor", "GET", "/api/v1/timers?cursor=a%00b", "", 422, "invalid_argument", "cursor"),
         case("replay a pending task", "POST", &format!("{task_path}/replay"), "", 409, "invalid_state", "pending"),
     ];

@@ -51,7 +51,11 @@ async fn wait_for_breaker(app: &TestApp, biz_type: &str, open: bool) {
         match breaker(app, biz_type).await {
             Some((true, ..)) if open => return,
             Some((false, true, true, _)) if !open => return,
-            state => assert!(start.elapsed() < Duration::from_secs(15), "the breaker of {biz_type} did not become {}: {state:?}", if open { "open" } else { "closed" }),
+            state => assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the breaker of {biz_type} did not become {}: {state:?}",
+                if open { "open" } else { "closed" }
+            ),
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -166,7 +170,11 @@ async fn a_receiver_down_then_back_is_probed_and_every_task_delivered() {
     let first = down.first().expect("the receiver was called").at;
     let probes: Vec<Instant> = down.iter().map(|r| r.at).filter(|at| *at > first + Duration::from_millis(200)).collect();
     let burst = down.len() - probes.len();
-    println!("down for 2 s: {} requests ({burst} before it opened, {} probes); all {TASKS} delivered {delivered_in:?} after it was back", down.len(), probes.len());
+    println!(
+        "down for 2 s: {} requests ({burst} before it opened, {} probes); all {TASKS} delivered {delivered_in:?} after it was back",
+        down.len(),
+        probes.len()
+    );
     assert!(burst <= 3 + 5 + 5, "{burst} requests before the breaker held the biz type");
     assert!((2..=8).contains(&probes.len()), "{} probes in about 2 s at one per 300 ms", probes.len());
     for pair in probes.windows(2) {
@@ -186,11 +194,13 @@ async fn a_receiver_down_then_back_is_probed_and_every_task_delivered() {
         .await
         .unwrap();
     assert!(most <= 2, "a task counted {most} attempts");
-    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts a JOIN biz_types b ON b.id = a.biz_type_id WHERE b.name = $1 AND a.error LIKE '%not counted%'")
-        .bind(NAME)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM attempts a JOIN biz_types b ON b.id = a.biz_type_id WHERE b.name = $1 AND a.error LIKE '%not counted%'",
+    )
+    .bind(NAME)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
     assert!(held >= probes.len() as i64, "{held} attempts say they were not counted");
 
     // The failure receiver heard both, signed with the biz type's secret.
@@ -349,7 +359,8 @@ async fn retry_after_holds_the_whole_biz_type_on_every_node() {
     }
     let ids: Vec<String> = calls.iter().map(|c| c.json()["task_id"].as_str().unwrap().to_string()).collect();
     assert!(ids.contains(&second["id"].as_str().unwrap().to_string()) && ids[0] == first["id"].as_str().unwrap());
-    let slowed: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar("SELECT slowed_until FROM receiver_breakers").fetch_one(&app.pool).await.unwrap();
+    let slowed: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT slowed_until FROM receiver_breakers").fetch_one(&app.pool).await.unwrap();
     assert!(slowed.is_some());
 }
 
@@ -397,10 +408,19 @@ async fn breaker_settings_are_checked_everywhere() {
     let page = console.post("/console/biz-types/hooks", &form).await;
     assert_eq!(page.status, 422);
     assert!(page.body.contains(r#"data-field="breaker_threshold">must be between 0 and 10000"#), "{}", page.body);
-    let form = [("mode", "callback"), ("callback_url", "http://127.0.0.1:9/"), ("breaker_threshold", "7"), ("breaker_window_ms", "2000"), ("breaker_probe_ms", "300")];
+    let form = [
+        ("mode", "callback"),
+        ("callback_url", "http://127.0.0.1:9/"),
+        ("breaker_threshold", "7"),
+        ("breaker_window_ms", "2000"),
+        ("breaker_probe_ms", "300"),
+    ];
     assert_eq!(console.post("/console/biz-types/hooks", &form).await.status, 303);
     let shown = app.get("/api/v1/admin/biz-types/hooks", &admin).await.body;
-    assert_eq!((shown["breaker_threshold"].as_i64(), shown["breaker_window_ms"].as_i64(), shown["breaker_probe_ms"].as_i64()), (Some(7), Some(2000), Some(300)));
+    assert_eq!(
+        (shown["breaker_threshold"].as_i64(), shown["breaker_window_ms"].as_i64(), shown["breaker_probe_ms"].as_i64()),
+        (Some(7), Some(2000), Some(300))
+    );
     let page = console.get("/console/biz-types/hooks").await.body;
     assert!(page.contains(r#"name="breaker_probe_ms" value="300""#) && page.contains("opens after 7 failures in a row within 2000 ms"), "{page}");
 }

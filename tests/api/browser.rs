@@ -98,11 +98,7 @@ impl Browser {
         }
 
         static SESSIONS: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "chime-browser-{}-{}",
-            std::process::id(),
-            SESSIONS.fetch_add(1, Ordering::Relaxed)
-        ));
+        let dir = std::env::temp_dir().join(format!("chime-browser-{}-{}", std::process::id(), SESSIONS.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_dir_all(&dir);
         let profile = dir.join("profile");
         std::fs::create_dir_all(&profile).unwrap_or_else(|e| panic!("creating {}: {e}", profile.display()));
@@ -130,10 +126,7 @@ impl Browser {
             .unwrap_or_else(|_| panic!("ChromeDriver did not announce its port within {START_TIMEOUT:?}"))
             .unwrap_or_else(|output| {
                 let status = driver.child.try_wait().ok().flatten();
-                panic!(
-                    "ChromeDriver exited ({status:?}) without announcing its port; it printed:\n{output}\n{}",
-                    driver.log_tail()
-                )
+                panic!("ChromeDriver exited ({status:?}) without announcing its port; it printed:\n{output}\n{}", driver.log_tail())
             });
         let webdriver = format!("http://127.0.0.1:{port}");
 
@@ -247,11 +240,7 @@ impl Browser {
             }
             seen.push(format!("{text:?} (value {value:?})"));
         }
-        panic!(
-            "`{css}` has no option with the text or value {choice:?}; it has: {}{}",
-            seen.join(", "),
-            self.page_context().await
-        );
+        panic!("`{css}` has no option with the text or value {choice:?}; it has: {}{}", seen.join(", "), self.page_context().await);
     }
 
     /// Ticks (`true`) or unticks a checkbox, clicking it only if it is not that way already.
@@ -283,9 +272,7 @@ impl Browser {
     /// test that validation, click the button with [`Browser::click`] instead.
     pub async fn submit(&self, form_css: &str) {
         let form = self.find(form_css).await;
-        let result = form
-            .find_all(Locator::Css("button[type=submit], button:not([type]), input[type=submit], input[type=image]"))
-            .await;
+        let result = form.find_all(Locator::Css("button[type=submit], button:not([type]), input[type=submit], input[type=image]")).await;
         let buttons = self.ok(result, format!("finding the submit button of `{form_css}`")).await;
         let result = match buttons.first() {
             Some(button) => button.click().await,
@@ -327,10 +314,7 @@ impl Browser {
                 }
             }
             if Instant::now() >= deadline {
-                panic!(
-                    "submitting `{form_css}` did not leave the page within {PAGE_TIMEOUT:?}{}",
-                    self.page_context().await
-                );
+                panic!("submitting `{form_css}` did not leave the page within {PAGE_TIMEOUT:?}{}", self.page_context().await);
             }
             tokio::time::sleep(POLL).await;
         }

@@ -45,10 +45,7 @@ async fn echo(form: web::Form<Echo>) -> HttpResponse {
 fn serve() -> String {
     let server = HttpServer::new(|| {
         App::new()
-            .route(
-                "/",
-                web::get().to(|| async { HttpResponse::Ok().content_type("text/html; charset=utf-8").body(FORM) }),
-            )
+            .route("/", web::get().to(|| async { HttpResponse::Ok().content_type("text/html; charset=utf-8").body(FORM) }))
             .route("/echo", web::post().to(echo))
     })
     .workers(1)

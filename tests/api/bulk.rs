@@ -153,18 +153,18 @@ async fn bulk_replay_takes_failed_or_expired_tasks_back_to_pending() {
     let expired = replay(json!({"status": "expired", "run_at_to": Utc::now().to_rfc3339()})).await;
     assert_eq!(expired.body, json!({"matched": 4, "replayed": 4}));
     assert_eq!((count(&app, "orders", "pending").await, count(&app, "orders", "failed").await, count(&app, "orders", "expired").await), (7, 2, 0));
-    let fresh: Vec<(i32, Option<String>, bool)> = sqlx::query_as(
-        "SELECT attempt_count, last_error, run_at > now() - interval '1 minute' FROM tasks WHERE status = 'pending'",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
+    let fresh: Vec<(i32, Option<String>, bool)> =
+        sqlx::query_as("SELECT attempt_count, last_error, run_at > now() - interval '1 minute' FROM tasks WHERE status = 'pending'")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
     assert!(fresh.iter().all(|row| *row == (0, None, true)), "replayed as one replay does: {fresh:?}");
     let task = app.get(&format!("/api/v1/biz-types/orders/tasks/by-key/{}", "order-late-0"), &token).await.body;
     assert_eq!(task["status"], "pending");
     let rest = replay(json!({"status": "failed", "all": true})).await;
     assert_eq!(rest.body, json!({"matched": 2, "replayed": 2}));
-    let actions: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_log WHERE actor <> 'chime' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let actions: Vec<String> =
+        sqlx::query_scalar("SELECT action FROM audit_log WHERE actor <> 'chime' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     assert_eq!(actions, ["task.bulk_replay"; 3]);
 }
 
@@ -221,9 +221,11 @@ async fn bulk_cancel_goes_through_many_batches() {
     load(&app, "orders", "b-", 2500, hours(1) + chrono::Duration::milliseconds(1), 2.0, "pending").await;
     let reply = app.post("/api/v1/biz-types/orders/tasks/cancel", &token, json!({"key_prefix": "a-"})).await;
     assert_eq!(reply.body, json!({"matched": 2500, "cancelled": 2500}));
-    let left: Vec<(String, i64)> = sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status ORDER BY status").fetch_all(&app.pool).await.unwrap();
+    let left: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status ORDER BY status").fetch_all(&app.pool).await.unwrap();
     assert_eq!(left, [("cancelled".to_string(), 2500), ("pending".to_string(), 2500)]);
-    let wrong: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE (status = 'cancelled') <> starts_with(key, 'a-')").fetch_one(&app.pool).await.unwrap();
+    let wrong: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tasks WHERE (status = 'cancelled') <> starts_with(key, 'a-')").fetch_one(&app.pool).await.unwrap();
     assert_eq!(wrong, 0);
 }
 
@@ -249,9 +251,8 @@ async fn bulk_cancel_of_100k_beside_a_steady_biz_type() {
 
     // 50 a second for 8 seconds, from 2 seconds on.
     let start = Utc::now() + chrono::Duration::seconds(2);
-    let items: Vec<Value> = (0..400)
-        .map(|i| json!({"biz_type": "steady", "run_at": (start + chrono::Duration::milliseconds(i * 20)).to_rfc3339()}))
-        .collect();
+    let items: Vec<Value> =
+        (0..400).map(|i| json!({"biz_type": "steady", "run_at": (start + chrono::Duration::milliseconds(i * 20)).to_rfc3339()})).collect();
     let created = app.post("/api/v1/tasks/batch", &steady, json!({"tasks": items})).await;
     assert!(created.body["results"].as_array().unwrap().iter().all(|r| r["status"] == 201), "{}", created.body);
     let (wall, clock) = (SystemTime::now(), Instant::now());
@@ -341,7 +342,8 @@ async fn the_console_cancels_and_replays_in_bulk_after_asking() {
     let bogus = admin.get("/console/tasks/replay-failed?biz_type=orders&status=pending").await;
     assert_eq!(bogus.status, 422, "only failed or expired tasks are replayed in bulk: {}", bogus.body);
 
-    let audited: Vec<(String, Value)> = sqlx::query_as("SELECT action, after FROM audit_log WHERE action LIKE 'task.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let audited: Vec<(String, Value)> =
+        sqlx::query_as("SELECT action, after FROM audit_log WHERE action LIKE 'task.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     let actions: Vec<&str> = audited.iter().map(|(a, _)| a.as_str()).collect();
     assert_eq!(actions, ["task.bulk_cancel", "task.bulk_replay"]);
     assert_eq!((&audited[0].1["key_prefix"], &audited[0].1["changed"]), (&json!("order-"), &json!(5)));

@@ -17,9 +17,7 @@ fn by_key(biz: &str, key: &str) -> String {
 
 /// Percent-encodes everything but unreserved characters, as a client puts a key in a path.
 fn urlencoding(key: &str) -> String {
-    key.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect()
+    key.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
 }
 
 /// PATCH by key changes the key's pending task exactly as PATCH by id does (time and
@@ -52,7 +50,11 @@ async fn patch_and_delete_by_key_act_on_the_keys_task() {
     let audited: Vec<(String, String)> =
         sqlx::query_as("SELECT action, target FROM audit_log WHERE actor <> 'chime' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     let id = task["id"].as_str().unwrap().to_string();
-    assert_eq!(audited, [("task.reschedule".to_string(), id.clone()), ("task.cancel".to_string(), id)], "the PATCH by key is audited, like the cancel");
+    assert_eq!(
+        audited,
+        [("task.reschedule".to_string(), id.clone()), ("task.cancel".to_string(), id)],
+        "the PATCH by key is audited, like the cancel"
+    );
 
     for (method, body) in [("DELETE", None), ("PATCH", Some(json!({"delay_ms": 5})))] {
         let again = app.request(method, &path, Some(&token), body.map(|b| b.to_string().into_bytes())).await;
@@ -115,7 +117,8 @@ async fn reject_and_keep_answer_with_the_keys_task() {
     let token = app.biz_type("orders").await;
     let first = app.create_task(&token, json!({"biz_type": "orders", "key": "k", "delay_ms": 60_000, "payload": 1})).await;
 
-    let repeat = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "key": "k", "delay_ms": 60_000, "payload": 1, "on_conflict": "reject"})).await;
+    let repeat =
+        app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "key": "k", "delay_ms": 60_000, "payload": 1, "on_conflict": "reject"})).await;
     assert_eq!((repeat.status, &repeat.body["id"]), (200, &first["id"]), "on_conflict is not part of the request compared");
     let other = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "key": "k", "payload": 2})).await;
     assert_eq!((other.status, other.code()), (409, "key_conflict"), "{}", other.body);
@@ -156,7 +159,10 @@ async fn replace_changes_a_pending_task_and_gives_a_finished_ones_key_to_a_new_t
     let moved = json!({"biz_type": "orders", "key": "meeting", "run_at": "2030-06-01T08:45:00Z", "payload": {"at": 2}, "on_conflict": "replace"});
     let reply = app.post("/api/v1/tasks", &token, moved.clone()).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    assert_eq!((reply.body["id"].as_str(), &reply.body["payload"], &reply.body["run_at"]), (Some(id.as_str()), &json!({"at": 2}), &json!("2030-06-01T08:45:00Z")));
+    assert_eq!(
+        (reply.body["id"].as_str(), &reply.body["payload"], &reply.body["run_at"]),
+        (Some(id.as_str()), &json!({"at": 2}), &json!("2030-06-01T08:45:00Z"))
+    );
     assert_eq!(app.table_of(&id).await, "tasks_cold");
     let mut repeat = moved.clone();
     repeat["on_conflict"] = json!("reject");
@@ -178,7 +184,13 @@ async fn replace_changes_a_pending_task_and_gives_a_finished_ones_key_to_a_new_t
     let mut ids = vec![id.clone()];
     for finished in ["succeeded", "failed", "cancelled", "expired"] {
         app.force_status(ids.last().unwrap(), finished).await;
-        let reply = app.post("/api/v1/tasks", &token, json!({"biz_type": "orders", "key": "meeting", "delay_ms": 3_600_000, "payload": finished, "on_conflict": "replace"})).await;
+        let reply = app
+            .post(
+                "/api/v1/tasks",
+                &token,
+                json!({"biz_type": "orders", "key": "meeting", "delay_ms": 3_600_000, "payload": finished, "on_conflict": "replace"}),
+            )
+            .await;
         assert_eq!(reply.status, 201, "after {finished}: {}", reply.body);
         let new_id = reply.body["id"].as_str().unwrap().to_string();
         assert!(!ids.contains(&new_id));
@@ -337,7 +349,10 @@ async fn replace_racing_the_engine_loses_and_doubles_no_callback() {
     assert_eq!(delivered.len(), last_payload.len(), "no callback for a task no answer named");
     println!("replace racing the engine: answers {answers:?}, {} tasks delivered", delivered.len());
     let answered = |status| answers.get(&status).copied().unwrap_or(0);
-    assert!(answered(201) >= 3 * keys && answered(200) >= keys, "the race was run: tasks replaced while pending, and given new ones once finished: {answers:?}");
+    assert!(
+        answered(201) >= 3 * keys && answered(200) >= keys,
+        "the race was run: tasks replaced while pending, and given new ones once finished: {answers:?}"
+    );
 }
 
 /// The items of one batch are applied in order, as if sent one by one: an item sees what
@@ -436,6 +451,7 @@ async fn concurrent_replaces_of_a_finished_tasks_key_all_settle() {
     println!("{} replaces: {tally:?}", rounds * 12);
     assert_eq!(tally.get(&201), Some(&rounds), "{tally:?}");
     assert_eq!(tally.get(&200), Some(&(rounds * 11)), "{tally:?}");
-    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE key = 'k' AND status = 'pending'").fetch_one(&app.pool).await.unwrap();
+    let pending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE key = 'k' AND status = 'pending'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(pending, 1);
 }

@@ -81,7 +81,9 @@ async fn transition_forms_and_special_purpose_ranges_are_refused_when_saved() {
     }
     assert!(biz_types::list(&app.pool).await.unwrap().is_empty());
 
-    for (name, url) in [("nat64", "http://[64:ff9b::808:808]/hook"), ("sixtofour", "http://[2002:808:808::1]/hook"), ("v6", "http://[2606:4700::1111]/hook")] {
+    for (name, url) in
+        [("nat64", "http://[64:ff9b::808:808]/hook"), ("sixtofour", "http://[2002:808:808::1]/hook"), ("v6", "http://[2606:4700::1111]/hook")]
+    {
         let page = admin.post("/console/biz-types", &[("name", name), ("mode", "callback"), ("callback_url", url)]).await;
         assert_eq!(page.status, 303, "{url}: created, and sent to its page: {}", page.body);
     }

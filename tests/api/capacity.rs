@@ -28,14 +28,11 @@ async fn the_nodes_capacity_is_shared_by_weight_and_a_herd_leaves_the_next_place
         biz_types::create(&app.pool, name, &settings, CallbackHosts::Any).await.unwrap();
         tokens.push(biz_types::create_token(&app.pool, name).await.unwrap());
     }
-    let _nodes = [
-        chime_process(&app.db_url, &[("CHIME_NODE_CAPACITY", "12")]).await,
-        chime_process(&app.db_url, &[("CHIME_NODE_CAPACITY", "12")]).await,
-    ];
+    let _nodes =
+        [chime_process(&app.db_url, &[("CHIME_NODE_CAPACITY", "12")]).await, chime_process(&app.db_url, &[("CHIME_NODE_CAPACITY", "12")]).await];
     let due = Utc::now() + chrono::Duration::seconds(1);
     for (name, token) in ["light", "heavy"].iter().zip(&tokens) {
-        let herd: Vec<Value> =
-            (0..300).map(|i| json!({"biz_type": name, "run_at": due.to_rfc3339(), "payload": {"biz": name, "i": i}})).collect();
+        let herd: Vec<Value> = (0..300).map(|i| json!({"biz_type": name, "run_at": due.to_rfc3339(), "payload": {"biz": name, "i": i}})).collect();
         assert_eq!(app.post("/api/v1/tasks/batch", token, json!({"tasks": herd})).await.status, 200);
     }
 

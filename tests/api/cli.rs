@@ -52,7 +52,12 @@ async fn biz_type_and_token_commands_work_end_to_end() {
     let app = spawn_app().await;
     let env = [("DATABASE_URL", app.db_url.as_str())];
 
-    let out = chime(&env, &["biz-type", "create", "orders", "--callback-url", "https://example.test/hook", "--max-attempts", "5", "--rate-limit", "50"], None).await;
+    let out = chime(
+        &env,
+        &["biz-type", "create", "orders", "--callback-url", "https://example.test/hook", "--max-attempts", "5", "--rate-limit", "50"],
+        None,
+    )
+    .await;
     assert!(out.ok, "{}", out.stderr);
     let secret: String = sqlx::query_scalar("SELECT signing_secret FROM biz_types WHERE name = 'orders'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(out.last_line(), secret);
@@ -88,7 +93,10 @@ async fn biz_type_commands_reject_bad_settings() {
         (&["biz-type", "create", "a", "--callback-url", "ftp://x.test/"], "callback_url"),
         (&["biz-type", "create", "a"], "callback_url"),
         (&["biz-type", "create", "a", "--callback-url", "http://x.test/", "--timeout-ms", "0"], "timeout_ms"),
-        (&["biz-type", "create", "a", "--callback-url", "http://x.test/", "--backoff-initial-ms", "5000", "--backoff-max-ms", "10"], "backoff_max_ms"),
+        (
+            &["biz-type", "create", "a", "--callback-url", "http://x.test/", "--backoff-initial-ms", "5000", "--backoff-max-ms", "10"],
+            "backoff_max_ms",
+        ),
         (&["biz-type", "update", "nosuch", "--pause"], "nosuch"),
         (&["token", "create", "--biz-type", "nosuch"], "nosuch"),
     ];
@@ -178,13 +186,17 @@ async fn user_list_disable_enable_and_reset_password() {
     assert!(out.ok && !out.stdout.contains("piped-password"), "{}{}", out.stdout, out.stderr);
     assert_eq!(sign_in_attempt(&app, "helen", "piped-password").await.status, 303);
 
-    for (args, says) in [(&["user", "reset-password", "helen", "--password", "short"][..], "password: must be at least 8 characters"), (&["user", "disable", "nobody"][..], "no user named `nobody`")] {
+    for (args, says) in [
+        (&["user", "reset-password", "helen", "--password", "short"][..], "password: must be at least 8 characters"),
+        (&["user", "disable", "nobody"][..], "no user named `nobody`"),
+    ] {
         let out = chime(&env, args, None).await;
         assert!(!out.ok && out.stderr.contains(says), "{args:?}: {}", out.stderr);
     }
     assert_eq!(sign_in_attempt(&app, "helen", "piped-password").await.status, 303, "a refused reset changed the password");
 
-    let audit: Vec<(String, String)> = sqlx::query_as("SELECT action, target FROM audit_log WHERE actor = 'cli' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let audit: Vec<(String, String)> =
+        sqlx::query_as("SELECT action, target FROM audit_log WHERE actor = 'cli' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     let audit: Vec<(&str, &str)> = audit.iter().map(|(a, t)| (a.as_str(), t.as_str())).collect();
     assert_eq!(
         audit,
@@ -197,11 +209,12 @@ async fn user_list_disable_enable_and_reset_password() {
             ("user.reset_password", "helen")
         ]
     );
-    let leaked: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE after::text LIKE '%' || $1 || '%' OR after::text LIKE '%given-password%'")
-        .bind(&generated)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let leaked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE after::text LIKE '%' || $1 || '%' OR after::text LIKE '%given-password%'")
+            .bind(&generated)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     assert_eq!(leaked, 0, "a password in the audit log");
 }
 
@@ -210,7 +223,20 @@ async fn user_list_disable_enable_and_reset_password() {
 async fn help_documents_settings() {
     let out = chime(&[], &["--help"], None).await;
     assert!(out.ok);
-    for needle in ["DATABASE_URL", "CHIME_DATA_DIR", "./chime-data", "CHIME_LISTEN", "127.0.0.1:8080", "CHIME_ADMIN_PASSWORD", "CHIME_CONFIG", "serve", "biz-type", "token", "user", "migrate"] {
+    for needle in [
+        "DATABASE_URL",
+        "CHIME_DATA_DIR",
+        "./chime-data",
+        "CHIME_LISTEN",
+        "127.0.0.1:8080",
+        "CHIME_ADMIN_PASSWORD",
+        "CHIME_CONFIG",
+        "serve",
+        "biz-type",
+        "token",
+        "user",
+        "migrate",
+    ] {
         assert!(out.stdout.contains(needle), "--help lacks {needle}:\n{}", out.stdout);
     }
     // The engine has shipped: nothing promises it for later.
@@ -231,7 +257,16 @@ async fn help_documents_settings() {
 async fn bench_and_soak_run_chime_bench() {
     let out = chime(&[], &["bench", "--help"], None).await;
     assert!(out.ok, "{}", out.stderr);
-    for needle in ["Usage: chime bench", "--scenarios", "--burst-tasks", "--receiver-url", "--fairness-herd", "--scenarios fairness", "DATABASE_URL", "throwaway embedded PostgreSQL"] {
+    for needle in [
+        "Usage: chime bench",
+        "--scenarios",
+        "--burst-tasks",
+        "--receiver-url",
+        "--fairness-herd",
+        "--scenarios fairness",
+        "DATABASE_URL",
+        "throwaway embedded PostgreSQL",
+    ] {
         assert!(out.stdout.contains(needle), "bench --help lacks {needle}:\n{}", out.stdout);
     }
     let out = chime(&[], &["soak", "--help"], None).await;
@@ -278,7 +313,9 @@ async fn new_biz_types_get_the_day_long_retry_defaults() {
     assert!(out.stdout.contains(&format!("[default: {DEFAULT_MAX_ATTEMPTS}")), "{}", out.stdout);
     let admin = crate::console::sign_in(&app, "admin", "test-admin-password").await;
     let form = admin.get("/console/biz-types/new").await.body;
-    for (name, value) in [("max_attempts", DEFAULT_MAX_ATTEMPTS), ("backoff_initial_ms", DEFAULT_BACKOFF_INITIAL_MS), ("backoff_max_ms", DEFAULT_BACKOFF_MAX_MS)] {
+    for (name, value) in
+        [("max_attempts", DEFAULT_MAX_ATTEMPTS), ("backoff_initial_ms", DEFAULT_BACKOFF_INITIAL_MS), ("backoff_max_ms", DEFAULT_BACKOFF_MAX_MS)]
+    {
         assert!(form.contains(&format!(r#"name="{name}" value="{value}""#)), "{name}: {form}");
     }
 }
@@ -321,7 +358,13 @@ async fn user_names_are_the_same_in_any_case() {
     let body = json!({"name": "hElEn", "role": "admin", "password": "another-password"});
     let api = app.request("POST", "/api/v1/admin/users", Some(&admin), Some(body.to_string().into_bytes())).await;
     let names: Vec<String> = sqlx::query_scalar("SELECT username FROM users ORDER BY id").fetch_all(&app.pool).await.unwrap();
-    println!("`chime user create HELEN`: ok {} ({}); the admin API's hElEn: {} {}; users {names:?}", twin.ok, twin.stderr.trim(), api.status, api.body);
+    println!(
+        "`chime user create HELEN`: ok {} ({}); the admin API's hElEn: {} {}; users {names:?}",
+        twin.ok,
+        twin.stderr.trim(),
+        api.status,
+        api.body
+    );
     assert!(!twin.ok && twin.stderr.contains("already exists"), "{}", twin.stderr);
     assert_eq!(api.status, 409, "{}", api.body);
     assert_eq!(names, ["admin", "helen"]);

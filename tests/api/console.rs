@@ -113,12 +113,8 @@ impl Console {
         let posted = self.post(path, form).await;
         assert_eq!(posted.status, 303, "{path} answers with a redirect: {}", &posted.body[..posted.body.len().min(2000)]);
         assert!(!posted.body.contains("id=\"revealed\""), "{path}: the redirect itself shows a secret");
-        let cookies: Vec<String> = posted
-            .headers
-            .get_all(SET_COOKIE)
-            .iter()
-            .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string())
-            .collect();
+        let cookies: Vec<String> =
+            posted.headers.get_all(SET_COOKIE).iter().map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string()).collect();
         let cookies = cookies.join("; ");
         (self.get_with(posted.location(), &cookies).await, cookies)
     }
@@ -176,7 +172,9 @@ pub async fn support_user(app: &TestApp) -> Console {
 async fn every_page_needs_a_signed_in_user() {
     let app = spawn_app().await;
     let client = no_redirects();
-    for path in ["/console", "/console/biz-types", "/console/biz-types/new", "/console/tasks", "/console/timers", "/console/cluster", "/console/audit"] {
+    for path in
+        ["/console", "/console/biz-types", "/console/biz-types/new", "/console/tasks", "/console/timers", "/console/cluster", "/console/audit"]
+    {
         let resp = client.get(format!("{}{path}", app.address)).send().await.unwrap();
         assert_eq!(resp.status(), 303, "{path}");
         let location = resp.headers()[LOCATION].to_str().unwrap();
@@ -224,7 +222,10 @@ async fn wrong_passwords_from_one_address_do_not_lock_admin_out_from_another() {
     assert!((1..=15).contains(&wait), "{wait}");
     assert!(refused.body.contains(&format!("try again in {wait} seconds")), "{}", refused.body);
     let audited: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' AND actor <> 'chime' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+        sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' AND actor <> 'chime' ORDER BY id")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
     let failed = ("address:127.0.0.2".to_string(), "user.sign_in_failed".to_string(), "admin".to_string());
     let signed_in = ("user:admin".to_string(), "user.sign_in".to_string(), "admin".to_string());
     assert_eq!(audited, [vec![failed; 5], vec![signed_in]].concat());
@@ -270,7 +271,8 @@ async fn without_trusted_proxies_a_forged_forwarded_header_does_not_escape_the_l
     assert_eq!(statuses, [401, 401, 401, 401, 401, 429], "the forged addresses were believed");
     let forged = sign_in_attempt_forwarded(&app, "127.0.0.3", Some("203.0.113.9"), "admin", ADMIN_PASSWORD, "/console").await;
     assert_eq!(forged.status, 429);
-    let actors: Vec<String> = sqlx::query_scalar("SELECT DISTINCT actor FROM audit_log WHERE action = 'user.sign_in_failed'").fetch_all(&app.pool).await.unwrap();
+    let actors: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT actor FROM audit_log WHERE action = 'user.sign_in_failed'").fetch_all(&app.pool).await.unwrap();
     assert_eq!(actors, ["address:127.0.0.3"]);
 }
 
@@ -282,7 +284,11 @@ async fn an_invalid_trusted_proxy_stops_the_start() {
     let env = [("DATABASE_URL", db_url.as_str()), ("CHIME_LISTEN", "127.0.0.1:0"), ("CHIME_TRUSTED_PROXIES", "10.0.0.0/8, proxy.internal")];
     let out = tokio::time::timeout(std::time::Duration::from_secs(60), crate::cli::chime(&env, &["serve"], None)).await.expect("chime serve started");
     assert!(!out.ok, "{}", out.stderr);
-    assert!(out.stderr.contains("`proxy.internal` is not an IP address or a CIDR range (like 10.0.0.0/8 or 192.0.2.7, comma-separated)"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("`proxy.internal` is not an IP address or a CIDR range (like 10.0.0.0/8 or 192.0.2.7, comma-separated)"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// A `chime serve` process's log, after sign-ins whose user names carry a newline, a
@@ -349,7 +355,10 @@ async fn console_forms_and_filters_refuse_what_the_api_refuses_on_the_form() {
             }
             let page = admin.post(path, &form).await;
             assert_eq!(page.status, 422, "{path} {field}: {}", &page.body[..page.body.len().min(2000)]);
-            assert!(page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")), "no error at {field}");
+            assert!(
+                page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")),
+                "no error at {field}"
+            );
             assert!(page.body.contains(value), "{field} not kept");
         }
     }
@@ -413,11 +422,16 @@ async fn timer_reschedule_and_audit_forms_refuse_what_the_api_refuses_on_the_for
             if path != "/console/timers" && *field == "key" {
                 continue; // an edit keeps the key
             }
-            let body: Vec<String> = base.iter().filter(|(f, _)| f != field).map(|(f, v)| format!("{f}={v}")).chain([format!("{field}={value}")]).collect();
+            let body: Vec<String> =
+                base.iter().filter(|(f, _)| f != field).map(|(f, v)| format!("{f}={v}")).chain([format!("{field}={value}")]).collect();
             let page = admin.post_encoded(&path, &body.join("&")).await;
             let short = &page.body[..page.body.len().min(3000)];
             assert_eq!(page.status, 422, "{path} {field}={}: {short}", &value[..value.len().min(80)]);
-            assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "{path} {field}={}: no error at {field}: {short}", &value[..value.len().min(80)]);
+            assert!(
+                !page.body.contains(&format!("data-field=\"{field}\"></span>")),
+                "{path} {field}={}: no error at {field}: {short}",
+                &value[..value.len().min(80)]
+            );
             assert!(page.body.contains(shown.as_str()), "{path} {field}={}: not kept", &value[..value.len().min(80)]);
         }
     }
@@ -444,7 +458,11 @@ async fn timer_reschedule_and_audit_forms_refuse_what_the_api_refuses_on_the_for
         let short = &page.body[..page.body.len().min(3000)];
         assert_eq!(page.status, 422, "run_at={}: {short}", &value[..value.len().min(80)]);
         assert!(!page.body.contains("data-field=\"run_at\"></span>"), "run_at={}: no error at run_at: {short}", &value[..value.len().min(80)]);
-        assert!(page.body.contains(&format!("name=\"run_at\" step=\"1\" required value=\"{shown}\"")), "run_at={}: not kept", &value[..value.len().min(80)]);
+        assert!(
+            page.body.contains(&format!("name=\"run_at\" step=\"1\" required value=\"{shown}\"")),
+            "run_at={}: not kept",
+            &value[..value.len().min(80)]
+        );
     }
     assert_eq!(chime::tasks::get(&app.pool, task_id.parse().unwrap()).await.unwrap().unwrap().0.run_at, run_at_before);
 
@@ -467,7 +485,8 @@ async fn timer_reschedule_and_audit_forms_refuse_what_the_api_refuses_on_the_for
     let page = admin.post("/console/biz-types/orders/tokens/not-a-uuid/revoke", &[]).await;
     assert_eq!(page.status, 404, "{}", page.body);
     assert!(page.body.contains("<title>404"), "the console's page, not the framework's: {}", page.body);
-    let page = admin.post("/console/timers", &[("biz_type", "orders"), ("key", "big"), ("cron", "0 0 4 * * *"), ("payload", &"9".repeat(300 * 1024))]).await;
+    let page =
+        admin.post("/console/timers", &[("biz_type", "orders"), ("key", "big"), ("cron", "0 0 4 * * *"), ("payload", &"9".repeat(300 * 1024))]).await;
     assert_eq!(page.status, 400, "{}", &page.body[..page.body.len().min(2000)]);
     assert!(page.body.contains("<title>400") && page.body.contains("262144 bytes"), "{}", page.body);
     // A long search text is only a search that finds nothing.
@@ -560,7 +579,8 @@ async fn support_can_replay_and_cancel_but_not_change_settings() {
     let page = support.post(&format!("/console/tasks/{pending_id}/cancel"), &[]).await;
     assert_eq!(page.status, 303);
     assert_eq!(app.get(&format!("/api/v1/tasks/{pending_id}"), &token).await.body["status"], "cancelled");
-    let audited: Vec<(String, String)> = sqlx::query_as("SELECT actor, action FROM audit_log WHERE action LIKE 'task.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let audited: Vec<(String, String)> =
+        sqlx::query_as("SELECT actor, action FROM audit_log WHERE action LIKE 'task.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     assert_eq!(audited, [("user:helen".to_string(), "task.replay".to_string()), ("user:helen".to_string(), "task.cancel".to_string())]);
 }
 
@@ -628,7 +648,8 @@ async fn actions_redirect_and_a_reload_neither_repeats_them_nor_shows_the_secret
     let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
     let other = sign_in(&app, "admin", ADMIN_PASSWORD).await;
     let page_path = "/console/biz-types/orders";
-    let stored_secret = || async { chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap().signing_secret.expose().unwrap().to_string() };
+    let stored_secret =
+        || async { chime::biz_types::by_name(&app.pool, "orders").await.unwrap().unwrap().signing_secret.expose().unwrap().to_string() };
     let tokens = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM api_tokens").fetch_one(&app.pool).await.unwrap() };
 
     let create = [("name", "orders"), ("mode", "callback"), ("callback_url", "http://x.test/hook")];
@@ -661,7 +682,8 @@ async fn actions_redirect_and_a_reload_neither_repeats_them_nor_shows_the_secret
     assert_eq!(tokens().await, 1, "one token minted");
     let token = &shown[2];
     assert_eq!(app.get("/api/v1/tasks", token).await.status, 200, "the token shown works");
-    let audited: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_log WHERE action NOT LIKE 'user.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    let audited: Vec<String> =
+        sqlx::query_scalar("SELECT action FROM audit_log WHERE action NOT LIKE 'user.%' ORDER BY id").fetch_all(&app.pool).await.unwrap();
     assert_eq!(audited, ["biz_type.create", "biz_type.rotate_secret", "token.create"], "each action once");
 }
 
@@ -695,7 +717,10 @@ async fn a_form_shows_every_fields_problem_at_once() {
             if field == "name" && path.ends_with("orders") {
                 continue; // an edit keeps the name
             }
-            assert!(page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")), "{path}: no error at {field}");
+            assert!(
+                page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")),
+                "{path}: no error at {field}"
+            );
             assert!(page.body.contains(&format!("value=\"{value}\"")), "{path}: {field} not kept");
         }
     }
@@ -718,7 +743,9 @@ async fn a_form_shows_every_fields_problem_at_once() {
     let token = chime::biz_types::create_token(&app.pool, "orders").await.unwrap();
     let created = app.post("/api/v1/timers", &token, json!({"biz_type": "orders", "key": "nightly", "cron": "0 0 3 * * *"})).await;
     let timer = created.body["id"].as_str().unwrap().to_string();
-    let page = admin.post("/console/timers", &[("biz_type", ""), ("key", "daily"), ("cron", "every day"), ("timezone", "UTC"), ("payload", "not json")]).await;
+    let page = admin
+        .post("/console/timers", &[("biz_type", ""), ("key", "daily"), ("cron", "every day"), ("timezone", "UTC"), ("payload", "not json")])
+        .await;
     assert_eq!(page.status, 422, "{}", page.body);
     for field in ["biz_type", "cron", "payload"] {
         assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "new timer: no error at {field}");

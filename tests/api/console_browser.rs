@@ -77,7 +77,12 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     let mut ids = Vec::new();
     for i in 0..5 {
         let payload = if i == 0 { json!({"note": "<script>alert('x')</script>", "order": 1}) } else { json!({"order": i + 1}) };
-        ids.push(app.create_task(&token, json!({"biz_type": "orders", "key": format!("order-{}", i + 1), "payload": payload})).await["id"].as_str().unwrap().to_string());
+        ids.push(
+            app.create_task(&token, json!({"biz_type": "orders", "key": format!("order-{}", i + 1), "payload": payload})).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
     wait_count(&app, "failed", 5).await;
     browser.goto("/console/tasks?biz_type=orders&status=failed").await;
@@ -223,9 +228,8 @@ async fn a_tasks_history_after_two_replays_reads_in_order_and_reloads_repeat_not
         panic!("task {id} did not succeed");
     };
     succeeded().await;
-    let replays = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_log WHERE action = 'task.replay'").fetch_one(&app.pool).await.unwrap()
-    };
+    let replays =
+        || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_log WHERE action = 'task.replay'").fetch_one(&app.pool).await.unwrap() };
     let browser = Browser::start().await;
     sign_in(&browser, &app, "admin", "test-admin-password").await;
 
@@ -244,8 +248,7 @@ async fn a_tasks_history_after_two_replays_reads_in_order_and_reloads_repeat_not
     }
 
     browser.goto(&format!("/console/tasks/{id}")).await;
-    let ordinals: Vec<String> =
-        browser.texts("#attempts tbody tr.attempt td:first-child").await.into_iter().map(|t| t.trim().to_string()).collect();
+    let ordinals: Vec<String> = browser.texts("#attempts tbody tr.attempt td:first-child").await.into_iter().map(|t| t.trim().to_string()).collect();
     assert_eq!(ordinals, ["1", "2", "3", "4"], "one failure, its retry's success, one success after each replay");
     let tries: Vec<String> = browser.texts("#attempts tbody tr.attempt td:nth-child(2)").await.into_iter().map(|t| t.trim().to_string()).collect();
     assert_eq!(tries, ["1", "2", "1", "1"], "each replay starts the task's own count again");
@@ -269,7 +272,8 @@ async fn a_task_is_found_by_its_key_prefix_among_thousands() {
     let orders = app.biz_type("orders").await;
     let billing = app.biz_type("billing").await;
     for batch in 0..3 {
-        let items: Vec<_> = (0..1000).map(|i| json!({"biz_type": "orders", "key": format!("order-{:04}", batch * 1000 + i), "delay_ms": 3_600_000})).collect();
+        let items: Vec<_> =
+            (0..1000).map(|i| json!({"biz_type": "orders", "key": format!("order-{:04}", batch * 1000 + i), "delay_ms": 3_600_000})).collect();
         let reply = app.post("/api/v1/tasks/batch", &orders, json!({"tasks": items})).await;
         assert_eq!(reply.status, 200, "{}", reply.body);
     }
@@ -375,7 +379,13 @@ async fn the_console_fits_a_390_px_wide_screen() {
     browser.client().set_window_size(390, 844).await.expect("a phone-sized window");
     let width = browser.execute("return window.innerWidth").await;
     assert_eq!(width, json!(390), "the window is as narrow as asked");
-    for path in ["/console".to_string(), "/console/tasks".into(), format!("/console/tasks/{id}"), "/console/biz-types/orders".into(), format!("/console/timers/{timer_id}")] {
+    for path in [
+        "/console".to_string(),
+        "/console/tasks".into(),
+        format!("/console/tasks/{id}"),
+        "/console/biz-types/orders".into(),
+        format!("/console/timers/{timer_id}"),
+    ] {
         browser.goto(&path).await;
         let scroll_width = browser.execute("return document.documentElement.scrollWidth").await;
         // What sticks out, for the message: the outermost elements reaching past the edge.

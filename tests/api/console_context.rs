@@ -60,7 +60,10 @@ async fn an_admin_sends_a_test_callback_and_reads_its_result() {
     assert!(message.contains("HTTP 401") && message.contains("refused"), "{message}");
 
     let audited: Vec<serde_json::Value> =
-        sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'biz_type.test_callback' AND actor = 'user:admin' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+        sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'biz_type.test_callback' AND actor = 'user:admin' ORDER BY id")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
     assert_eq!(audited.len(), 2);
     assert_eq!(audited[0]["status_code"], 200);
     assert_eq!(audited[1]["status_code"], 401);
@@ -107,7 +110,13 @@ async fn only_admins_test_and_only_callback_biz_types() {
 async fn the_biz_type_page_shows_its_last_hour() {
     let app = spawn_app().await;
     let receiver = Receiver::start(vec![Answer::status(500)], Answer::status(200)).await;
-    let settings = Settings { callback_url: Some(receiver.url.clone()), max_attempts: Some(3), backoff_initial_ms: Some(1), backoff_max_ms: Some(1), ..Settings::default() };
+    let settings = Settings {
+        callback_url: Some(receiver.url.clone()),
+        max_attempts: Some(3),
+        backoff_initial_ms: Some(1),
+        backoff_max_ms: Some(1),
+        ..Settings::default()
+    };
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let other = Settings { callback_url: Some(receiver.url.clone()), ..Settings::default() };
@@ -182,9 +191,11 @@ async fn passwords_in_urls_are_masked_for_support_and_in_the_audit_log() {
         assert!(!log.body.contains("s3cret"), "{}", log.body);
         assert!(log.body.contains("(password changed)"), "{}", log.body);
     }
-    let stored: Vec<String> = sqlx::query_scalar("SELECT coalesce(before::text, '') || coalesce(after::text, '') FROM audit_log").fetch_all(&app.pool).await.unwrap();
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT coalesce(before::text, '') || coalesce(after::text, '') FROM audit_log").fetch_all(&app.pool).await.unwrap();
     assert!(stored.iter().all(|row| !row.contains("s3cret")), "{stored:?}");
-    let after: serde_json::Value = sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'biz_type.update'").fetch_one(&app.pool).await.unwrap();
+    let after: serde_json::Value =
+        sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'biz_type.update'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(after["callback_url"], "http://hook:•••@127.0.0.1:9/hook (password changed)");
     assert_eq!(after["failure_url"], "http://fail:•••@127.0.0.1:9/failed", "unchanged, so not marked");
 }
@@ -301,11 +312,17 @@ async fn api_reschedules_and_bulk_entries_are_audited_with_their_tasks() {
 
     let mut ids = vec![id.to_string()];
     for i in 2..=3 {
-        ids.push(app.create_task(&token, json!({"biz_type": "orders", "key": format!("o-{i}"), "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string());
+        ids.push(
+            app.create_task(&token, json!({"biz_type": "orders", "key": format!("o-{i}"), "delay_ms": 3_600_000})).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
     let cancelled = app.post("/api/v1/biz-types/orders/tasks/cancel", &token, json!({"key_prefix": "o-"})).await;
     assert_eq!(cancelled.status, 200, "{}", cancelled.body);
-    let after: serde_json::Value = sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'task.bulk_cancel'").fetch_one(&app.pool).await.unwrap();
+    let after: serde_json::Value =
+        sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'task.bulk_cancel'").fetch_one(&app.pool).await.unwrap();
     let mut listed: Vec<String> = after["task_ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
     listed.sort();
     ids.sort();

@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use chrono::{Duration, Utc};
-use sqlx::Connection;
 use serde_json::{Value, json};
+use sqlx::Connection;
 
 use crate::console::{ADMIN_PASSWORD, Console, Page, sign_in};
 use crate::helpers::{TestApp, spawn_app};
@@ -75,7 +75,12 @@ async fn a_key_prefix_finds_its_keys_in_one_biz_type_or_all_paging_both_ways() {
     let billing = app.biz_type("billing").await;
     let items: Vec<Value> = (0..120).map(|i| json!({"biz_type": "orders", "key": format!("order-{i:03}"), "delay_ms": 3_600_000})).collect();
     create(&app, &orders, items).await;
-    create(&app, &billing, vec![json!({"biz_type": "billing", "key": "order-050", "delay_ms": 3_600_000}), json!({"biz_type": "billing", "key": "orders-x"})]).await;
+    create(
+        &app,
+        &billing,
+        vec![json!({"biz_type": "billing", "key": "order-050", "delay_ms": 3_600_000}), json!({"biz_type": "billing", "key": "orders-x"})],
+    )
+    .await;
     let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
 
     // order-0: order-000 to order-099 in orders, order-050 in billing.
@@ -314,7 +319,11 @@ async fn finding_tasks_among_a_large_table() {
     let target = rows / 2 + 3; // in slot (target % 4) + 1
     let biz_type = ["orders", "billing", "coupons", "emails"][(target % 4) as usize];
     let key_prefix = format!("{biz_type}-{}", target / 10);
-    let some_id: String = sqlx::query_scalar("SELECT task_id::text FROM task_keys WHERE key = $1").bind(format!("{biz_type}-{target}")).fetch_one(&app.pool).await.unwrap();
+    let some_id: String = sqlx::query_scalar("SELECT task_id::text FROM task_keys WHERE key = $1")
+        .bind(format!("{biz_type}-{target}"))
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
     let searches = [
         ("unfiltered, oldest first", "/console/tasks".to_string()),
         ("unfiltered, newest first", "/console/tasks?order=newest".to_string()),
@@ -399,7 +408,11 @@ async fn insert_cost_of_the_search_indexes() {
         let took = started.elapsed();
         let loaded = Instant::now();
         load(&app, 10_000_000 + round * 100_000 + 1, 10_000_000 + (round + 1) * 100_000).await;
-        println!("{} search indexes: 100000 rows in one INSERT … SELECT in {:.2} s", if with { "with   " } else { "without" }, loaded.elapsed().as_secs_f64());
+        println!(
+            "{} search indexes: 100000 rows in one INSERT … SELECT in {:.2} s",
+            if with { "with   " } else { "without" },
+            loaded.elapsed().as_secs_f64()
+        );
         println!(
             "{} search indexes: {} tasks in {:.2} s ({:.0} a second)",
             if with { "with   " } else { "without" },
@@ -419,11 +432,10 @@ async fn a_key_prefix_is_exact_whatever_the_database_collation() {
     let mut url = url::Url::parse(&crate::helpers::fresh_database().await).unwrap();
     let name = format!("{}_icu", url.path().trim_start_matches('/'));
     let mut conn = sqlx::PgConnection::connect(url.as_str()).await.unwrap();
-    let made = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE DATABASE {name} LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C' TEMPLATE template0"
-    )))
-    .execute(&mut conn)
-    .await;
+    let made =
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name} LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C' TEMPLATE template0")))
+            .execute(&mut conn)
+            .await;
     if let Err(e) = made {
         // A server built without ICU: nothing to compare against.
         println!("skipped: this PostgreSQL cannot make an ICU database ({e})");

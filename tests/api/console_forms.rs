@@ -182,7 +182,8 @@ async fn every_console_form_survives_hostile_input_with_the_error_on_the_form() 
     chime::biz_types::create(&app.pool, "paused", &paused, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
 
     // A task in each state a form is offered for, a pull task held by a consumer, a timer.
-    let pending = app.create_task(&token, json!({"biz_type": "orders", "key": "order-1", "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string();
+    let pending =
+        app.create_task(&token, json!({"biz_type": "orders", "key": "order-1", "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string();
     let failed = app.create_task(&token, json!({"biz_type": "orders", "key": "order-2"})).await["id"].as_str().unwrap().to_string();
     app.force_status(&failed, "failed").await;
     let succeeded = app.create_task(&token, json!({"biz_type": "orders", "key": "order-3"})).await["id"].as_str().unwrap().to_string();
@@ -246,11 +247,8 @@ async fn every_console_form_survives_hostile_input_with_the_error_on_the_form() 
         for field in form.fields.iter().filter(|x| x.name != "csrf") {
             let over_long = "x".repeat(if form.method == "get" { OVER_LONG_IN_URL } else { OVER_LONG });
             for value in HOSTILE.iter().map(|v| if v.is_empty() { over_long.as_str() } else { v }) {
-                let fields: Vec<(String, String)> = form
-                    .fields
-                    .iter()
-                    .map(|x| (x.name.clone(), if x.name == field.name { value.to_string() } else { x.value.clone() }))
-                    .collect();
+                let fields: Vec<(String, String)> =
+                    form.fields.iter().map(|x| (x.name.clone(), if x.name == field.name { value.to_string() } else { x.value.clone() })).collect();
                 let shown = format!("{:?}", &value[..value.len().min(40)]);
                 let what = format!("{} {} ({}, on {}) with {}={shown}", form.method, form.action, form.id, form.page, field.name);
                 let page = if form.id == "login" {
@@ -290,7 +288,12 @@ async fn every_console_form_survives_hostile_input_with_the_error_on_the_form() 
         }
     }
     eprintln!("{} forms read, {} sent hostile values {sent} times", forms.len(), fuzzed.len());
-    assert!(fuzzed.len() >= 18 && sent > 300, "only {} forms ({sent} posts) were tried: {:#?}", fuzzed.len(), fuzzed.iter().map(|f| &f.action).collect::<Vec<_>>());
+    assert!(
+        fuzzed.len() >= 18 && sent > 300,
+        "only {} forms ({sent} posts) were tried: {:#?}",
+        fuzzed.len(),
+        fuzzed.iter().map(|f| &f.action).collect::<Vec<_>>()
+    );
     // The admin is still signed in and an admin: nothing hostile changed who they are.
     assert_eq!(admin.get("/console/users").await.status, 200);
 }

@@ -153,7 +153,10 @@ async fn replaying_a_succeeded_task_asks_first_and_is_for_admins() {
     let failed_id = failed["id"].as_str().unwrap();
     app.force_status(failed_id, "failed").await;
 
-    for page in [support.get(&format!("/console/tasks/{done_id}/replay")).await, support.post(&format!("/console/tasks/{done_id}/replay"), &[("confirm", "yes")]).await] {
+    for page in [
+        support.get(&format!("/console/tasks/{done_id}/replay")).await,
+        support.post(&format!("/console/tasks/{done_id}/replay"), &[("confirm", "yes")]).await,
+    ] {
         assert_eq!(page.status, 403, "{}", page.body);
         assert!(page.body.contains("only an admin"), "{}", page.body);
     }
@@ -173,8 +176,11 @@ async fn replaying_a_succeeded_task_asks_first_and_is_for_admins() {
     let (page, _) = admin.post_and_follow(&format!("/console/tasks/{done_id}/replay"), &[("confirm", "yes")]).await;
     assert!(page.body.contains("Task replayed"), "{}", page.body);
     assert_eq!(status_of(&app, &token, done_id).await, "pending");
-    let audited: Vec<(String, Value)> =
-        sqlx::query_as("SELECT actor, before FROM audit_log WHERE action = 'task.replay' AND target = $1").bind(done_id).fetch_all(&app.pool).await.unwrap();
+    let audited: Vec<(String, Value)> = sqlx::query_as("SELECT actor, before FROM audit_log WHERE action = 'task.replay' AND target = $1")
+        .bind(done_id)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
     assert_eq!(audited, [("user:admin".to_string(), json!({"status": "succeeded"}))]);
 }
 
@@ -214,7 +220,11 @@ async fn selected_rows_are_changed_by_the_single_actions_rules() {
     let fields: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (page, _) = support.post_and_follow("/console/tasks/selected", &fields).await;
     assert!(page.body.contains("Replayed 3 of 4 selected tasks. Skipped 1:"), "{}", page.body);
-    assert!(page.body.contains(&format!("{} (this task succeeded: replaying it delivers it again, which only an admin may do", ids[3])), "{}", page.body);
+    assert!(
+        page.body.contains(&format!("{} (this task succeeded: replaying it delivers it again, which only an admin may do", ids[3])),
+        "{}",
+        page.body
+    );
     assert_eq!(status_of(&app, &token, &ids[3]).await, "succeeded");
     let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'user:helen' AND action IN ('task.cancel', 'task.replay')")
         .fetch_one(&app.pool)
@@ -263,7 +273,11 @@ async fn an_admin_releases_a_task_held_by_a_dead_consumer() {
     assert!(again.body.contains("Not released"), "a second post (a reload) releases nothing: {}", again.body);
     let page = admin.get(&format!("/console/tasks/{id}")).await;
     assert!(history(&page.body).iter().any(|r| r.starts_with("mark: Released by user:admin")), "{:?}", history(&page.body));
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'task.release' AND target = $1").bind(id).fetch_one(&app.pool).await.unwrap();
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'task.release' AND target = $1")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
     assert_eq!(audited, 1);
     // Due again at once: the next reserve takes it (reserve_one asserts one task).
     reserve_one(&app, &token).await;
@@ -296,7 +310,8 @@ async fn reschedule_is_prefilled_in_the_chosen_zone_with_errors_on_the_form() {
     assert!(page.body.contains(r#"value="-200000-01-01T00:00""#) && page.body.contains(r#"value="Mars/Olympus""#));
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["run_at"], "2030-01-15T12:00:00Z");
 
-    let (page, _) = admin.post_and_follow(&format!("/console/tasks/{id}/reschedule"), &[("run_at", "2030-02-01T09:30:00"), ("zone", "Europe/Paris")]).await;
+    let (page, _) =
+        admin.post_and_follow(&format!("/console/tasks/{id}/reschedule"), &[("run_at", "2030-02-01T09:30:00"), ("zone", "Europe/Paris")]).await;
     assert!(page.body.contains("Task rescheduled"), "{}", page.body);
     assert_eq!(app.get(&format!("/api/v1/tasks/{id}"), &token).await.body["run_at"], "2030-02-01T08:30:00Z", "09:30 in Paris in winter");
     assert!(page.body.contains("2030-01-15 12:00:00.000 UTC"), "first due is kept: {}", page.body);
@@ -306,7 +321,11 @@ async fn reschedule_is_prefilled_in_the_chosen_zone_with_errors_on_the_form() {
     let late_id = late["id"].as_str().unwrap();
     let page = admin.post(&format!("/console/tasks/{late_id}/reschedule"), &[("run_at", "2030-01-16T00:30"), ("zone", "UTC")]).await;
     assert_eq!(page.status, 422, "{}", page.body);
-    assert!(page.body.contains("deadline") && page.body.contains(r#"id="reschedule""#) && page.body.contains(r#"value="2030-01-16T00:30""#), "{}", page.body);
+    assert!(
+        page.body.contains("deadline") && page.body.contains(r#"id="reschedule""#) && page.body.contains(r#"value="2030-01-16T00:30""#),
+        "{}",
+        page.body
+    );
     assert_eq!(app.get(&format!("/api/v1/tasks/{late_id}"), &token).await.body["run_at"], "2030-01-15T12:00:00Z", "nothing moved");
 }
 

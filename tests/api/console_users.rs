@@ -13,10 +13,12 @@ use crate::helpers::{TestApp, spawn_app};
 /// The audit log's (actor, action, target) rows about users, sign-ins and the first start's
 /// left out, oldest first.
 async fn user_audit(app: &TestApp) -> Vec<(String, String, String)> {
-    sqlx::query_as("SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' AND action NOT LIKE 'user.sign_in%' AND actor <> 'chime' ORDER BY id")
-        .fetch_all(&app.pool)
-        .await
-        .unwrap()
+    sqlx::query_as(
+        "SELECT actor, action, target FROM audit_log WHERE action LIKE 'user.%' AND action NOT LIKE 'user.sign_in%' AND actor <> 'chime' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
 }
 
 async fn sessions_of(app: &TestApp, name: &str) -> i64 {
@@ -96,7 +98,8 @@ async fn a_disabled_support_user_cannot_sign_in_and_their_open_session_ends() {
     let expected = [("user.create", "helen"), ("user.update", "helen"), ("user.update", "helen")];
     let expected: Vec<_> = expected.iter().map(|(a, t)| (actor.clone(), a.to_string(), t.to_string())).collect();
     assert_eq!(user_audit(&app).await, expected);
-    let hashes: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE after::text LIKE '%support-password%'").fetch_one(&app.pool).await.unwrap();
+    let hashes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE after::text LIKE '%support-password%'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(hashes, 0, "a password in the audit log");
 }
 
@@ -138,11 +141,12 @@ async fn a_reset_password_is_shown_once_and_the_old_one_stops_working() {
     let actions: Vec<String> = user_audit(&app).await.into_iter().map(|(_, action, _)| action).collect();
     assert_eq!(actions, ["user.reset_password", "user.create"]);
     for secret in [&password, &generated] {
-        let leaked: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE coalesce(before::text, '') || coalesce(after::text, '') LIKE '%' || $1 || '%'")
-            .bind(secret)
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+        let leaked: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE coalesce(before::text, '') || coalesce(after::text, '') LIKE '%' || $1 || '%'")
+                .bind(secret)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
         assert_eq!(leaked, 0, "a generated password is in the audit log");
     }
 }
@@ -163,7 +167,8 @@ async fn everyone_changes_their_own_password_giving_the_current_one() {
     assert_eq!(account.status, 200, "{}", account.body);
     assert!(account.body.contains("id=\"change-password\""));
 
-    let page = helen.post("/console/account/password", &[("current_password", "wrong"), ("new_password", "short"), ("confirm_password", "other")]).await;
+    let page =
+        helen.post("/console/account/password", &[("current_password", "wrong"), ("new_password", "short"), ("confirm_password", "other")]).await;
     assert_eq!(page.status, 422, "{}", page.body);
     for field in ["current_password", "new_password", "confirm_password"] {
         assert!(!page.body.contains(&format!("data-field=\"{field}\"></span>")), "no error at {field}: {}", page.body);
@@ -171,12 +176,20 @@ async fn everyone_changes_their_own_password_giving_the_current_one() {
     assert!(page.body.contains("is not your current password") && page.body.contains("at least 8 characters"), "{}", page.body);
     assert_eq!(sign_in_attempt(&app, "helen", "support-password").await.status, 303, "a refused change changed the password");
 
-    let no_csrf = helen.post_raw("/console/account/password", &[("current_password", "support-password"), ("new_password", "a new passphrase"), ("confirm_password", "a new passphrase")]).await;
+    let no_csrf = helen
+        .post_raw(
+            "/console/account/password",
+            &[("current_password", "support-password"), ("new_password", "a new passphrase"), ("confirm_password", "a new passphrase")],
+        )
+        .await;
     assert_eq!(no_csrf.status, 403);
 
     let elsewhere_too = sign_in(&app, "helen", "support-password").await;
     let (page, _) = helen
-        .post_and_follow("/console/account/password", &[("current_password", "support-password"), ("new_password", "a new passphrase"), ("confirm_password", "a new passphrase")])
+        .post_and_follow(
+            "/console/account/password",
+            &[("current_password", "support-password"), ("new_password", "a new passphrase"), ("confirm_password", "a new passphrase")],
+        )
         .await;
     assert_eq!(page.status, 200, "{}", page.body);
     assert!(page.body.contains("Password changed"), "{}", page.body);
@@ -233,7 +246,10 @@ async fn the_user_forms_refuse_what_the_api_refuses() {
     let page = admin.post("/console/users", &[("name", "Bad Name!"), ("role", "root"), ("password", "shortpw")]).await;
     assert_eq!(page.status, 422, "{}", page.body);
     for field in ["name", "role", "password"] {
-        assert!(page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")), "no error at {field}");
+        assert!(
+            page.body.contains(&format!("data-field=\"{field}\">")) && !page.body.contains(&format!("data-field=\"{field}\"></span>")),
+            "no error at {field}"
+        );
     }
     assert!(page.body.contains("value=\"Bad Name!\"") && !page.body.contains("shortpw"), "the name is kept, the password is not");
 

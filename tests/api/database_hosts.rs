@@ -10,7 +10,7 @@ use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, Executor, PgConnection};
 
-use crate::helpers::{TestApp, chime_process_logging, client, fresh_database, free_port};
+use crate::helpers::{TestApp, chime_process_logging, client, free_port, fresh_database};
 use crate::receiver::{Answer, Receiver};
 
 /// The test server's database as a host list, in both libpq forms, with a closed TCP port
@@ -46,9 +46,14 @@ async fn biz_type(app: &TestApp, receiver: &Receiver) -> String {
 }
 
 async fn create(app: &TestApp, token: &str, n: u64) -> u16 {
-    app.request("POST", "/api/v1/tasks", Some(token), Some(json!({"biz_type": "orders", "delay_ms": 100, "payload": {"n": n}}).to_string().into_bytes()))
-        .await
-        .status
+    app.request(
+        "POST",
+        "/api/v1/tasks",
+        Some(token),
+        Some(json!({"biz_type": "orders", "delay_ms": 100, "payload": {"n": n}}).to_string().into_bytes()),
+    )
+    .await
+    .status
 }
 
 /// Both libpq forms: a host that refuses is skipped, and the node serves and delivers on the
@@ -100,7 +105,8 @@ async fn a_server_that_stops_taking_writes_gets_503s_and_the_node_resumes_by_its
         let url = url.clone();
         async move {
             let mut conn = PgConnection::connect(&url).await.unwrap();
-            let statement = if on { "ALTER SYSTEM SET default_transaction_read_only = on" } else { "ALTER SYSTEM RESET default_transaction_read_only" };
+            let statement =
+                if on { "ALTER SYSTEM SET default_transaction_read_only = on" } else { "ALTER SYSTEM RESET default_transaction_read_only" };
             conn.execute(statement).await.unwrap();
             conn.execute("SELECT pg_reload_conf()").await.unwrap();
             conn.close().await.unwrap();
@@ -148,7 +154,8 @@ async fn a_server_that_stops_taking_writes_gets_503s_and_the_node_resumes_by_its
 
     // The outage outlasts the node's own 10 s of saying nothing more: wait until it says
     // so, which a loaded machine can put past the second node's start wait.
-    let why = format!("still no server accepts writes after 10 s: the database in DATABASE_URL does not accept writes: 127.0.0.1:{port} accepts no writes");
+    let why =
+        format!("still no server accepts writes after 10 s: the database in DATABASE_URL does not accept writes: 127.0.0.1:{port} accepts no writes");
     let said = Instant::now();
     while !std::fs::read_to_string(&log_path).unwrap().contains(&why) {
         assert!(said.elapsed() < Duration::from_secs(10), "the node did not say the outage went on");

@@ -43,7 +43,8 @@ async fn a_task_whose_deadline_passes_while_paused_ends_expired_and_is_never_cal
     assert!(error.starts_with("expired at ") && error.contains("not delivered before its deadline") && error.contains("paused"), "{error}");
     assert!(expired["finished_at"].is_string());
     assert_eq!(expired["attempts"], json!([]), "never attempted");
-    let notices: Vec<String> = sqlx::query_scalar("SELECT event FROM failure_notices WHERE task_id = $1::uuid").bind(id).fetch_all(&app.pool).await.unwrap();
+    let notices: Vec<String> =
+        sqlx::query_scalar("SELECT event FROM failure_notices WHERE task_id = $1::uuid").bind(id).fetch_all(&app.pool).await.unwrap();
     assert_eq!(notices, ["task.expired"]);
 
     sqlx::query("UPDATE biz_types SET paused = false").execute(&app.pool).await.unwrap();
@@ -78,7 +79,10 @@ async fn a_failure_whose_retry_would_pass_the_deadline_ends_expired_now() {
     let task = app.get(&format!("/api/v1/tasks/{id}"), &token).await.body;
     assert_eq!(task["status"], "expired", "the retry (10 to 20 s away) falls after the 5 s deadline: {task}");
     let error = task["last_error"].as_str().unwrap();
-    assert!(error.contains("next retry would start at") && error.contains("at or after its deadline") && error.ends_with("(last attempt: HTTP 503)"), "{error}");
+    assert!(
+        error.contains("next retry would start at") && error.contains("at or after its deadline") && error.ends_with("(last attempt: HTTP 503)"),
+        "{error}"
+    );
     assert_eq!(task["attempts"].as_array().unwrap().len(), 1);
     assert_eq!(task["attempts"][0]["status_code"], 503);
     assert_eq!(receiver.received().len(), 1);
@@ -106,11 +110,13 @@ async fn a_task_claimed_ahead_whose_deadline_comes_first_is_not_sent() {
     for _ in 0..10 {
         let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 60_000})).await;
         let id = task["id"].as_str().unwrap().to_string();
-        sqlx::query("UPDATE tasks SET run_at = now() + interval '95 milliseconds', expires_at = now() + interval '70 milliseconds' WHERE id = $1::uuid")
-            .bind(&id)
-            .execute(&app.pool)
-            .await
-            .unwrap();
+        sqlx::query(
+            "UPDATE tasks SET run_at = now() + interval '95 milliseconds', expires_at = now() + interval '70 milliseconds' WHERE id = $1::uuid",
+        )
+        .bind(&id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
         let claimed = engine.turn().await.claimed;
         engine.settled().await;
         let task = wait_for_status(&app, &token, &id, "expired").await;
@@ -267,10 +273,11 @@ async fn the_expiry_index_is_completed_on_every_partition() {
     // Any partitioned index a migration makes ON ONLY is completed the same way, a
     // leftover of a failed concurrent build (invalid) dropped and built again. Made in one
     // transaction, as a migration would, so the leader's own pass never sees half of it.
-    let partition: String = sqlx::query_scalar("SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = 'attempts'::regclass ORDER BY 1 LIMIT 1")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let partition: String =
+        sqlx::query_scalar("SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = 'attempts'::regclass ORDER BY 1 LIMIT 1")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     let child = format!("{partition}_attempts_note_idx");
     let mut tx = app.pool.begin().await.unwrap();
     sqlx::query("CREATE INDEX attempts_note_idx ON ONLY attempts (error)").execute(&mut *tx).await.unwrap();
@@ -279,7 +286,8 @@ async fn the_expiry_index_is_completed_on_every_partition() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let leftover: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT '{child}'::regclass::oid::bigint"))).fetch_one(&mut *tx).await.unwrap();
+    let leftover: i64 =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT '{child}'::regclass::oid::bigint"))).fetch_one(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
     // A call builds them, unless the leader's own pass holds the lock just then (and
     // looked before this index existed): call again until complete.

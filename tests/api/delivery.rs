@@ -51,7 +51,10 @@ async fn due_task_is_delivered_signed_and_recorded() {
     assert_eq!(body["task_id"], task["id"]);
     assert_eq!(body["biz_type"], "orders");
     assert_eq!(body["key"], "o-1");
-    assert_eq!(body["run_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap(), task["run_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap());
+    assert_eq!(
+        body["run_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap(),
+        task["run_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap()
+    );
     assert!(body["fired_at"].is_string());
     assert_eq!(body["attempt"], 1);
     assert_eq!(body["timer_id"], Value::Null);
@@ -244,7 +247,13 @@ async fn timeouts_exhaust_attempts_and_replay_delivers() {
     let app = spawn_node().await;
     let slow = Answer { delay: Duration::from_secs(3), ..Answer::status(200) };
     let receiver = Receiver::start(vec![], slow).await;
-    let token = biz_type(&app, "orders", &receiver, Settings { timeout_ms: Some(200), max_attempts: Some(2), backoff_initial_ms: Some(50), ..Default::default() }).await;
+    let token = biz_type(
+        &app,
+        "orders",
+        &receiver,
+        Settings { timeout_ms: Some(200), max_attempts: Some(2), backoff_initial_ms: Some(50), ..Default::default() },
+    )
+    .await;
     let id = app.create_task(&token, json!({"biz_type": "orders"})).await["id"].as_str().unwrap().to_string();
 
     let failed = wait_for_status(&app, &token, &id, "failed").await;
@@ -387,14 +396,20 @@ async fn https_callbacks_verify_the_certificate() {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let made = std::process::Command::new("openssl")
         .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
-        .arg("-keyout").arg(&key).arg("-out").arg(&cert)
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
         .output()
         .expect("openssl is installed");
     assert!(made.status.success());
     let port = crate::helpers::free_port();
     let mut server = tokio::process::Command::new("openssl")
         .args(["s_server", "-quiet", "-www", "-accept", &port.to_string()])
-        .arg("-cert").arg(&cert).arg("-key").arg(&key)
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)

@@ -93,7 +93,8 @@ async fn embedded_database_survives_restarts_and_kills() {
     // hands over; a demo task is delivered to the built-in receiver.
     let mut node = start(&data_dir).await;
     let demo_token = first_start_token(&data_dir).await;
-    let demo = call(&client, &demo_token, &format!("{}/api/v1/tasks", node.address), Some(json!({"biz_type": "demo", "payload": {"hello": "world"}}))).await;
+    let demo =
+        call(&client, &demo_token, &format!("{}/api/v1/tasks", node.address), Some(json!({"biz_type": "demo", "payload": {"hello": "world"}}))).await;
     let mut status = Value::Null;
     for _ in 0..100 {
         let task = call(&client, &demo_token, &format!("{}/api/v1/tasks/{}", node.address, demo["id"].as_str().unwrap()), None).await;
@@ -112,7 +113,13 @@ async fn embedded_database_survives_restarts_and_kills() {
     let out = chime(&env, &["token", "create", "--biz-type", "orders"], None).await;
     assert!(out.ok, "{}", out.stderr);
     let token = out.last_line().to_string();
-    let created = call(&client, &token, &format!("{}/api/v1/tasks", node.address), Some(json!({"biz_type": "orders", "key": "survivor", "delay_ms": 3_600_000}))).await;
+    let created = call(
+        &client,
+        &token,
+        &format!("{}/api/v1/tasks", node.address),
+        Some(json!({"biz_type": "orders", "key": "survivor", "delay_ms": 3_600_000})),
+    )
+    .await;
 
     // SIGTERM: chime stops, and stops its database.
     let postmaster = postmaster_pid(&data_dir).expect("the database is running");

@@ -102,7 +102,8 @@ async fn a_receiver_with_the_old_secret_accepts_callbacks_until_the_overlap_ends
     assert_eq!(v1s(&after).len(), 1, "{:?}", after.header("chime-signature"));
     assert!(verifies_with(&after, &new) && !verifies_with(&after, &old), "after the overlap only the new secret signs");
 
-    let audited: Value = sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'biz_type.rotate_secret'").fetch_one(&app.pool).await.unwrap();
+    let audited: Value =
+        sqlx::query_scalar("SELECT after FROM audit_log WHERE action = 'biz_type.rotate_secret'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(audited["overlap_secs"], 5, "{audited}");
     assert_eq!(audited["previous_secret_until"], rotated.body["previous_secret_until"], "{audited}");
 }
@@ -191,7 +192,11 @@ async fn the_previous_secret_is_sealed_like_the_current_one() {
     let db = ("DATABASE_URL", app.db_url.as_str());
     let key = ("CHIME_SECRET_KEY", &*STANDARD.encode([7u8; 32]));
     let previous = || async {
-        sqlx::query_scalar::<_, Option<String>>("SELECT previous_secret FROM biz_types WHERE name = 'orders'").fetch_one(&app.pool).await.unwrap().unwrap()
+        sqlx::query_scalar::<_, Option<String>>("SELECT previous_secret FROM biz_types WHERE name = 'orders'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+            .unwrap()
     };
     let out = chime(&[db], &["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/hook"], None).await;
     let clear_secret = out.last_line().to_string();
@@ -302,7 +307,11 @@ async fn a_failing_notice_receiver_is_retried_until_it_answers() {
     let received = notices.received();
     assert_eq!(received.len(), 3);
     assert!(received[1].at - received[0].at >= Duration::from_millis(950), "Retry-After: 1 honoured: {:?}", received[1].at - received[0].at);
-    assert_eq!(received.iter().map(|r| r.header("chime-notice-id").unwrap().to_string()).collect::<std::collections::HashSet<_>>().len(), 1, "one notice, sent three times");
+    assert_eq!(
+        received.iter().map(|r| r.header("chime-notice-id").unwrap().to_string()).collect::<std::collections::HashSet<_>>().len(),
+        1,
+        "one notice, sent three times"
+    );
 
     // Replayed, the task fails again; now the notice receiver never answers 2xx.
     notices.answer_with(Answer::status(502));
@@ -388,10 +397,12 @@ async fn a_dead_senders_notice_is_sent_by_another() {
     engine.turn().await;
     engine.settled().await;
     // As a sender that claimed it and died would leave it.
-    sqlx::query("UPDATE failure_notices SET status = 'running', held_by = gen_random_uuid(), attempt_count = 1, due_at = now() - interval '1 second'")
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE failure_notices SET status = 'running', held_by = gen_random_uuid(), attempt_count = 1, due_at = now() - interval '1 second'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
     let (sender, _lifecycle) = sender(&app);
     assert_eq!(sender.turn().await, 1);
     assert_eq!(notices.received().len(), 1);
@@ -414,22 +425,37 @@ async fn bad_failure_urls_are_refused_by_the_api_the_console_and_the_cli() {
         ("https://example.test/\0failed", "must not contain control characters"),
         (long.as_str(), "must be at most 2048 bytes"),
     ] {
-        let refused = app.request("PATCH", "/api/v1/admin/biz-types/orders", Some(&admin), Some(json!({"failure_url": bad}).to_string().into_bytes())).await;
+        let refused =
+            app.request("PATCH", "/api/v1/admin/biz-types/orders", Some(&admin), Some(json!({"failure_url": bad}).to_string().into_bytes())).await;
         assert_eq!((refused.status, refused.code()), (422, "invalid_argument"), "{bad:?}: {}", refused.body);
         assert!(refused.message().starts_with("failure_url: ") && refused.message().contains(why), "{}", refused.message());
-        let created = app.post("/api/v1/admin/biz-types", &admin, json!({"name": "refunds", "callback_url": "https://example.test/", "failure_url": bad})).await;
+        let created = app
+            .post("/api/v1/admin/biz-types", &admin, json!({"name": "refunds", "callback_url": "https://example.test/", "failure_url": bad}))
+            .await;
         assert_eq!(created.status, 422, "{}", created.body);
 
-        let page = console.post("/console/biz-types/orders", &[("mode", "callback"), ("callback_url", "http://127.0.0.1:9/callback"), ("failure_url", bad)]).await;
+        let page = console
+            .post("/console/biz-types/orders", &[("mode", "callback"), ("callback_url", "http://127.0.0.1:9/callback"), ("failure_url", bad)])
+            .await;
         assert_eq!(page.status, 422, "{bad:?}");
-        assert!(page.body.contains(&format!(r#"<span class="field-error" data-field="failure_url">{}"#, why.replace('/', "&#x2f;"))) || page.body.contains("data-field=\"failure_url\">must"), "{}", page.body);
+        assert!(
+            page.body.contains(&format!(r#"<span class="field-error" data-field="failure_url">{}"#, why.replace('/', "&#x2f;")))
+                || page.body.contains("data-field=\"failure_url\">must"),
+            "{}",
+            page.body
+        );
 
         if !bad.contains('\0') {
             let out = chime(&[db], &["biz-type", "update", "orders", "--failure-url", bad], None).await;
             assert!(!out.ok && out.stderr.contains("failure_url: ") && out.stderr.contains(why), "{bad:?}: {}", out.stderr);
         }
     }
-    let out = chime(&[db, ("CHIME_DENY_PRIVATE_CALLBACKS", "true")], &["biz-type", "update", "orders", "--failure-url", "http://127.0.0.1:8080/failed"], None).await;
+    let out = chime(
+        &[db, ("CHIME_DENY_PRIVATE_CALLBACKS", "true")],
+        &["biz-type", "update", "orders", "--failure-url", "http://127.0.0.1:8080/failed"],
+        None,
+    )
+    .await;
     assert!(!out.ok && out.stderr.contains("failure_url: ") && out.stderr.contains("denied range"), "{}", out.stderr);
     let stored: Option<String> = sqlx::query_scalar("SELECT failure_url FROM biz_types WHERE name = 'orders'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(stored, None, "nothing saved");
@@ -439,7 +465,11 @@ async fn bad_failure_urls_are_refused_by_the_api_the_console_and_the_cli() {
     let shown = app.get("/api/v1/admin/biz-types/orders", &admin).await.body;
     assert_eq!(shown["failure_url"], "https://example.test/failed");
     let page = console.get("/console/biz-types/orders").await.body;
-    assert!(page.contains(r#"name="failure_url" value="https:&#x2f;&#x2f;example.test&#x2f;failed""#) || page.contains(r#"name="failure_url" value="https://example.test/failed""#), "{page}");
+    assert!(
+        page.contains(r#"name="failure_url" value="https:&#x2f;&#x2f;example.test&#x2f;failed""#)
+            || page.contains(r#"name="failure_url" value="https://example.test/failed""#),
+        "{page}"
+    );
     let out = chime(&[db], &["biz-type", "update", "orders", "--failure-url", ""], None).await;
     assert!(out.ok && out.stdout.contains("failure notices to nowhere"), "{}", out.stdout);
 }
@@ -482,7 +512,10 @@ async fn an_expired_task_sends_a_task_expired_notice() {
     let received = notices.received();
     assert_eq!(received[0].header("chime-event"), Some("task.expired"));
     let body = received[0].json();
-    assert_eq!((body["event"].as_str(), body["task"]["id"].as_str(), body["task"]["status"].as_str()), (Some("task.expired"), Some(held_id), Some("expired")));
+    assert_eq!(
+        (body["event"].as_str(), body["task"]["id"].as_str(), body["task"]["status"].as_str()),
+        (Some("task.expired"), Some(held_id), Some("expired"))
+    );
     assert_eq!(body["last_attempt"], Value::Null, "never attempted");
 
     // A task leased by a node that died, its deadline passed meanwhile.

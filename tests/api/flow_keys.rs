@@ -26,19 +26,14 @@ async fn a_key_at_its_cap_holds_back_no_other_key_across_nodes() {
     const HOLD: Duration = Duration::from_millis(300);
     let app = spawn_app().await;
     let receiver = Receiver::start(vec![], Answer { delay: HOLD, ..Answer::status(200) }).await;
-    let settings = Settings {
-        callback_url: Some(receiver.url.clone()),
-        max_in_flight: Some(100),
-        flow_max_in_flight: Some(CAP as i32),
-        ..Default::default()
-    };
+    let settings =
+        Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(100), flow_max_in_flight: Some(CAP as i32), ..Default::default() };
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let _nodes = [chime_process(&app.db_url, &[]).await, chime_process(&app.db_url, &[]).await];
     let due = Utc::now() + chrono::Duration::seconds(1);
-    let hot: Vec<Value> = (0..300)
-        .map(|i| json!({"biz_type": "orders", "run_at": due.to_rfc3339(), "flow_key": "hot", "payload": {"key": "hot", "i": i}}))
-        .collect();
+    let hot: Vec<Value> =
+        (0..300).map(|i| json!({"biz_type": "orders", "run_at": due.to_rfc3339(), "flow_key": "hot", "payload": {"key": "hot", "i": i}})).collect();
     assert_eq!(app.post("/api/v1/tasks/batch", &token, json!({"tasks": hot})).await.status, 200);
     let later = due + chrono::Duration::milliseconds(50);
     let others: Vec<Value> = (0..10)
@@ -96,9 +91,7 @@ async fn an_ordered_key_is_delivered_one_at_a_time_through_a_retry_a_snooze_and_
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let now = Utc::now();
-    let task = |name: &str, key: &str, ms: i64| {
-        json!({"biz_type": "orders", "run_at": (now + chrono::Duration::milliseconds(ms)).to_rfc3339(), "flow_key": key, "payload": name})
-    };
+    let task = |name: &str, key: &str, ms: i64| json!({"biz_type": "orders", "run_at": (now + chrono::Duration::milliseconds(ms)).to_rfc3339(), "flow_key": key, "payload": name});
     let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": [task("a1", "a", 0), task("a2", "a", 10), task("a3", "a", 20)]})).await;
     assert_eq!(created.status, 200, "{}", created.body);
     let a2 = created.body["results"][1]["task"]["id"].as_str().unwrap().to_string();
@@ -143,9 +136,7 @@ async fn an_ordered_key_s_head_snoozed_into_cold_storage_still_holds_its_key() {
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let now = Utc::now();
-    let task = |name: &str, key: &str, ms: i64| {
-        json!({"biz_type": "orders", "run_at": (now + chrono::Duration::milliseconds(ms)).to_rfc3339(), "flow_key": key, "payload": name})
-    };
+    let task = |name: &str, key: &str, ms: i64| json!({"biz_type": "orders", "run_at": (now + chrono::Duration::milliseconds(ms)).to_rfc3339(), "flow_key": key, "payload": name});
     let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": [task("a1", "a", 0), task("a2", "a", 10)]})).await;
     assert_eq!(created.status, 200, "{}", created.body);
     let a1 = created.body["results"][0]["task"]["id"].as_str().unwrap().to_string();
@@ -196,7 +187,6 @@ async fn flow_keys_and_limits_are_validated_and_answered() {
     assert!(refused.unwrap_err().to_string().contains("flow_max_in_flight"));
 }
 
-
 /// Ordered, and the node delivering a key's first task is killed (`kill -9`) mid-callback:
 /// the task holds its key while its lease runs out, is delivered again by another node, and
 /// only then does the key's second task go.
@@ -204,8 +194,7 @@ async fn flow_keys_and_limits_are_validated_and_answered() {
 async fn an_ordered_key_s_task_holds_its_key_through_a_kill_of_its_node() {
     let app = spawn_app().await; // its leader recovers the dead node's lease
     let receiver = Receiver::start(vec![Answer { delay: Duration::from_secs(30), ..Answer::status(200) }], Answer::status(200)).await;
-    let settings =
-        Settings { callback_url: Some(receiver.url.clone()), ordered: Some(true), timeout_ms: Some(1000), ..Default::default() };
+    let settings = Settings { callback_url: Some(receiver.url.clone()), ordered: Some(true), timeout_ms: Some(1000), ..Default::default() };
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let mut doomed = chime_process(&app.db_url, &[]).await;
@@ -291,7 +280,8 @@ async fn a_key_s_rate_holds_it_alone() {
     println!("a at {a:?}\nb at {b:?}");
     assert_eq!(b.len(), 3, "b's tasks delivered");
     assert!(b.iter().all(|d| *d < Duration::from_millis(500)), "b waited for a's rate: {b:?}");
-    let most_in_a_second = a.iter().map(|start| a.iter().filter(|d| **d >= *start && **d < *start + Duration::from_millis(900)).count()).max().unwrap();
+    let most_in_a_second =
+        a.iter().map(|start| a.iter().filter(|d| **d >= *start && **d < *start + Duration::from_millis(900)).count()).max().unwrap();
     assert!(most_in_a_second <= 5, "{most_in_a_second} of key a within a second, over its rate of 5: {a:?}");
     assert!(a.len() >= 10, "the rate is used: {a:?}");
 }

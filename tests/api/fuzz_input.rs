@@ -130,9 +130,8 @@ fn json_value() -> BoxedStrategy<Value> {
 
 /// Arrays or objects nested around the JSON parser's limit (128 levels).
 fn deep_value() -> impl Strategy<Value = Value> {
-    (100usize..140, any::<bool>()).prop_map(|(depth, objects)| {
-        (0..depth).fold(json!(1), |inner, _| if objects { json!({"a": inner}) } else { json!([inner]) })
-    })
+    (100usize..140, any::<bool>())
+        .prop_map(|(depth, objects)| (0..depth).fold(json!(1), |inner, _| if objects { json!({"a": inner}) } else { json!([inner]) }))
 }
 
 /// A payload the API must accept (see `storable`).
@@ -158,9 +157,8 @@ fn good_time(start: DateTime<Utc>) -> impl Strategy<Value = String> {
 /// Time-like text at and past every edge: years 0000 and 9999, leap seconds, impossible
 /// dates, no zone, and instants beyond chrono's and PostgreSQL's ranges.
 fn odd_time() -> impl Strategy<Value = String> {
-    let made =
-        ((0u32..=9999, 0u32..=13, 0u32..=32), (0u32..=24, 0u32..=60, 0u32..=60), "Z|z|[+-](0[0-9]|1[0-9]|2[0-4]):[0-5][0-9]|")
-            .prop_map(|((y, mo, d), (h, mi, s), zone)| format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{zone}"));
+    let made = ((0u32..=9999, 0u32..=13, 0u32..=32), (0u32..=24, 0u32..=60, 0u32..=60), "Z|z|[+-](0[0-9]|1[0-9]|2[0-4]):[0-5][0-9]|")
+        .prop_map(|((y, mo, d), (h, mi, s), zone)| format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{zone}"));
     let edges = one_of(ODD_TIMES);
     prop_oneof![made, edges]
 }
@@ -168,10 +166,7 @@ fn odd_time() -> impl Strategy<Value = String> {
 /// A valid object with one or two of its fields replaced (by the field's odd values, or
 /// any JSON) or removed, or an unknown field added: each field's checks meet every shape
 /// while the rest of the request is valid.
-fn tweaked(
-    valid: impl Strategy<Value = Value>,
-    fields: Vec<(&'static str, BoxedStrategy<Value>)>,
-) -> impl Strategy<Value = Value> {
+fn tweaked(valid: impl Strategy<Value = Value>, fields: Vec<(&'static str, BoxedStrategy<Value>)>) -> impl Strategy<Value = Value> {
     let mut edits: Vec<BoxedStrategy<(String, Option<Value>)>> = fields
         .into_iter()
         .map(|(name, odd)| {
@@ -235,10 +230,7 @@ impl std::fmt::Debug for Body {
 
 /// Bodies of every kind: valid ones from `valid`, valid ones with fields changed from
 /// `mixed`, any JSON, and mutated bytes of valid ones.
-fn bodies(
-    valid: impl Strategy<Value = Value> + 'static,
-    mixed: impl Strategy<Value = Value> + 'static,
-) -> impl Strategy<Value = Body> {
+fn bodies(valid: impl Strategy<Value = Value> + 'static, mixed: impl Strategy<Value = Value> + 'static) -> impl Strategy<Value = Body> {
     let valid = valid.boxed();
     let body = |s: BoxedStrategy<Vec<u8>>, valid| s.prop_map(move |bytes| Body { bytes, valid });
     prop_oneof![
@@ -366,40 +358,23 @@ fn check_fields(sent: &Map<String, Value>, allowed: &[&str]) -> Result<(), TestC
 /// Whether `query`, given `first` and the JSON sent, is true. It compares JSON as
 /// PostgreSQL compares jsonb: numbers by value (`1.50` is `1.5`, `-0` is `0`).
 async fn db_says(app: &TestApp, query: &str, first: &str, sent: &Value) -> bool {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_string()))
-        .bind(first)
-        .bind(sent.to_string())
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_string())).bind(first).bind(sent.to_string()).fetch_one(&app.pool).await.unwrap()
 }
 
 /// The run_at a task was given: as sent, after the delay, or now; the delay is resolved
 /// by the database clock between `before` and `after`.
-fn check_run_at(
-    sent: &Map<String, Value>,
-    got: DateTime<Utc>,
-    before: DateTime<Utc>,
-    after: DateTime<Utc>,
-) -> Result<(), TestCaseError> {
+fn check_run_at(sent: &Map<String, Value>, got: DateTime<Utc>, before: DateTime<Utc>, after: DateTime<Utc>) -> Result<(), TestCaseError> {
     let slack = Duration::seconds(2);
     match (sent.get("run_at").filter(|v| !v.is_null()), sent.get("delay_ms").filter(|v| !v.is_null())) {
         (Some(_), Some(_)) => prop_assert!(false, "accepted both run_at and delay_ms"),
         (Some(at), None) => {
             // PostgreSQL keeps microseconds: a finer time is rounded.
             let at = at.as_str().and_then(|s| DateTime::parse_from_rfc3339(s).ok());
-            prop_assert!(
-                at.is_some_and(|at| (got - at.with_timezone(&Utc)).abs() < TimeDelta::microseconds(1)),
-                "run_at {got} for {at:?}"
-            );
-            prop_assert!(
-                got >= before - Duration::days(1) - slack && got <= after + Duration::days(3660) + slack,
-                "accepted run_at {got}"
-            );
+            prop_assert!(at.is_some_and(|at| (got - at.with_timezone(&Utc)).abs() < TimeDelta::microseconds(1)), "run_at {got} for {at:?}");
+            prop_assert!(got >= before - Duration::days(1) - slack && got <= after + Duration::days(3660) + slack, "accepted run_at {got}");
         }
         (None, delay) => {
-            let delay =
-                delay.map_or(Some(0), |d| d.as_i64()).filter(|d| (0..=Duration::days(3660).num_milliseconds()).contains(d));
+            let delay = delay.map_or(Some(0), |d| d.as_i64()).filter(|d| (0..=Duration::days(3660).num_milliseconds()).contains(d));
             prop_assert!(delay.is_some(), "accepted delay_ms {:?}", sent.get("delay_ms"));
             let delay = TimeDelta::milliseconds(delay.unwrap());
             prop_assert!(got >= before + delay - slack && got <= after + delay + slack, "run_at {got} for a delay of {delay}");
@@ -475,8 +450,7 @@ impl Fixture {
                 prop_assert_eq!(&task["key"], &key.map_or(Value::Null, |k| json!(k)));
                 let answered = db_says(&self.app, "SELECT $1::jsonb = $2::jsonb", &task["payload"].to_string(), &payload).await;
                 prop_assert!(answered, "the payload answered {} is the one sent", task["payload"]);
-                let stored =
-                    db_says(&self.app, "SELECT payload = $2::jsonb FROM all_tasks WHERE id = $1::uuid", id, &payload).await;
+                let stored = db_says(&self.app, "SELECT payload = $2::jsonb FROM all_tasks WHERE id = $1::uuid", id, &payload).await;
                 prop_assert!(stored, "the payload stored is the one sent");
             }
             200 => {
@@ -574,12 +548,7 @@ async fn task_batch_answers_each_item_and_refuses_bad_bodies_cleanly() {
             check_fields(fields, &["tasks"])?;
             let items = sent["tasks"].as_array().expect("tasks is an array");
             let results = reply.body["results"].as_array().expect("results");
-            prop_assert!(
-                !items.is_empty() && results.len() == items.len(),
-                "{} results for {} items",
-                results.len(),
-                items.len()
-            );
+            prop_assert!(!items.is_empty() && results.len() == items.len(), "{} results for {} items", results.len(), items.len());
             for (item, result) in items.iter().zip(results) {
                 let status = result["status"].as_u64().unwrap_or_default() as u16;
                 if body.valid {
@@ -642,13 +611,8 @@ async fn task_patch_applies_valid_changes_and_refuses_the_rest_cleanly() {
             }
             let payload = fields.get("payload").unwrap_or(&old["payload"]);
             check_payload(payload)?;
-            let stored = db_says(
-                &fx.app,
-                "SELECT payload = $2::jsonb FROM all_tasks WHERE id = $1::uuid",
-                task["id"].as_str().unwrap(),
-                payload,
-            )
-            .await;
+            let stored =
+                db_says(&fx.app, "SELECT payload = $2::jsonb FROM all_tasks WHERE id = $1::uuid", task["id"].as_str().unwrap(), payload).await;
             prop_assert!(stored, "the payload stored is the one sent (or kept)");
             Ok(())
         }
@@ -661,43 +625,30 @@ async fn task_patch_applies_valid_changes_and_refuses_the_rest_cleanly() {
 /// byte by byte (so invalid UTF-8 too), or raw query text; and whether it is valid.
 fn list_query() -> impl Strategy<Value = (String, bool)> {
     let cursor_time = prop_oneof![odd_time(), Just("2026-11-21T09:30:00.000000Z".to_string())];
-    let cursor =
-        (cursor_time, any::<u128>()).prop_map(|(t, id)| URL_SAFE_NO_PAD.encode(format!("{t}|{}", uuid::Uuid::from_u128(id))));
+    let cursor = (cursor_time, any::<u128>()).prop_map(|(t, id)| URL_SAFE_NO_PAD.encode(format!("{t}|{}", uuid::Uuid::from_u128(id))));
     let value = |good: BoxedStrategy<String>| {
         let bytes = prop::collection::vec(any::<u8>(), 0..6);
         prop_oneof![3 => good.prop_map(String::into_bytes), 1 => text().prop_map(String::into_bytes), 1 => bytes]
     };
     let names: Vec<(&str, BoxedStrategy<String>)> = vec![
         ("biz_type", select(vec!["orders", "other", "nosuch"]).prop_map(str::to_string).boxed()),
-        (
-            "status",
-            select(vec!["pending", "running", "succeeded", "failed", "cancelled", "done"]).prop_map(str::to_string).boxed(),
-        ),
+        ("status", select(vec!["pending", "running", "succeeded", "failed", "cancelled", "done"]).prop_map(str::to_string).boxed()),
         ("from", prop_oneof![odd_time(), Just("2026-01-01T00:00:00Z".to_string())].boxed()),
         ("to", prop_oneof![odd_time(), Just("2036-01-01T00:00:00Z".to_string())].boxed()),
-        (
-            "limit",
-            prop_oneof![
-                (1i64..=1000).prop_map(|n| n.to_string()),
-                any::<i64>().prop_map(|n| n.to_string()),
-                Just("1e3".to_string())
-            ]
-            .boxed(),
-        ),
+        ("limit", prop_oneof![(1i64..=1000).prop_map(|n| n.to_string()), any::<i64>().prop_map(|n| n.to_string()), Just("1e3".to_string())].boxed()),
         ("cursor", cursor.boxed()),
     ];
     let params: Vec<_> = names
         .into_iter()
         .map(|(name, good)| prop::option::weighted(0.4, value(good)).prop_map(move |v| v.map(|v| (name.as_bytes().to_vec(), v))))
         .collect();
-    let encoded =
-        (params, prop::option::weighted(0.1, (text().prop_map(String::into_bytes), text().prop_map(String::into_bytes))))
-            .prop_map(|(params, extra)| {
-                let encode = |b: &[u8]| url::form_urlencoded::byte_serialize(b).collect::<String>();
-                let pairs: Vec<String> =
-                    params.into_iter().flatten().chain(extra).map(|(n, v)| format!("{}={}", encode(&n), encode(&v))).collect();
-                (pairs.join("&"), false)
-            });
+    let encoded = (params, prop::option::weighted(0.1, (text().prop_map(String::into_bytes), text().prop_map(String::into_bytes)))).prop_map(
+        |(params, extra)| {
+            let encode = |b: &[u8]| url::form_urlencoded::byte_serialize(b).collect::<String>();
+            let pairs: Vec<String> = params.into_iter().flatten().chain(extra).map(|(n, v)| format!("{}={}", encode(&n), encode(&v))).collect();
+            (pairs.join("&"), false)
+        },
+    );
     let raw = "[ -~]{0,30}".prop_map(|raw| (raw, false));
     prop_oneof![4 => encoded, 1 => raw, 1 => Just(("limit=5&status=pending".to_string(), true))]
 }
@@ -812,24 +763,14 @@ fn timer_state(timer: &Value) -> Value {
 
 /// Checks an accepted timer against the request: its fields are those sent (or kept from
 /// `old`, or the defaults), and an active one fires again, at increasing future times.
-async fn check_timer(
-    fx: &Fixture,
-    sent: &Map<String, Value>,
-    timer: &Value,
-    old: &Value,
-    before: DateTime<Utc>,
-) -> Result<(), TestCaseError> {
+async fn check_timer(fx: &Fixture, sent: &Map<String, Value>, timer: &Value, old: &Value, before: DateTime<Utc>) -> Result<(), TestCaseError> {
     let given = |name: &str| sent.get(name).filter(|v| !v.is_null());
-    for (name, default) in
-        [("cron", &old["cron"]), ("timezone", &old["timezone"]), ("active", &old["active"]), ("catch_up", &old["catch_up"])]
-    {
+    for (name, default) in [("cron", &old["cron"]), ("timezone", &old["timezone"]), ("active", &old["active"]), ("catch_up", &old["catch_up"])] {
         prop_assert_eq!(&timer[name], given(name).unwrap_or(default), "{} as sent", name);
     }
     let payload = sent.get("payload").unwrap_or(&old["payload"]);
     check_payload(payload)?;
-    let stored =
-        db_says(&fx.app, "SELECT payload = $2::jsonb FROM timers WHERE id = $1::uuid", timer["id"].as_str().unwrap(), payload)
-            .await;
+    let stored = db_says(&fx.app, "SELECT payload = $2::jsonb FROM timers WHERE id = $1::uuid", timer["id"].as_str().unwrap(), payload).await;
     prop_assert!(stored, "the payload stored is the one sent");
     let fires: Vec<DateTime<Utc>> = timer["next_fire_times"].as_array().expect("next_fire_times").iter().map(time).collect();
     if timer["active"] == true {
@@ -860,12 +801,7 @@ async fn timer_create_takes_valid_bodies_and_refuses_the_rest_cleanly() {
             let key = sent.as_ref().and_then(|s| s.get("key")).and_then(Value::as_str).map(str::to_string);
             let taken = key.as_ref().is_some_and(|k| fx.created.lock().unwrap().keys.contains_key(k));
             if body.valid {
-                prop_assert!(
-                    reply.status == 201 || (reply.status == 409 && taken),
-                    "refused a valid timer: {} {}",
-                    reply.status,
-                    reply.body
-                );
+                prop_assert!(reply.status == 201 || (reply.status == 409 && taken), "refused a valid timer: {} {}", reply.status, reply.body);
             }
             if reply.status == 409 {
                 prop_assert!(taken, "409 for a key not taken: {}", reply.body);
@@ -893,11 +829,10 @@ async fn timer_create_takes_valid_bodies_and_refuses_the_rest_cleanly() {
     .await;
     let ids: Vec<String> = sqlx::query_scalar("SELECT id::text FROM timers").fetch_all(&fx.app.pool).await.unwrap();
     assert_eq!(ids.into_iter().collect::<HashSet<_>>(), fx.created.lock().unwrap().ids, "the timers are those created");
-    let strays: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE timer_id IS NULL OR timer_id NOT IN (SELECT id FROM timers)")
-            .fetch_one(&fx.app.pool)
-            .await
-            .unwrap();
+    let strays: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE timer_id IS NULL OR timer_id NOT IN (SELECT id FROM timers)")
+        .fetch_one(&fx.app.pool)
+        .await
+        .unwrap();
     assert_eq!(strays, 0, "every task is an occurrence of a timer created");
 }
 
@@ -905,16 +840,14 @@ async fn timer_create_takes_valid_bodies_and_refuses_the_rest_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timer_patch_applies_valid_changes_and_refuses_the_rest_cleanly() {
     let fx = Fixture::new(timer_app().await).await;
-    let timer =
-        fx.app.post("/api/v1/timers", &fx.token, json!({"biz_type": "orders", "key": "daily", "cron": "0 0 9 * * *"})).await;
+    let timer = fx.app.post("/api/v1/timers", &fx.token, json!({"biz_type": "orders", "key": "daily", "cron": "0 0 9 * * *"})).await;
     assert_eq!(timer.status, 201, "{}", timer.body);
     let path = format!("/api/v1/timers/{}", timer.body["id"].as_str().unwrap());
     let strategy = || {
         let valid = || {
             prop_oneof![
                 cron()
-                    .prop_filter("a valid one", |c| chime::timers::Schedule::parse(c, "UTC")
-                        .is_ok_and(|s| !s.next(Utc::now(), 1).is_empty()))
+                    .prop_filter("a valid one", |c| chime::timers::Schedule::parse(c, "UTC").is_ok_and(|s| !s.next(Utc::now(), 1).is_empty()))
                     .prop_map(|c| json!({"cron": c})),
                 select(chrono_tz::TZ_VARIANTS.to_vec()).prop_map(|z| json!({"timezone": z.name()})),
                 (any::<bool>(), any::<bool>()).prop_map(|(a, c)| json!({"active": a, "catch_up": c})),

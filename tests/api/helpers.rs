@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
+use chime::db::Pool;
 use chime::embedded_pg::{self, EmbeddedPg};
 use chime::startup::Application;
 use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection};
-use chime::db::Pool;
-use uuid::Uuid;
 use tokio::sync::OnceCell;
+use uuid::Uuid;
 
 /// Where the test server is, and the template database every test database is cloned from.
 struct Server {

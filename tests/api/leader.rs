@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
+use chime::db::Pool;
 use chime::partitions::{self, Layout};
 use chime::{leader, timers};
 use chrono::{DateTime, Days, Utc};
-use chime::db::Pool;
 use uuid::Uuid;
 
 use crate::helpers::{chime_process, fresh_database, node_of, spawn_app, spawn_second_node};
@@ -229,8 +229,7 @@ async fn a_leader_killed_mid_migration_loses_and_doubles_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(cold().await, 0, "the new leader moved the rest");
-    let (hot, distinct): (i64, i64) =
-        sqlx::query_as("SELECT count(*), count(DISTINCT id) FROM tasks").fetch_one(&pool).await.unwrap();
+    let (hot, distinct): (i64, i64) = sqlx::query_as("SELECT count(*), count(DISTINCT id) FROM tasks").fetch_one(&pool).await.unwrap();
     println!("leader killed mid-migration: {TASKS} cold tasks, {left_at_kill} still cold at the kill; then {hot} hot, {distinct} distinct");
     assert_eq!((hot, distinct), (TASKS, TASKS));
 }
@@ -389,7 +388,8 @@ async fn a_frozen_leader_loses_leadership_after_the_lease() {
 async fn one_tick_of_the_duties_recovers_leases_and_writes_timers() {
     let pool = pool(&fresh_database().await).await;
     let biz = biz_type_id(&pool, "reports").await;
-    let settings = leader::Settings { layout: Layout::default(), lease: Duration::from_secs(2), timer_window: Duration::from_secs(10), migrate_batch: 200 };
+    let settings =
+        leader::Settings { layout: Layout::default(), lease: Duration::from_secs(2), timer_window: Duration::from_secs(10), migrate_batch: 200 };
     let mut duties = leader::Duties::new(pool.clone(), settings);
     // The first tick also makes the partitions the task below goes into.
     duties.run_once().await;

@@ -52,12 +52,18 @@ async fn queue_metrics_count_pending_retrying_and_failed_tasks_per_biz_type() {
     let app = spawn_node().await;
     let failing = Receiver::start(vec![], Answer::status(500)).await;
     // Fails the first two tasks; the replayed one then hangs in flight (neither pending nor failed).
-    let fails_twice = Receiver::start(vec![Answer::status(500), Answer::status(500)], Answer { delay: Duration::from_secs(60), ..Answer::status(200) }).await;
+    let fails_twice =
+        Receiver::start(vec![Answer::status(500), Answer::status(500)], Answer { delay: Duration::from_secs(60), ..Answer::status(200) }).await;
     let paused = biz_type(&app, "q-paused", Settings { callback_url: Some(failing.url.clone()), paused: Some(true), ..Default::default() }).await;
     let retrying = biz_type(
         &app,
         "q-retrying",
-        Settings { callback_url: Some(failing.url.clone()), backoff_initial_ms: Some(3_600_000), backoff_max_ms: Some(3_600_000), ..Default::default() },
+        Settings {
+            callback_url: Some(failing.url.clone()),
+            backoff_initial_ms: Some(3_600_000),
+            backoff_max_ms: Some(3_600_000),
+            ..Default::default()
+        },
     )
     .await;
     let failed = biz_type(
@@ -93,7 +99,10 @@ async fn queue_metrics_count_pending_retrying_and_failed_tasks_per_biz_type() {
     let text = scrape_until_present(&app, &series("chime_tasks_pending", "q-paused")).await;
     let v = |name: &str, biz: &str| value(&text, &series(name, biz)).unwrap_or_else(|| panic!("no {} in\n{text}", series(name, biz)));
     assert_eq!([v("chime_tasks_pending", "q-paused"), v("chime_tasks_retrying", "q-paused"), v("chime_tasks_failed", "q-paused")], [3.0, 0.0, 0.0]);
-    assert_eq!([v("chime_tasks_pending", "q-retrying"), v("chime_tasks_retrying", "q-retrying"), v("chime_tasks_failed", "q-retrying")], [2.0, 2.0, 0.0]);
+    assert_eq!(
+        [v("chime_tasks_pending", "q-retrying"), v("chime_tasks_retrying", "q-retrying"), v("chime_tasks_failed", "q-retrying")],
+        [2.0, 2.0, 0.0]
+    );
     assert_eq!([v("chime_tasks_pending", "q-failed"), v("chime_tasks_retrying", "q-failed"), v("chime_tasks_failed", "q-failed")], [0.0, 0.0, 1.0]);
     assert!(text.contains("# HELP chime_tasks_pending ") && text.contains("Exported by the leader only"), "{text}");
 }
@@ -177,7 +186,8 @@ async fn pool_gauges_follow_the_connections_in_use() {
     let held = futures_util::future::try_join_all((0..3).map(|_| app.pool.acquire())).await.unwrap();
     let text = scrape(&app).await;
     let gauge = |name: &str| value(&text, name).unwrap_or_else(|| panic!("no {name} in\n{text}"));
-    let (in_use, idle, max) = (gauge("chime_db_pool_connections_in_use"), gauge("chime_db_pool_connections_idle"), gauge("chime_db_pool_max_connections"));
+    let (in_use, idle, max) =
+        (gauge("chime_db_pool_connections_in_use"), gauge("chime_db_pool_connections_idle"), gauge("chime_db_pool_max_connections"));
     assert_eq!(max, 8.0, "the test pool's size");
     assert!(in_use >= 3.0 && idle >= 0.0 && in_use + idle <= max, "in use {in_use}, idle {idle}, max {max}");
     drop(held);

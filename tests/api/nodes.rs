@@ -62,8 +62,7 @@ async fn two_nodes_share_work_without_duplicates() {
     }
     let received = receiver.received().len().max(received.len());
     assert_eq!(received, 500, "each task delivered exactly once");
-    let ids: HashSet<String> =
-        receiver.received().iter().map(|r| r.header("chime-task-id").unwrap().to_string()).collect();
+    let ids: HashSet<String> = receiver.received().iter().map(|r| r.header("chime-task-id").unwrap().to_string()).collect();
     assert_eq!(ids.len(), 500);
     let per_node: Vec<(uuid::Uuid, i64)> =
         sqlx::query_as("SELECT node_id, count(*) FROM attempts GROUP BY node_id").fetch_all(&a.pool).await.unwrap();
@@ -108,10 +107,7 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
     assert_eq!(received.len(), 40, "each task twice: cut off by the kill, then delivered");
     let ids: HashSet<String> = received.iter().map(|r| r.header("chime-task-id").unwrap().to_string()).collect();
     assert_eq!(ids.len(), 20);
-    let lost: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE error LIKE 'lease expired%'")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let lost: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE error LIKE 'lease expired%'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(lost, 20, "the attempts cut off by the kill are recorded");
 }
 
@@ -151,8 +147,7 @@ async fn max_in_flight_holds_across_the_cluster() {
     const HOLD: Duration = Duration::from_millis(300);
     let app = spawn_app().await; // the API only: the three processes deliver
     let receiver = Receiver::start(vec![], Answer { delay: HOLD, ..Answer::status(200) }).await;
-    let settings =
-        Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(CAP as i32), ..Default::default() };
+    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(CAP as i32), ..Default::default() };
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let mut nodes = Vec::new();
@@ -171,10 +166,7 @@ async fn max_in_flight_holds_across_the_cluster() {
     let last = received.iter().map(|r| r.at).max().unwrap();
     // Requests at the receiver on average, from the first arrival to the last answer.
     let mean = TASKS as f64 * HOLD.as_secs_f64() / (last - first + HOLD).as_secs_f64();
-    let per_node: Vec<i64> = sqlx::query_scalar("SELECT count(*) FROM attempts GROUP BY node_id ORDER BY 1")
-        .fetch_all(&app.pool)
-        .await
-        .unwrap();
+    let per_node: Vec<i64> = sqlx::query_scalar("SELECT count(*) FROM attempts GROUP BY node_id ORDER BY 1").fetch_all(&app.pool).await.unwrap();
     println!("cap {CAP}, 3 nodes: peak {peak} requests at once, mean {mean:.2}; attempts per node {per_node:?}");
     assert!(peak <= CAP, "the receiver had {peak} requests at once, over the biz type's cap of {CAP}");
     assert_eq!(peak, CAP, "the cap is used whole");
@@ -256,10 +248,8 @@ async fn the_cap_s_gate_lets_three_claims_through_at_once_far_from_the_cap() {
         let pool = app.pool.clone();
         async move {
             for _ in 0..200 {
-                let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
+                let waiting: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetch_one(&pool).await.unwrap();
                 if waiting == 1 {
                     return;
                 }
@@ -275,7 +265,8 @@ async fn the_cap_s_gate_lets_three_claims_through_at_once_far_from_the_cap() {
     // 2 x 200 (what the two others may take).
     let mut open = Vec::new();
     for _ in 0..3 {
-        let (mut conn, room) = tokio::time::timeout(Duration::from_secs(10), claim(app.db_url.clone(), biz, 200)).await.expect("a claim far from the cap waited");
+        let (mut conn, room) =
+            tokio::time::timeout(Duration::from_secs(10), claim(app.db_url.clone(), biz, 200)).await.expect("a claim far from the cap waited");
         assert_eq!(room, 500);
         lease(&mut conn, 100).await;
         open.push(conn);

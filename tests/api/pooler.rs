@@ -13,7 +13,7 @@ use chime::db::Pool;
 use serde_json::{Value, json};
 
 use crate::console::sign_in;
-use crate::helpers::{TestApp, chime_process_logging, client, fresh_database, free_port, node_of};
+use crate::helpers::{TestApp, chime_process_logging, client, free_port, fresh_database, node_of};
 use crate::receiver::{Answer, Receiver};
 
 /// PgBouncer 1.18 in transaction mode in front of the harness's PostgreSQL, logging in as
@@ -140,7 +140,9 @@ async fn every_statement_is_safe_through_pgbouncer_in_transaction_mode() {
             let mut made = HashMap::new();
             for round in 0..6 {
                 let key = format!("c{c}-r{round}");
-                let task = post(&address, &token, "/api/v1/tasks", json!({"biz_type": "orders", "key": key, "delay_ms": 300, "payload": {"key": key}})).await;
+                let task =
+                    post(&address, &token, "/api/v1/tasks", json!({"biz_type": "orders", "key": key, "delay_ms": 300, "payload": {"key": key}}))
+                        .await;
                 assert_eq!(task["payload"]["key"], key.as_str(), "a create answered with another's task: {task}");
                 made.insert(task["id"].as_str().unwrap().to_string(), key.clone());
                 let keys: Vec<String> = (0..5).map(|i| format!("c{c}-r{round}-b{i}")).collect();
@@ -153,7 +155,11 @@ async fn every_statement_is_safe_through_pgbouncer_in_transaction_mode() {
                 }
                 for (id, k) in made.iter().take(3) {
                     let read = get(&address, &token, &format!("/api/v1/tasks/{id}")).await;
-                    assert_eq!((read["id"].as_str(), read["key"].as_str()), (Some(id.as_str()), Some(k.as_str())), "a read answered with another's task");
+                    assert_eq!(
+                        (read["id"].as_str(), read["key"].as_str()),
+                        (Some(id.as_str()), Some(k.as_str())),
+                        "a read answered with another's task"
+                    );
                 }
                 get(&address, &token, "/api/v1/tasks?biz_type=orders&limit=20").await;
                 get(&address, &token, &format!("/api/v1/biz-types/orders/tasks/by-key/{key}")).await;
@@ -229,12 +235,8 @@ async fn every_statement_is_safe_through_pgbouncer_in_transaction_mode() {
     // sender has sessions of its own, once opened with what PgBouncer refuses).
     let refusing = Receiver::start(vec![], Answer::status(500)).await;
     let notices = Receiver::start(vec![], Answer::status(200)).await;
-    let settings = Settings {
-        callback_url: Some(refusing.url.clone()),
-        failure_url: Some(notices.url.clone()),
-        max_attempts: Some(1),
-        ..Settings::default()
-    };
+    let settings =
+        Settings { callback_url: Some(refusing.url.clone()), failure_url: Some(notices.url.clone()), max_attempts: Some(1), ..Settings::default() };
     biz_types::create(&pool, "doomed", &settings, CallbackHosts::Any).await.unwrap();
     let doomed = biz_types::create_token(&pool, "doomed").await.unwrap();
     let task = post(&addresses[0], &doomed, "/api/v1/tasks", json!({"biz_type": "doomed", "key": "doomed-1"})).await;

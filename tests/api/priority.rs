@@ -29,7 +29,8 @@ async fn due_tasks_go_by_priority_and_the_longest_due_are_not_starved() {
         items.push(json!({"biz_type": "orders", "run_at": (now - chrono::Duration::seconds(60 - i)).to_rfc3339(), "priority": 0, "payload": format!("low-{i}")}));
     }
     for i in 0..20 {
-        items.push(json!({"biz_type": "orders", "run_at": (now - chrono::Duration::seconds(40 - i)).to_rfc3339(), "payload": format!("default-{i}")}));
+        items
+            .push(json!({"biz_type": "orders", "run_at": (now - chrono::Duration::seconds(40 - i)).to_rfc3339(), "payload": format!("default-{i}")}));
     }
     for i in 0..5 {
         items.push(json!({"biz_type": "orders", "run_at": (now - chrono::Duration::seconds(10 - i)).to_rfc3339(), "priority": 9, "payload": format!("urgent-{i}")}));
@@ -98,7 +99,9 @@ async fn priority_is_checked_kept_and_changed() {
     assert!(page.body.contains(id) && !page.body.contains(plain["id"].as_str().unwrap()), "{}", page.body);
     let page = admin.get("/console/tasks?biz_type=orders&priority=5").await;
     assert!(!page.body.contains(id) && page.body.contains(plain["id"].as_str().unwrap()), "{}", page.body);
-    for (query, message) in [("biz_type=orders&priority=12", "from 0 to 9"), ("biz_type=orders&priority=high", "from 0 to 9"), ("priority=8", "choose a biz type")] {
+    for (query, message) in
+        [("biz_type=orders&priority=12", "from 0 to 9"), ("biz_type=orders&priority=high", "from 0 to 9"), ("priority=8", "choose a biz type")]
+    {
         let page = admin.get(&format!("/console/tasks?{query}")).await;
         assert_eq!(page.status, 422, "{query}: {}", page.body);
         assert!(page.body.contains(r#"data-field="priority""#) && page.body.contains(message), "{query}: {}", page.body);

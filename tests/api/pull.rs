@@ -125,7 +125,8 @@ async fn a_late_consumer_s_receipt_cannot_settle_the_next_reservation() {
     let a = reserve(&app, &token, json!({"max": 3, "ttr_ms": 200})).await;
     assert_eq!(a.len(), 3);
     // A never answers in time: B gets the tasks once the leader has taken them back.
-    let b: HashMap<String, Value> = reserve_taken_back(&app, &token, 3).await.into_iter().map(|t| (t["id"].as_str().unwrap().to_string(), t)).collect();
+    let b: HashMap<String, Value> =
+        reserve_taken_back(&app, &token, 3).await.into_iter().map(|t| (t["id"].as_str().unwrap().to_string(), t)).collect();
     let snapshot = || async {
         let tasks: Vec<String> = sqlx::query_scalar("SELECT t::text FROM tasks t ORDER BY id").fetch_all(&app.pool).await.unwrap();
         let attempts: Vec<String> = sqlx::query_scalar("SELECT a::text FROM attempts a ORDER BY task_id, number").fetch_all(&app.pool).await.unwrap();
@@ -140,7 +141,10 @@ async fn a_late_consumer_s_receipt_cannot_settle_the_next_reservation() {
         assert!(late.message().contains("another reservation holds it"), "{}", late.message());
     }
     assert_eq!(snapshot().await, before, "A's late calls changed nothing: B still holds the tasks, until the same time");
-    assert!(a.iter().all(|a| a["receipt"].is_string() && a["receipt"] != b[a["id"].as_str().unwrap()]["receipt"]), "each reservation has its own receipt");
+    assert!(
+        a.iter().all(|a| a["receipt"].is_string() && a["receipt"] != b[a["id"].as_str().unwrap()]["receipt"]),
+        "each reservation has its own receipt"
+    );
     for (id, b) in &b {
         let acked = app.post(&format!("/api/v1/tasks/{id}/ack"), &token, json!({"receipt": b["receipt"]})).await;
         assert_eq!((acked.status, acked.body["status"].as_str()), (200, Some("succeeded")), "B's ack: {}", acked.body);
@@ -209,7 +213,9 @@ async fn nack_retries_after_the_delay_and_fails_after_max_attempts() {
     let token = pull_biz_type(&app, "jobs", Settings { max_attempts: Some(2), ..Default::default() }).await;
     let id = create(&app, &token, 1).await.remove(0);
     let first = reserve(&app, &token, json!({})).await;
-    let nacked = app.post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"receipt": first[0]["receipt"], "delay_ms": 800, "error": "database busy"})).await;
+    let nacked = app
+        .post(&format!("/api/v1/tasks/{id}/nack"), &token, json!({"receipt": first[0]["receipt"], "delay_ms": 800, "error": "database busy"}))
+        .await;
     assert_eq!(nacked.status, 200, "{}", nacked.body);
     assert_eq!(nacked.body["status"], "pending");
     assert_eq!(nacked.body["last_error"], "nacked: database busy");
@@ -278,7 +284,9 @@ async fn reserve_refuses_bad_requests_and_respects_pause_and_mode() {
     assert_eq!(reserve(&app, &token, json!({"max": 10})).await.len(), 2);
     assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty());
 
-    biz_types::update(&app.pool, "jobs", &Settings { paused: Some(true), max_in_flight: Some(100), ..Default::default() }, CallbackHosts::Any).await.unwrap();
+    biz_types::update(&app.pool, "jobs", &Settings { paused: Some(true), max_in_flight: Some(100), ..Default::default() }, CallbackHosts::Any)
+        .await
+        .unwrap();
     assert!(reserve(&app, &token, json!({"max": 10})).await.is_empty(), "paused: nothing handed out");
     let task = app.create_task(&callback, json!({"biz_type": "hooks"})).await;
     let task_id = task["id"].as_str().unwrap();

@@ -77,14 +77,12 @@ impl Receiver {
         let shared = state.clone();
         let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         let url = format!("http://127.0.0.1:{}/hook", listener.local_addr().unwrap().port());
-        let server = HttpServer::new(move || {
-            App::new().app_data(web::Data::new(shared.clone())).default_service(web::to(handle))
-        })
-        .listen(listener)
-        .unwrap()
-        .workers(1)
-        .disable_signals()
-        .run();
+        let server = HttpServer::new(move || App::new().app_data(web::Data::new(shared.clone())).default_service(web::to(handle)))
+            .listen(listener)
+            .unwrap()
+            .workers(1)
+            .disable_signals()
+            .run();
         tokio::spawn(server);
         Receiver { url, state }
     }

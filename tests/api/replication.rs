@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use chime::config::ServeArgs;
+use chime::db::Pool;
 use chime::embedded_pg;
 use sqlx::{Connection, Executor, PgConnection};
-use chime::db::Pool;
 
 use crate::console::{ADMIN_PASSWORD, Console, sign_in};
 use crate::helpers::{free_port, spawn_app, spawn_on};
@@ -92,12 +92,11 @@ async fn cluster_page_until(console: &Console, what: &str, done: impl Fn(&str) -
 
 /// What the server says about where this session reached it, as the page should put it.
 async fn server_address(pool: &Pool) -> String {
-    let (host, port, directories, port_setting): (Option<String>, Option<i32>, String, String) = sqlx::query_as(
-        "SELECT host(inet_server_addr()), inet_server_port(), current_setting('unix_socket_directories'), current_setting('port')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let (host, port, directories, port_setting): (Option<String>, Option<i32>, String, String) =
+        sqlx::query_as("SELECT host(inet_server_addr()), inet_server_port(), current_setting('unix_socket_directories'), current_setting('port')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
     match (host, port) {
         (Some(host), Some(port)) => format!("<code>{host}</code> port {port}"),
         // The harness's server has one socket directory, in quotes in the setting.
@@ -131,7 +130,8 @@ async fn cluster_page_lists_a_streaming_standby_until_it_goes() {
     let name = unique_name("standby");
     let mut receiver = WalReceiver::start(&app.db_url, &name, false);
 
-    let body = cluster_page_until(&console, "the standby streaming", |b| standby_row(b, &name).is_some_and(|r| r.contains("<td>streaming</td>"))).await;
+    let body =
+        cluster_page_until(&console, "the standby streaming", |b| standby_row(b, &name).is_some_and(|r| r.contains("<td>streaming</td>"))).await;
     let row = standby_row(&body, &name).unwrap();
     assert!(row.contains("<td>async</td>"), "{row}");
     if server_address(&app.pool).await.starts_with("Unix socket") {
@@ -210,7 +210,8 @@ async fn cluster_page_shows_synchronous_replication_and_a_missing_sync_standby()
     assert!(!body.contains("commits wait"), "with synchronous_commit local they do not:\n{body}");
 
     let mut receiver = WalReceiver::start(&url, &standby, true);
-    let body = cluster_page_until(&console, "the synchronous standby", |b| standby_row(b, &standby).is_some_and(|r| r.contains("<td>sync</td>"))).await;
+    let body =
+        cluster_page_until(&console, "the synchronous standby", |b| standby_row(b, &standby).is_some_and(|r| r.contains("<td>sync</td>"))).await;
     let row = standby_row(&body, &standby).unwrap();
     assert!(row.contains("<td>127.0.0.1</td>") && row.contains("<td>streaming</td>"), "{row}");
 

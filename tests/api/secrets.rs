@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use serde_json::json;
 use chime::db::Pool;
+use serde_json::json;
 
 use crate::cli::{Output, chime};
 use crate::helpers::{TestApp, chime_node, chime_process_logging, client, free_port, fresh_database, wait_ready};
@@ -94,13 +94,20 @@ async fn a_secret_made_with_the_key_is_stored_encrypted_and_still_signs() {
 #[tokio::test]
 async fn a_node_that_cannot_decrypt_a_secret_refuses_to_start() {
     let db_url = fresh_database().await;
-    let out = chime(&[("DATABASE_URL", &db_url), ("CHIME_SECRET_KEY", &key(1))], &["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/x"], None).await;
+    let out = chime(
+        &[("DATABASE_URL", &db_url), ("CHIME_SECRET_KEY", &key(1))],
+        &["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/x"],
+        None,
+    )
+    .await;
     assert!(out.ok, "{}", out.stderr);
 
     let without = serve_refused(&[("DATABASE_URL", &db_url)]).await;
     assert!(
         without.stderr.contains("the signing secret of biz type `orders` is encrypted (key ")
-            && without.stderr.contains("and CHIME_SECRET_KEY is not set: set CHIME_SECRET_KEY (or CHIME_SECRET_KEY_FILE) to the key it was encrypted with"),
+            && without
+                .stderr
+                .contains("and CHIME_SECRET_KEY is not set: set CHIME_SECRET_KEY (or CHIME_SECRET_KEY_FILE) to the key it was encrypted with"),
         "{}",
         without.stderr
     );
@@ -185,13 +192,22 @@ async fn reencrypt_encrypts_secrets_in_clear_and_rotates_keys() {
     let (key1, key2) = (key(1), key(2));
     let first = chime(&[db, ("CHIME_SECRET_KEY", &key1)], &["secrets", "reencrypt"], None).await;
     assert!(first.ok, "{}", first.stderr);
-    assert!(first.stdout.contains("1 encrypted (were in clear), 0 re-encrypted (were under an older key), 0 already under the current key"), "{}", first.stdout);
+    assert!(
+        first.stdout.contains("1 encrypted (were in clear), 0 re-encrypted (were under an older key), 0 already under the current key"),
+        "{}",
+        first.stdout
+    );
     let (clear, sealed) = stored(&pool, "orders").await;
     assert!(clear.is_none() && sealed.as_deref().is_some_and(|s| s.starts_with("enc:v1:") && !s.contains(&secret)), "{clear:?} {sealed:?}");
     let again = chime(&[db, ("CHIME_SECRET_KEY", &key1)], &["secrets", "reencrypt"], None).await;
-    assert!(again.stdout.contains("0 encrypted (were in clear), 0 re-encrypted (were under an older key), 1 already under the current key"), "{}", again.stdout);
+    assert!(
+        again.stdout.contains("0 encrypted (were in clear), 0 re-encrypted (were under an older key), 1 already under the current key"),
+        "{}",
+        again.stdout
+    );
     assert_eq!(stored(&pool, "orders").await.1, sealed, "a second run changes nothing");
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'cli' AND action = 'secrets.reencrypt'").fetch_one(&pool).await.unwrap();
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor = 'cli' AND action = 'secrets.reencrypt'").fetch_one(&pool).await.unwrap();
     assert_eq!(audited, 1, "the run that changed something is in the audit log");
     {
         let (_node, address) = chime_node(&db_url, &[("CHIME_SECRET_KEY", &key1)]).await;
@@ -294,7 +310,10 @@ async fn without_the_key_no_secret_is_stored_in_clear_where_secrets_are_encrypte
     let key1 = key(1);
     let with_key = [("DATABASE_URL", db_url.as_str()), ("CHIME_SECRET_KEY", key1.as_str())];
     let without = [("DATABASE_URL", db_url.as_str()), ("REFUNDS_SECRET", "refunds-secret-5e8c1a9d")];
-    for args in [&["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/x"][..], &["biz-type", "rotate-secret", "orders", "--overlap-secs", "3600"]] {
+    for args in [
+        &["biz-type", "create", "orders", "--callback-url", "http://127.0.0.1:9/x"][..],
+        &["biz-type", "rotate-secret", "orders", "--overlap-secs", "3600"],
+    ] {
         let out = chime(&with_key, args, None).await;
         assert!(out.ok, "{args:?}: {}", out.stderr);
     }
@@ -318,7 +337,8 @@ async fn without_the_key_no_secret_is_stored_in_clear_where_secrets_are_encrypte
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
-    let clear: Vec<String> = sqlx::query_scalar("SELECT name FROM biz_types WHERE signing_secret IS NOT NULL ORDER BY name").fetch_all(&pool).await.unwrap();
+    let clear: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM biz_types WHERE signing_secret IS NOT NULL ORDER BY name").fetch_all(&pool).await.unwrap();
     assert!(wrong.is_empty() && clear.is_empty(), "{wrong:#?}; secrets stored in clear: {clear:?}");
     assert_eq!((stored(&pool, "orders").await, previous(&pool, "orders").await), (sealed, overlap), "the encrypted secret and its overlap are kept");
 
@@ -354,9 +374,5 @@ async fn a_node_with_the_key_warns_once_of_secrets_in_clear() {
     println!("{log}");
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains("stored in clear")).collect();
     assert_eq!(warnings.len(), 1, "one warning of secrets in clear: {log}");
-    assert!(
-        warnings[0].contains("WARN") && warnings[0].contains("`orders`") && warnings[0].contains("chime secrets reencrypt"),
-        "{}",
-        warnings[0]
-    );
+    assert!(warnings[0].contains("WARN") && warnings[0].contains("`orders`") && warnings[0].contains("chime secrets reencrypt"), "{}", warnings[0]);
 }

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
+use chime::db::Pool;
 use chrono::{DateTime, Utc};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use sqlx::migrate::Migrate;
 use sqlx::{Connection, PgConnection};
-use chime::db::Pool;
 use uuid::Uuid;
 
 use crate::helpers::{TestApp, chime_process_live, chime_process_logging, client, fresh_database, node_of, wait_ready};
@@ -84,8 +84,7 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
     let receiver = Receiver::start(vec![slow], Answer { delay: Duration::from_secs(3), ..Answer::status(200) }).await;
     // A lease (timeout + 5 s) far longer than the test: only a hand-back gets the slow task
     // delivered in time.
-    let settings =
-        Settings { callback_url: Some(receiver.url.clone()), timeout_ms: Some(120_000), max_in_flight: Some(1000), ..Default::default() };
+    let settings = Settings { callback_url: Some(receiver.url.clone()), timeout_ms: Some(120_000), max_in_flight: Some(1000), ..Default::default() };
     biz_types::create(&pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&pool, "orders").await.unwrap();
     // A leader lease far longer than the test: only a released lock lets B lead in time.
@@ -137,9 +136,8 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
     let left = wait_until(Duration::from_secs(5), || async { count(&pool, "SELECT count(*) FROM nodes WHERE id = $1", a_id).await == 0 })
         .await
         .map(|at| at - signalled);
-    let b_leads = wait_until(Duration::from_secs(10), || async { chime::leader::current(&pool).await.unwrap() == Some(b_id) })
-        .await
-        .map(|at| at - signalled);
+    let b_leads =
+        wait_until(Duration::from_secs(10), || async { chime::leader::current(&pool).await.unwrap() == Some(b_id) }).await.map(|at| at - signalled);
     let status = tokio::time::timeout(Duration::from_secs(30), a.wait()).await.expect("A did not exit").unwrap();
     let exited = signalled.elapsed();
     println!("after SIGTERM: /readyz 503 in {readyz_503:?}, A left nodes in {left:?}, B led in {b_leads:?}, A exited in {exited:?}");
@@ -153,13 +151,12 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
     // No callback from A after the signal (50 ms for the signal to reach its loops, or until
     // its /readyz said it was stopping), none for a task it had claimed ahead; the slow one
     // cut off.
-    let late: Vec<(Uuid, DateTime<Utc>)> =
-        sqlx::query_as("SELECT task_id, started_at FROM attempts WHERE node_id = $1 AND started_at > $2")
-            .bind(a_id)
-            .bind(surely_stopping)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let late: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as("SELECT task_id, started_at FROM attempts WHERE node_id = $1 AND started_at > $2")
+        .bind(a_id)
+        .bind(surely_stopping)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert!(late.is_empty(), "A called back after SIGTERM (at {signalled_at}): {late:?}");
     let ahead: Vec<Uuid> = ahead.into_iter().filter(|(_, run_at)| *run_at > surely_stopping).map(|(id, _)| id).collect();
     assert!(!ahead.is_empty(), "A held no task claimed ahead due after it was stopping");
@@ -183,8 +180,7 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks WHERE status <> 'succeeded'").fetch_one(&pool).await.unwrap() == 0
     })
     .await;
-    let statuses: Vec<(String, i64)> =
-        sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status").fetch_all(&pool).await.unwrap();
+    let statuses: Vec<(String, i64)> = sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status").fetch_all(&pool).await.unwrap();
     assert!(all_done.is_some(), "not every task succeeded within 30 s of A's exit: {statuses:?}");
     let delivered: HashSet<String> = receiver.received().iter().map(|r| r.header("chime-task-id").unwrap().to_string()).collect();
     assert_eq!(delivered.len(), 301, "every task reached the receiver");
@@ -199,7 +195,16 @@ async fn a_stopping_node_starts_nothing_and_hands_its_tasks_to_another() {
 
     // The stop, phase by phase; the only warning is for the callback cut off.
     let (log, loud) = read_log(&log_path);
-    for phase in ["SIGTERM received: stopping", "delivery engine stopping", "no longer leads", "left the cluster", "shutdown grace is over", "delivery engine stopped", "HTTP server stopped", "node stopped"] {
+    for phase in [
+        "SIGTERM received: stopping",
+        "delivery engine stopping",
+        "no longer leads",
+        "left the cluster",
+        "shutdown grace is over",
+        "delivery engine stopped",
+        "HTTP server stopped",
+        "node stopped",
+    ] {
         assert!(log.contains(phase), "no `{phase}` in A's log:\n{log}");
     }
     // (Besides the start's warning that the test's biz type, made without the key, keeps
@@ -246,7 +251,14 @@ async fn healthz_answers_while_the_database_is_migrated() {
     assert_eq!(count(&pool, "SELECT count(*) FROM nodes WHERE id = $1", id).await, 0, "the node's row is still in `nodes`");
     let (log, loud) = read_log(&log_path);
     assert!(loud.is_empty(), "warnings on a clean stop: {loud:?}\n{log}");
-    for phase in ["SIGTERM received: stopping", "delivery engine stopped", "leader election stopped", "left the cluster", "HTTP server stopped", "node stopped"] {
+    for phase in [
+        "SIGTERM received: stopping",
+        "delivery engine stopped",
+        "leader election stopped",
+        "left the cluster",
+        "HTTP server stopped",
+        "node stopped",
+    ] {
         assert!(log.contains(phase), "no `{phase}` in the log:\n{log}");
     }
 }

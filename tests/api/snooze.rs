@@ -192,7 +192,8 @@ async fn callbacks_carry_the_creates_trace_with_a_new_span_each() {
     running.stop().await;
 
     let received = receiver.received();
-    let traced: Vec<&str> = received.iter().filter(|r| r.header("chime-task-id") == Some(id.as_str())).map(|r| r.header("traceparent").unwrap()).collect();
+    let traced: Vec<&str> =
+        received.iter().filter(|r| r.header("chime-task-id") == Some(id.as_str())).map(|r| r.header("traceparent").unwrap()).collect();
     assert_eq!(traced.len(), 2, "a failed attempt and its retry");
     let spans: Vec<&str> = traced
         .iter()
@@ -223,7 +224,10 @@ async fn a_retry_after_past_the_hot_horizon_waits_in_cold_storage_until_its_time
     let task = app.create_task(&token, json!({"biz_type": "refunds"})).await;
     let id = task["id"].as_str().unwrap();
     let horizon: DateTime<Utc> =
-        sqlx::query_scalar("UPDATE hot_horizon h SET until = now() + interval '1 second' FROM hot_horizon old RETURNING old.until").fetch_one(&app.pool).await.unwrap();
+        sqlx::query_scalar("UPDATE hot_horizon h SET until = now() + interval '1 second' FROM hot_horizon old RETURNING old.until")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     let mut engine = engine(&app);
     assert_eq!(engine.turn().await.claimed, 1);
     engine.settled().await;

@@ -19,11 +19,11 @@ async fn create_then_get_returns_the_task_with_attempts() {
     let token = app.biz_type("orders").await;
 
     let before = Utc::now();
-    let task = app
-        .create_task(&token, json!({"biz_type": "orders", "key": "order-1", "delay_ms": 60000, "payload": {"order": 1}}))
-        .await;
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "order-1", "delay_ms": 60000, "payload": {"order": 1}})).await;
 
-    for field in ["id", "biz_type", "key", "run_at", "payload", "status", "attempt_count", "timer_id", "last_error", "created_at", "updated_at", "finished_at"] {
+    for field in
+        ["id", "biz_type", "key", "run_at", "payload", "status", "attempt_count", "timer_id", "last_error", "created_at", "updated_at", "finished_at"]
+    {
         assert!(task.get(field).is_some(), "missing {field} in {task}");
     }
     assert_eq!(task["biz_type"], "orders");
@@ -292,9 +292,7 @@ async fn tasks_land_in_hot_partitions_or_cold_storage() {
     let app = spawn_app().await;
     let token = app.biz_type("orders").await;
     let soon = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
-    let next_year = app
-        .create_task(&token, json!({"biz_type": "orders", "run_at": (Utc::now() + Duration::days(365)).to_rfc3339()}))
-        .await;
+    let next_year = app.create_task(&token, json!({"biz_type": "orders", "run_at": (Utc::now() + Duration::days(365)).to_rfc3339()})).await;
 
     let day = time(&soon["run_at"]).format("%Y%m%d");
     assert_eq!(app.table_of(soon["id"].as_str().unwrap()).await, format!("tasks_p{day}"));
@@ -331,9 +329,8 @@ async fn list_paginates_and_filters() {
     let other = app.biz_type("coupons").await;
     app.create_task(&other, json!({"biz_type": "coupons"})).await;
     let base = Utc::now() + Duration::minutes(10);
-    let items: Vec<Value> = (0..25)
-        .map(|i| json!({"biz_type": "orders", "run_at": (base + Duration::seconds(i % 5)).to_rfc3339(), "payload": i}))
-        .collect();
+    let items: Vec<Value> =
+        (0..25).map(|i| json!({"biz_type": "orders", "run_at": (base + Duration::seconds(i % 5)).to_rfc3339(), "payload": i})).collect();
     let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
     // Pending and finished tasks are read through different indexes: pages must merge them.
     for result in created.body["results"].as_array().unwrap().iter().step_by(3) {
@@ -359,8 +356,7 @@ async fn list_paginates_and_filters() {
     }
     assert_eq!(pages, 3);
     assert_eq!(seen.len(), 25);
-    let keys: Vec<(DateTime<Utc>, String)> =
-        seen.iter().map(|t| (time(&t["run_at"]), t["id"].as_str().unwrap().to_string())).collect();
+    let keys: Vec<(DateTime<Utc>, String)> = seen.iter().map(|t| (time(&t["run_at"]), t["id"].as_str().unwrap().to_string())).collect();
     let mut sorted = keys.clone();
     sorted.sort();
     sorted.dedup();
@@ -456,10 +452,7 @@ async fn cancel_applies_to_pending_tasks() {
     let reply = app.delete(&format!("/api/v1/tasks/{id}"), &token).await;
     assert_eq!(reply.status, 409);
 
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'task.cancel'")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'task.cancel'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(audited, 2);
 }
 
@@ -477,11 +470,7 @@ async fn replay_requeues_finished_tasks() {
     app.force_status(id, "running").await;
     assert_eq!(app.post(&path, &token, json!({})).await.status, 409, "running");
 
-    sqlx::query("UPDATE tasks SET attempt_count = 10, last_error = 'HTTP 500' WHERE id = $1::uuid")
-        .bind(id)
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    sqlx::query("UPDATE tasks SET attempt_count = 10, last_error = 'HTTP 500' WHERE id = $1::uuid").bind(id).execute(&app.pool).await.unwrap();
     for status in ["failed", "succeeded", "cancelled"] {
         app.force_status(id, status).await;
         let reply = app.post(&path, &token, json!({})).await;
@@ -560,10 +549,31 @@ async fn concurrent_creates_with_one_key_and_different_bodies_conflict() {
 async fn payload_size_is_measured_as_postgresql_prints_it() {
     let app = spawn_app().await;
     let payloads = [
-        "null", "true", "[false]", "0", "-0", "-0.0", "-0.00e1", "1e308", "-1.7976931348623157E+308", "1e-308", "0.5e-308",
-        "1.5e-3", "-123.456e-5", "0.05e1", "12.500", "1.23e+5", "123456789012345678901234567890", "[1,2,3]",
-        "{\"b\":1,\"a\":[{},[],{\"c\":null}]}", "  { \"a\" : [ 1 ,\n 2 ] }  ", r#""plain""#, r#""\"\\\/\b\f\n\r\t""#,
-        r#""\u0001\u001f\u007f\u0080\u00e9\u20ac\uFFFF""#, r#""\ud83d\ude00 😀 é €""#, r#"{"ключ": "значение", "\u00e9": "\u0041"}"#,
+        "null",
+        "true",
+        "[false]",
+        "0",
+        "-0",
+        "-0.0",
+        "-0.00e1",
+        "1e308",
+        "-1.7976931348623157E+308",
+        "1e-308",
+        "0.5e-308",
+        "1.5e-3",
+        "-123.456e-5",
+        "0.05e1",
+        "12.500",
+        "1.23e+5",
+        "123456789012345678901234567890",
+        "[1,2,3]",
+        "{\"b\":1,\"a\":[{},[],{\"c\":null}]}",
+        "  { \"a\" : [ 1 ,\n 2 ] }  ",
+        r#""plain""#,
+        r#""\"\\\/\b\f\n\r\t""#,
+        r#""\u0001\u001f\u007f\u0080\u00e9\u20ac\uFFFF""#,
+        r#""\ud83d\ude00 😀 é €""#,
+        r#"{"ключ": "значение", "\u00e9": "\u0041"}"#,
         r#"[1e10, -2.5E-2, 3.000, {"x": [0.1e1, 10e-1]}]"#,
     ];
     for text in payloads {
@@ -636,9 +646,7 @@ async fn a_deadline_is_given_absolute_or_relative_and_checked() {
     let token = app.biz_type("orders").await;
     let run_at = micros(Utc::now() + Duration::hours(1));
     let expires_at = run_at + Duration::minutes(30);
-    let absolute = app
-        .create_task(&token, json!({"biz_type": "orders", "run_at": run_at.to_rfc3339(), "expires_at": expires_at.to_rfc3339()}))
-        .await;
+    let absolute = app.create_task(&token, json!({"biz_type": "orders", "run_at": run_at.to_rfc3339(), "expires_at": expires_at.to_rfc3339()})).await;
     assert_eq!(time(&absolute["expires_at"]), expires_at);
     let relative = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 60_000, "ttl_ms": 90_000})).await;
     assert_eq!(time(&relative["expires_at"]) - time(&relative["run_at"]), Duration::milliseconds(90_000));
@@ -682,23 +690,14 @@ async fn a_creates_traceparent_is_kept_and_a_malformed_one_ignored() {
     let token = app.biz_type("orders").await;
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let send = |path: &str, header: &str, body: Value| {
-        app.client
-            .post(format!("{}{path}", app.address))
-            .bearer_auth(&token)
-            .header("traceparent", header)
-            .json(&body)
-            .send()
+        app.client.post(format!("{}{path}", app.address)).bearer_auth(&token).header("traceparent", header).json(&body).send()
     };
     let created: Value = send("/api/v1/tasks", parent, json!({"biz_type": "orders"})).await.unwrap().json().await.unwrap();
     assert_eq!(created["traceparent"], parent);
     let got = app.get(&format!("/api/v1/tasks/{}", created["id"].as_str().unwrap()), &token).await;
     assert_eq!(got.body["traceparent"], parent);
-    let batch: Value = send("/api/v1/tasks/batch", parent, json!({"tasks": [{"biz_type": "orders"}, {"biz_type": "orders"}]}))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let batch: Value =
+        send("/api/v1/tasks/batch", parent, json!({"tasks": [{"biz_type": "orders"}, {"biz_type": "orders"}]})).await.unwrap().json().await.unwrap();
     for result in batch["results"].as_array().unwrap() {
         assert_eq!(result["task"]["traceparent"], parent, "{batch}");
     }

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+use chime::db::Pool;
 use chime::timers;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use chime::db::Pool;
 
 use crate::helpers::{TestApp, spawn_app, spawn_app_without_leader};
 
@@ -280,19 +280,17 @@ async fn after_downtime_catch_up_fires_one_occurrence_or_none() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let key = format!("catch-{catch_up}");
-        let timer = create_timer(
-            &app,
-            &token,
-            json!({"biz_type": "reports", "key": key, "cron": "0 * * * * *", "catch_up": catch_up, "active": false}),
-        )
-        .await;
+        let timer =
+            create_timer(&app, &token, json!({"biz_type": "reports", "key": key, "cron": "0 * * * * *", "catch_up": catch_up, "active": false}))
+                .await;
         let id: uuid::Uuid = timer["id"].as_str().unwrap().parse().unwrap();
         // As if the cluster had been down for an hour: nothing was written since.
-        let now: DateTime<Utc> = sqlx::query_scalar("UPDATE timers SET active = true, materialized_until = now() - interval '1 hour' WHERE id = $1 RETURNING now()")
-            .bind(id)
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+        let now: DateTime<Utc> =
+            sqlx::query_scalar("UPDATE timers SET active = true, materialized_until = now() - interval '1 hour' WHERE id = $1 RETURNING now()")
+                .bind(id)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
         timers::materialize(&app.pool, id, WINDOW).await.unwrap();
         let found = occurrences(&app.pool, &id.to_string()).await;
         // A catch-up occurrence runs when it is written, not at its fire time.
@@ -371,10 +369,8 @@ async fn many_timers_are_written_in_passes_each_occurrence_once() {
     }
     let total: i64 = per_timer.iter().map(|t| t.1).sum();
     assert_eq!(written as i64, total, "the passes counted what they wrote");
-    let behind: i64 = sqlx::query_scalar("SELECT count(*) FROM timers WHERE materialized_until < now() + interval '540 seconds'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let behind: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM timers WHERE materialized_until < now() + interval '540 seconds'").fetch_one(&pool).await.unwrap();
     assert_eq!(behind, 0, "every timer's window is written to its end");
     assert_eq!(timers::materialize_due(&pool, WINDOW).await.unwrap(), 0, "nothing is due any more");
 }

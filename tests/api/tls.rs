@@ -7,9 +7,9 @@ use std::process::Command;
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
+use chime::db::Pool;
 use chime::embedded_pg::{self, EmbeddedPg};
 use sqlx::{Connection, Executor, PgConnection};
-use chime::db::Pool;
 use tokio::sync::OnceCell;
 
 use crate::cli::chime;
@@ -44,8 +44,44 @@ async fn start_tls_server() -> TlsServer {
     let other_ca = make_ca(&dir, "other-ca");
     let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
     std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
-    openssl(&dir, &["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
-    openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.crt"]);
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ],
+    );
     let port = listen_over_tls(&mut pg, &cert, &key, "hostssl", &[]).await;
     TlsServer { port, ca, other_ca, _cluster: pg }
 }
@@ -87,11 +123,30 @@ async fn listen_over_tls(pg: &mut EmbeddedPg, cert: &Path, key: &Path, hba: &str
 /// A self-signed CA in `dir`; returns its certificate.
 fn make_ca(dir: &Path, name: &str) -> PathBuf {
     let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
-    openssl(dir, &[
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", &key, "-out", &crt,
-        "-days", "2", "-subj", &format!("/CN=chime test {name}"),
-        "-addext", "basicConstraints = critical, CA:TRUE", "-addext", "keyUsage = critical, keyCertSign, cRLSign",
-    ]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=chime test {name}"),
+            "-addext",
+            "basicConstraints = critical, CA:TRUE",
+            "-addext",
+            "keyUsage = critical, keyCertSign, cRLSign",
+        ],
+    );
     dir.join(crt)
 }
 
@@ -319,10 +374,7 @@ async fn a_version_1_certificate_that_cannot_be_verified_is_refused_saying_why_a
         let url = format!("postgres://postgres@localhost:{}/postgres?sslmode={mode}&sslrootcert={}", server.port, other_ca.display());
         let started = std::time::Instant::now();
         let error = connect_error(&url).await;
-        assert!(
-            error.contains(&format!("sslmode={mode}")) && error.contains("certificate verify failed: self-signed certificate"),
-            "{error}"
-        );
+        assert!(error.contains(&format!("sslmode={mode}")) && error.contains("certificate verify failed: self-signed certificate"), "{error}");
         assert!(says_what_to_do(&error) && error.contains("for a self-signed one, the certificate itself"), "{error}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", started.elapsed());
     }
@@ -353,8 +405,44 @@ async fn a_client_certificate_with_a_sec1_key_signs_in() {
     std::fs::create_dir(&dir).unwrap();
     let ca = make_ca(&dir, "ca");
     std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
-    openssl(&dir, &["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
-    openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.crt"]);
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ],
+    );
     // The client: CN is the database user, as `cert` authentication requires.
     openssl(&dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "client.key"]);
     assert!(std::fs::read_to_string(dir.join("client.key")).unwrap().contains("BEGIN EC PRIVATE KEY"));

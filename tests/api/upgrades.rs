@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
-use serde_json::json;
 use chime::db::Pool;
+use serde_json::json;
 
 use crate::cli::chime;
 use crate::helpers::{TestApp, chime_process_logging, client, empty_database, free_port, fresh_database};
@@ -71,7 +71,11 @@ async fn only_migrate_and_serve_change_the_schema() {
 
     let out = chime(&env, &["biz-type", "list"], None).await;
     assert!(!out.ok, "biz-type list ran on an unmigrated database: {}", out.stdout);
-    assert!(out.stderr.contains("pending migrations 1 (schema), 2 (nodes deliver)") && out.stderr.contains("run `chime migrate` first"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("pending migrations 1 (schema), 2 (nodes deliver)") && out.stderr.contains("run `chime migrate` first"),
+        "{}",
+        out.stderr
+    );
     assert!(!has_migrations_table(&pool).await, "biz-type list touched the schema");
 
     let status = chime(&env, &["migrate", "--status"], None).await;
@@ -112,7 +116,8 @@ async fn serve_without_auto_migrate_refuses_an_older_schema() {
     let out = tokio::time::timeout(Duration::from_secs(30), chime(&env, &["serve"], None)).await.expect("chime serve did not stop");
     assert!(!out.ok);
     assert!(
-        out.stderr.contains("CHIME_AUTO_MIGRATE is false") && out.stderr.contains("pending migrations 7 (attempts redirected to); run `chime migrate` first"),
+        out.stderr.contains("CHIME_AUTO_MIGRATE is false")
+            && out.stderr.contains("pending migrations 7 (attempts redirected to); run `chime migrate` first"),
         "{}",
         out.stderr
     );
@@ -157,7 +162,11 @@ async fn user_names_that_differ_only_in_case_are_renamed_by_the_migration() {
     before.run(&mut conn).await.unwrap();
     let long = format!("h{}", "e".repeat(63));
     for name in ["helen", "HELEN", "Helen", "ivan", long.as_str(), &long.to_uppercase()] {
-        sqlx::query("INSERT INTO users (username, password_hash, role) VALUES ($1, 'hash of ' || $1, 'support')").bind(name).execute(&pool).await.unwrap();
+        sqlx::query("INSERT INTO users (username, password_hash, role) VALUES ($1, 'hash of ' || $1, 'support')")
+            .bind(name)
+            .execute(&pool)
+            .await
+            .unwrap();
     }
 
     let env = [("DATABASE_URL", db_url.as_str())];

@@ -108,9 +108,8 @@ async fn a_flood_of_sign_ins_takes_bounded_memory_that_comes_back() {
         }
     });
     let started = Instant::now();
-    let flood = futures_util::future::join_all(
-        (0..POSTS).map(|i| post(format!("10.1.{}.{}", i / 250, i % 250 + 1), format!("user{i}"), "wrong-password")),
-    );
+    let flood =
+        futures_util::future::join_all((0..POSTS).map(|i| post(format!("10.1.{}.{}", i / 250, i % 250 + 1), format!("user{i}"), "wrong-password")));
     let right = async {
         // Once the flood is in.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -175,9 +174,8 @@ async fn slow_sign_in_bodies_are_cut_and_probes_still_answer() {
     let db_url = fresh_database().await;
     let (node, address) = chime_node(&db_url, &[("CHIME_ENGINE", "false")]).await;
     let host = address.trim_start_matches("http://").to_string();
-    let request = format!(
-        "POST /console/login HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\nu"
-    );
+    let request =
+        format!("POST /console/login HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\nu");
     let opened = Instant::now();
     let slow: Vec<_> = (0..SOCKETS)
         .map(|_| {
@@ -214,7 +212,8 @@ async fn slow_sign_in_bodies_are_cut_and_probes_still_answer() {
         for probe in ["/healthz", "/readyz"] {
             asked += 1;
             let started = Instant::now();
-            let reply = tokio::time::timeout(Duration::from_secs(2), probes.get(format!("{address}{probe}")).header("connection", "close").send()).await;
+            let reply =
+                tokio::time::timeout(Duration::from_secs(2), probes.get(format!("{address}{probe}")).header("connection", "close").send()).await;
             let took = started.elapsed();
             slowest = slowest.max(took);
             match reply {

@@ -145,7 +145,13 @@ async fn due_creates(address: &str, token: &str, biz: &str, n: usize, per_second
     for i in 0..n {
         every.tick().await;
         let started = Instant::now();
-        let response = client.post(format!("{address}/api/v1/tasks")).bearer_auth(token).json(&json!({"biz_type": biz, "payload": i})).timeout(Duration::from_secs(10)).send().await;
+        let response = client
+            .post(format!("{address}/api/v1/tasks"))
+            .bearer_auth(token)
+            .json(&json!({"biz_type": biz, "payload": i}))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await;
         match response {
             Ok(response) if response.status() == 201 => took.push(started.elapsed()),
             failed => {
@@ -202,7 +208,10 @@ async fn a_thousand_waiting_reserves_cost_the_database_about_what_one_does() {
     let started = counter.count();
     let quiet_creates = due_creates(&address, &orders, "orders", 40, 20).await;
     let creating = (counter.count() - started) as f64 / 2.0;
-    println!("without waiters: {idle:.0} statements/s idle (the floor of 4 s), {creating:.0}/s with 20 due creates/s of another biz type (create p99 {:?})", p99(quiet_creates.clone()));
+    println!(
+        "without waiters: {idle:.0} statements/s idle (the floor of 4 s), {creating:.0}/s with 20 due creates/s of another biz type (create p99 {:?})",
+        p99(quiet_creates.clone())
+    );
 
     // One client for all: a client each would set up TLS 1,000 times over.
     let waiting_client = client();
@@ -269,7 +278,13 @@ async fn a_thousand_waiting_reserves_cost_the_database_about_what_one_does() {
 
     // A task of their biz type goes to one waiter, at once.
     let created = Instant::now();
-    let response = client().post(format!("{address}/api/v1/tasks")).bearer_auth(&jobs).json(&json!({"biz_type": "jobs", "payload": "one"})).send().await.unwrap();
+    let response = client()
+        .post(format!("{address}/api/v1/tasks"))
+        .bearer_auth(&jobs)
+        .json(&json!({"biz_type": "jobs", "payload": "one"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 201);
     let answered = loop {
         let finished = waiters.iter().position(|w| w.is_finished());
@@ -397,7 +412,9 @@ async fn bulk_dry_runs_leave_another_biz_type_s_creates_alone() {
         let (s, r) = client.await.unwrap();
         (served, refused) = (served + s, refused + r);
     }
-    println!("another biz type's create p99: {quiet:?} alone, {busy:?} beside 16 clients dry-running a prefix over 200,000 tasks ({served} dry runs served, {refused} refused)");
+    println!(
+        "another biz type's create p99: {quiet:?} alone, {busy:?} beside 16 clients dry-running a prefix over 200,000 tasks ({served} dry runs served, {refused} refused)"
+    );
     assert!(busy.as_secs_f64() < quiet.as_secs_f64() * 1.5, "create p99 {quiet:?} -> {busy:?}");
 }
 
@@ -415,11 +432,13 @@ async fn two_thousand_idle_biz_types_cost_about_what_ten_do() {
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let busy = biz_type(&pool, "busy", &receiver.url, Settings::default()).await;
     let add_idle = |from: i32, to: i32| {
-        sqlx::query("INSERT INTO biz_types (name, callback_url, signing_secret) SELECT 'idle-' || i, $3, 'idle-secret' FROM generate_series($1, $2) i")
-            .bind(from)
-            .bind(to)
-            .bind(&receiver.url)
-            .execute(&pool)
+        sqlx::query(
+            "INSERT INTO biz_types (name, callback_url, signing_secret) SELECT 'idle-' || i, $3, 'idle-secret' FROM generate_series($1, $2) i",
+        )
+        .bind(from)
+        .bind(to)
+        .bind(&receiver.url)
+        .execute(&pool)
     };
     add_idle(1, 9).await.unwrap();
     let counter = StatementCounter::start(&db_url).await;

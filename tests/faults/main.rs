@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
+use chime::db::Pool;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use chime::db::Pool;
 
 use crate::receiver::Received;
 
@@ -51,13 +51,7 @@ async fn create_tasks(address: &str, token: &str, tasks: Vec<Value>) -> Vec<Stri
     let client = helpers::client();
     let mut ids = Vec::with_capacity(tasks.len());
     for chunk in tasks.chunks(1000) {
-        let response = client
-            .post(format!("{address}/api/v1/tasks/batch"))
-            .bearer_auth(token)
-            .json(&json!({ "tasks": chunk }))
-            .send()
-            .await
-            .unwrap();
+        let response = client.post(format!("{address}/api/v1/tasks/batch")).bearer_auth(token).json(&json!({ "tasks": chunk })).send().await.unwrap();
         assert_eq!(response.status(), 200);
         let body: Value = response.json().await.unwrap();
         for result in body["results"].as_array().unwrap() {
@@ -74,12 +68,7 @@ async fn db_now(pool: &Pool) -> DateTime<Utc> {
 
 /// How many tasks are in each status.
 async fn statuses(pool: &Pool) -> HashMap<String, i64> {
-    sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect()
+    sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status").fetch_all(pool).await.unwrap().into_iter().collect()
 }
 
 /// Waits until no task is pending or running (at most `within`); returns the statuses.

@@ -87,10 +87,8 @@ async fn a_maximal_batch_costs_about_its_size_and_growing_payloads_are_refused()
     let batch = format!(r#"{{"tasks": [{}]}}"#, vec![create.as_str(); 100].join(", "));
     let statuses = post_batch(&address, &token, batch).await;
     assert!(statuses.iter().all(|s| s == 413), "every item refused: {statuses:?}");
-    let grown: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE run_at < now() + interval '30 minutes'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let grown: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE run_at < now() + interval '30 minutes'").fetch_one(&pool).await.unwrap();
     assert_eq!(grown, 0, "nothing stored of the payloads that grow");
     println!("54 KB of 1e308, alone and 100 in a batch: refused; node peak memory now {} MiB", peak_rss_kib(pid) / 1024);
 }

@@ -35,20 +35,14 @@ async fn a_node_killed_mid_burst_loses_nothing() {
     // one of its claims to hold some.
     let holding = "SELECT count(*) FROM tasks WHERE status = 'running' AND leased_by = $1";
     let waiting = std::time::Instant::now();
-    while sqlx::query_scalar::<_, i64>(holding).bind(doomed_id).fetch_one(&pool).await.unwrap() == 0
-        && waiting.elapsed() < Duration::from_secs(10)
-    {
+    while sqlx::query_scalar::<_, i64>(holding).bind(doomed_id).fetch_one(&pool).await.unwrap() == 0 && waiting.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let before_kill = receiver.received().len();
     doomed.kill().await.unwrap(); // SIGKILL
     // What the dead node held: claimed, and not recorded. Nothing touches these rows until
     // their lease ends (2 s timeout + margin), so this counts them as they were at the kill.
-    let in_flight: i64 = sqlx::query_scalar(holding)
-        .bind(doomed_id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let in_flight: i64 = sqlx::query_scalar(holding).bind(doomed_id).fetch_one(&pool).await.unwrap();
     assert!(before_kill < TASKS && in_flight > 0, "the kill came mid-burst: {before_kill} arrived, {in_flight} in flight");
 
     let statuses = wait_all_finished(&pool, Duration::from_secs(120)).await;

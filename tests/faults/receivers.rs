@@ -8,7 +8,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::helpers::{chime_node, fresh_database, free_port};
+use crate::helpers::{chime_node, free_port, fresh_database};
 use crate::receiver::{Answer, Receiver};
 use crate::{Tally, biz_type, create_tasks, db_now, heavy, rss_kib, statuses, wait_all_finished};
 
@@ -22,13 +22,8 @@ async fn a_receiver_down_for_a_minute_gets_every_task_when_back() {
     let db_url = fresh_database().await;
     let pool = chime::db::connect(&db_url, 4).await.unwrap();
     let port = free_port(); // nothing listens there for now
-    let settings = Settings {
-        timeout_ms: Some(1000),
-        max_attempts: Some(100),
-        backoff_initial_ms: Some(500),
-        backoff_max_ms: Some(5000),
-        ..Default::default()
-    };
+    let settings =
+        Settings { timeout_ms: Some(1000), max_attempts: Some(100), backoff_initial_ms: Some(500), backoff_max_ms: Some(5000), ..Default::default() };
     let token = biz_type(&pool, "orders", &format!("http://127.0.0.1:{port}/hook"), settings).await;
     let (_node, address) = chime_node(&db_url, &[]).await;
     // Half due at once, half one a second through the minute the receiver is away.
@@ -38,10 +33,7 @@ async fn a_receiver_down_for_a_minute_gets_every_task_when_back() {
     // A sleep on purpose: the minute the receiver stays away is the scenario itself.
     tokio::time::sleep(Duration::from_secs(60)).await;
     let (attempts, refused): (i64, i64) =
-        sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE error LIKE 'could not connect%') FROM attempts")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE error LIKE 'could not connect%') FROM attempts").fetch_one(&pool).await.unwrap();
     assert_eq!(statuses(&pool).await.get("succeeded"), None, "nothing is delivered while the receiver is away");
     assert!(attempts < TASKS as i64 && refused == attempts, "{attempts} attempts, {refused} refused connections");
 
@@ -169,12 +161,11 @@ async fn misbehaving_receivers_cost_only_their_own_biz_type() {
     }
     let statuses = statuses(&pool).await;
 
-    let per_biz: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT b.name, t.status, count(*) FROM tasks t JOIN biz_types b ON b.id = t.biz_type_id GROUP BY 1, 2 ORDER BY 1, 2",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let per_biz: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT b.name, t.status, count(*) FROM tasks t JOIN biz_types b ON b.id = t.biz_type_id GROUP BY 1, 2 ORDER BY 1, 2")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     // Per biz type: attempts, the longest one, and a sample error.
     let attempts: Vec<(String, i64, i32, Option<String>)> = sqlx::query_as(
         "SELECT b.name, count(*), max(a.duration_ms), max(a.error) FROM attempts a
@@ -224,7 +215,8 @@ async fn misbehaving_receivers_cost_only_their_own_biz_type() {
     .map(|(b, s, n)| (b.to_string(), s.to_string(), n as i64))
     .collect();
     assert_eq!(per_biz, expected);
-    let longest_excerpt: i32 = sqlx::query_scalar("SELECT coalesce(max(octet_length(response_excerpt)), 0) FROM attempts").fetch_one(&pool).await.unwrap();
+    let longest_excerpt: i32 =
+        sqlx::query_scalar("SELECT coalesce(max(octet_length(response_excerpt)), 0) FROM attempts").fetch_one(&pool).await.unwrap();
     assert!(longest_excerpt <= 512, "an excerpt of {longest_excerpt} bytes");
     assert_eq!((tally.delivered(), tally.duplicated(), tally.lost(&good_ids)), (GOOD_TASKS, 0, 0));
     assert!(good_lateness_ms < 1000.0, "the healthy biz type waited {good_lateness_ms} ms behind the others");

@@ -274,11 +274,7 @@ impl Server {
     /// Starts the postmaster and waits until it accepts sessions.
     pub async fn start(&mut self) {
         let mut postgres = command("postgres", &self.log());
-        postgres
-            .arg("-D")
-            .arg(self.pgdata())
-            .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1", "-k"])
-            .arg(&self.dir.0);
+        postgres.arg("-D").arg(self.pgdata()).args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1", "-k"]).arg(&self.dir.0);
         self.postmaster = Some(postgres.spawn().unwrap());
         let started = Instant::now();
         while query_one::<i32>(self.port, "SELECT 1").await.is_err() {
@@ -382,7 +378,17 @@ impl Formation {
             let node = &formation.nodes[i];
             let monitor_uri = format!("postgres://autoctl_node@127.0.0.1:{monitor_port}/pg_auto_failover?sslmode=disable");
             let args = [
-                "create", "postgres", "--hostname", "127.0.0.1", "--listen", "127.0.0.1", "--auth", "trust", "--no-ssl", "--dbname", "chime",
+                "create",
+                "postgres",
+                "--hostname",
+                "127.0.0.1",
+                "--listen",
+                "127.0.0.1",
+                "--auth",
+                "trust",
+                "--no-ssl",
+                "--dbname",
+                "chime",
                 "--run",
             ];
             let mut cmd = formation.autoctl(node, &args);
@@ -489,13 +495,22 @@ impl Formation {
     }
 
     fn logs(&self) -> String {
-        let mut logs: String = [&self.monitor, &self.nodes[0], &self.nodes[1]].iter().map(|k| format!("--- {} ---\n{}\n", k.name, tail(&self.log(k)))).collect();
-        let mut chime: Vec<PathBuf> = fs::read_dir(&self.dir.0).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("chime-")).collect();
+        let mut logs: String =
+            [&self.monitor, &self.nodes[0], &self.nodes[1]].iter().map(|k| format!("--- {} ---\n{}\n", k.name, tail(&self.log(k)))).collect();
+        let mut chime: Vec<PathBuf> = fs::read_dir(&self.dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("chime-"))
+            .collect();
         chime.sort();
         for path in chime {
             let text = fs::read_to_string(&path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
-            logs += &format!("--- {} (warnings and errors) ---\n{}\n", path.file_name().unwrap().to_string_lossy(), lines[lines.len().saturating_sub(30)..].join("\n"));
+            logs += &format!(
+                "--- {} (warnings and errors) ---\n{}\n",
+                path.file_name().unwrap().to_string_lossy(),
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            );
         }
         logs
     }

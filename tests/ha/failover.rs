@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use chime::db::Pool;
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use chime::db::Pool;
 
 use crate::cluster::{Formation, advisory_locks, chime_sessions, in_recovery, query_one, url, wait_until};
 use crate::helpers::client;
@@ -36,10 +36,8 @@ async fn wait_promoted(formation: &Formation) -> (Instant, Instant) {
 
 /// Waits until a node leads on the server of `pool` (at most 30 s).
 async fn wait_leader(pool: &Pool, server: &str) {
-    wait_until(&format!("a leader on {server}"), Duration::from_secs(30), || async {
-        chime::leader::current(pool).await.ok().flatten().is_some()
-    })
-    .await;
+    wait_until(&format!("a leader on {server}"), Duration::from_secs(30), || async { chime::leader::current(pool).await.ok().flatten().is_some() })
+        .await;
 }
 
 /// Two nodes on the formation's multi-host URL, a steady create load through both and an
@@ -96,10 +94,7 @@ async fn a_failover_under_load_loses_no_acknowledged_task() {
         let run_at: DateTime<Utc> = body["run_at"].as_str().unwrap().parse().unwrap();
         !body["timer_id"].is_null() && r.at > promoted && at(r.at) - run_at < chrono::Duration::milliseconds(500)
     };
-    wait_until("an on-time timer callback after the promotion", Duration::from_secs(30), || async {
-        receiver.received().iter().any(on_time)
-    })
-    .await;
+    wait_until("an on-time timer callback after the promotion", Duration::from_secs(30), || async { receiver.received().iter().any(on_time) }).await;
     let first_on_time = receiver.received().iter().filter(|r| on_time(r)).map(|r| r.at).min().unwrap();
     // More load on the new primary, then every acknowledged task must arrive. A sleep on
     // purpose: the load's duration, not a wait for an event.
@@ -120,10 +115,8 @@ async fn a_failover_under_load_loses_no_acknowledged_task() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    wait_until("every acknowledged task at the receiver", Duration::from_secs(10), || async {
-        Tally::of(&receiver.received()).lost(&ids) == 0
-    })
-    .await;
+    wait_until("every acknowledged task at the receiver", Duration::from_secs(10), || async { Tally::of(&receiver.received()).lost(&ids) == 0 })
+        .await;
 
     let received = receiver.received();
     let tally = Tally::of(&received);
@@ -201,10 +194,8 @@ async fn the_old_primary_back_as_a_standby_gets_no_leader_and_no_writes() {
     let load = running.await.unwrap();
     let ids = load.ids();
     assert!(!ids.is_empty() && load.refused.is_empty(), "creates refused after the rejoin: {:?}", load.refused);
-    wait_until("every create after the rejoin delivered", Duration::from_secs(30), || async {
-        Tally::of(&receiver.received()).lost(&ids) == 0
-    })
-    .await;
+    wait_until("every create after the rejoin delivered", Duration::from_secs(30), || async { Tally::of(&receiver.received()).lost(&ids) == 0 })
+        .await;
     assert_eq!(advisory_locks(old_port).await, 0, "an advisory lock on the old primary, now a standby");
     assert_eq!(chime_sessions(old_port).await, 0, "chime holds sessions on the old primary, now a standby");
     assert_eq!(advisory_locks(formation.nodes[1].port).await, 1, "the leader lock on the new primary");

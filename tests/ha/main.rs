@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
-use serde_json::{Value, json};
 use chime::db::Pool;
+use serde_json::{Value, json};
 
 use crate::helpers::client;
 use crate::receiver::Received;

@@ -54,19 +54,15 @@ async fn behind_a_proxy_the_standby_is_not_used_until_promoted() {
     }
     let resumed = promoted.elapsed();
     let new = chime::db::connect(&url(standby.port, "chime"), 2).await.unwrap();
-    wait_until("a leader on the promoted standby", Duration::from_secs(30), || async {
-        chime::leader::current(&new).await.ok().flatten().is_some()
-    })
-    .await;
+    wait_until("a leader on the promoted standby", Duration::from_secs(30), || async { chime::leader::current(&new).await.ok().flatten().is_some() })
+        .await;
     // A sleep on purpose: two seconds of load on the promoted standby (a span, not an event).
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     let load = running.await.unwrap();
     let ids = load.ids();
-    wait_until("every acknowledged task at the receiver", Duration::from_secs(60), || async {
-        Tally::of(&receiver.received()).lost(&ids) == 0
-    })
-    .await;
+    wait_until("every acknowledged task at the receiver", Duration::from_secs(60), || async { Tally::of(&receiver.received()).lost(&ids) == 0 })
+        .await;
     let tally = Tally::of(&receiver.received());
     println!(
         "behind HAProxy: acknowledged {} | lost {} | delivered twice {} | write outage {:.2} s (primary killed, promoted 3 s later by hand) | ready {:.2} s after the promotion | refused {:?} | {:?} from kill to promotion",

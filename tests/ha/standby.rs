@@ -37,10 +37,7 @@ async fn a_standby_listed_first_is_skipped() {
     }
 
     // A node leads, on the primary (the lock and its session are there).
-    wait_until("a leader on the primary", Duration::from_secs(15), || async {
-        chime::leader::current(&pool).await.unwrap().is_some()
-    })
-    .await;
+    wait_until("a leader on the primary", Duration::from_secs(15), || async { chime::leader::current(&pool).await.unwrap().is_some() }).await;
     // Sessions on the primary have lived long enough to count; the standby has none.
     wait_until("chime's sessions on the primary", Duration::from_secs(10), || async { chime_sessions(primary.port).await > 0 }).await;
     assert_eq!(advisory_locks(standby.port).await, 0, "an advisory lock on the standby");

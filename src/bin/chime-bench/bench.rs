@@ -27,12 +27,12 @@ use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
 use anyhow::{Context, bail};
-use chrono::{DateTime, TimeDelta, Utc};
 use chime::biz_types::{self, Settings};
 use chime::config::DbArgs;
 use chime::db::{self, Pool};
 use chime::embedded_pg;
 use chime::tasks::load;
+use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::cli::{BenchArgs, BenchScenario};
 use crate::memory;
@@ -70,14 +70,7 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
         // before message completed"), which ended runs between scenarios.
         let client = reqwest::Client::builder().pool_max_idle_per_host(1024).pool_idle_timeout(Duration::from_secs(2)).build()?;
         let nodes = Nodes::new(&url, direct, logs, receiver.is_some(), client.clone());
-        let mut bench = Bench {
-            client,
-            pool,
-            receiver,
-            nodes,
-            report: Report::new(&args),
-            args,
-        };
+        let mut bench = Bench { client, pool, receiver, nodes, report: Report::new(&args), args };
         let outcome = bench.run_all().await;
         bench.nodes.stop(0).await;
         if let Some(receiver) = &bench.receiver {
@@ -374,7 +367,14 @@ impl Bench {
         self.report.add(scenario, nodes, "burst: first callback after due", "ms", ms(first - due), Some(Target::AtMost(10.0)));
         self.report.add(scenario, nodes, "burst: duplicates", "tasks", (arrivals.len() - distinct(&arrivals)) as f64, None);
         self.report.add(scenario, nodes, "node RSS at rest, before the burst", "MiB", at_rest.unwrap_or(f64::NAN), None);
-        self.report.add(scenario, nodes, "node RSS peak, creating and delivering the burst (sampled every 100 ms)", "MiB", peak.unwrap_or(f64::NAN), None);
+        self.report.add(
+            scenario,
+            nodes,
+            "node RSS peak, creating and delivering the burst (sampled every 100 ms)",
+            "MiB",
+            peak.unwrap_or(f64::NAN),
+            None,
+        );
         self.report_database(scenario, nodes, "burst", seen, total);
         self.report.burst_series(&format!("{scenario}, {nodes} node{}", plural(nodes)), due, &arrivals);
         Ok(())
@@ -432,8 +432,7 @@ impl Bench {
     pub(super) async fn create_steady_over(&self, biz: &Biz, start: DateTime<Utc>, flow_keys: usize) -> anyhow::Result<usize> {
         let (rate, seconds) = (i64::from(self.args.steady_rate), i64::from(self.args.steady_secs));
         let total = (rate * seconds) as usize;
-        let run_ats: Vec<DateTime<Utc>> =
-            (0..total as i64).map(|i| start + TimeDelta::microseconds(i * 1_000_000 / rate)).collect();
+        let run_ats: Vec<DateTime<Utc>> = (0..total as i64).map(|i| start + TimeDelta::microseconds(i * 1_000_000 / rate)).collect();
         let lead = start - Utc::now();
         self.create_batches(biz, &run_ats, false, flow_keys).await?;
         if Utc::now() > start {
@@ -519,8 +518,7 @@ fn distinct(arrivals: &[Arrival]) -> usize {
 /// Lateness of each task's first callback, in ms, sorted.
 fn first_lateness_ms(arrivals: &[Arrival]) -> Vec<f64> {
     let mut seen = std::collections::HashSet::new();
-    let mut lateness: Vec<f64> =
-        arrivals.iter().filter(|a| seen.insert(a.task_id)).map(|a| ms(a.at - a.run_at)).collect();
+    let mut lateness: Vec<f64> = arrivals.iter().filter(|a| seen.insert(a.task_id)).map(|a| ms(a.at - a.run_at)).collect();
     lateness.sort_by(f64::total_cmp);
     lateness
 }

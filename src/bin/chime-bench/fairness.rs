@@ -45,16 +45,16 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use chime::biz_types::{self, Settings, load as biz_load};
 use chime::db::{self, Pool};
+use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 
 use super::{Bench, Biz, first_lateness_ms, ms, percentile, plural, secs};
 use crate::memory;
 use crate::receiver::Arrival;
+use crate::report::Target;
 use serde_json::json;
 use uuid::Uuid;
-use crate::report::Target;
 
 /// Biz types delivering when steady runs among few.
 const FEW: i64 = 10;
@@ -150,7 +150,14 @@ impl Bench {
         r.add(s, nodes, &format!("{many_label}: idle biz types created, one statement"), "s", creating_s, None);
         let p99 = |m: &Crowd| percentile(&m.lateness, 0.99);
         r.add(s, nodes, &format!("steady p99 with {many} biz types / with {FEW}"), "×", p99(&crowded) / p99(&few), Some(Target::AtMost(1.5)));
-        r.add(s, nodes, &format!("idle transactions/s with {many} biz types / with {FEW}"), "×", crowded.xacts_per_s / few.xacts_per_s, Some(Target::AtMost(2.0)));
+        r.add(
+            s,
+            nodes,
+            &format!("idle transactions/s with {many} biz types / with {FEW}"),
+            "×",
+            crowded.xacts_per_s / few.xacts_per_s,
+            Some(Target::AtMost(2.0)),
+        );
         let per = |label: &str| format!("fairness, steady among {label}, {nodes} node{}", plural(nodes));
         r.lateness_series(&per(&few_label), few.lateness);
         r.lateness_series(&per(&many_label), crowded.lateness);
@@ -204,7 +211,10 @@ impl Bench {
         let writing_s = writing.elapsed().as_secs_f64();
         let start = herd_due - offset;
         if Utc::now() + self.steady_lead() > start {
-            bail!("writing a herd of {herd} tasks took {writing_s:.1} s, longer than the {} ms allowed; use a smaller --fairness-herd", write_lead.num_milliseconds());
+            bail!(
+                "writing a herd of {herd} tasks took {writing_s:.1} s, longer than the {} ms allowed; use a smaller --fairness-herd",
+                write_lead.num_milliseconds()
+            );
         }
         let total = self.create_steady(&beside, start).await?;
         let (b_arrivals, _) = self.wait_delivered(&beside, total, steady_limit).await?;
@@ -328,7 +338,8 @@ impl Bench {
         let write_lead = TimeDelta::milliseconds(2000 + herd as i64 / 10);
         // In whole microseconds, as stored, to be compared with what the callbacks say.
         let herd_due = (Utc::now() + write_lead + self.steady_lead() + offset).trunc_subsecs(6);
-        let part = crate::scale::Part { what: "hot key", count: herd, from: herd_due, to: herd_due, finished: false, cold: false, flow_key: Some("hot") };
+        let part =
+            crate::scale::Part { what: "hot key", count: herd, from: herd_due, to: herd_due, finished: false, cold: false, flow_key: Some("hot") };
         crate::scale::write(&self.pool, beside.id, &self.payload(0), vec![part], "fairness hot key").await?;
         let start = herd_due - offset;
         if Utc::now() + self.steady_lead() > start {
@@ -339,17 +350,20 @@ impl Bench {
             tokio::spawn(async move {
                 let mut peak = 0_i64;
                 loop {
-                    let running: i64 = db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND flow_key = 'hot' AND status = 'running'")
-                        .bind(biz_type_id)
-                        .fetch_one(&pool)
-                        .await
-                        .unwrap_or(0);
+                    let running: i64 =
+                        db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND flow_key = 'hot' AND status = 'running'")
+                            .bind(biz_type_id)
+                            .fetch_one(&pool)
+                            .await
+                            .unwrap_or(0);
                     peak = peak.max(running);
-                    let left: i64 = db::query_scalar("SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND flow_key = 'hot' AND status IN ('pending', 'running')")
-                        .bind(biz_type_id)
-                        .fetch_one(&pool)
-                        .await
-                        .unwrap_or(1);
+                    let left: i64 = db::query_scalar(
+                        "SELECT count(*) FROM tasks WHERE biz_type_id = $1 AND flow_key = 'hot' AND status IN ('pending', 'running')",
+                    )
+                    .bind(biz_type_id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap_or(1);
                     if left == 0 && Utc::now() > herd_due {
                         return peak;
                     }
@@ -390,7 +404,14 @@ impl Bench {
         }
         let ratio = percentile(&beside_lateness, 0.99) / percentile(&alone_lateness, 0.99);
         r.add(s, nodes, &format!("{beside_label}: p99 / alone"), "×", ratio, Some(Target::AtMost(2.0)));
-        r.add(s, nodes, &format!("hot key (flow_max_in_flight {HOT_CAP}): most running at once"), "tasks", peak as f64, Some(Target::AtMost(f64::from(HOT_CAP))));
+        r.add(
+            s,
+            nodes,
+            &format!("hot key (flow_max_in_flight {HOT_CAP}): most running at once"),
+            "tasks",
+            peak as f64,
+            Some(Target::AtMost(f64::from(HOT_CAP))),
+        );
         r.add(s, nodes, "hot key: last callback after due", "s", secs(hot_last - herd_due), None);
         r.add(s, nodes, &format!("burst of {herd}, no flow keys"), "tasks/s", rates[0], None);
         r.add(s, nodes, &format!("burst of {herd} over {KEYS} flow keys"), "tasks/s", rates[1], None);

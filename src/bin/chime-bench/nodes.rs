@@ -27,7 +27,15 @@ pub struct Nodes {
 
 impl Nodes {
     pub fn new(database_url: &str, direct_database_url: Option<&str>, logs: PathBuf, loopback_receiver: bool, client: reqwest::Client) -> Nodes {
-        Nodes { database_url: database_url.to_string(), direct_database_url: direct_database_url.map(str::to_string), logs, loopback_receiver, client, nodes: Vec::new(), started: 0 }
+        Nodes {
+            database_url: database_url.to_string(),
+            direct_database_url: direct_database_url.map(str::to_string),
+            logs,
+            loopback_receiver,
+            client,
+            nodes: Vec::new(),
+            started: 0,
+        }
     }
 
     pub fn len(&self) -> usize {

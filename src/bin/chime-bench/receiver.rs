@@ -138,8 +138,7 @@ mod tests {
     use super::*;
 
     fn callback(task_id: Uuid, biz_type: &str, attempt: i32) -> String {
-        serde_json::json!({"task_id": task_id, "biz_type": biz_type, "run_at": "2026-01-01T00:00:00Z", "attempt": attempt, "payload": {}})
-            .to_string()
+        serde_json::json!({"task_id": task_id, "biz_type": biz_type, "run_at": "2026-01-01T00:00:00Z", "attempt": attempt, "payload": {}}).to_string()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

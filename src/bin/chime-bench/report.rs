@@ -230,11 +230,7 @@ impl Report {
         const COLORS: [&str; 4] = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"];
         let (w, h) = (460.0, 300.0);
         let mut svg = String::new();
-        let _ = write!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{h}" font-family="sans-serif" font-size="11">"#,
-            2.0 * w
-        );
+        let _ = write!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{h}" font-family="sans-serif" font-size="11">"#, 2.0 * w);
         svg.push_str(r#"<rect width="100%" height="100%" fill="white"/>"#);
 
         let burst_lines: Vec<(String, Vec<(f64, f64)>)> = self

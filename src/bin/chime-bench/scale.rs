@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, TimeDelta, Utc};
 use chime::db::{self, Pool};
 use chime::partitions::{self, Layout};
 use chime::tasks::load::{self, Backlog};
+use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::bench::secs;
 use crate::cli::BenchArgs;
@@ -80,8 +80,7 @@ pub async fn write(pool: &Pool, biz_type_id: i32, payload: &str, parts: Vec<Part
                 };
                 let part = &parts[p];
                 let step_us = secs(part.to - part.from) * 1e6 / part.count as f64;
-                let backlog =
-                    Backlog {
+                let backlog = Backlog {
                     biz_type_id,
                     from: part.from,
                     step_us,
@@ -153,7 +152,15 @@ pub async fn fill(pool: &Pool, biz_type_id: i32, payload: &str, args: &BenchArgs
     ];
     for d in 1..=i64::from(args.scale_days) {
         let from = today - TimeDelta::days(d);
-        parts.push(Part { what: "finished", count: args.scale_finished, from, to: from + TimeDelta::days(1), finished: true, cold: false, flow_key: None });
+        parts.push(Part {
+            what: "finished",
+            count: args.scale_finished,
+            from,
+            to: from + TimeDelta::days(1),
+            finished: true,
+            cold: false,
+            flow_key: None,
+        });
     }
     let (total, load_secs) = write(pool, biz_type_id, payload, parts, "scale").await?;
     let vacuum_secs = settle(pool, "scale").await?;

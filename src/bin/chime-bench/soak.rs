@@ -156,10 +156,11 @@ fn answer() -> impl Fn(&Callback) -> StatusCode + Send + Sync + 'static {
     let seen_replayed = Mutex::new(HashSet::new());
     let seen_flaky = Mutex::new(HashSet::new());
     move |callback| match callback.biz_type {
-        FLAKY if {
-            let mut seen = seen_flaky.lock().unwrap();
-            seen.insert(callback.task_id) && seen.len() % 4 == 1
-        } =>
+        FLAKY
+            if {
+                let mut seen = seen_flaky.lock().unwrap();
+                seen.insert(callback.task_id) && seen.len() % 4 == 1
+            } =>
         {
             StatusCode::SERVICE_UNAVAILABLE
         }
@@ -397,7 +398,10 @@ impl Report {
     fn print(&self, args: &SoakArgs) {
         let created = self.created_single + self.created_batch + self.timer_occurrences;
         println!("\nsoak: {} s on {} node(s), {} creates/s and a batch of 100 a second, {} timers\n", self.secs, self.nodes, args.rate, args.timers);
-        println!("  created      {created:>9}  ({} single, {} in batches, {} timer occurrences)", self.created_single, self.created_batch, self.timer_occurrences);
+        println!(
+            "  created      {created:>9}  ({} single, {} in batches, {} timer occurrences)",
+            self.created_single, self.created_batch, self.timer_occurrences
+        );
         println!("  delivered    {:>9}", self.delivered);
         println!("  duplicates   {:>9}", self.duplicates);
         println!("  lost         {:>9}  ({} timer fire times never written)", self.lost, self.unwritten_fire_times);
@@ -405,7 +409,10 @@ impl Report {
         if self.kills > 0 {
             println!("  node kills   {:>9}  (kill -9, one every {} s, each replaced)", self.kills, args.kill_every);
         }
-        println!("  lateness     p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (first attempts)", self.lateness_ms_p50, self.lateness_ms_p99, self.lateness_ms_max);
+        println!(
+            "  lateness     p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (first attempts)",
+            self.lateness_ms_p50, self.lateness_ms_p99, self.lateness_ms_max
+        );
         for (i, (start, end)) in self.memory_mib.iter().enumerate() {
             println!("  node {}       {start} MiB at the start, {end} MiB at the end", i + 1);
         }

@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, TimeDelta, Utc};
 use chime::db::Pool;
 use chime::tasks::load;
 use chime::timers::{self, Schedule};
+use chrono::{DateTime, TimeDelta, Utc};
 
 use super::{Bench, Biz, percentile};
 use crate::memory;
@@ -62,8 +62,7 @@ impl Bench {
         let biz = self.new_biz_type(&format!("timers-{nodes}n-{run}")).await?;
         let total = self.args.timers as usize;
         let daily = total / 5;
-        let minutely: Vec<Made> =
-            (0..total - daily).map(|i| Made { cron: format!("{} * * * * *", i % 60), zone: ZONES[i % ZONES.len()] }).collect();
+        let minutely: Vec<Made> = (0..total - daily).map(|i| Made { cron: format!("{} * * * * *", i % 60), zone: ZONES[i % ZONES.len()] }).collect();
         let started = Instant::now();
         self.create_timers(&biz, &minutely, 0).await?;
         let mut creating = started.elapsed();
@@ -125,7 +124,14 @@ impl Bench {
 
         let r = &mut self.report;
         let s = "timers";
-        r.add(s, nodes, &format!("{total} timers ({} every minute, {daily} daily, {} zones): created", total - daily, ZONES.len()), "timers/s", total as f64 / creating.as_secs_f64(), None);
+        r.add(
+            s,
+            nodes,
+            &format!("{total} timers ({} every minute, {daily} daily, {} zones): created", total - daily, ZONES.len()),
+            "timers/s",
+            total as f64 / creating.as_secs_f64(),
+            None,
+        );
         r.add(s, nodes, "every-minute timers all written ahead, after the last create", "s", catch_up_s, None);
         r.add(s, nodes, &format!("occurrences due in {secs} s"), "tasks", expected as f64, None);
         r.add(s, nodes, "occurrences missed", "tasks", expected.saturating_sub(delivered) as f64, Some(Target::AtMost(0.0)));
@@ -141,7 +147,9 @@ impl Bench {
         r.add(s, nodes, "leader's timer writing per tick: p99 (histogram bound)", "ms", p99, None);
         r.add(s, nodes, "timers due for writing, at worst", "timers", most_behind as f64, None);
         r.add(s, nodes, "occurrences written ahead, at least", "s", least_ahead.unwrap_or(f64::NAN), Some(Target::AtLeast(0.0)));
-        if let (Some(alone), Some(beside)) = (r.median_of("timers steady alone", nodes, "lateness p99"), r.median_of("timers steady beside", nodes, "lateness p99")) {
+        if let (Some(alone), Some(beside)) =
+            (r.median_of("timers steady alone", nodes, "lateness p99"), r.median_of("timers steady beside", nodes, "lateness p99"))
+        {
             // Issue 34's bound for a steady biz type beside 100,000 cron timers: 1.5×.
             r.add(s, nodes, "steady lateness p99 beside the timers, % of alone", "%", 100.0 * beside / alone, Some(Target::AtMost(150.0)));
         }
@@ -153,7 +161,10 @@ impl Bench {
         timers::delete_all(&self.pool, biz.id).await?;
         load::delete_all(&self.pool, biz.id).await?;
         if delivered < expected {
-            bail!("{} of {expected} timer occurrences due in the measured window were not delivered (the figures above say how far behind the leader was; the node logs say why)", expected - delivered);
+            bail!(
+                "{} of {expected} timer occurrences due in the measured window were not delivered (the figures above say how far behind the leader was; the node logs say why)",
+                expected - delivered
+            );
         }
         Ok(())
     }
@@ -166,7 +177,10 @@ impl Bench {
                 .enumerate()
                 .map(|(i, m)| {
                     let n = first + i;
-                    format!(r#"{{"biz_type":"{}","key":"timer-{n}","cron":"{}","timezone":"{}","payload":{{"timer":{n}}}}}"#, biz.name, m.cron, m.zone)
+                    format!(
+                        r#"{{"biz_type":"{}","key":"timer-{n}","cron":"{}","timezone":"{}","payload":{{"timer":{n}}}}}"#,
+                        biz.name, m.cron, m.zone
+                    )
                 })
                 .collect(),
         );

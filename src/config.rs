@@ -569,7 +569,7 @@ pub fn load_config_file() -> anyhow::Result<()> {
     let path = Path::new(&path);
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read CHIME_CONFIG file {}: {e}", path.display()))?;
     for (var, value) in config_file_env(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))? {
-        if std::env::var_os(&var).is_none() {
+        if std::env::var_os(var).is_none() {
             // SAFETY: called at the top of main, before the runtime or any thread exists.
             unsafe { std::env::set_var(var, value) };
         }

@@ -46,7 +46,7 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(partition_hours: u32, hot_days: u32, retention_days: u32) -> Result<Layout, String> {
-        if !(24 % partition_hours == 0 || partition_hours % 24 == 0) {
+        if !(24 % partition_hours == 0 || partition_hours.is_multiple_of(24)) {
             return Err(format!("CHIME_PARTITION_HOURS must divide 24 (1, 2, 3, 4, 6, 8, 12) or be a multiple of 24, not {partition_hours}"));
         }
         Ok(Layout { width: Duration::hours(i64::from(partition_hours)), hot_days, retention_days })
@@ -289,11 +289,9 @@ async fn detach(pool: &Pool, table: &str, name: &str) -> Result<(), sqlx::Error>
     // queued behind us. Better to try again at the next round.
     crate::db::query("SET LOCAL lock_timeout = '1s'").execute(&mut *tx).await?;
     crate::db::query(AssertSqlSafe(format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"))).execute(&mut *tx).await?;
-    if table == "tasks" {
-        if placement::holds_unfinished(&mut tx, name).await? {
-            tracing::info!(partition = name, "partition is past retention but holds unfinished tasks; keeping it");
-            return Ok(());
-        }
+    if table == "tasks" && placement::holds_unfinished(&mut tx, name).await? {
+        tracing::info!(partition = name, "partition is past retention but holds unfinished tasks; keeping it");
+        return Ok(());
     }
     crate::db::query(AssertSqlSafe(format!("ALTER TABLE {table} DETACH PARTITION {name}"))).execute(&mut *tx).await?;
     crate::db::query(AssertSqlSafe(format!("ALTER TABLE {name} RENAME TO {RETIRED_PREFIX}{name}"))).execute(&mut *tx).await?;

@@ -318,7 +318,7 @@ impl BizType {
     fn merged(&self, s: &Settings) -> BizType {
         // A rate of 0 means unlimited, stored as NULL.
         let rate = |new: Option<f64>, old: Option<f64>| match new {
-            Some(r) if r == 0.0 => None,
+            Some(0.0) => None,
             Some(r) => Some(r),
             None => old,
         };

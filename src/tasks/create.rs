@@ -215,6 +215,9 @@ impl Inserted {
     }
 }
 
+/// A row of `sql/insert.sql`'s answer: id, run_at, expires_at, created_at.
+type InsertedRow = (Uuid, DateTime<Utc>, Option<DateTime<Utc>>, DateTime<Utc>);
+
 /// Inserts tasks of one biz type in one statement (`sql/insert.sql`): the one way a
 /// client's task row is made (a timer's occurrences are written by `insert_occurrences`,
 /// which follows it). Returns what the database decided of each task created (the caller
@@ -222,7 +225,7 @@ impl Inserted {
 /// repeat from a conflict.
 pub async fn insert<'e>(db: impl sqlx::PgExecutor<'e>, biz_type_id: i32, rows: &Rows<'_>) -> Result<Vec<Inserted>, sqlx::Error> {
     // Columns by position: a row of four decodes in a fraction of the time by name.
-    let found: Vec<(Uuid, DateTime<Utc>, Option<DateTime<Utc>>, DateTime<Utc>)> = crate::db::query_as(include_str!("sql/insert.sql"))
+    let found: Vec<InsertedRow> = crate::db::query_as(include_str!("sql/insert.sql"))
         .bind(biz_type_id)
         .bind(&rows.ids)
         .bind(&rows.keys)

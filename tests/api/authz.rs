@@ -282,7 +282,8 @@ use Who::{Admin, Staff};
 /// may, status when allowed). Placeholders are filled per user, so that support staff and
 /// admins each act on objects of their own. Keep in sync with `src/console/mod.rs`; logout
 /// stays last.
-const CONSOLE: &[(&str, &str, &[(&str, &str)], Who, u16)] = &[
+type Route = (&'static str, &'static str, &'static [(&'static str, &'static str)], Who, u16);
+const CONSOLE: &[Route] = &[
     ("GET", "/console", &[], Staff, 200),
     ("GET", "/console/biz-types", &[], Staff, 200),
     ("GET", "/console/biz-types/new", &[], Admin, 200),

@@ -119,7 +119,7 @@ pub fn engine(app: &TestApp) -> TestEngine {
     let lifecycle = chime::lifecycle::Lifecycle::default();
     let health = chime::db::Health::new(&app.pool);
     let engine = chime::engine::Engine::start(health, Uuid::new_v4(), CallbackHosts::Any, lifecycle.signal());
-    TestEngine { engine, lifecycle: lifecycle }
+    TestEngine { engine, lifecycle }
 }
 
 /// An engine driven by the test, and the phase it listens to (a dropped sender would read

@@ -28,7 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Tool {
     /// Measure chime: create rate, burst delivery, steady lateness, backlog independence.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// Run a mixed load (creates, timers, failures, replays) against real nodes for a
     /// while, then count what was delivered, duplicated and lost (lost must be 0).
     Soak(SoakArgs),

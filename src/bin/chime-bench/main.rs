@@ -42,7 +42,7 @@ async fn run() -> anyhow::Result<()> {
     chime::engine::install_tls_provider();
     // Each brings its own database (unless DATABASE_URL is given) and nodes.
     match args.command {
-        Tool::Bench(bench) => bench::run(&args.db, bench).await,
+        Tool::Bench(bench) => bench::run(&args.db, *bench).await,
         Tool::Soak(soak) => soak::run(&args.db, soak).await,
     }
 }

@@ -165,6 +165,9 @@ pub enum Command {
     /// Runs `chime-bench`, built beside this binary (`cargo build --release` builds both).
     #[command(disable_help_flag = true)]
     Soak(ToolArgs),
+    /// Print the REST API's OpenAPI document (what /api/v1/openapi.json serves) and exit,
+    /// without a database: the TypeScript client's types are generated from it.
+    Openapi,
 }
 
 /// `chime bench` and `chime soak` live in their own binary, `chime-bench`, so that the server

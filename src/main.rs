@@ -60,6 +60,10 @@ async fn run() -> anyhow::Result<i32> {
     if let Command::Bench(_) | Command::Soak(_) = command {
         return Err(exec_bench_tool());
     }
+    if let Command::Openapi = command {
+        println!("{:#}", chime::api::openapi_document());
+        return Ok(0);
+    }
     let mut exit_code = 0;
     let attach = !matches!(command, Command::Serve(_));
     let database = Database::open(&args.db, attach).await?;
@@ -90,7 +94,7 @@ async fn run() -> anyhow::Result<i32> {
                 exit_code = if drift && a.exit_code { 2 } else { 0 };
                 Ok(())
             }
-            Command::Bench(_) | Command::Soak(_) => unreachable!("handled above"),
+            Command::Bench(_) | Command::Soak(_) | Command::Openapi => unreachable!("handled above"),
         }
     }
     .await;

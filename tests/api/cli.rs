@@ -296,6 +296,20 @@ async fn bench_and_soak_run_chime_bench() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `chime openapi` prints the document /api/v1/openapi.json serves, and needs no database
+/// (its DATABASE_URL here names a port nothing listens on): clients/test.sh generates the
+/// TypeScript client's types from it.
+#[tokio::test]
+async fn openapi_prints_the_served_document_without_a_database() {
+    let out = chime(&[("DATABASE_URL", "postgres://chime@127.0.0.1:1/none")], &["openapi"], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    let printed: serde_json::Value = serde_json::from_str(&out.stdout).expect("chime openapi prints JSON");
+    let app = spawn_app().await;
+    let served = app.request("GET", "/api/v1/openapi.json", None, None).await;
+    assert_eq!(served.status, 200);
+    assert_eq!(printed, served.body);
+}
+
 /// A new biz type retries for a day: the schema's defaults (migration 0008) are the ones the
 /// engine's schedule test and the README use, and the console's create form and
 /// `biz-type create --help` show them.

@@ -67,13 +67,30 @@ CHIME_TEST_ADMIN_TOKEN=$("$chime" admin-token create --name clients-test | tail 
 export CHIME_TEST_URL="http://127.0.0.1:$port" CHIME_TEST_ADMIN_TOKEN
 echo "chime serving on $CHIME_TEST_URL (log: $data/chime.log)"
 
+# The TypeScript client's src/openapi.ts is generated from chime's OpenAPI document: made
+# again here from this chime's, it must be the file checked in. To regenerate it:
+#   chime openapi >/tmp/openapi.json && (cd clients/typescript && npm run generate -- /tmp/openapi.json -o src/openapi.ts)
+types_match() {
+    # (set -e does not hold inside `||`: each step says its own failure.)
+    "$chime" openapi >"$data/openapi.json" || { echo "error: chime openapi failed" >&2; return 1; }
+    npm run --silent generate -- "$data/openapi.json" -o "$data/openapi.ts" >"$data/generate.log" 2>&1 || {
+        cat "$data/generate.log" >&2
+        echo "error: openapi-typescript failed" >&2
+        return 1
+    }
+    diff -u src/openapi.ts "$data/openapi.ts" || {
+        echo "error: clients/typescript/src/openapi.ts differs from chime's OpenAPI document (above); regenerate it as clients/test.sh says" >&2
+        return 1
+    }
+}
+
 failed=()
 for suite in "${suites[@]}"; do
     echo "=== $suite client"
     case $suite in
         python) (cd clients/python && "${PYTHON:-python3}" -m unittest discover -s tests -v) || failed+=(python) ;;
         php) php clients/php/tests/run.php || failed+=(php) ;;
-        typescript) (cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test) || failed+=(typescript) ;;
+        typescript) (cd clients/typescript && npm ci --no-audit --no-fund && types_match && npm run build && npm test) || failed+=(typescript) ;;
     esac
 done
 if [ ${#failed[@]} -gt 0 ]; then

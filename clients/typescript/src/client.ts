@@ -1,9 +1,12 @@
-// The REST API of chime (SPEC §3, §11) on the platform's fetch.
+// The REST API of chime (docs/book/src/api.md) on the platform's fetch.
 import { ChimeError, StaleReceiptError, TransportError, UnavailableError, errorFor } from "./errors.js";
+import type { components } from "./openapi.js";
 import type {
   BulkCancelled, BulkFilter, BulkReplayed, CreateTask, CreateTimer, CreatedTask, ListFilter, ReserveOptions,
   ReservedTask, Task, TaskChanges, TaskPage, TaskWithAttempts, Timer, TimerChanges, Touched,
 } from "./types.js";
+
+type Schemas = components["schemas"];
 
 export const VERSION = "0.1.0";
 
@@ -69,10 +72,11 @@ export class Client {
   async createBatch(tasks: CreateTask[], options: { traceparent?: string } = {}): Promise<BatchResult[]> {
     const headers = options.traceparent ? { traceparent: options.traceparent } : undefined;
     const keyed = tasks.length > 0 && tasks.every((t) => t.key != null);
-    type Item = { status: number; task?: Task; error?: { code?: string; message?: string } };
+    // Whole tasks, not `"results": "ids"`: the answer has no BatchItemId.
+    type Item = Schemas["BatchItemCreated"] | Schemas["BatchItemFailed"];
     const [, answer] = await this.withRetries(keyed, () => this.send<{ results: Item[] }>("POST", "/api/v1/tasks/batch", { tasks }, { headers }));
     return answer.results.map((item): BatchResult =>
-      item.task
+      "task" in item
         ? { status: item.status as 200 | 201, task: item.task }
         : { status: item.status, error: errorFor(item.status, item.error?.code, item.error?.message ?? "") });
   }
@@ -150,7 +154,7 @@ export class Client {
   async *listTimers(options: { limit?: number } = {}): AsyncGenerator<Timer, void, undefined> {
     let cursor: string | undefined;
     do {
-      const page = await this.call<{ items: Timer[]; next_cursor: string | null }>("GET", "/api/v1/timers", undefined, { limit: options.limit, cursor });
+      const page = await this.call<Schemas["TimerList"]>("GET", "/api/v1/timers", undefined, { limit: options.limit, cursor });
       yield* page.items;
       cursor = page.next_cursor ?? undefined;
     } while (cursor);
@@ -178,7 +182,7 @@ export class Client {
   async reserve(bizType: string, options: ReserveOptions = {}): Promise<ReservedTask[]> {
     // The answer may take wait_ms to come: the request must be allowed longer than that.
     const timeoutMs = this.timeoutMs + (options.wait_ms ?? 0);
-    const answer = await this.call<{ tasks: ReservedTask[] }>("POST", `/api/v1/biz-types/${seg(bizType)}/reserve`, options, undefined, timeoutMs);
+    const answer = await this.call<Schemas["Reserved"]>("POST", `/api/v1/biz-types/${seg(bizType)}/reserve`, options, undefined, timeoutMs);
     return answer.tasks;
   }
 
@@ -206,7 +210,8 @@ export class Client {
    * no new ones are reserved; a waiting reserve ends within `wait_ms`.
    */
   async consume(bizType: string, handler: (task: ReservedTask) => unknown, options: ConsumerOptions = {}): Promise<number> {
-    const { limit, signal, errorPauseMs = 1000, max = 10, wait_ms = 20_000, ttr_ms } = options;
+    const { limit, signal, errorPauseMs = 1000, ttr_ms } = options;
+    const max = options.max ?? 10, wait_ms = options.wait_ms ?? 20_000;
     let handled = 0;
     while (!signal?.aborted && (limit === undefined || handled < limit)) {
       let tasks: ReservedTask[];

@@ -1,4 +1,4 @@
-// Checking a callback's `Chime-Signature` header (SPEC §4, §12).
+// Checking a callback's `Chime-Signature` header (docs/book/src/callbacks.md).
 import { createHmac, timingSafeEqual } from "node:crypto";
 
 const T = /^[0-9]{1,12}$/;

@@ -1,63 +1,74 @@
-//! chime: a timer service on PostgreSQL. A guided tour:
+//! chime: a timer service on PostgreSQL. A guided tour; the book's Architecture chapter
+//! (docs/book/src/architecture.md) maps the same modules to the tables, loops and endpoints
+//! each owns.
 
-/// Admin subcommands (biz types, tokens, users) for scripts.
+/// Admin subcommands (biz types, tokens, users, secrets) for scripts.
 pub mod cli;
 /// Flags, environment variables and the optional TOML file.
 pub mod config;
-/// The web console: server-rendered pages for admins and support staff.
+/// The web console: server-rendered pages for admins and support staff, and their sign-in
+/// sessions (tables `sessions`, `console_keys`).
 pub mod console;
-/// Reaching the database (external or embedded) and migrating it.
+/// Reaching the database (external or embedded): the server that accepts writes, failover,
+/// pooler mode (`db::Pool`, `db::query*`, through which every statement goes), migrations.
 pub mod db;
 /// The quick start's demo biz type and built-in receiver.
 pub mod demo;
-/// Starting and stopping the embedded PostgreSQL.
+/// Starting, supervising and stopping the embedded PostgreSQL.
 pub mod embedded_pg;
 /// The domain error every operation returns.
 pub mod error;
 /// What the first start hands the operator: on a terminal, or in an owner-only file.
 pub mod first_start;
 
-/// Admin tokens: the credentials of the admin API.
+/// Admin tokens: the credentials of the admin API (table `admin_tokens`).
 pub mod admin_tokens;
-/// The REST API.
+/// The REST API under `/api/v1` (the admin API included), `/healthz`, `/readyz`, and its
+/// OpenAPI document.
 pub mod api;
-/// The audit log.
+/// The audit log (table `audit_log`).
 pub mod audit;
-/// Biz types, their API tokens and signing secrets.
+/// Biz types, their API tokens and signing secrets (tables `biz_types`, `api_tokens`), and
+/// `chime apply`.
 pub mod biz_types;
 /// Which addresses callbacks may go to: the optional deny list for private ranges.
 pub mod callback_hosts;
 /// Which client a request comes from, behind trusted reverse proxies.
 pub mod client_address;
-/// The delivery engine: claim due tasks, call back, retry, record.
+/// The delivery engine: claim due tasks, call back, retry, record; receiver breakers (table
+/// `receiver_breakers`).
 pub mod engine;
-/// Failure notices: a signed POST to a biz type's failure_url when a task ends failed or expired.
+/// Failure notices: a signed POST to a biz type's failure_url when a task ends failed or
+/// expired, and their sender (table `failure_notices`).
 pub mod failure_notices;
-/// The leader: election by advisory lock, and the cluster's housekeeping.
+/// The leader: election by advisory lock, and the cluster's housekeeping (partitions, timer
+/// occurrences, lease recovery, deadlines, cold moves, retention).
 pub mod leader;
 /// A node's phases, from binding its port to leaving, and the signal its loops stop on.
 pub mod lifecycle;
 /// The log's format: one line per event, client text escaped.
 pub mod logs;
-/// Prometheus metrics at /metrics.
+/// Prometheus metrics at /metrics: the process's registry and each node's.
 pub mod metrics;
-/// Node registration and heartbeats.
+/// Node registration and heartbeats (table `nodes`), and which nodes are live.
 pub mod nodes;
-/// Partitions, the hot horizon, moving cold tasks in, retention.
+/// Partitions of `tasks` and `attempts`, the hot horizon (table `hot_horizon`), retention.
 pub mod partitions;
 /// Pull delivery: consumers reserve due tasks and ack or nack them.
 pub mod pull;
 /// What the database server reports about itself and its standbys.
 pub mod replication;
-/// Building a node's HTTP server.
+/// Building a node: its HTTP server and its loops, and stopping them in order.
 pub mod startup;
 /// What every request handler of a node shares.
 pub mod state;
-/// Tasks: create, read, list, reschedule, cancel, replay.
+/// The task store: create, read, list, reschedule, cancel, replay, leases, and where a row
+/// lives; the only writer of `tasks`, `tasks_cold`, `task_keys` and `attempts`, and the
+/// `chime_wake` notifications.
 pub mod tasks;
-/// Timers: cron schedules whose occurrences become tasks.
+/// Timers: cron schedules whose occurrences become tasks (table `timers`).
 pub mod timers;
-/// Console users.
+/// Console users (table `users`).
 pub mod users;
 
 /// How the unit-level property tests run: a fixed seed, so that CI runs the same cases

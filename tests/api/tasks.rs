@@ -12,7 +12,7 @@ fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
     t.duration_trunc(Duration::microseconds(1)).unwrap()
 }
 
-/// A create answers 201 with the task in the SPEC's shape, and GET returns it with attempts.
+/// A create answers 201 with the task in the API's shape (docs/book/src/api.md, the OpenAPI document), and GET returns it with attempts.
 #[tokio::test]
 async fn create_then_get_returns_the_task_with_attempts() {
     let app = spawn_app().await;

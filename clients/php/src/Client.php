@@ -5,7 +5,7 @@ declare(strict_types=1);
 namespace Chime;
 
 /**
- * A client of one chime, acting with one biz type's API token (SPEC §3, §11, §13).
+ * A client of one chime, acting with one biz type's API token (docs/book/src/api.md).
  *
  * Requests and answers are arrays with the API's field names; JSON objects come back as
  * associative arrays (a payload too). Send an empty object as `new \stdClass()`: PHP's `[]`

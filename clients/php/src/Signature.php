@@ -4,7 +4,7 @@ declare(strict_types=1);
 
 namespace Chime;
 
-/** The check of a callback's `Chime-Signature` header (SPEC §4, §12). */
+/** The check of a callback's `Chime-Signature` header (docs/book/src/callbacks.md). */
 final class Signature
 {
     /**

@@ -1,4 +1,4 @@
-"""The REST API of chime (SPEC §3, §11) on the standard library's urllib."""
+"""The REST API of chime (docs/book/src/api.md) on the standard library's urllib."""
 
 import datetime
 import http.client
@@ -239,7 +239,7 @@ class Client:
         return _resource(self.request("POST", f"/api/v1/tasks/{_seg(task_id)}/replay"))
 
     def cancel_matching(self, biz_type: str, **filter: Any) -> Resource:
-        """Bulk cancel of pending tasks (SPEC §11) matching ``key_prefix``, ``run_at_from``,
+        """Bulk cancel of pending tasks (docs/book/src/concepts/keys.md) matching ``key_prefix``, ``run_at_from``,
         ``run_at_to``, ``timer_id`` (or ``all=True``); ``dry_run=True`` only counts, up to 10,000
         (``"more"`` says whether more match). Answers ``{"matched", "cancelled"}`` once every
         batch is done."""

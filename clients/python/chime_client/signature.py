@@ -1,4 +1,4 @@
-"""Checking a callback's ``Chime-Signature`` header (SPEC §4, §12)."""
+"""Checking a callback's ``Chime-Signature`` header (docs/book/src/callbacks.md)."""
 
 import hashlib
 import hmac

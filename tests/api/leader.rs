@@ -11,7 +11,7 @@ use chime::{leader, timers};
 use chrono::{DateTime, Days, Utc};
 use uuid::Uuid;
 
-use crate::helpers::{chime_process, fresh_database, node_of, spawn_app, spawn_second_node};
+use crate::helpers::{chime_process, fresh_database, node_of, spawn_app, spawn_second_node, wait_until};
 
 async fn pool(db_url: &str) -> Pool {
     chime::db::connect(db_url, 4).await.unwrap()
@@ -25,13 +25,12 @@ async fn biz_type_id(pool: &Pool, name: &str) -> i32 {
 /// Waits until `node` leads; returns how long that took.
 async fn wait_leader(pool: &Pool, node: Uuid, within: Duration) -> Duration {
     let started = Instant::now();
-    while started.elapsed() < within {
-        if leader::current(pool).await.unwrap() == Some(node) {
-            return started.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("node {node} did not become leader within {within:?}; leader: {:?}", leader::current(pool).await);
+    wait_until(&format!("node {node} leading"), within, || async {
+        let leader = leader::current(pool).await.unwrap();
+        if leader == Some(node) { Ok(()) } else { Err(format!("leader {leader:?}")) }
+    })
+    .await;
+    started.elapsed()
 }
 
 /// Nodes that only keep house: no engine, a short lease and timer window.

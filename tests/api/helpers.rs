@@ -402,6 +402,21 @@ impl<T, E: std::fmt::Display> Check for Result<T, E> {
     }
 }
 
+/// A session listening to the nodes' wake-ups (`chime_wake`): open it before a change, then
+/// wait for the change's notice (`settings_notice`).
+pub async fn wake_listener(app: &TestApp) -> sqlx::postgres::PgListener {
+    let mut listener = sqlx::postgres::PgListener::connect(&app.db_url).await.unwrap();
+    listener.listen("chime_wake").await.unwrap();
+    listener
+}
+
+/// Waits (at most 5 s) for the notice that biz types changed. The server tells every
+/// session listening at the same commit: once this one has it, so have the nodes'.
+pub async fn settings_notice(listener: &mut sqlx::postgres::PgListener) {
+    let told = async { while listener.recv().await.unwrap().payload() != "settings" {} };
+    tokio::time::timeout(Duration::from_secs(5), told).await.expect("the notice that biz types changed, within 5 s");
+}
+
 /// A port free at the time of asking.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

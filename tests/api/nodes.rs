@@ -17,14 +17,15 @@ use crate::receiver::{Answer, Receiver};
 async fn nodes_register_themselves() {
     let app = spawn_node().await;
     let _second = spawn_second_node(&app).await;
-    wait_until("two nodes with a heartbeat", Duration::from_secs(5), || async {
+    let count = wait_until("two nodes with a heartbeat", Duration::from_secs(5), || async {
         let count = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '1 minute'")
             .fetch_one(&app.pool)
             .await
             .unwrap();
-        if count == 2 { Ok(()) } else { Err(format!("{count} nodes")) }
+        if count == 2 { Ok(count) } else { Err(format!("{count} nodes")) }
     })
     .await;
+    assert_eq!(count, 2);
 }
 
 /// Two nodes deliver one backlog between them, and no task twice.
@@ -85,12 +86,13 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
 
     let _survivor = chime_process(&app.db_url, &[]).await;
     // Every task ends succeeded, delivered by the survivor once the leases expired.
-    wait_until("every task succeeded", Duration::from_secs(30), || async {
+    let statuses = wait_until("every task succeeded", Duration::from_secs(30), || async {
         let statuses: HashMap<String, i64> =
             sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status").fetch_all(&app.pool).await.unwrap().into_iter().collect();
-        if statuses.get("succeeded") == Some(&20) { Ok(()) } else { Err(format!("{statuses:?}")) }
+        if statuses.get("succeeded") == Some(&20) { Ok(statuses) } else { Err(format!("{statuses:?}")) }
     })
     .await;
+    assert_eq!(statuses.get("succeeded"), Some(&20), "{statuses:?}");
     let received = receiver.received();
     assert_eq!(received.len(), 40, "each task twice: cut off by the kill, then delivered");
     let ids: HashSet<String> = received.iter().map(|r| r.header("chime-task-id").unwrap().to_string()).collect();

@@ -29,8 +29,9 @@ fn fast_retries() -> Settings {
     Settings { backoff_initial_ms: Some(200), backoff_max_ms: Some(1000), ..Default::default() }
 }
 
-/// A due task is POSTed once with the SPEC's body and headers, the signature verifies
-/// with the biz type's secret, and the attempt is recorded.
+/// A due task is POSTed once with the body and headers of docs/design/contract.md
+/// (Callbacks), the signature verifies with the biz type's secret, and the attempt is
+/// recorded.
 #[tokio::test]
 async fn due_task_is_delivered_signed_and_recorded() {
     let app = spawn_node().await;

@@ -6,8 +6,9 @@
 //! and every `SETTINGS_REFRESH` in case that notice was lost), and claims, in one
 //! statement for all of them, as many due tasks of each as it has free in-flight slots.
 //! A claimed task's callback starts at once, so a lease never waits behind other work:
-//! the lease is the biz type's timeout plus a margin. Outcomes go to a recorder that
-//! writes them in batches, one statement for the tasks and one for the attempts.
+//! the lease is the biz type's timeout plus a margin. Outcomes go to a recorder
+//! (`recorder`) that writes them in batches, one statement for the tasks and one for the
+//! attempts.
 //!
 //! Cost with many biz types. A company's timer service holds thousands of biz types, most
 //! of them idle at any moment; a turn must not cost a statement, or even an index probe,
@@ -60,7 +61,10 @@
 //!
 //! One turn at a time. The loop's state lives in `Engine`, and one turn is `Engine::turn`:
 //! `run` takes turns and sleeps between them, while a test can take single turns and wait
-//! for the callbacks they started (`Engine::settled`) instead of sleeping.
+//! for the callbacks they started (`Engine::settled`) instead of sleeping. A turn's steps
+//! are methods of their own: settings and sweep (`refresh`), the biz types due (`due`),
+//! the node's capacity shared among them (`share`) and their rate limits (`wants`), the
+//! claim (`claim`), and a `Delivery` started for each task claimed (`take`).
 //!
 //! In-flight cap. A biz type's max_in_flight is for the whole cluster too: a receiver sized
 //! for 50 requests at once gets 50 however many nodes deliver. Each node keeps no more
@@ -87,6 +91,7 @@ pub mod capacity;
 pub(crate) mod deliver;
 mod failures;
 pub(crate) mod rate;
+mod recorder;
 
 pub use deliver::signature;
 
@@ -108,6 +113,7 @@ use crate::lifecycle::Signal;
 use crate::tasks::lease::{self, Outcome, Verdict};
 use crate::tasks::wake::{self, Wake};
 use crate::{metrics, nodes};
+use recorder::{ClaimLoop, Drained, Report};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_millis(1000);
@@ -270,16 +276,6 @@ impl Looks {
     }
 }
 
-/// What a delivery task hands the recorder.
-enum Report {
-    /// A callback's outcome.
-    Finished(Outcome),
-    /// A callback still in flight when the grace ran out, cut off.
-    CutOff(Outcome),
-    /// A task claimed ahead whose due time had not come when the node began to stop.
-    Unstarted { task_id: Uuid, run_at: chrono::DateTime<chrono::Utc> },
-}
-
 /// Runs the engine until the node stops (`stop`), then gives back what it claimed ahead,
 /// waits for the callbacks in flight (until the grace is over) and records them.
 /// `hosts` decides which addresses callbacks may reach. While the database is down (or no
@@ -300,6 +296,131 @@ pub struct Turn {
     pub sleep: Option<Duration>,
 }
 
+/// A biz type due in a turn, with free slots: its counter of this node's callbacks in
+/// flight, how many it may claim, and whether it is claimed for its breaker's probe.
+struct Due {
+    biz: Arc<BizTypeConfig>,
+    counter: Arc<AtomicI32>,
+    slots: i64,
+    probe: bool,
+}
+
+/// A biz type in a turn's claim: how many it asks for (`free`, what its place in the
+/// node's capacity and its rate limit left of its slots) and how many of them go to its
+/// longest-due tasks; when its rate limit allows more, if it held some back.
+struct Claiming {
+    due: Due,
+    free: i64,
+    wait: Option<Duration>,
+    oldest: i64,
+}
+
+/// What a turn's claim says of the next turn: tasks claimed, whether more is due at once,
+/// the biz types that claimed all that was due (when each is next due is asked), and the
+/// longest the loop may sleep for the biz types held back (a rate limit, a cap).
+struct Next {
+    claimed: usize,
+    more_due: bool,
+    caught_up: Vec<i32>,
+    rate_wait: Duration,
+}
+
+/// What every delivery needs of the engine, whatever its task: the engine keeps one, and
+/// each delivery takes a clone.
+#[derive(Clone)]
+struct Courier {
+    client: reqwest::Client,
+    /// Which addresses callbacks may reach.
+    hosts: CallbackHosts,
+    breakers: Arc<breaker::Breakers>,
+    /// To the recorder, with the task's place in the node's capacity, which the recorder
+    /// gives up once the outcome is written; each delivery holds a clone until it has
+    /// reported.
+    outcomes_tx: mpsc::UnboundedSender<(Report, capacity::Hold)>,
+    /// The claim loop's, woken when a delivery has reported.
+    wake: Arc<Notify>,
+    failures: Arc<failures::FailureLog>,
+    stop: Signal,
+}
+
+/// One claimed task's delivery: what its delivery task holds from the claim until it has
+/// handed its report to the recorder.
+struct Delivery {
+    courier: Courier,
+    biz: Arc<BizTypeConfig>,
+    /// This node's callbacks of the biz type in flight (or waiting for their due time),
+    /// this one among them until it has reported.
+    in_flight: Arc<AtomicI32>,
+    /// Its place in the node's capacity, handed to the recorder with the report.
+    hold: capacity::Hold,
+    task: lease::Claimed,
+    /// When the task is due, by this node's clock.
+    due_at: tokio::time::Instant,
+    /// It tests the receiver of an open breaker.
+    probe: bool,
+}
+
+impl Delivery {
+    /// Counts it in flight and starts its delivery task.
+    fn start(self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(self.run());
+    }
+
+    /// Waits for the task's due time, then calls back and hands the outcome to the recorder.
+    async fn run(self) {
+        let Delivery { courier, biz, in_flight, hold, task, due_at, probe } = self;
+        let Courier { client, hosts, breakers, outcomes_tx, wake, failures, mut stop } = courier;
+        let waited = tokio::select! {
+            biased;
+            _ = stop.stopping() => false,
+            _ = tokio::time::sleep_until(due_at) => true,
+        };
+        let report = if !waited || stop.is_stopping() {
+            // No callback starts once the node is stopping.
+            Report::Unstarted { task_id: task.id, run_at: task.run_at }
+        } else if let Some(deadline) = task.expires_at.filter(|d| *d <= chrono::Utc::now()) {
+            // Claimed ahead, and its deadline came before its due time: no
+            // callback starts at or after the deadline (docs/design/contract.md, Tasks by key).
+            metrics::not_sent_expired(&biz.name);
+            Report::Finished(deliver::not_sent(&biz, &task, deadline))
+        } else {
+            let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
+            let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
+            let delivered = async {
+                let (mut outcome, answer) = deliver::deliver(&client, hosts, &biz, task).await;
+                breakers.after(&biz, probe, answer, &mut outcome).await;
+                outcome
+            };
+            tokio::select! {
+                outcome = delivered => {
+                    finished(&biz, &outcome);
+                    failures.note(&biz.name, &outcome);
+                    Report::Finished(outcome)
+                }
+                _ = stop.leaving() => Report::CutOff(deliver::cut_off(&biz, task_id, run_at, attempt, started_at, started)),
+            }
+        };
+        let _ = outcomes_tx.send((report, hold));
+        in_flight.fetch_sub(1, Ordering::Relaxed);
+        wake.notify_one();
+    }
+}
+
+/// Counts a callback's outcome in the metrics: its duration, its lateness and how it ended.
+fn finished(biz: &BizTypeConfig, outcome: &Outcome) {
+    let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
+    let finish = match outcome.verdict {
+        Verdict::Delivered => metrics::Finish::Delivered,
+        Verdict::RetryAt(_) => metrics::Finish::Retried,
+        Verdict::GiveUp => metrics::Finish::Failed,
+        Verdict::Snooze(_) => metrics::Finish::Snoozed,
+        Verdict::Expire { .. } => metrics::Finish::Expired,
+        Verdict::Held(_) => metrics::Finish::Held,
+    };
+    metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
+}
+
 /// One node's engine: what the claim loop keeps from one turn to the next. `run` takes turns
 /// until the node stops; a test can build one and take single turns (`turn`), then wait for
 /// what they started (`settled`).
@@ -309,13 +430,9 @@ pub struct Engine {
     health: Health,
     /// Written into each attempt and each lease.
     node_id: Uuid,
-    /// Which addresses callbacks may reach.
-    hosts: CallbackHosts,
-    client: reqwest::Client,
-    /// To the recorder, with the task's place in the node's capacity, which the recorder
-    /// gives up once the outcome is written; each delivery task holds a clone until it has
-    /// reported.
-    outcomes_tx: mpsc::UnboundedSender<(Report, capacity::Hold)>,
+    /// What each delivery takes a clone of; its sender to the recorder is dropped when the
+    /// engine finishes.
+    courier: Courier,
     /// Woken by: a callback finishing, an outcome recorded, a wake-up notification.
     wake: Arc<Notify>,
     /// Set by a biz type's change on any node: re-read the settings at the next turn.
@@ -391,16 +508,17 @@ impl Engine {
             ))
         };
         let to_claims = ClaimLoop { wake: wake.clone(), looks: looks.clone() };
-        let recorder = tokio::spawn(record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, to_claims, stop.clone()));
+        let recorder = tokio::spawn(recorder::record_outcomes(pool.clone(), health.clone(), node_id, outcomes_rx, to_claims, stop.clone()));
         let breakers = Arc::new(breaker::Breakers::new(pool.clone(), looks.clone()));
+        let failures = Arc::new(failures::FailureLog::default());
+        let courier =
+            Courier { client, hosts, breakers: breakers.clone(), outcomes_tx, wake: wake.clone(), failures: failures.clone(), stop: stop.clone() };
         tracing::info!(%node_id, "delivery engine started");
         Engine {
             pool,
             health,
             node_id,
-            hosts,
-            client,
-            outcomes_tx,
+            courier,
             wake,
             settings_changed,
             looks,
@@ -421,7 +539,7 @@ impl Engine {
             biz_types: Vec::new(),
             refreshed_at: None,
             unopened_reported: HashSet::new(),
-            failures: Arc::new(failures::FailureLog::default()),
+            failures,
             breakers,
             stop,
         }
@@ -484,6 +602,32 @@ impl Engine {
     /// within `CLAIM_AHEAD`) for each biz type whose time has come and that has free slots,
     /// and starts its callbacks. Says how long the loop may sleep before the next turn.
     pub async fn turn(&mut self) -> Turn {
+        self.refresh().await;
+        let now = tokio::time::Instant::now();
+        let room = self.capacity.saturating_sub(self.unsettled());
+        // No claim starts once the node is stopping, or while it holds all it may.
+        let may_claim = room > 0 && !self.stop.is_stopping();
+        let due = if may_claim { self.due(now).await } else { Vec::new() };
+        let given = self.share(room, &due);
+        let mut next = Next { claimed: 0, more_due: false, caught_up: Vec::new(), rate_wait: IDLE_POLL };
+        let (wants, claiming) = self.wants(due, given, now, &mut next.rate_wait);
+        let Some(mut claims) = self.claim(&wants).await else {
+            return Turn { claimed: 0, sleep: Some(CAPPED_POLL) };
+        };
+        for claiming in claiming {
+            let claim = claims.remove(&claiming.due.biz.id).unwrap_or_default();
+            self.take(claiming, claim, now, &mut next);
+        }
+        self.ask_next_due(&next.caught_up).await;
+        if next.more_due {
+            return Turn { claimed: next.claimed, sleep: None };
+        }
+        Turn { claimed: next.claimed, sleep: Some(self.sleep(next.rate_wait)) }
+    }
+
+    /// Re-reads the settings if they changed or are old, takes the looks asked for since the
+    /// last turn, and asks every biz type's next due time if a `SWEEP` has passed.
+    async fn refresh(&mut self) {
         if self.settings_changed.swap(false, Ordering::Relaxed) || self.refreshed_at.is_none_or(|at| at.elapsed() >= SETTINGS_REFRESH) {
             self.refresh_settings().await;
         }
@@ -491,20 +635,15 @@ impl Engine {
         if self.swept_at.is_none_or(|at| at.elapsed() >= SWEEP) {
             self.sweep().await;
         }
-        let now = tokio::time::Instant::now();
-        let mut rate_wait = IDLE_POLL;
-        // Each biz type claimed, with what it may take and its counter of callbacks.
-        let mut wants = Vec::new();
-        let mut claiming = Vec::new();
-        let room = self.capacity.saturating_sub(self.unsettled());
-        // No claim starts once the node is stopping, or while it holds all it may.
-        let may_claim = room > 0 && !self.stop.is_stopping();
+    }
+
+    /// The biz types due now, with their counters and free slots (the turn claims for them
+    /// if the node's capacity gives them a place). Elects the probes of open breakers.
+    async fn due(&mut self, now: tokio::time::Instant) -> Vec<Due> {
         // The open breakers whose probe this node won (a statement only when one is due).
-        let probing = if may_claim { self.breakers.elect(&self.biz_types).await } else { HashSet::new() };
-        // The biz types due, with their counters and free slots; then what the node's
-        // capacity gives each of them.
+        let probing = self.breakers.elect(&self.biz_types).await;
         let mut due = Vec::new();
-        for biz in self.biz_types.iter().filter(|_| may_claim) {
+        for biz in &self.biz_types {
             // Nothing due yet, as far as this node knows: costs nothing this turn.
             if self.next_look.get(&biz.id).is_some_and(|at| *at > now) {
                 continue;
@@ -526,109 +665,137 @@ impl Engine {
                 // A finishing callback wakes the loop.
                 continue;
             }
-            due.push((biz.clone(), counter, slots, probe));
+            due.push(Due { biz: biz.clone(), counter, slots, probe });
         }
+        due
+    }
+
+    /// What the node's capacity (`room` free) gives each of the biz types `due`.
+    fn share(&mut self, room: usize, due: &[Due]) -> Vec<usize> {
         let claimants: Vec<_> = due
             .iter()
-            .map(|(biz, _, slots, _)| capacity::Claimant {
-                held: self.held.get(&biz.id).map_or(0, |n| n.load(Ordering::Relaxed)),
-                weight: biz.weight.max(1) as u32,
-                wants: *slots as usize,
+            .map(|d| capacity::Claimant {
+                held: self.held.get(&d.biz.id).map_or(0, |n| n.load(Ordering::Relaxed)),
+                weight: d.biz.weight.max(1) as u32,
+                wants: d.slots as usize,
             })
             .collect();
         self.turns = self.turns.wrapping_add(1);
-        let given = capacity::share(room, &claimants, self.turns);
-        for ((biz, counter, slots, probe), given) in due.into_iter().zip(given) {
+        capacity::share(room, &claimants, self.turns)
+    }
+
+    /// What the claim asks of each biz type due, once its place in the node's capacity
+    /// (`given`) and its rate limit have had their say: the claim's wants, and the biz types
+    /// in them. One held back by its rate limit is looked at when the limit allows, and
+    /// `rate_wait` is no later than that.
+    fn wants(&mut self, due: Vec<Due>, given: Vec<usize>, now: tokio::time::Instant, rate_wait: &mut Duration) -> (Vec<lease::Want>, Vec<Claiming>) {
+        let (mut wants, mut claiming) = (Vec::new(), Vec::new());
+        for (due, given) in due.into_iter().zip(given) {
             if given == 0 {
                 // The node holds all it may: a recorded outcome frees a place and wakes the loop.
                 continue;
             }
+            let biz = &due.biz;
             let share = biz.rate_limit.map(|r| r / self.delivering_nodes as f64);
             let (free, wait) = self.limiters.take(biz.id, share, given as i64);
             if free == 0 {
                 let wait = wait.unwrap_or(IDLE_POLL);
                 self.next_look.insert(biz.id, now + wait);
-                rate_wait = rate_wait.min(wait);
+                *rate_wait = (*rate_wait).min(wait);
                 continue;
             }
             let lease_ms = i64::from(biz.timeout_ms) + LEASE_MARGIN_MS;
             // A rate-limited biz type claims only what is due: a task claimed ahead would
             // take its permit early and could fire together with later permits.
-            let ahead_ms = if share.is_some() || probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
+            let ahead_ms = if share.is_some() || due.probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
             let oldest = (self.owed_oldest.get(&biz.id).copied().unwrap_or(0) + free) / OLDEST_SHARE;
             let flow = biz.flow().map(|(cap, ordered, rate)| lease::FlowWant { cap, ordered, rate, cursor: self.flow_cursors.get(&biz.id).cloned() });
             wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, flow });
-            claiming.push((biz, counter, slots, free, wait, probe, oldest));
+            claiming.push(Claiming { due, free, wait, oldest });
         }
-        let mut claims = if wants.is_empty() {
-            HashMap::new()
-        } else {
-            match lease::claim(&self.pool, &wants, self.node_id, self.floor).await {
-                Ok(claims) => claims,
-                Err(e) => {
-                    // An unreachable database is reported once, by `health`.
-                    if !self.health.saw(&e) {
-                        tracing::warn!(error = %e, biz_types = wants.len(), "claim failed; retrying");
-                    }
-                    return Turn { claimed: 0, sleep: Some(CAPPED_POLL) };
+        (wants, claiming)
+    }
+
+    /// Claims `wants` in one statement (none when empty). None when the claim failed: the
+    /// turn ends, and the loop tries again after `CAPPED_POLL`.
+    async fn claim(&self, wants: &[lease::Want]) -> Option<HashMap<i32, lease::Claim>> {
+        if wants.is_empty() {
+            return Some(HashMap::new());
+        }
+        match lease::claim(&self.pool, wants, self.node_id, self.floor).await {
+            Ok(claims) => Some(claims),
+            Err(e) => {
+                // An unreachable database is reported once, by `health`.
+                if !self.health.saw(&e) {
+                    tracing::warn!(error = %e, biz_types = wants.len(), "claim failed; retrying");
                 }
+                None
             }
+        }
+    }
+
+    /// Takes what the claim gave one biz type: notes in `next` (and in `next_look`) what it
+    /// says of the biz type's next claim, and starts a delivery for each task leased.
+    fn take(&mut self, claiming: Claiming, claim: lease::Claim, now: tokio::time::Instant, next: &mut Next) {
+        let Claiming { due: Due { biz, counter, slots, probe }, free, wait, oldest } = claiming;
+        let lease::Claim { leased: claimed, expired, capped, cursor } = claim;
+        match cursor {
+            Some(cursor) => self.flow_cursors.insert(biz.id, cursor),
+            None => self.flow_cursors.remove(&biz.id),
         };
-        let mut claimed_in_turn = 0;
-        let mut more_due = false;
-        // Biz types that claimed all that was due: when each is next due is asked below.
-        let mut caught_up = Vec::new();
-        for (biz, counter, slots, free, wait, probe, oldest) in claiming {
-            let lease::Claim { leased: claimed, expired, capped, cursor } = claims.remove(&biz.id).unwrap_or_default();
-            match cursor {
-                Some(cursor) => self.flow_cursors.insert(biz.id, cursor),
-                None => self.flow_cursors.remove(&biz.id),
-            };
-            // Counted by what was leased: the longest-due came first in it (claim.sql).
-            let took = (claimed.len() + expired) as i64;
-            let owed = self.owed_oldest.entry(biz.id).or_default();
-            *owed = (*owed + took - OLDEST_SHARE * oldest.min(took)).max(0);
-            metrics::expired(&biz.name, expired as u64);
-            if capped {
-                // Every slot of the cluster is taken: this node is woken when one of its own
-                // callbacks ends, not when another node's does, so it looks again soon.
-                self.next_look.insert(biz.id, now + CAPPED_POLL);
-                rate_wait = rate_wait.min(CAPPED_POLL);
-            } else if ((claimed.len() + expired) as i64) < free {
-                caught_up.push(biz.id);
-            } else if free == slots {
-                more_due = true;
-            } else if let Some(wait) = wait {
-                // Stopped by the rate limit with more due: come back when it allows.
-                self.next_look.insert(biz.id, now + wait);
-                rate_wait = rate_wait.min(wait);
-            }
-            if !claimed.is_empty() {
-                metrics::claimed(&biz.name, claimed.len());
-            }
-            claimed_in_turn += claimed.len();
-            let received = tokio::time::Instant::now();
-            let held = self.held.entry(biz.id).or_default().clone();
-            for task in claimed {
-                self.start_callback(&biz, &counter, capacity::Hold::take(&held, &self.held_total), received, task, probe);
-            }
+        // Counted by what was leased: the longest-due came first in it (claim.sql).
+        let took = (claimed.len() + expired) as i64;
+        let owed = self.owed_oldest.entry(biz.id).or_default();
+        *owed = (*owed + took - OLDEST_SHARE * oldest.min(took)).max(0);
+        metrics::expired(&biz.name, expired as u64);
+        if capped {
+            // Every slot of the cluster is taken: this node is woken when one of its own
+            // callbacks ends, not when another node's does, so it looks again soon.
+            self.next_look.insert(biz.id, now + CAPPED_POLL);
+            next.rate_wait = next.rate_wait.min(CAPPED_POLL);
+        } else if ((claimed.len() + expired) as i64) < free {
+            next.caught_up.push(biz.id);
+        } else if free == slots {
+            next.more_due = true;
+        } else if let Some(wait) = wait {
+            // Stopped by the rate limit with more due: come back when it allows.
+            self.next_look.insert(biz.id, now + wait);
+            next.rate_wait = next.rate_wait.min(wait);
         }
-        if !caught_up.is_empty() {
-            match lease::next_due_each(&self.pool, &caught_up, None, self.floor).await {
-                Ok(next) => self.note_next_due(&next),
-                Err(e) => {
-                    if !self.health.saw(&e) {
-                        tracing::warn!(error = %e, "could not ask for the next due task");
-                    }
-                    let again = tokio::time::Instant::now() + CAPPED_POLL;
-                    self.next_look.extend(caught_up.iter().map(|id| (*id, again)));
+        if !claimed.is_empty() {
+            metrics::claimed(&biz.name, claimed.len());
+        }
+        next.claimed += claimed.len();
+        let received = tokio::time::Instant::now();
+        let held = self.held.entry(biz.id).or_default().clone();
+        for task in claimed {
+            let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
+            let hold = capacity::Hold::take(&held, &self.held_total);
+            Delivery { courier: self.courier.clone(), biz: biz.clone(), in_flight: counter.clone(), hold, task, due_at, probe }.start();
+        }
+    }
+
+    /// Asks when each of the biz types that `caught_up` (claimed all that was due) is next
+    /// due: one statement for all of them. If that fails they are looked at after `CAPPED_POLL`.
+    async fn ask_next_due(&mut self, caught_up: &[i32]) {
+        if caught_up.is_empty() {
+            return;
+        }
+        match lease::next_due_each(&self.pool, caught_up, None, self.floor).await {
+            Ok(next) => self.note_next_due(&next),
+            Err(e) => {
+                if !self.health.saw(&e) {
+                    tracing::warn!(error = %e, "could not ask for the next due task");
                 }
+                let again = tokio::time::Instant::now() + CAPPED_POLL;
+                self.next_look.extend(caught_up.iter().map(|id| (*id, again)));
             }
         }
-        if more_due {
-            return Turn { claimed: claimed_in_turn, sleep: None };
-        }
-        // Until the first biz type with free slots is next due, or the next sweep.
+    }
+
+    /// How long the loop may sleep after a turn with nothing more due at once: until the
+    /// first biz type with free slots is next due, the next sweep, or `rate_wait`.
+    fn sleep(&self, rate_wait: Duration) -> Duration {
         let now = tokio::time::Instant::now();
         let mut until = self.swept_at.map_or(now, |at| at + SWEEP).min(now + rate_wait);
         // While the node holds all it may, a recorded outcome wakes it.
@@ -640,77 +807,7 @@ impl Engine {
                 }
             }
         }
-        Turn { claimed: claimed_in_turn, sleep: Some(until.saturating_duration_since(now)) }
-    }
-
-    /// Starts the callback of a claimed task: it waits for its due time, then calls back and
-    /// hands its outcome to the recorder. A `probe` tests the receiver of an open breaker.
-    fn start_callback(
-        &self,
-        biz: &Arc<BizTypeConfig>,
-        counter: &Arc<AtomicI32>,
-        hold: capacity::Hold,
-        received: tokio::time::Instant,
-        task: lease::Claimed,
-        probe: bool,
-    ) {
-        counter.fetch_add(1, Ordering::Relaxed);
-        let breakers = self.breakers.clone();
-        let (client, hosts, biz, outcomes_tx, counter, wake, failures, mut stop) = (
-            self.client.clone(),
-            self.hosts,
-            biz.clone(),
-            self.outcomes_tx.clone(),
-            counter.clone(),
-            self.wake.clone(),
-            self.failures.clone(),
-            self.stop.clone(),
-        );
-        let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
-        tokio::spawn(async move {
-            let waited = tokio::select! {
-                biased;
-                _ = stop.stopping() => false,
-                _ = tokio::time::sleep_until(due_at) => true,
-            };
-            let report = if !waited || stop.is_stopping() {
-                // No callback starts once the node is stopping.
-                Report::Unstarted { task_id: task.id, run_at: task.run_at }
-            } else if let Some(deadline) = task.expires_at.filter(|d| *d <= chrono::Utc::now()) {
-                // Claimed ahead, and its deadline came before its due time: no
-                // callback starts at or after the deadline (docs/design/contract.md, Tasks by key).
-                metrics::not_sent_expired(&biz.name);
-                Report::Finished(deliver::not_sent(&biz, &task, deadline))
-            } else {
-                let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
-                let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
-                let delivered = async {
-                    let (mut outcome, answer) = deliver::deliver(&client, hosts, &biz, task).await;
-                    breakers.after(&biz, probe, answer, &mut outcome).await;
-                    outcome
-                };
-                tokio::select! {
-                    outcome = delivered => {
-                        let lateness = (outcome.started_at - outcome.run_at).as_seconds_f64();
-                        let finish = match outcome.verdict {
-                            Verdict::Delivered => metrics::Finish::Delivered,
-                            Verdict::RetryAt(_) => metrics::Finish::Retried,
-                            Verdict::GiveUp => metrics::Finish::Failed,
-                            Verdict::Snooze(_) => metrics::Finish::Snoozed,
-                            Verdict::Expire { .. } => metrics::Finish::Expired,
-                            Verdict::Held(_) => metrics::Finish::Held,
-                        };
-                        metrics::finished(&biz.name, f64::from(outcome.duration_ms) / 1000.0, lateness, finish);
-                        failures.note(&biz.name, &outcome);
-                        Report::Finished(outcome)
-                    }
-                    _ = stop.leaving() => Report::CutOff(deliver::cut_off(&biz, task_id, run_at, attempt, started_at, started)),
-                }
-            };
-            let _ = outcomes_tx.send((report, hold));
-            counter.fetch_sub(1, Ordering::Relaxed);
-            wake.notify_one();
-        });
+        until.saturating_duration_since(now)
     }
 
     /// Asks when every biz type is next due within a `SWEEP` (one statement, an index probe
@@ -810,7 +907,7 @@ impl Engine {
              tasks claimed ahead go back to pending, callbacks in flight may finish within the grace"
         );
         self.listener.abort();
-        drop(self.outcomes_tx);
+        drop(self.courier);
         // The recorder ends when every delivery task has sent its report and dropped its sender.
         let drained = self.recorder.await.unwrap_or_default();
         self.failures.flush(true);
@@ -846,101 +943,3 @@ fn hot_path(options: PgConnectOptions) -> PgConnectOptions {
 
 /// The engine's pool size.
 const POOL_SIZE: u32 = 4;
-
-/// What the recorder wrote once the node was stopping, for the engine's last log line.
-#[derive(Default)]
-struct Drained {
-    finished: usize,
-    given_back: usize,
-    cut_off: usize,
-}
-
-/// What the recorder tells the claim loop: that a batch is written (a slot and a place in
-/// the node's capacity are free, a retry may be due), which biz types to look at again.
-struct ClaimLoop {
-    wake: Arc<Notify>,
-    looks: Arc<Looks>,
-}
-
-/// Writes outcomes in batches: whatever has arrived by the time the previous batch is
-/// written goes into the next. Tasks given back unstarted are written the same way.
-async fn record_outcomes(
-    pool: Pool,
-    health: Health,
-    node_id: Uuid,
-    mut rx: mpsc::UnboundedReceiver<(Report, capacity::Hold)>,
-    claims: ClaimLoop,
-    stop: Signal,
-) -> Drained {
-    let ClaimLoop { wake, looks } = claims;
-    let mut reports = Vec::new();
-    let mut drained = Drained::default();
-    while rx.recv_many(&mut reports, 1000).await > 0 {
-        let mut batch = Vec::with_capacity(reports.len());
-        // Given up once the batch is written.
-        let mut holds = Vec::with_capacity(reports.len());
-        let mut unstarted = Vec::new();
-        let mut again = HashSet::new();
-        let mut settled = HashSet::new();
-        let (mut finished, mut cut_off) = (0, 0);
-        for (report, hold) in reports.drain(..) {
-            holds.push(hold);
-            match report {
-                Report::Finished(outcome) => {
-                    finished += 1;
-                    if matches!(outcome.verdict, Verdict::RetryAt(_) | Verdict::Snooze(_)) {
-                        again.insert(outcome.biz_type_id);
-                    } else {
-                        settled.insert(outcome.biz_type_id);
-                    }
-                    batch.push(outcome);
-                }
-                Report::CutOff(outcome) => {
-                    cut_off += 1;
-                    batch.push(outcome);
-                }
-                Report::Unstarted { task_id, run_at } => unstarted.push((task_id, run_at)),
-            }
-        }
-        if stop.is_stopping() {
-            drained.finished += finished;
-            drained.cut_off += cut_off;
-            drained.given_back += unstarted.len();
-        }
-        let count = batch.len() + unstarted.len();
-        loop {
-            let written = async {
-                if !batch.is_empty() {
-                    lease::record(&pool, node_id, &batch).await?;
-                    batch.clear();
-                }
-                if !unstarted.is_empty() {
-                    lease::give_back(&pool, node_id, &unstarted).await?;
-                }
-                Ok::<_, sqlx::Error>(())
-            }
-            .await;
-            match written {
-                Ok(()) => break,
-                Err(e) => {
-                    // The tasks stay running under our lease; keep trying rather than
-                    // lose the outcome (if we die, the lease expires and they are retried).
-                    if !health.saw(&e) {
-                        tracing::warn!(error = %e, outcomes = count, "could not record outcomes; retrying in 1 s");
-                    }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-        // A retry or snooze may be due before the biz type's next due time as last asked.
-        for id in &again {
-            looks.add(*id);
-        }
-        for id in settled {
-            looks.settled(id);
-        }
-        drop(holds);
-        wake.notify_one();
-    }
-    drained
-}

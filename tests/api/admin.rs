@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::cli::chime;
 use crate::console::{ADMIN_PASSWORD, sign_in, sign_in_attempt};
 use crate::delivery::wait_for_status;
-use crate::helpers::{TestApp, spawn_app, spawn_node};
+use crate::helpers::{TestApp, spawn_app, spawn_node, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// An admin token named `ci`, made as `chime admin-token create` makes it.
@@ -284,18 +284,15 @@ async fn archiving_from_the_command_line_refuses_tokens_on_running_nodes_at_once
     let token = app.biz_type("orders").await;
     let task = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await;
     // The node hears of changes on its LISTEN session, opened as it starts.
-    for _ in 0..200 {
-        let listening: bool = sqlx::query_scalar(
+    wait_until("the node's LISTEN session", Duration::from_secs(4), || async {
+        sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%chime_wake%')",
         )
         .fetch_one(&app.pool)
         .await
-        .unwrap();
-        if listening {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        .unwrap()
+    })
+    .await;
     // The node checks the token now, and would trust it for 5 s (its cache's TTL).
     assert_eq!(app.get("/api/v1/tasks", &token).await.status, 200);
     let cached_at = Instant::now();

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::admin::admin_token;
 use crate::cli::chime;
 use crate::console::{ADMIN_PASSWORD, sign_in};
-use crate::helpers::{TestApp, engine, free_port, spawn_app, spawn_node, spawn_second_node};
+use crate::helpers::{TestApp, engine, free_port, spawn_app, spawn_node, spawn_second_node, wait_until};
 use crate::receiver::{Answer, Received, Receiver};
 
 /// Creates a callback biz type through the admin API with `settings` (its name and
@@ -46,19 +46,15 @@ async fn breaker(app: &TestApp, biz_type: &str) -> Option<(bool, bool, bool, i32
 
 /// Waits until the biz type's breaker is open (`true`) or closed after opening (`false`).
 async fn wait_for_breaker(app: &TestApp, biz_type: &str, open: bool) {
-    let start = Instant::now();
-    loop {
+    let what = format!("the breaker of {biz_type} {}", if open { "open" } else { "closed" });
+    wait_until(&what, Duration::from_secs(15), || async {
         match breaker(app, biz_type).await {
-            Some((true, ..)) if open => return,
-            Some((false, true, true, _)) if !open => return,
-            state => assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "the breaker of {biz_type} did not become {}: {state:?}",
-                if open { "open" } else { "closed" }
-            ),
+            Some((true, ..)) if open => Ok(()),
+            Some((false, true, true, _)) if !open => Ok(()),
+            state => Err(format!("{state:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
 }
 
 /// The biz type's tasks by status: (succeeded, failed, other).
@@ -76,16 +72,12 @@ async fn statuses(app: &TestApp, biz_type: &str) -> (i64, i64, i64) {
 
 /// Waits until every one of the biz type's `n` tasks has succeeded (at most `within`).
 async fn wait_all_succeeded(app: &TestApp, biz_type: &str, n: i64, within: Duration) {
-    let start = Instant::now();
-    loop {
+    wait_until(&format!("all {n} tasks of {biz_type} succeeded"), within, || async {
         let (succeeded, failed, other) = statuses(app, biz_type).await;
         assert_eq!(failed, 0, "no task of {biz_type} may fail");
-        if succeeded == n {
-            return;
-        }
-        assert!(start.elapsed() < within, "{succeeded} of {n} tasks of {biz_type} succeeded, {other} not yet, after {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if succeeded == n { Ok(()) } else { Err(format!("{succeeded} succeeded, {other} not yet")) }
+    })
+    .await;
 }
 
 /// (attempts recorded, attempts counted: the sum of the tasks' attempt counts) of a biz type.

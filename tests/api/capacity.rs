@@ -8,7 +8,7 @@ use chime::callback_hosts::CallbackHosts;
 use chrono::Utc;
 use serde_json::{Value, json};
 
-use crate::helpers::{chime_process, spawn_app};
+use crate::helpers::{chime_process, spawn_app, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// Two `chime serve` processes holding at most 12 tasks each, a receiver that holds each
@@ -41,14 +41,10 @@ async fn the_nodes_capacity_is_shared_by_weight_and_a_herd_leaves_the_next_place
     tokio::time::sleep_until((first + Duration::from_secs(1)).into()).await;
     let created = Instant::now();
     app.create_task(&tokens[2], json!({"biz_type": "solo", "payload": {"biz": "solo"}})).await;
-    let deadline = created + Duration::from_secs(15);
-    let solo = loop {
-        if let Some(r) = receiver.received().into_iter().find(|r| r.json()["payload"]["biz"] == "solo") {
-            break r.at - created;
-        }
-        assert!(Instant::now() < deadline, "solo's task never arrived");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let solo = wait_until("solo's task at the receiver", Duration::from_secs(15), || async {
+        receiver.received().into_iter().find(|r| r.json()["payload"]["biz"] == "solo").map(|r| r.at - created)
+    })
+    .await;
     tokio::time::sleep_until((first + Duration::from_secs(3)).into()).await;
 
     // Between 0.5 s and 3 s in, both herds have tasks waiting (heavy's last about 5 s).

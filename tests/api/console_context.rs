@@ -7,7 +7,7 @@ use chime::callback_hosts::CallbackHosts;
 use serde_json::json;
 
 use crate::console::{ADMIN_PASSWORD, sign_in, support_user};
-use crate::helpers::{engine, spawn_app};
+use crate::helpers::{engine, spawn_app, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// The flash message on a page (the result of the action before it).
@@ -245,18 +245,16 @@ async fn a_timers_page_lists_its_occurrences_and_links_to_them() {
     let timer_id = timer.body["id"].as_str().unwrap().to_string();
     let other = app.create_task(&token, json!({"biz_type": "reports", "key": "not-the-timers"})).await;
     // Occurrences every second: wait until three are due.
-    let mut due: Vec<(String, chrono::DateTime<chrono::Utc>)> = vec![];
-    for _ in 0..100 {
-        due = sqlx::query_as("SELECT id::text, run_at FROM tasks WHERE timer_id = $1::uuid AND run_at <= now() ORDER BY run_at DESC")
-            .bind(&timer_id)
-            .fetch_all(&app.pool)
-            .await
-            .unwrap();
-        if due.len() >= 3 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    let due = wait_until("three occurrences due", std::time::Duration::from_secs(20), || async {
+        let due: Vec<(String, chrono::DateTime<chrono::Utc>)> =
+            sqlx::query_as("SELECT id::text, run_at FROM tasks WHERE timer_id = $1::uuid AND run_at <= now() ORDER BY run_at DESC")
+                .bind(&timer_id)
+                .fetch_all(&app.pool)
+                .await
+                .unwrap();
+        if due.len() >= 3 { Ok(due) } else { Err(format!("{due:?}")) }
+    })
+    .await;
     assert!(due.len() >= 3, "the leader materialized occurrences: {due:?}");
     app.force_status(&due[1].0, "succeeded").await;
 

@@ -10,7 +10,7 @@ use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, Executor, PgConnection};
 
-use crate::helpers::{TestApp, chime_process_logging, client, free_port, fresh_database};
+use crate::helpers::{TestApp, chime_process_logging, client, free_port, fresh_database, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// The test server's database as a host list, in both libpq forms, with a closed TCP port
@@ -156,17 +156,13 @@ async fn a_server_that_stops_taking_writes_gets_503s_and_the_node_resumes_by_its
     // so, which a loaded machine can put past the second node's start wait.
     let why =
         format!("still no server accepts writes after 10 s: the database in DATABASE_URL does not accept writes: 127.0.0.1:{port} accepts no writes");
-    let said = Instant::now();
-    while !std::fs::read_to_string(&log_path).unwrap().contains(&why) {
-        assert!(said.elapsed() < Duration::from_secs(10), "the node did not say the outage went on");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the node saying the outage went on", Duration::from_secs(10), || async {
+        std::fs::read_to_string(&log_path).unwrap().contains(&why)
+    })
+    .await;
     set_read_only(false).await;
     let started = Instant::now();
-    while create(&app, &token, 4).await != 201 {
-        assert!(started.elapsed() < Duration::from_secs(10), "the node did not resume within 10 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the node resuming (a create answered 201)", Duration::from_secs(10), || async { create(&app, &token, 4).await == 201 }).await;
     eprintln!("resumed {:?} after the server took writes again", started.elapsed());
     // Exactly the tasks whose create answered 201 are delivered: the first, those of the
     // second kind that went through before the reload reached their session, and the last;

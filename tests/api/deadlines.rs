@@ -8,7 +8,7 @@ use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
 
 use crate::delivery::wait_for_status;
-use crate::helpers::{TestApp, engine, spawn_app};
+use crate::helpers::{TestApp, engine, spawn_app, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// A delivering biz type pointed at the receiver; returns its token.
@@ -253,12 +253,7 @@ async fn the_expiry_index_is_completed_on_every_partition() {
             .await
             .unwrap()
     };
-    for _ in 0..200 {
-        if valid().await {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("the leader completing the index", Duration::from_secs(20), valid).await;
     assert!(valid().await, "the leader completes the index");
     let (partitions, attached): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM pg_inherits WHERE inhparent = 'tasks'::regclass),
@@ -345,14 +340,11 @@ async fn the_sweep_ends_a_large_backlog_through_its_index() {
     .await
     .unwrap();
     let inserted = started.elapsed();
-    let mut left = -1i64;
-    for _ in 0..600 {
-        left = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'pending'").fetch_one(&app.pool).await.unwrap();
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let left = wait_until("every task ended", Duration::from_secs(30), || async {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'pending'").fetch_one(&app.pool).await.unwrap();
+        if left == 0 { Ok(left) } else { Err(format!("{left} pending")) }
+    })
+    .await;
     let swept = started.elapsed() - inserted;
     assert_eq!(left, 0, "all ended");
     println!("20,000 tasks past their deadline ended expired by the leader's sweep within {swept:?} of their insert (the sweep runs every second)");

@@ -6,7 +6,7 @@ use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, chime_process_logging, engine, fresh_database, spawn_app, spawn_node};
+use crate::helpers::{TestApp, chime_process_logging, engine, fresh_database, spawn_app, spawn_node, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// Creates a delivering biz type pointed at the receiver; returns its token.
@@ -18,22 +18,20 @@ async fn biz_type(app: &TestApp, name: &str, receiver: &Receiver, settings: Sett
 
 /// Polls the task until it reaches `status` (at most 20 s); returns it with its attempts.
 pub async fn wait_for_status(app: &TestApp, token: &str, id: &str, status: &str) -> Value {
-    for _ in 0..400 {
+    wait_until(&format!("task {id} {status}"), Duration::from_secs(20), || async {
         let task = app.get(&format!("/api/v1/tasks/{id}"), token).await.body;
-        if task["status"] == status {
-            return task;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("task {id} did not become {status}: {}", app.get(&format!("/api/v1/tasks/{id}"), token).await.body);
+        if task["status"] == status { Ok(task) } else { Err(task) }
+    })
+    .await
 }
 
 fn fast_retries() -> Settings {
     Settings { backoff_initial_ms: Some(200), backoff_max_ms: Some(1000), ..Default::default() }
 }
 
-/// A due task is POSTed once with the body and headers of docs/design/contract.md, Callbacks, the signature verifies
-/// with the biz type's secret, and the attempt is recorded.
+/// A due task is POSTed once with the body and headers of docs/design/contract.md
+/// (Callbacks), the signature verifies with the biz type's secret, and the attempt is
+/// recorded.
 #[tokio::test]
 async fn due_task_is_delivered_signed_and_recorded() {
     let app = spawn_node().await;
@@ -98,17 +96,14 @@ async fn failed_attempts_are_logged_and_a_burst_is_counted() {
     assert_eq!(created.status, 200, "{}", created.body);
 
     // Wait until the failures of the interval are counted in the log (at most 30 s).
-    let mut lines = Vec::new();
-    for _ in 0..600 {
+    let lines = wait_until("300 failures counted in the log", Duration::from_secs(30), || async {
         let log = std::fs::read_to_string(&log_path).unwrap();
-        lines = log.lines().map(|line| serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"))).collect();
-        let failures: Vec<&Value> = lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains("delivery attempt"))).collect();
-        let counted: u64 = failures.iter().map(|l| l["failed"].as_u64().unwrap_or(1)).sum();
-        if counted >= 300 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let lines: Vec<Value> = log.lines().map(|line| serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"))).collect();
+        let failures = lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains("delivery attempt")));
+        let counted: u64 = failures.map(|l| l["failed"].as_u64().unwrap_or(1)).sum();
+        if counted >= 300 { Ok(lines) } else { Err(format!("{counted} counted")) }
+    })
+    .await;
     child.kill().await.unwrap();
     std::fs::remove_file(&log_path).unwrap();
     let failures: Vec<&Value> = lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains("delivery attempt"))).collect();
@@ -363,14 +358,11 @@ async fn metrics_count_deliveries_per_biz_type() {
     // A callback's metrics are counted once its answer is read, just after the receiver
     // saw it: read /metrics until the fourth is (at most 10 s).
     let finished = format!("chime_delivery_seconds_count{b} 4");
-    let mut text = String::new();
-    for _ in 0..200 {
-        text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
-        if text.lines().any(|l| l == finished) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let text = wait_until(&format!("{finished} in /metrics"), Duration::from_secs(10), || async {
+        let text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+        text.lines().any(|l| l == finished).then_some(text)
+    })
+    .await;
     let value = |series: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
@@ -416,12 +408,10 @@ async fn https_callbacks_verify_the_certificate() {
         .spawn()
         .unwrap();
     // Until s_server accepts connections (at most 10 s).
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("s_server accepting connections", Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+    })
+    .await;
 
     let settings = Settings { callback_url: Some(format!("https://127.0.0.1:{port}/hook")), max_attempts: Some(1), ..Default::default() };
     biz_types::create(&app.pool, "secure", &settings, CallbackHosts::Any).await.unwrap();

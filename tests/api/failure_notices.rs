@@ -15,7 +15,7 @@ use crate::admin::admin_token;
 use crate::cli::chime;
 use crate::console::{ADMIN_PASSWORD, sign_in};
 use crate::delivery::wait_for_status;
-use crate::helpers::{TestApp, engine, spawn_app, spawn_node};
+use crate::helpers::{TestApp, engine, settings_notice, spawn_app, spawn_node, wake_listener};
 use crate::receiver::{Answer, Received, Receiver};
 
 /// The `v1` values of a `Chime-Signature` header, in order.
@@ -69,6 +69,7 @@ async fn a_receiver_with_the_old_secret_accepts_callbacks_until_the_overlap_ends
     let old = created.body["signing_secret"].as_str().unwrap().to_string();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
 
+    let mut listener = wake_listener(&app).await;
     let rotated = app.post("/api/v1/admin/biz-types/orders/rotate-secret", &admin, json!({"overlap_secs": 5})).await;
     assert_eq!(rotated.status, 200, "{}", rotated.body);
     let new = rotated.body["signing_secret"].as_str().unwrap().to_string();
@@ -78,9 +79,9 @@ async fn a_receiver_with_the_old_secret_accepts_callbacks_until_the_overlap_ends
     let shown = app.get("/api/v1/admin/biz-types/orders", &admin).await.body;
     assert_eq!(shown["previous_secret_until"], rotated.body["previous_secret_until"], "{shown}");
 
-    // The rotation notifies the engines on commit; well within their 2 s periodic re-read,
-    // the notification has arrived.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The rotation notifies the engines on commit, well within their 2 s periodic re-read:
+    // once this session has the notice, so has the engine's.
+    settings_notice(&mut listener).await;
     let task = app.create_task(&token, json!({"biz_type": "orders"})).await;
     wait_for_status(&app, &token, task["id"].as_str().unwrap(), "succeeded").await;
     let during = receiver.received().pop().unwrap();

@@ -12,7 +12,7 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use crate::console::{ADMIN_PASSWORD, sign_in};
-use crate::helpers::{chime_process, engine, spawn_app};
+use crate::helpers::{chime_process, engine, spawn_app, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// Two `chime serve` processes, a cap of 2 per key, and a receiver that holds each request
@@ -143,19 +143,15 @@ async fn an_ordered_key_s_head_snoozed_into_cold_storage_still_holds_its_key() {
 
     let running = engine(&app).spawn();
     receiver.wait_for(1, Duration::from_secs(10)).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    wait_until("a1's snooze sending it to cold storage", Duration::from_secs(10), || async {
         let cold: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks_cold WHERE id = $1::uuid AND status = 'pending' AND snoozes = 1")
             .bind(&a1)
             .fetch_one(&app.pool)
             .await
             .unwrap();
-        if cold == 1 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "a1's snooze did not send it to cold storage");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        cold == 1
+    })
+    .await;
     // Key b's tasks, one after the other: each is a turn in which a2, due before them, was looked at.
     for (i, name) in ["b1", "b2"].into_iter().enumerate() {
         app.create_task(&token, task(name, "b", 0)).await;

@@ -216,15 +216,11 @@ async fn spawn_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::S
 pub async fn chime_process_live(db_url: &str, env: &[(&str, &str)], log: std::fs::File) -> (tokio::process::Child, String) {
     let (child, address) = start_chime(db_url, env, log.into());
     let client = client();
-    for _ in 0..600 {
-        if let Ok(r) = client.get(format!("{address}/healthz")).send().await
-            && r.status() == 200
-        {
-            return (child, address);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("chime serve did not answer /healthz within 60 s");
+    wait_until("chime serve answering /healthz", Duration::from_secs(60), || async {
+        client.get(format!("{address}/healthz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    (child, address)
 }
 
 fn start_chime(db_url: &str, env: &[(&str, &str)], stderr: std::process::Stdio) -> (tokio::process::Child, String) {
@@ -354,6 +350,73 @@ impl TestApp {
     }
 }
 
+/// Asks `check` every 20 ms until it says done: `true`, `Some(value)` or `Ok(value)`, and
+/// returns the value. Panics once `within` has passed, naming `what` was awaited and, for
+/// a check that says `Err(seen)`, what it saw last.
+pub async fn wait_until<C, F, Fut>(what: &str, within: Duration, mut check: F) -> C::Done
+where
+    C: Check,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = C>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let seen = match check().await.done() {
+            Ok(done) => return done,
+            Err(seen) => seen,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            match seen {
+                Some(seen) => panic!("waited {within:?} for {what}; last seen: {seen}"),
+                None => panic!("waited {within:?} for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What a `wait_until` check says: done, with a value, or not yet, perhaps with what it saw.
+pub trait Check {
+    type Done;
+    fn done(self) -> Result<Self::Done, Option<String>>;
+}
+
+impl Check for bool {
+    type Done = ();
+    fn done(self) -> Result<(), Option<String>> {
+        if self { Ok(()) } else { Err(None) }
+    }
+}
+
+impl<T> Check for Option<T> {
+    type Done = T;
+    fn done(self) -> Result<T, Option<String>> {
+        self.ok_or(None)
+    }
+}
+
+impl<T, E: std::fmt::Display> Check for Result<T, E> {
+    type Done = T;
+    fn done(self) -> Result<T, Option<String>> {
+        self.map_err(|seen| Some(seen.to_string()))
+    }
+}
+
+/// A session listening to the nodes' wake-ups (`chime_wake`): open it before a change, then
+/// wait for the change's notice (`settings_notice`).
+pub async fn wake_listener(app: &TestApp) -> sqlx::postgres::PgListener {
+    let mut listener = sqlx::postgres::PgListener::connect(&app.db_url).await.unwrap();
+    listener.listen("chime_wake").await.unwrap();
+    listener
+}
+
+/// Waits (at most 5 s) for the notice that biz types changed. The server tells every
+/// session listening at the same commit: once this one has it, so have the nodes'.
+pub async fn settings_notice(listener: &mut sqlx::postgres::PgListener) {
+    let told = async { while listener.recv().await.unwrap().payload() != "settings" {} };
+    tokio::time::timeout(Duration::from_secs(5), told).await.expect("the notice that biz types changed, within 5 s");
+}
+
 /// A port free at the time of asking.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -362,25 +425,17 @@ pub fn free_port() -> u16 {
 /// Waits until the chime at `address` answers /readyz with 200 (at most 60 s).
 pub async fn wait_ready(address: &str) {
     let client = client();
-    for _ in 0..600 {
-        if let Ok(r) = client.get(format!("{address}/readyz")).send().await
-            && r.status() == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("chime serve did not become ready within 60 s");
+    wait_until("chime serve ready (/readyz)", Duration::from_secs(60), || async {
+        client.get(format!("{address}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
 }
 
 /// The node id of a chime process, from its registration.
 pub async fn node_of(pool: &Pool, child: &tokio::process::Child) -> Uuid {
     let pid = child.id().unwrap() as i32;
-    for _ in 0..100 {
-        if let Some(id) = sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap() {
-            return id;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("process {pid} did not register");
+    wait_until(&format!("process {pid} registered"), Duration::from_secs(5), || async {
+        sqlx::query_scalar("SELECT id FROM nodes WHERE pid = $1").bind(pid).fetch_optional(pool).await.unwrap()
+    })
+    .await
 }

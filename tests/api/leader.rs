@@ -11,7 +11,7 @@ use chime::{leader, timers};
 use chrono::{DateTime, Days, Utc};
 use uuid::Uuid;
 
-use crate::helpers::{chime_process, fresh_database, node_of, spawn_app, spawn_second_node};
+use crate::helpers::{chime_process, fresh_database, node_of, spawn_app, spawn_second_node, wait_until};
 
 async fn pool(db_url: &str) -> Pool {
     chime::db::connect(db_url, 4).await.unwrap()
@@ -25,13 +25,12 @@ async fn biz_type_id(pool: &Pool, name: &str) -> i32 {
 /// Waits until `node` leads; returns how long that took.
 async fn wait_leader(pool: &Pool, node: Uuid, within: Duration) -> Duration {
     let started = Instant::now();
-    while started.elapsed() < within {
-        if leader::current(pool).await.unwrap() == Some(node) {
-            return started.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("node {node} did not become leader within {within:?}; leader: {:?}", leader::current(pool).await);
+    wait_until(&format!("node {node} leading"), within, || async {
+        let leader = leader::current(pool).await.unwrap();
+        if leader == Some(node) { Ok(()) } else { Err(format!("leader {leader:?}")) }
+    })
+    .await;
+    started.elapsed()
 }
 
 /// Nodes that only keep house: no engine, a short lease and timer window.
@@ -43,16 +42,12 @@ async fn one_node_leads_and_metrics_say_which() {
     let a = spawn_app().await;
     let _b = spawn_second_node(&a).await;
     // Both nodes register (heartbeat) and one of them leads, each within moments of starting.
-    let mut leader = None;
-    for _ in 0..100 {
-        leader = leader::current(&a.pool).await.unwrap();
+    let leader = wait_until("two nodes registered and a leader", Duration::from_secs(5), || async {
+        let leader = leader::current(&a.pool).await.unwrap();
         let nodes: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes").fetch_one(&a.pool).await.unwrap();
-        if leader.is_some() && nodes == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let leader = leader.expect("a leader within 5 s");
+        if nodes == 2 { leader.ok_or(format!("{nodes} nodes, no leader")) } else { Err(format!("{nodes} nodes, leader {leader:?}")) }
+    })
+    .await;
     let registered: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1)").bind(leader).fetch_one(&a.pool).await.unwrap();
     assert!(registered, "the leader is one of the nodes");
     // The nodes of every test in this process share its metrics registry: look at ours.
@@ -82,28 +77,26 @@ async fn a_killed_leader_is_replaced_and_timers_go_on() {
     let timer = every_second_timer(&pool, biz).await;
     // Until the first leader has written occurrences (at most 10 s): the kill then cuts a
     // timer that is under way.
-    for _ in 0..100 {
+    wait_until("the timer's first occurrences written", Duration::from_secs(10), || async {
         let written: i64 = sqlx::query_scalar("SELECT count(*) FROM all_tasks WHERE timer_id = $1").bind(timer.id).fetch_one(&pool).await.unwrap();
-        if written > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        written > 0
+    })
+    .await;
     a.kill().await.unwrap();
     let killed_at: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await.unwrap();
     let takeover = wait_leader(&pool, b_id, Duration::from_secs(10)).await;
     println!("takeover after kill -9 of the leader: {takeover:?}");
 
     // The new leader extends the window well past the kill.
-    let mut until = None;
-    for _ in 0..200 {
-        until = sqlx::query_scalar("SELECT materialized_until FROM timers WHERE id = $1").bind(timer.id).fetch_one(&pool).await.unwrap();
-        if until.is_some_and(|u: DateTime<Utc>| u > killed_at + chrono::Duration::seconds(15)) {
-            break;
+    let until = wait_until("the timer materialized well past the kill", Duration::from_secs(20), || async {
+        let until: Option<DateTime<Utc>> =
+            sqlx::query_scalar("SELECT materialized_until FROM timers WHERE id = $1").bind(timer.id).fetch_one(&pool).await.unwrap();
+        match until {
+            Some(u) if u > killed_at + chrono::Duration::seconds(15) => Ok(u),
+            until => Err(format!("materialized until {until:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let until = until.unwrap();
+    })
+    .await;
     assert!(until > killed_at + chrono::Duration::seconds(15), "materialized only until {until}");
     let run_ats: Vec<DateTime<Utc>> =
         sqlx::query_scalar("SELECT run_at FROM all_tasks WHERE timer_id = $1 ORDER BY run_at").bind(timer.id).fetch_all(&pool).await.unwrap();
@@ -159,12 +152,7 @@ async fn a_leader_killed_mid_materialization_loses_and_doubles_nothing() {
     assert!(0 < written_at_kill && written_at_kill < TIMERS, "killed mid-materialization: {written_at_kill} of {TIMERS} timers written");
 
     let _b = chime_process(&db_url, env).await;
-    for _ in 0..600 {
-        if written().await == TIMERS {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("every timer written", Duration::from_secs(60), || async { written().await == TIMERS }).await;
     assert_eq!(written().await, TIMERS, "the new leader wrote the rest");
     // Per timer: its occurrences, distinct fire times, and the span they cover.
     let per_timer: Vec<(i64, i64, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
@@ -222,12 +210,7 @@ async fn a_leader_killed_mid_migration_loses_and_doubles_nothing() {
     assert!(0 < left_at_kill && left_at_kill < TASKS, "killed mid-migration: {left} then {left_at_kill} left in cold storage");
 
     let _b = chime_process(&db_url, QUIET).await;
-    for _ in 0..600 {
-        if cold().await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("cold storage emptied", Duration::from_secs(60), || async { cold().await == 0 }).await;
     assert_eq!(cold().await, 0, "the new leader moved the rest");
     let (hot, distinct): (i64, i64) = sqlx::query_as("SELECT count(*), count(DISTINCT id) FROM tasks").fetch_one(&pool).await.unwrap();
     println!("leader killed mid-migration: {TASKS} cold tasks, {left_at_kill} still cold at the kill; then {hot} hot, {distinct} distinct");

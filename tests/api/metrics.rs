@@ -9,7 +9,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::delivery::wait_for_status;
-use crate::helpers::{TestApp, spawn_app, spawn_node, spawn_second_node};
+use crate::helpers::{TestApp, spawn_app, spawn_node, spawn_second_node, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 async fn scrape(app: &TestApp) -> String {
@@ -25,14 +25,11 @@ fn value(text: &str, series: &str) -> Option<f64> {
 
 /// Scrapes until `series` is present (the node leads within moments of starting).
 async fn scrape_until_present(app: &TestApp, series: &str) -> String {
-    for _ in 0..200 {
+    wait_until(&format!("{series} in /metrics"), Duration::from_secs(10), || async {
         let text = scrape(app).await;
-        if value(&text, series).is_some() {
-            return text;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no {series} within 10 s in\n{}", scrape(app).await);
+        if value(&text, series).is_some() { Ok(text) } else { Err(format!("\n{text}")) }
+    })
+    .await
 }
 
 async fn biz_type(app: &TestApp, name: &str, settings: Settings) -> String {
@@ -125,15 +122,11 @@ async fn oldest_pending_age_grows_while_a_due_task_waits() {
     let first = value(&text, &age).unwrap();
     assert!((30.0..60.0).contains(&first), "due 30 s ago, yet its age is {first}");
     assert_eq!(value(&text, &series("chime_oldest_pending_age_seconds", "age-idle")), Some(0.0), "nothing due: 0");
-    let mut last = first;
-    for _ in 0..100 {
-        last = value(&scrape(&app).await, &age).unwrap();
-        if last >= first + 1.0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the age did not grow from {first} s in 5 s (last {last})");
+    wait_until(&format!("the age grown from {first} s"), Duration::from_secs(5), || async {
+        let last = value(&scrape(&app).await, &age).unwrap();
+        if last >= first + 1.0 { Ok(()) } else { Err(format!("{last} s")) }
+    })
+    .await;
 }
 
 /// The queue's metrics come from the leader alone (its HELP says so), so that the cluster
@@ -191,14 +184,11 @@ async fn pool_gauges_follow_the_connections_in_use() {
     assert_eq!(max, 8.0, "the test pool's size");
     assert!(in_use >= 3.0 && idle >= 0.0 && in_use + idle <= max, "in use {in_use}, idle {idle}, max {max}");
     drop(held);
-    for _ in 0..100 {
+    wait_until(&format!("connections in use fallen from {in_use} by the 3 given back"), Duration::from_secs(5), || async {
         let in_use_after = value(&scrape(&app).await, "chime_db_pool_connections_in_use").unwrap();
-        if in_use_after <= in_use - 3.0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("3 connections given back, yet in use did not fall from {in_use} within 5 s");
+        if in_use_after <= in_use - 3.0 { Ok(()) } else { Err(format!("{in_use_after} in use")) }
+    })
+    .await;
 }
 
 /// `promtool check metrics` (the Prometheus project's own linter) finds nothing to fix in a

@@ -9,7 +9,7 @@ use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestEngine, chime_process, engine, spawn_app, spawn_app_without_leader, spawn_node, spawn_on, spawn_second_node};
+use crate::helpers::{TestEngine, chime_process, engine, spawn_app, spawn_app_without_leader, spawn_node, spawn_on, spawn_second_node, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// A running node registers itself with a heartbeat.
@@ -17,17 +17,14 @@ use crate::receiver::{Answer, Receiver};
 async fn nodes_register_themselves() {
     let app = spawn_node().await;
     let _second = spawn_second_node(&app).await;
-    let mut count = 0;
-    for _ in 0..100 {
-        count = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '1 minute'")
+    let count = wait_until("two nodes with a heartbeat", Duration::from_secs(5), || async {
+        let count = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - interval '1 minute'")
             .fetch_one(&app.pool)
             .await
             .unwrap();
-        if count == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if count == 2 { Ok(count) } else { Err(format!("{count} nodes")) }
+    })
+    .await;
     assert_eq!(count, 2);
 }
 
@@ -89,19 +86,12 @@ async fn a_killed_node_s_tasks_are_delivered_by_another() {
 
     let _survivor = chime_process(&app.db_url, &[]).await;
     // Every task ends succeeded, delivered by the survivor once the leases expired.
-    let mut statuses = HashMap::new();
-    for _ in 0..300 {
-        statuses = sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status")
-            .fetch_all(&app.pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
-        if statuses.get("succeeded") == Some(&20) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let statuses = wait_until("every task succeeded", Duration::from_secs(30), || async {
+        let statuses: HashMap<String, i64> =
+            sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status").fetch_all(&app.pool).await.unwrap().into_iter().collect();
+        if statuses.get("succeeded") == Some(&20) { Ok(statuses) } else { Err(format!("{statuses:?}")) }
+    })
+    .await;
     assert_eq!(statuses.get("succeeded"), Some(&20), "{statuses:?}");
     let received = receiver.received();
     assert_eq!(received.len(), 40, "each task twice: cut off by the kill, then delivered");

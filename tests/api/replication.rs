@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chime::config::ServeArgs;
 use chime::db::Pool;
@@ -14,7 +14,7 @@ use chime::embedded_pg;
 use sqlx::{Connection, Executor, PgConnection};
 
 use crate::console::{ADMIN_PASSWORD, Console, sign_in};
-use crate::helpers::{free_port, spawn_app, spawn_on};
+use crate::helpers::{free_port, spawn_app, spawn_on, wait_until};
 
 /// `pg_receivewal` streaming from the server at `db_url` under `application_name`:
 /// killed, and its directory removed, when dropped.
@@ -78,16 +78,12 @@ fn standby_row(body: &str, name: &str) -> Option<String> {
 
 /// Loads the Cluster page until `done` holds for its body (at most 30 s); returns the body.
 async fn cluster_page_until(console: &Console, what: &str, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    wait_until(&format!("the Cluster page showing {what}"), Duration::from_secs(30), || async {
         let page = console.get("/console/cluster").await;
         assert_eq!(page.status, 200, "{}", page.body);
-        if done(&page.body) {
-            return page.body;
-        }
-        assert!(Instant::now() < deadline, "the Cluster page never showed {what}:\n{}", page.body);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if done(&page.body) { Ok(page.body) } else { Err(format!("\n{}", page.body)) }
+    })
+    .await
 }
 
 /// What the server says about where this session reached it, as the page should put it.

@@ -11,7 +11,7 @@ use chime::db::Pool;
 use serde_json::json;
 
 use crate::cli::{Output, chime};
-use crate::helpers::{TestApp, chime_node, chime_process_logging, client, free_port, fresh_database, wait_ready};
+use crate::helpers::{TestApp, chime_node, chime_process_logging, client, free_port, fresh_database, wait_ready, wait_until};
 use crate::receiver::{Answer, Receiver};
 
 /// A key as an operator makes one: 32 random bytes in base64 (here, fixed bytes).
@@ -50,16 +50,12 @@ async fn delivered_signed_with(node: &TestApp, token: &str, receiver: &Receiver,
 /// checking that only its owner can read it.
 pub async fn first_start_file(data_dir: &std::path::Path) -> String {
     let path = data_dir.join(chime::first_start::FILE);
-    for _ in 0..100 {
-        if let Ok(text) = std::fs::read_to_string(&path)
-            && text.ends_with('\n')
-        {
-            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600, "readable by its owner only");
-            return text;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no credentials file at {}", path.display());
+    let text = wait_until(&format!("the credentials file at {}", path.display()), Duration::from_secs(10), || async {
+        std::fs::read_to_string(&path).ok().filter(|text| text.ends_with('\n'))
+    })
+    .await;
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600, "readable by its owner only");
+    text
 }
 
 /// A biz type created with CHIME_SECRET_KEY set keeps its secret only encrypted in the

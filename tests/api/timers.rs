@@ -7,7 +7,7 @@ use chime::timers;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_without_leader};
+use crate::helpers::{TestApp, spawn_app, spawn_app_without_leader, wait_until};
 
 const WINDOW: Duration = Duration::from_secs(600);
 
@@ -28,14 +28,11 @@ async fn occurrences(pool: &Pool, timer_id: &str) -> Vec<(String, DateTime<Utc>,
 
 /// Waits until the leader has written a timer's occurrences.
 async fn wait_materialized(pool: &Pool, timer_id: &str) -> Vec<(String, DateTime<Utc>, String)> {
-    for _ in 0..100 {
+    wait_until(&format!("an occurrence of timer {timer_id} written by the leader"), Duration::from_secs(10), || async {
         let found = occurrences(pool, timer_id).await;
-        if !found.is_empty() {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the leader wrote no occurrence of timer {timer_id} within 10 s");
+        (!found.is_empty()).then_some(found)
+    })
+    .await
 }
 
 fn time(v: &Value) -> DateTime<Utc> {

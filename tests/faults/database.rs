@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use chime::biz_types::Settings;
 use serde_json::{Value, json};
 
-use crate::helpers::{chime_node, client};
+use crate::helpers::{chime_node, client, wait_until};
 use crate::receiver::{Answer, Receiver};
 use crate::{Tally, biz_type, heavy, statuses};
 
@@ -52,14 +52,12 @@ async fn load(addresses: Vec<String>, token: String, stop: Arc<AtomicBool>) -> L
 async fn wait_readyz(address: &str, want: u16, within: Duration) -> Duration {
     let client = client();
     let started = Instant::now();
-    loop {
+    wait_until(&format!("{address}/readyz answering {want}"), within, || async {
         let status = client.get(format!("{address}/readyz")).timeout(Duration::from_secs(2)).send().await.map(|r| r.status().as_u16());
-        if status.as_ref().is_ok_and(|s| *s == want) {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < within, "{address}/readyz answered {status:?}, not {want}, for {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if status.as_ref().is_ok_and(|s| *s == want) { Ok(()) } else { Err(format!("{status:?}")) }
+    })
+    .await;
+    started.elapsed()
 }
 
 /// PostgreSQL crashes (`pg_ctl stop -m immediate`) under load and is back 5 s later: both
@@ -106,12 +104,11 @@ async fn a_database_crash_under_load_loses_nothing() {
         println!("{address}: ready again {:?} after the restart", restarted.elapsed());
     }
     // A node leads again: the leader's lock lived on a connection the crash cut.
-    let mut leader = None;
-    while leader.is_none() && restarted.elapsed() < Duration::from_secs(30) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        leader = chime::leader::current(&pool).await.ok().flatten();
-    }
-    assert!(leader.is_some(), "no node leads 30 s after the restart");
+    let within = Duration::from_secs(30).saturating_sub(restarted.elapsed());
+    wait_until("a node leading again (30 s after the restart at most)", within, || async {
+        chime::leader::current(&pool).await.ok().flatten().is_some()
+    })
+    .await;
     println!("a leader again {:?} after the restart", restarted.elapsed());
     // A sleep on purpose: three more seconds of load after the recovery (a span, not an event).
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -17,7 +17,7 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, User, chown};
 use sqlx::{Connection, PgConnection};
 
-use crate::helpers::free_port;
+use crate::helpers::{free_port, wait_until};
 
 /// PostgreSQL 15's binaries: pg_auto_failover's Debian packages are built for 15.
 const BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -156,19 +156,6 @@ where
     let value = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(&mut conn).await;
     let _ = conn.close().await;
     value
-}
-
-/// Waits until `check` holds (at most `within`); panics saying `what` otherwise.
-pub async fn wait_until<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < within, "{what}: not so after {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Whether the server is in recovery (a standby); `None` when it does not answer.

@@ -11,8 +11,9 @@ use chime::db::Pool;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::cluster::{Formation, advisory_locks, chime_sessions, in_recovery, query_one, url, wait_until};
+use crate::cluster::{Formation, advisory_locks, chime_sessions, in_recovery, query_one, url};
 use crate::helpers::client;
+use crate::helpers::wait_until;
 use crate::receiver::{Answer, Receiver};
 use crate::{Tally, create_task, heavy, load, orders, wait_readyz};
 

@@ -36,7 +36,7 @@ use chime::callback_hosts::CallbackHosts;
 use chime::db::Pool;
 use serde_json::{Value, json};
 
-use crate::helpers::client;
+use crate::helpers::{client, wait_until};
 use crate::receiver::Received;
 
 /// Held by each test, so that they run one at a time.
@@ -142,12 +142,10 @@ async fn load(addresses: Vec<String>, token: String, stop: Arc<AtomicBool>) -> L
 async fn wait_readyz(address: &str, want: u16, within: Duration) -> Duration {
     let client = client();
     let started = Instant::now();
-    loop {
+    wait_until(&format!("{address}/readyz answering {want}"), within, || async {
         let status = client.get(format!("{address}/readyz")).timeout(Duration::from_secs(2)).send().await.map(|r| r.status().as_u16());
-        if status.as_ref().is_ok_and(|s| *s == want) {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < within, "{address}/readyz answered {status:?}, not {want}, for {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if status.as_ref().is_ok_and(|s| *s == want) { Ok(()) } else { Err(format!("{status:?}")) }
+    })
+    .await;
+    started.elapsed()
 }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::cluster::{Proxy, Server, advisory_locks, url, wait_until};
+use crate::cluster::{Proxy, Server, advisory_locks, url};
 use crate::helpers::chime_node;
+use crate::helpers::wait_until;
 use crate::receiver::{Answer, Receiver};
 use crate::{Tally, heavy, load, orders, wait_readyz};
 

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use crate::cluster::{Server, advisory_locks, chime_sessions, url, wait_until};
+use crate::cluster::{Server, advisory_locks, chime_sessions, url};
 use crate::helpers::chime_node;
+use crate::helpers::wait_until;
 use crate::receiver::{Answer, Receiver};
 use crate::{create_task, heavy, orders};
 

@@ -357,10 +357,11 @@ pub fn error_for<'a>(errors: &'a [(String, String)], field: &str) -> &'a str {
 }
 
 /// The attributes that tell assistive technology a refused form's `field` was refused, and
-/// why: its message is the `field-error` with the id `error-{field}`. Empty when it was not.
+/// why: its message is the `field-error` with the id `error-{field}`. Empty when it was not;
+/// else it starts with a space, to follow the tag's other attributes.
 /// `field` is a template's own literal name, so the result is safe to write unescaped.
 pub fn invalid(errors: &[(String, String)], field: &str) -> String {
-    if error_for(errors, field).is_empty() { String::new() } else { format!(r#"aria-invalid="true" aria-describedby="error-{field}""#) }
+    if error_for(errors, field).is_empty() { String::new() } else { format!(r#" aria-invalid="true" aria-describedby="error-{field}""#) }
 }
 
 /// Every problem found with a form, to be shown at once (each `Error::Invalid` next to its

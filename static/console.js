@@ -49,3 +49,30 @@ if (refresh) {
     }
   }, seconds * 1000);
 }
+
+// Copy buttons beside a secret shown once. Without this script they stay hidden, and a
+// click selects the whole secret (user-select: all) for copying by hand.
+for (const button of document.querySelectorAll("button[data-copy]")) {
+  const source = document.getElementById(button.dataset.copy);
+  if (!source) continue;
+  const said = button.parentElement.querySelector("[role=status]");
+  button.hidden = false;
+  button.addEventListener("click", async () => {
+    const text = source.textContent.trim();
+    try {
+      if (navigator.clipboard && window.isSecureContext) {
+        await navigator.clipboard.writeText(text);
+      } else {
+        // Plain HTTP, not localhost: the Clipboard API is not offered; the older way is.
+        const range = document.createRange();
+        range.selectNodeContents(source);
+        window.getSelection().removeAllRanges();
+        window.getSelection().addRange(range);
+        if (!document.execCommand("copy")) throw new Error("the browser would not copy");
+      }
+      if (said) said.textContent = "Copied.";
+    } catch (e) {
+      if (said) said.textContent = `Not copied (${e.message}): select it and copy it by hand.`;
+    }
+  });
+}

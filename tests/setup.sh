@@ -26,6 +26,8 @@ needs=(
     "chromium-driver|test -x /usr/bin/chromedriver"
     "pgbouncer|command -v pgbouncer"
     "haproxy|test -x /usr/sbin/haproxy"
+    # npm fetches axe-core, which the console's accessibility test runs in Chromium.
+    "npm|command -v npm"
 )
 # More, from the caller (.ci/run's own tools), in the same form.
 needs+=("$@")
@@ -51,3 +53,12 @@ for need in "${needs[@]}"; do
     eval "${need#*|}" >/dev/null 2>&1 || { echo "error: ${need%%|*} still not found (${need#*|})" >&2; exit 1; }
 done
 pkg-config --exists openssl || { echo "error: OpenSSL's development files (libssl-dev) still not found by pkg-config" >&2; exit 1; }
+
+# axe-core, pinned (tests/api/console_a11y.rs checks the version), kept out of the
+# repository: under target/, which git ignores.
+axe_version=4.14.1
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if ! grep -qs "\"version\": \"$axe_version\"" "$root/target/axe/node_modules/axe-core/package.json"; then
+    echo "installing axe-core $axe_version into target/axe" >&2
+    npm install --no-save --no-audit --no-fund --prefix "$root/target/axe" "axe-core@$axe_version" >&2
+fi

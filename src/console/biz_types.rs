@@ -252,6 +252,10 @@ impl EditPage {
         super::error_for(&self.errors, field)
     }
 
+    fn invalid(&self, field: &str) -> String {
+        super::invalid(&self.errors, field)
+    }
+
     /// The value a one-field form shows: what was typed, if it was refused.
     fn typed_or<'a>(&'a self, field: &str, default: &'a str) -> &'a str {
         self.typed.as_ref().filter(|(f, _)| *f == field).map_or(default, |(_, v)| v)
@@ -593,7 +597,10 @@ pub async fn archive(
     session.admin_form(&form.csrf)?;
     let (_, _, cancelled) = biz_types::archive(&state.pool, &name, &session.actor()).await?;
     state.forget_tokens();
-    Ok(done(&format!("/console/biz-types/{name}"), &format!("Archived: its tokens no longer work; {cancelled} pending tasks cancelled.")))
+    Ok(done(
+        &format!("/console/biz-types/{name}"),
+        &format!("Archived: its tokens no longer work; {} cancelled.", super::counted(cancelled as i64, "pending task", "pending tasks")),
+    ))
 }
 
 /// What a test callback came to, as its page shows it.

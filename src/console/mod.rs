@@ -48,6 +48,8 @@ const FLASH_COOKIE: &str = "chime_flash";
 const FORM_LIMIT: usize = 256 * 1024;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    // Browsers ask for it whatever the page links to.
+    cfg.route("/favicon.ico", web::get().to(|| async { see_other(&assets::url("favicon.svg")) }));
     cfg.route("/", web::get().to(|| async { see_other("/console") })).route("/static/{file:.*}", web::get().to(assets::serve)).service(
         web::scope("/console")
             .wrap(middleware::from_fn(utf8_only))
@@ -217,6 +219,7 @@ struct ErrorPage<'a> {
     title: &'a str,
     message: String,
     css: String,
+    icon: String,
 }
 
 impl ResponseError for ConsoleError {
@@ -245,6 +248,7 @@ impl ResponseError for ConsoleError {
             title: status.canonical_reason().unwrap_or("Error"),
             message: self.to_string(),
             css: assets::url("console.css"),
+            icon: assets::url("favicon.svg"),
         };
         let body = page.render().unwrap_or_else(|_| self.to_string());
         HttpResponse::build(status).content_type("text/html; charset=utf-8").body(body)
@@ -261,6 +265,7 @@ pub struct Ctx {
     pub flash: Option<String>,
     pub css: String,
     pub js: String,
+    pub icon: String,
     /// When the page was made: what relative times count from.
     pub now: DateTime<Utc>,
 }
@@ -276,6 +281,7 @@ impl Ctx {
             flash,
             css: assets::url("console.css"),
             js: assets::url("console.js"),
+            icon: assets::url("favicon.svg"),
             now: Utc::now(),
         }
     }
@@ -325,9 +331,37 @@ pub fn done(location: &str, message: &str) -> HttpResponse {
     response
 }
 
+/// A count with thousands separators, as every page writes counts: "1,346". Templates
+/// call it as `crate::console::grouped(n)` (with a number or a reference to one).
+pub fn grouped(n: impl std::borrow::Borrow<i64>) -> String {
+    let n = *n.borrow();
+    let digits = n.unsigned_abs().to_string();
+    let mut shown = String::from(if n < 0 { "-" } else { "" });
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            shown.push(',');
+        }
+        shown.push(c);
+    }
+    shown
+}
+
+/// A count and what it counts, singular or plural: "1 task", "1,346 tasks".
+pub fn counted(n: i64, one: &str, many: &str) -> String {
+    format!("{} {}", grouped(n), if n == 1 { one } else { many })
+}
+
 /// The message a refused form shows next to `field` (empty when its problems are elsewhere).
 pub fn error_for<'a>(errors: &'a [(String, String)], field: &str) -> &'a str {
     errors.iter().find(|(f, _)| f == field).map_or("", |(_, message)| message)
+}
+
+/// The attributes that tell assistive technology a refused form's `field` was refused, and
+/// why: its message is the `field-error` with the id `error-{field}`. Empty when it was not;
+/// else it starts with a space, to follow the tag's other attributes.
+/// `field` is a template's own literal name, so the result is safe to write unescaped.
+pub fn invalid(errors: &[(String, String)], field: &str) -> String {
+    if error_for(errors, field).is_empty() { String::new() } else { format!(r#" aria-invalid="true" aria-describedby="error-{field}""#) }
 }
 
 /// Every problem found with a form, to be shown at once (each `Error::Invalid` next to its

@@ -133,6 +133,7 @@ struct LoginPage {
     username: String,
     error: Option<String>,
     css: String,
+    icon: String,
 }
 
 #[derive(Deserialize)]
@@ -207,7 +208,7 @@ fn login_token_ok(key: &[u8; 32], cookie: &str, form: &str) -> bool {
 
 fn login_page(req: &HttpRequest, key: &[u8; 32], status: StatusCode, next: String, username: String, error: Option<String>) -> HttpResponse {
     let csrf = signed_token(key);
-    let page = LoginPage { csrf: csrf.clone(), next, username, error, css: assets::url("console.css") };
+    let page = LoginPage { csrf: csrf.clone(), next, username, error, css: assets::url("console.css"), icon: assets::url("favicon.svg") };
     let cookie = Cookie::build(LOGIN_COOKIE, csrf).path("/console/login").http_only(true).secure(secure(req)).same_site(SameSite::Strict).finish();
     HttpResponse::build(status).content_type("text/html; charset=utf-8").cookie(cookie).body(page.render().unwrap_or_default())
 }

@@ -106,6 +106,12 @@ struct ListPage {
     errors: Vec<(String, String)>,
 }
 
+impl ListPage {
+    fn invalid(&self, field: &str) -> String {
+        super::invalid(&self.errors, field)
+    }
+}
+
 /// One page of a search: its tasks, the links to the pages after and before, the count, and
 /// what the box was read as.
 struct Found {
@@ -273,14 +279,7 @@ async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
 
 /// "1,234", or "10,000+" past the count's cap (the dashboard's counts too).
 pub(super) fn shown_count(count: i64) -> String {
-    let digits = count.min(tasks::COUNT_CAP).to_string();
-    let mut shown = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            shown.push(',');
-        }
-        shown.push(c);
-    }
+    let mut shown = super::grouped(count.min(tasks::COUNT_CAP));
     if count > tasks::COUNT_CAP {
         shown.push('+');
     }
@@ -345,6 +344,10 @@ struct TaskPage {
 impl TaskPage {
     fn error_for(&self, field: &str) -> &str {
         super::error_for(&self.errors, field)
+    }
+
+    fn invalid(&self, field: &str) -> String {
+        super::invalid(&self.errors, field)
     }
 }
 
@@ -846,8 +849,11 @@ async fn apply(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<
     let target = if form.biz_type.is_empty() { "every biz type" } else { form.biz_type.as_str() };
     audit::record(&state.pool, &session.actor(), action, "task", target, None, Some(scope)).await?;
     let (message, then) = match bulk {
-        Bulk::Replay(status) => (format!("{verb} {} {status} tasks: they are pending and due now.", counts.changed), Status::Pending),
-        Bulk::Cancel => (format!("{verb} {} pending tasks.", counts.changed), Status::Cancelled),
+        Bulk::Replay(status) => {
+            let tasks = super::counted(counts.changed, &format!("{status} task"), &format!("{status} tasks"));
+            (format!("{verb} {tasks}: {} pending and due now.", if counts.changed == 1 { "it is" } else { "they are" }), Status::Pending)
+        }
+        Bulk::Cancel => (format!("{verb} {}.", super::counted(counts.changed, "pending task", "pending tasks")), Status::Cancelled),
     };
     let back = format!("/console/tasks?{}", Filter { status: then.to_string(), ..form.filter() }.query());
     Ok(done(&back, &message))

@@ -120,6 +120,10 @@ impl EditPage {
     fn error_for(&self, field: &str) -> &str {
         super::error_for(&self.errors, field)
     }
+
+    fn invalid(&self, field: &str) -> String {
+        super::invalid(&self.errors, field)
+    }
 }
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {

@@ -59,6 +59,10 @@ impl UsersPage {
     fn error_for(&self, field: &str) -> &str {
         super::error_for(&self.errors, field)
     }
+
+    fn invalid(&self, field: &str) -> String {
+        super::invalid(&self.errors, field)
+    }
 }
 
 /// The users page with `status`: the list, the new-user form as given, and what was refused.
@@ -283,6 +287,10 @@ struct AccountPage {
 impl AccountPage {
     fn error_for(&self, field: &str) -> &str {
         super::error_for(&self.errors, field)
+    }
+
+    fn invalid(&self, field: &str) -> String {
+        super::invalid(&self.errors, field)
     }
 }
 

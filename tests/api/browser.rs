@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use fantoccini::actions::{InputSource, KeyAction, KeyActions};
 use fantoccini::elements::Element;
 use fantoccini::error::CmdError;
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -361,6 +362,17 @@ impl Browser {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Presses and releases each key in turn, as a person at the keyboard would, wherever the
+    /// focus is (`fantoccini::key::Key` names the special ones: `Key::Tab.into()`).
+    pub async fn press(&self, keys: &[char]) {
+        let mut actions = KeyActions::new("keyboard".into());
+        for &key in keys {
+            actions = actions.then(KeyAction::Down { value: key }).then(KeyAction::Up { value: key });
+        }
+        let result = self.client.perform_actions(actions).await;
+        self.ok(result, format!("pressing {keys:?}")).await;
     }
 
     /// Runs JavaScript in the page; what it `return`s, as JSON.

@@ -229,8 +229,10 @@ async fn the_dashboard_under_load() {
     for name in ["billing", "coupons", "emails"] {
         assert_eq!((cell(&row(name), "pending"), cell(&row(name), "retrying")), (shown(rows / 20), "0".to_string()), "{name}");
     }
-    let delivered: i64 = names.iter().map(|n| cell(&row(n), "delivered-last-hour").parse::<i64>().unwrap()).sum();
-    let failed: i64 = names.iter().map(|n| cell(&row(n), "failed-last-hour").parse::<i64>().unwrap()).sum();
+    // Counts are shown with thousands separators: "1,234".
+    let count = |n: &&str, class: &str| cell(&row(n), class).replace(',', "").parse::<i64>().unwrap();
+    let delivered: i64 = names.iter().map(|n| count(n, "delivered-last-hour")).sum();
+    let failed: i64 = names.iter().map(|n| count(n, "failed-last-hour")).sum();
     assert_eq!((delivered, failed), (rows / 10 - rows / 200, rows / 200));
     assert!(names.iter().all(|n| row(n).contains("<span class=\"muted small peak\">peak ")));
 }

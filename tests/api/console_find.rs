@@ -128,7 +128,7 @@ async fn an_id_prefix_finds_the_task_and_a_whole_id_opens_it() {
     for prefix in [id[..33].to_string(), id.replace('-', "")[..28].to_string()] {
         let page = ok(&admin, &format!("/console/tasks?q={prefix}")).await;
         assert_eq!(ids(&page), std::slice::from_ref(id), "{prefix}");
-        assert!(page.body.contains("task ids start with"), "{prefix}");
+        assert!(page.body.contains("1 task id starts with"), "{prefix}");
     }
     // 8 digits: the tasks made in the same 65 s, all three here.
     let page = ok(&admin, &format!("/console/tasks?q={}", &id[..8])).await;

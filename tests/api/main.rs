@@ -19,6 +19,7 @@ mod callback_hosts;
 mod capacity;
 mod cli;
 mod console;
+mod console_a11y;
 mod console_browser;
 mod console_context;
 mod console_dashboard;

@@ -29,9 +29,9 @@ pub async fn ensure(pool: &Pool, callback_url: &str) -> Result<Option<String>, c
             let (info, token) = biz_types::mint_token(pool, "demo", None).await?;
             // Made by chime itself on its first start: audited as such.
             let audit = crate::audit::CHIME;
-            crate::audit::record(pool, audit, "biz_type.create", "biz_type", "demo", None, serde_json::to_value(&created).ok()).await?;
+            crate::audit::record_alone(pool, audit, crate::audit::Action::BizTypeCreate, "demo", None, serde_json::to_value(&created).ok()).await?;
             let record = serde_json::json!({"prefix": info.prefix, "name": info.name, "first_start": true});
-            crate::audit::record(pool, audit, "token.create", "biz_type", "demo", None, Some(record)).await?;
+            crate::audit::record_alone(pool, audit, crate::audit::Action::TokenCreate, "demo", None, Some(record)).await?;
             Ok(Some(token))
         }
         // Another node made it first.

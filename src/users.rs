@@ -104,7 +104,7 @@ pub async fn ensure_first_admin(pool: &Pool, configured: Option<&str>) -> Result
     if created == 1 {
         // Made by chime itself on its first start: audited as such, like any user created.
         let after = serde_json::json!({"name": "admin", "role": "admin", "first_start": true});
-        crate::audit::record(pool, crate::audit::CHIME, "user.create", "user", "admin", None, Some(after)).await?;
+        crate::audit::record_alone(pool, crate::audit::CHIME, crate::audit::Action::UserCreate, "admin", None, Some(after)).await?;
     }
     Ok(if created == 1 { generated } else { None })
 }

@@ -10,10 +10,11 @@ use uuid::Uuid;
 
 use super::auth::Admin;
 use super::{ApiError, from_json, from_raw, parse_query, raw_json, read_optional_json, read_raw_body, resource};
+use crate::audit::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
+use crate::error::Error;
 use crate::state::AppState;
 use crate::users::{self, UserChanges, UserInfo};
-use crate::{audit, error::Error};
 
 /// Largest request body: settings and names only (a description is at most 1000 bytes).
 const BODY_LIMIT: usize = 16 * 1024;
@@ -313,7 +314,7 @@ pub(super) async fn create_biz_type(admin: Admin, state: web::Data<AppState>, bo
     let request: BizTypeRequest = read(body).await?;
     let name = request.name.as_deref().ok_or_else(|| ApiError::from(Error::invalid("name", "is required")))?;
     let created = biz_types::create(&state.pool, name, &request.settings(), state.callback_hosts).await?;
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.create", "biz_type", name, None, snapshot(&created)).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::BizTypeCreate, name, None, snapshot(&created)).await?;
     Ok(HttpResponse::Created().json(WithSecret { biz_type: &created, signing_secret: created.signing_secret.expose().map_err(Error::from)? }))
 }
 
@@ -355,7 +356,7 @@ pub(super) async fn update_biz_type(
     }
     found(&state, &name).await?;
     let (before, after) = biz_types::update(&state.pool, &name, &request.settings(), state.callback_hosts).await?;
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.update", "biz_type", &name, snapshot(&before), snapshot(&after)).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::BizTypeUpdate, &name, snapshot(&before), snapshot(&after)).await?;
     Ok(HttpResponse::Ok().json(after))
 }
 
@@ -440,7 +441,7 @@ pub(super) async fn rotate_secret(
     let b = found(&state, &name).await?;
     let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
     let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::BizTypeRotateSecret, &name, None, Some(record)).await?;
     Ok(HttpResponse::Ok().json(SigningSecret { signing_secret: rotated.secret, previous_secret_until: rotated.previous_until }))
 }
 
@@ -525,7 +526,7 @@ pub(super) async fn create_token(
     found(&state, &name).await?;
     let (info, token) = biz_types::mint_token(&state.pool, &name, asked.and_then(|a| a.name).as_deref()).await?;
     let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
-    audit::record(&state.pool, &admin.0.actor(), "token.create", "biz_type", &name, None, Some(record)).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::TokenCreate, &name, None, Some(record)).await?;
     Ok(HttpResponse::Created().json(NewToken { info: &info, token: &token }))
 }
 
@@ -557,7 +558,7 @@ pub(super) async fn revoke_token(admin: Admin, state: web::Data<AppState>, path:
     let id: Uuid = id.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a token id (a UUID)", id.escape_debug())))?;
     let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
     state.forget_tokens();
-    audit::record(&state.pool, &admin.0.actor(), "token.revoke", "biz_type", &name, None, Some(prefix.into())).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::TokenRevoke, &name, None, Some(prefix.into())).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -621,7 +622,7 @@ pub(super) struct NewUser {
 pub(super) async fn create_user(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: NewUser = read(body).await?;
     let user = users::create(&state.pool, &request.name, &request.role, &request.password).await?;
-    audit::record(&state.pool, &admin.0.actor(), "user.create", "user", &user.name, None, snapshot(&user)).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::UserCreate, &user.name, None, snapshot(&user)).await?;
     Ok(HttpResponse::Created().json(user))
 }
 
@@ -680,7 +681,7 @@ pub(super) async fn update_user(
     if let (Some(serde_json::Value::Object(fields)), true) = (&mut record, changes.password.is_some()) {
         fields.insert("password".into(), "changed".into());
     }
-    audit::record(&state.pool, &admin.0.actor(), "user.update", "user", &name, snapshot(&before), record).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::UserUpdate, &name, snapshot(&before), record).await?;
     Ok(HttpResponse::Ok().json(after))
 }
 
@@ -707,6 +708,6 @@ pub(super) async fn update_user(
 )]
 pub(super) async fn delete_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let user = users::delete(&state.pool, &name).await?;
-    audit::record(&state.pool, &admin.0.actor(), "user.delete", "user", &name, snapshot(&user), None).await?;
+    audit::record_alone(&state.pool, &admin.0.actor(), Action::UserDelete, &name, snapshot(&user), None).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -524,7 +524,7 @@ pub async fn archive(pool: &Pool, name: &str, actor: &str) -> Result<(BizType, B
         if let Some(serde_json::Value::Object(fields)) = &mut record {
             fields.insert("cancelled_tasks".into(), cancelled.into());
         }
-        crate::audit::record(&mut *tx, actor, "biz_type.archive", "biz_type", name, serde_json::to_value(&before).ok(), record).await?;
+        crate::audit::record(&mut tx, actor, crate::audit::Action::BizTypeArchive, name, serde_json::to_value(&before).ok(), record).await?;
     }
     tx.commit().await?;
     // After the commit: a task created meanwhile by a token not yet refused is pending

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use super::login_limits::LoginLimiter;
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, render, reveal};
-use crate::audit;
+use crate::audit::{self, Action};
 use crate::client_address::TrustedProxies;
 use crate::error::Error;
 use crate::state::AppState;
@@ -132,7 +132,7 @@ pub async fn create(
         }
     };
     let how = if generated.is_some() { "generated" } else { "given" };
-    audit::record(&state.pool, &session.actor(), "user.create", "user", &user.name, None, record(&user, Some(how))).await?;
+    audit::record_alone(&state.pool, &session.actor(), Action::UserCreate, &user.name, None, record(&user, Some(how))).await?;
     let message = format!(
         "{} user {} created; they sign in with the password {}.",
         user.role,
@@ -153,12 +153,12 @@ async fn change(
     state: &AppState,
     name: &str,
     changes: &UserChanges,
-    action: &str,
+    action: Action,
     password: Option<&str>,
 ) -> Result<Result<(UserInfo, UserInfo), HttpResponse>, ConsoleError> {
     match users::update(&state.pool, name, changes).await {
         Ok((before, after)) => {
-            audit::record(&state.pool, &session.actor(), action, "user", name, record(&before, None), record(&after, password)).await?;
+            audit::record_alone(&state.pool, &session.actor(), action, name, record(&before, None), record(&after, password)).await?;
             Ok(Ok((before, after)))
         }
         Err(e @ (Error::Conflict(..) | Error::Invalid { .. } | Error::NotFound(_))) => {
@@ -191,7 +191,7 @@ pub async fn set_role(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let changes = UserChanges { role: Some(form.role.clone()), ..UserChanges::default() };
-    Ok(match change(&req, &session, &state, &name, &changes, "user.update", None).await? {
+    Ok(match change(&req, &session, &state, &name, &changes, Action::UserUpdate, None).await? {
         Ok((before, after)) if before.role == after.role => done(PAGE, &format!("{name} was {} already.", after.role)),
         // An admin who made themselves support staff can no longer see the users page.
         Ok((_, after)) if *name == session.user.username && after.role != "admin" => {
@@ -212,7 +212,7 @@ async fn set_disabled(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let changes = UserChanges { disabled: Some(disabled), ..UserChanges::default() };
-    Ok(match change(req, session, state, name, &changes, "user.update", None).await? {
+    Ok(match change(req, session, state, name, &changes, Action::UserUpdate, None).await? {
         Ok(_) if disabled => done(PAGE, &format!("{name} disabled: they cannot sign in, and their open sessions have ended.")),
         Ok(_) => done(PAGE, &format!("{name} enabled: they can sign in again with their password.")),
         Err(refused) => refused,
@@ -250,7 +250,7 @@ pub async fn reset_password(
     session.admin_form(&form.csrf)?;
     let password = users::generate_password();
     let changes = UserChanges { password: Some(password.clone()), ..UserChanges::default() };
-    Ok(match change(&req, &session, &state, &name, &changes, "user.reset_password", Some("generated")).await? {
+    Ok(match change(&req, &session, &state, &name, &changes, Action::UserResetPassword, Some("generated")).await? {
         Ok((_, after)) => {
             let disabled = if after.disabled { " They are disabled: enable them to let them sign in." } else { "" };
             let message = format!("New password for {name}: give it to them; their sessions have ended.{disabled}");
@@ -336,7 +336,7 @@ pub async fn change_password(
     };
     match changed {
         Ok(user) => {
-            audit::record(&state.pool, &session.actor(), "user.change_password", "user", &name, None, record(&user, Some("changed"))).await?;
+            audit::record_alone(&state.pool, &session.actor(), Action::UserChangePassword, &name, None, record(&user, Some("changed"))).await?;
             Ok(done("/console/account", "Password changed; your other sessions have ended."))
         }
         Err(problems) => account_page(&req, &session, StatusCode::UNPROCESSABLE_ENTITY, problems.by_field()?),

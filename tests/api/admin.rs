@@ -376,7 +376,7 @@ async fn the_leader_cancels_tasks_left_pending_in_an_archived_biz_type() {
     let id: uuid::Uuid = task["id"].as_str().unwrap().parse().unwrap();
     let (_, archived, cancelled) = chime::biz_types::archive(&app.pool, "orders", "test").await.unwrap();
     assert_eq!(cancelled, 1);
-    let replayed = chime::tasks::replay(&app.pool, archived.id, id).await.unwrap();
+    let replayed = chime::tasks::replay(&app.pool, archived.id, id, "test").await.unwrap();
     assert_eq!(replayed.status, chime::tasks::Status::Pending);
 
     let started = Instant::now();

@@ -191,6 +191,14 @@ impl std::fmt::Display for Action {
     }
 }
 
+/// Who makes a change that a domain function records in its own transaction, where the
+/// function serves more than one action (a timer's update, activate and deactivate).
+#[derive(Debug, Clone, Copy)]
+pub struct By<'a> {
+    pub actor: &'a str,
+    pub action: Action,
+}
+
 /// Records an action, in the transaction (or on the connection) of the change it records,
 /// so that the two commit together: a failed insert undoes the change. URL fields in
 /// `before` and `after` are stored masked (`masked_url`): the log is read by support

@@ -126,8 +126,7 @@ pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {
 pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts) -> anyhow::Result<()> {
     match command {
         BizTypeCommand::Create { name, settings: flags } => {
-            let created = biz_types::create(pool, &name, &settings(flags, None), hosts).await?;
-            audit::record_alone(pool, "cli", audit::Action::BizTypeCreate, &name, None, Some(serde_json::to_value(&created)?)).await?;
+            let created = biz_types::create_audited(pool, &name, &settings(flags, None), hosts, "cli").await?;
             say!("created biz type {}", describe(&created));
             say!("signing secret (verify the Chime-Signature header with it):");
             say!("{}", created.signing_secret.expose()?);
@@ -140,16 +139,8 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
             } else {
                 None
             };
-            let (before, after) = biz_types::update(pool, &name, &settings(flags, paused), hosts).await?;
-            audit::record_alone(
-                pool,
-                "cli",
-                audit::Action::BizTypeUpdate,
-                &name,
-                Some(serde_json::to_value(&before)?),
-                Some(serde_json::to_value(&after)?),
-            )
-            .await?;
+            let by = audit::By { actor: "cli", action: audit::Action::BizTypeUpdate };
+            let (_, after) = biz_types::update_audited(pool, &name, &settings(flags, paused), hosts, by).await?;
             say!("updated biz type {}", describe(&after));
         }
         BizTypeCommand::List { archived } => {

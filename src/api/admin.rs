@@ -313,8 +313,7 @@ pub(super) struct WithSecret<'a> {
 pub(super) async fn create_biz_type(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: BizTypeRequest = read(body).await?;
     let name = request.name.as_deref().ok_or_else(|| ApiError::from(Error::invalid("name", "is required")))?;
-    let created = biz_types::create(&state.pool, name, &request.settings(), state.callback_hosts).await?;
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::BizTypeCreate, name, None, snapshot(&created)).await?;
+    let created = biz_types::create_audited(&state.pool, name, &request.settings(), state.callback_hosts, &admin.0.actor()).await?;
     Ok(HttpResponse::Created().json(WithSecret { biz_type: &created, signing_secret: created.signing_secret.expose().map_err(Error::from)? }))
 }
 
@@ -355,8 +354,8 @@ pub(super) async fn update_biz_type(
         return Err(Error::invalid("name", "a biz type cannot be renamed").into());
     }
     found(&state, &name).await?;
-    let (before, after) = biz_types::update(&state.pool, &name, &request.settings(), state.callback_hosts).await?;
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::BizTypeUpdate, &name, snapshot(&before), snapshot(&after)).await?;
+    let by = audit::By { actor: &admin.0.actor(), action: Action::BizTypeUpdate };
+    let (_, after) = biz_types::update_audited(&state.pool, &name, &request.settings(), state.callback_hosts, by).await?;
     Ok(HttpResponse::Ok().json(after))
 }
 

@@ -46,10 +46,6 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a timer id (a UUID)")))
 }
 
-fn snapshot(timer: &Timer) -> serde_json::Value {
-    serde_json::to_value(timer).unwrap_or_default()
-}
-
 #[utoipa::path(
     post,
     path = "/api/v1/timers",
@@ -78,8 +74,7 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
     let request: CreateTimer = from_raw(raw_json(&body)?)?;
     caller.require(&state, &request.biz_type).await?;
     request.validate(state.max_payload_bytes)?;
-    let timer = timers::create(&state.pool, caller.0.biz_type_id, request).await?;
-    audit::record_alone(&state.pool, &caller.actor(), Action::TimerCreate, &timer.id.to_string(), None, Some(snapshot(&timer))).await?;
+    let timer = timers::create(&state.pool, caller.0.biz_type_id, request, &caller.actor()).await?;
     Ok(HttpResponse::Created().json(view(&timer)))
 }
 
@@ -162,8 +157,8 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
 }
 
 async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChanges, action: Action) -> Result<HttpResponse, ApiError> {
-    let (before, after) = timers::update(&state.pool, caller.0.biz_type_id, id, changes, state.max_payload_bytes).await?;
-    audit::record_alone(&state.pool, &caller.actor(), action, &id.to_string(), Some(snapshot(&before)), Some(snapshot(&after))).await?;
+    let by = audit::By { actor: &caller.actor(), action };
+    let (_, after) = timers::update(&state.pool, caller.0.biz_type_id, id, changes, state.max_payload_bytes, by).await?;
     Ok(HttpResponse::Ok().json(view(&after)))
 }
 
@@ -277,7 +272,6 @@ pub async fn deactivate(caller: Caller, state: web::Data<AppState>, id: web::Pat
 )]
 pub async fn delete(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let timer = timers::delete(&state.pool, caller.0.biz_type_id, id).await?;
-    audit::record_alone(&state.pool, &caller.actor(), Action::TimerDelete, &id.to_string(), Some(snapshot(&timer)), None).await?;
+    timers::delete(&state.pool, caller.0.biz_type_id, id, &caller.actor()).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -384,11 +384,10 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     if !problems.is_empty() {
         return refused(&req, &session, None, form, Problems(problems), vec![], None);
     }
-    let created = match biz_types::create(&state.pool, &name, &settings, state.callback_hosts).await {
+    let created = match biz_types::create_audited(&state.pool, &name, &settings, state.callback_hosts, &session.actor()).await {
         Ok(b) => b,
         Err(e) => return refused(&req, &session, None, form, e.into(), vec![], None),
     };
-    audit::record_alone(&state.pool, &session.actor(), Action::BizTypeCreate, &name, None, serde_json::to_value(&created).ok()).await?;
     let secret = created.signing_secret.expose().map_err(Error::from)?;
     Ok(done_revealing(&req, &session, &created.name, "Biz type created.", "signing secret", secret))
 }
@@ -408,21 +407,13 @@ pub async fn update(
     problems.extend(biz_types::problems(&name, Some(&current), &settings, state.callback_hosts));
     let updated = match Problems::of(problems.into_iter().map(Some)) {
         Some(problems) => Err(problems),
-        None => biz_types::update(&state.pool, &name, &settings, state.callback_hosts).await.map_err(Problems::from),
+        None => {
+            let by = audit::By { actor: &session.actor(), action: Action::BizTypeUpdate };
+            biz_types::update_audited(&state.pool, &name, &settings, state.callback_hosts, by).await.map_err(Problems::from)
+        }
     };
     match updated {
-        Ok((before, after)) => {
-            audit::record_alone(
-                &state.pool,
-                &session.actor(),
-                Action::BizTypeUpdate,
-                &name,
-                serde_json::to_value(&before).ok(),
-                serde_json::to_value(&after).ok(),
-            )
-            .await?;
-            Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them at once."))
-        }
+        Ok(_) => Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them at once.")),
         Err(problems) => {
             let tokens = biz_types::list_tokens(&state.pool, current.id).await?;
             refused(&req, &session, Some(current), form, problems, tokens, None)
@@ -432,10 +423,8 @@ pub async fn update(
 
 async fn set_paused(session: &Session, state: &AppState, name: &str, form: &CsrfForm, paused: bool) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let (before, after) =
-        biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }, state.callback_hosts).await?;
-    let action = if paused { Action::BizTypePause } else { Action::BizTypeResume };
-    audit::record_alone(&state.pool, &session.actor(), action, name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+    let by = audit::By { actor: &session.actor(), action: if paused { Action::BizTypePause } else { Action::BizTypeResume } };
+    biz_types::update_audited(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }, state.callback_hosts, by).await?;
     let message = if paused { "Paused: its tasks stay pending until resumed." } else { "Resumed: pending tasks are delivered again." };
     Ok(done(&format!("/console/biz-types/{name}"), message))
 }

@@ -187,15 +187,11 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     };
     let checked = request.validate(state.max_payload_bytes);
     let created = match (biz_type_id, payload, checked) {
-        (Ok(biz_type_id), Ok(_), Ok(())) => timers::create(&state.pool, biz_type_id, request).await.map_err(Problems::from),
+        (Ok(biz_type_id), Ok(_), Ok(())) => timers::create(&state.pool, biz_type_id, request, &session.actor()).await.map_err(Problems::from),
         (biz_type_id, payload, checked) => Err(Problems(vec![biz_type_id.err(), payload.err(), checked.err()].into_iter().flatten().collect())),
     };
     match created {
-        Ok(timer) => {
-            audit::record_alone(&state.pool, &session.actor(), Action::TimerCreate, &timer.id.to_string(), None, serde_json::to_value(&timer).ok())
-                .await?;
-            Ok(done(&format!("/console/timers/{}", timer.id), "Timer created."))
-        }
+        Ok(timer) => Ok(done(&format!("/console/timers/{}", timer.id), "Timer created.")),
         Err(problems) => edit_page(&req, &session, &state, None, form, field_errors(problems)?).await,
     }
 }
@@ -212,16 +208,8 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
 }
 
 async fn change(session: &Session, state: &AppState, timer: &Timer, changes: TimerChanges, action: Action) -> Result<Timer, Error> {
-    let (before, after) = timers::update(&state.pool, timer.biz_type_id, timer.id, changes, state.max_payload_bytes).await?;
-    audit::record_alone(
-        &state.pool,
-        &session.actor(),
-        action,
-        &timer.id.to_string(),
-        serde_json::to_value(&before).ok(),
-        serde_json::to_value(&after).ok(),
-    )
-    .await?;
+    let by = audit::By { actor: &session.actor(), action };
+    let (_, after) = timers::update(&state.pool, timer.biz_type_id, timer.id, changes, state.max_payload_bytes, by).await?;
     Ok(after)
 }
 
@@ -301,7 +289,6 @@ pub async fn delete(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
-    let deleted = timers::delete(&state.pool, timer.biz_type_id, timer.id).await?;
-    audit::record_alone(&state.pool, &session.actor(), Action::TimerDelete, &timer.id.to_string(), serde_json::to_value(&deleted).ok(), None).await?;
+    let deleted = timers::delete(&state.pool, timer.biz_type_id, timer.id, &session.actor()).await?;
     Ok(done("/console/timers", &format!("Timer `{}` deleted.", deleted.key)))
 }

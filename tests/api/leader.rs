@@ -428,5 +428,5 @@ async fn every_second_timer(pool: &Pool, biz: i32) -> timers::Timer {
         active: None,
         catch_up: None,
     };
-    timers::create(pool, biz, request).await.unwrap()
+    timers::create(pool, biz, request, "test").await.unwrap()
 }

@@ -155,9 +155,7 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
         }
         BizTypeCommand::RotateSecret { name, overlap_secs } => {
             let id = biz_types::id_of(pool, &name).await?;
-            let rotated = biz_types::rotate_secret(pool, id, overlap_secs).await?;
-            let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
-            audit::record_alone(pool, "cli", audit::Action::BizTypeRotateSecret, &name, None, Some(record)).await?;
+            let rotated = biz_types::rotate_secret(pool, id, overlap_secs, "cli").await?;
             match rotated.previous_until {
                 Some(until) => say!(
                     "rotated the signing secret of {name}: until {} callbacks carry both signatures (v1=<new>,v1=<old>); \
@@ -211,9 +209,7 @@ pub async fn apply(pool: &Pool, args: &ApplyArgs, hosts: CallbackHosts) -> anyho
 pub async fn token(pool: &Pool, command: TokenCommand) -> anyhow::Result<()> {
     match command {
         TokenCommand::Create { biz_type, name } => {
-            let (info, token) = biz_types::mint_token(pool, &biz_type, name.as_deref()).await?;
-            let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
-            audit::record_alone(pool, "cli", audit::Action::TokenCreate, &biz_type, None, Some(record)).await?;
+            let (info, token) = biz_types::mint_token(pool, &biz_type, name.as_deref(), "cli").await?;
             let named = info.name.as_ref().map(|n| format!(" named {n}")).unwrap_or_default();
             say!("API token{named} for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
             say!("{token}");

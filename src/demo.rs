@@ -28,9 +28,7 @@ pub async fn ensure(pool: &Pool, callback_url: &str) -> Result<Option<String>, c
     let audit = crate::audit::CHIME;
     match biz_types::create_audited(pool, "demo", &settings, CallbackHosts::Any, audit).await {
         Ok(_) => {
-            let (info, token) = biz_types::mint_token(pool, "demo", None).await?;
-            let record = serde_json::json!({"prefix": info.prefix, "name": info.name, "first_start": true});
-            crate::audit::record_alone(pool, audit, crate::audit::Action::TokenCreate, "demo", None, Some(record)).await?;
+            let (_, token) = biz_types::mint_token(pool, "demo", None, audit).await?;
             Ok(Some(token))
         }
         // Another node made it first.

@@ -438,9 +438,7 @@ pub(super) async fn rotate_secret(
         (q, b) => q.or(b).unwrap_or(biz_types::DEFAULT_OVERLAP_SECS),
     };
     let b = found(&state, &name).await?;
-    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
-    let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::BizTypeRotateSecret, &name, None, Some(record)).await?;
+    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs, &admin.0.actor()).await?;
     Ok(HttpResponse::Ok().json(SigningSecret { signing_secret: rotated.secret, previous_secret_until: rotated.previous_until }))
 }
 
@@ -523,9 +521,7 @@ pub(super) async fn create_token(
 ) -> Result<HttpResponse, ApiError> {
     let asked: Option<TokenRequest> = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?;
     found(&state, &name).await?;
-    let (info, token) = biz_types::mint_token(&state.pool, &name, asked.and_then(|a| a.name).as_deref()).await?;
-    let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::TokenCreate, &name, None, Some(record)).await?;
+    let (info, token) = biz_types::mint_token(&state.pool, &name, asked.and_then(|a| a.name).as_deref(), &admin.0.actor()).await?;
     Ok(HttpResponse::Created().json(NewToken { info: &info, token: &token }))
 }
 
@@ -555,9 +551,8 @@ pub(super) async fn revoke_token(admin: Admin, state: web::Data<AppState>, path:
     let (name, id) = path.into_inner();
     let b = found(&state, &name).await?;
     let id: Uuid = id.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a token id (a UUID)", id.escape_debug())))?;
-    let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
+    biz_types::revoke_token(&state.pool, b.id, id, &admin.0.actor()).await?;
     state.forget_tokens();
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::TokenRevoke, &name, None, Some(prefix.into())).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -498,9 +498,7 @@ pub async fn rotate_secret(
             );
         }
     };
-    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
-    let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
-    audit::record_alone(&state.pool, &session.actor(), Action::BizTypeRotateSecret, &name, None, Some(record)).await?;
+    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs, &session.actor()).await?;
     let message = match rotated.previous_until {
         Some(until) => format!(
             "Signing secret rotated: callbacks carry the new secret's signature and, until {}, the old one's too; give the new one to the receivers before then.",
@@ -529,7 +527,7 @@ pub async fn create_token(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let b = found(&state, &name).await?;
-    let (info, token) = match biz_types::mint_token(&state.pool, &name, Some(&form.token_name)).await {
+    let (info, token) = match biz_types::mint_token(&state.pool, &name, Some(&form.token_name), &session.actor()).await {
         Ok(minted) => minted,
         // On this page `name` is the biz type's: the token's name has a field of its own.
         Err(Error::Invalid { field, message }) if field == "name" => {
@@ -546,8 +544,6 @@ pub async fn create_token(
         }
         Err(e) => return Err(e.into()),
     };
-    let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
-    audit::record_alone(&state.pool, &session.actor(), Action::TokenCreate, &name, None, Some(record)).await?;
     let message = match &info.name {
         Some(token_name) => format!("Token {token_name} created."),
         None => "Token created.".to_string(),
@@ -564,9 +560,8 @@ pub async fn revoke_token(
     session.admin_form(&form.csrf)?;
     let (name, id) = path.into_inner();
     let b = found(&state, &name).await?;
-    let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
+    let prefix = biz_types::revoke_token(&state.pool, b.id, id, &session.actor()).await?;
     state.forget_tokens();
-    audit::record_alone(&state.pool, &session.actor(), Action::TokenRevoke, &name, None, Some(prefix.clone().into())).await?;
     Ok(done(&format!("/console/biz-types/{name}"), &format!("Token {prefix}… revoked; API calls with it are refused from now on.")))
 }
 

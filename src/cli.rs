@@ -283,8 +283,7 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
                     input.trim_end_matches(['\r', '\n']).to_string()
                 }
             };
-            users::create(pool, &name, &role, &password).await?;
-            audit::record_alone(pool, "cli", audit::Action::UserCreate, &name, None, Some(serde_json::json!({"role": role}))).await?;
+            users::create_audited(pool, &name, &role, &password, "cli", "given").await?;
             say!("created {role} user {name}");
         }
         UserCommand::List => {
@@ -296,15 +295,13 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             }
         }
         UserCommand::Disable { name } => {
-            let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(true), ..Default::default() }).await?;
-            audit::record_alone(pool, "cli", audit::Action::UserUpdate, &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
-                .await?;
+            let by = audit::By { actor: "cli", action: audit::Action::UserUpdate };
+            users::update_audited(pool, &name, &users::UserChanges { disabled: Some(true), ..Default::default() }, by, None).await?;
             say!("disabled user {name}: they cannot sign in, and their open sessions have ended");
         }
         UserCommand::Enable { name } => {
-            let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(false), ..Default::default() }).await?;
-            audit::record_alone(pool, "cli", audit::Action::UserUpdate, &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
-                .await?;
+            let by = audit::By { actor: "cli", action: audit::Action::UserUpdate };
+            users::update_audited(pool, &name, &users::UserChanges { disabled: Some(false), ..Default::default() }, by, None).await?;
             say!("enabled user {name}: they can sign in again with their password");
         }
         UserCommand::ResetPassword { name, password } => {
@@ -315,10 +312,8 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             let generated = given.is_none();
             let password = given.unwrap_or_else(users::generate_password);
             let changes = users::UserChanges { password: Some(password.clone()), ..Default::default() };
-            let (before, after) = users::update(pool, &name, &changes).await?;
-            let mut record = serde_json::to_value(&after)?;
-            record["password"] = if generated { "generated" } else { "given" }.into();
-            audit::record_alone(pool, "cli", audit::Action::UserResetPassword, &name, serde_json::to_value(&before).ok(), Some(record)).await?;
+            let by = audit::By { actor: "cli", action: audit::Action::UserResetPassword };
+            let (_, after) = users::update_audited(pool, &name, &changes, by, Some(if generated { "generated" } else { "given" })).await?;
             let disabled =
                 if after.disabled { format!("; {name} is disabled: `chime user enable {name}` to let them sign in") } else { String::new() };
             say!("reset the password of {name}: their sessions have ended{disabled}");

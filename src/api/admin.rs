@@ -174,10 +174,6 @@ async fn read<T: serde::de::DeserializeOwned>(body: web::Payload) -> Result<T, A
     from_raw::<T>(raw_json(&body)?)
 }
 
-fn snapshot<T: Serialize>(value: &T) -> Option<serde_json::Value> {
-    serde_json::to_value(value).ok()
-}
-
 async fn found(state: &AppState, name: &str) -> Result<BizType, ApiError> {
     biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ApiError::NotFound(format!("no biz type named `{}`", name.escape_debug())))
 }
@@ -615,8 +611,7 @@ pub(super) struct NewUser {
 )]
 pub(super) async fn create_user(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: NewUser = read(body).await?;
-    let user = users::create(&state.pool, &request.name, &request.role, &request.password).await?;
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::UserCreate, &user.name, None, snapshot(&user)).await?;
+    let user = users::create_audited(&state.pool, &request.name, &request.role, &request.password, &admin.0.actor(), "given").await?;
     Ok(HttpResponse::Created().json(user))
 }
 
@@ -669,13 +664,10 @@ pub(super) async fn update_user(
 ) -> Result<HttpResponse, ApiError> {
     let patch: UserPatch = read(body).await?;
     let changes = UserChanges { role: patch.role, password: patch.password, disabled: patch.disabled };
-    let (before, after): (UserInfo, UserInfo) = users::update(&state.pool, &name, &changes).await?;
     // The password is never recorded; that it changed is.
-    let mut record = snapshot(&after);
-    if let (Some(serde_json::Value::Object(fields)), true) = (&mut record, changes.password.is_some()) {
-        fields.insert("password".into(), "changed".into());
-    }
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::UserUpdate, &name, snapshot(&before), record).await?;
+    let by = audit::By { actor: &admin.0.actor(), action: Action::UserUpdate };
+    let how = changes.password.is_some().then_some("changed");
+    let (_, after): (UserInfo, UserInfo) = users::update_audited(&state.pool, &name, &changes, by, how).await?;
     Ok(HttpResponse::Ok().json(after))
 }
 
@@ -701,7 +693,6 @@ pub(super) async fn update_user(
     security(("adminAuth" = []))
 )]
 pub(super) async fn delete_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    let user = users::delete(&state.pool, &name).await?;
-    audit::record_alone(&state.pool, &admin.0.actor(), Action::UserDelete, &name, snapshot(&user), None).await?;
+    users::delete(&state.pool, &name, &admin.0.actor()).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -93,15 +93,6 @@ fn done_revealing(req: &HttpRequest, session: &Session, message: &str, name: &st
     response
 }
 
-/// A user as the audit log records them; a password only as the word saying what became of it.
-fn record(user: &UserInfo, password: Option<&str>) -> Option<serde_json::Value> {
-    let mut value = serde_json::to_value(user).ok()?;
-    if let (Some(what), serde_json::Value::Object(fields)) = (password, &mut value) {
-        fields.insert("password".into(), what.into());
-    }
-    Some(value)
-}
-
 pub async fn create(
     req: HttpRequest,
     session: Session,
@@ -116,7 +107,10 @@ pub async fn create(
     let problems = users::problems(&form.name, &form.role, &password);
     let created = match Problems::of(problems.into_iter().map(Some)) {
         Some(problems) => Err(problems),
-        None => users::create(&state.pool, &form.name, &form.role, &password).await.map_err(Problems::from),
+        None => {
+            let how = if generated.is_some() { "generated" } else { "given" };
+            users::create_audited(&state.pool, &form.name, &form.role, &password, &session.actor(), how).await.map_err(Problems::from)
+        }
     };
     let user = match created {
         Ok(user) => user,
@@ -131,8 +125,6 @@ pub async fn create(
             return page(&req, &session, &state, StatusCode::UNPROCESSABLE_ENTITY, form, errors, None).await;
         }
     };
-    let how = if generated.is_some() { "generated" } else { "given" };
-    audit::record_alone(&state.pool, &session.actor(), Action::UserCreate, &user.name, None, record(&user, Some(how))).await?;
     let message = format!(
         "{} user {} created; they sign in with the password {}.",
         user.role,
@@ -156,11 +148,8 @@ async fn change(
     action: Action,
     password: Option<&str>,
 ) -> Result<Result<(UserInfo, UserInfo), HttpResponse>, ConsoleError> {
-    match users::update(&state.pool, name, changes).await {
-        Ok((before, after)) => {
-            audit::record_alone(&state.pool, &session.actor(), action, name, record(&before, None), record(&after, password)).await?;
-            Ok(Ok((before, after)))
-        }
+    match users::update_audited(&state.pool, name, changes, audit::By { actor: &session.actor(), action }, password).await {
+        Ok(changed) => Ok(Ok(changed)),
         Err(e @ (Error::Conflict(..) | Error::Invalid { .. } | Error::NotFound(_))) => {
             let status = match e {
                 Error::Conflict(..) => StatusCode::CONFLICT,
@@ -332,13 +321,12 @@ pub async fn change_password(
     ];
     let changed = match Problems::of(checks) {
         Some(problems) => Err(problems),
-        None => users::set_own_password(&state.pool, session.user.id, &form.new_password, &session.token_hash).await.map_err(Problems::from),
+        None => users::set_own_password(&state.pool, session.user.id, &form.new_password, &session.token_hash, &session.actor())
+            .await
+            .map_err(Problems::from),
     };
     match changed {
-        Ok(user) => {
-            audit::record_alone(&state.pool, &session.actor(), Action::UserChangePassword, &name, None, record(&user, Some("changed"))).await?;
-            Ok(done("/console/account", "Password changed; your other sessions have ended."))
-        }
+        Ok(_) => Ok(done("/console/account", "Password changed; your other sessions have ended.")),
         Err(problems) => account_page(&req, &session, StatusCode::UNPROCESSABLE_ENTITY, problems.by_field()?),
     }
 }

@@ -240,8 +240,7 @@ pub async fn secrets(pool: &Pool, command: SecretsCommand) -> anyhow::Result<()>
 pub async fn admin_token(pool: &Pool, command: AdminTokenCommand) -> anyhow::Result<()> {
     match command {
         AdminTokenCommand::Create { name } => {
-            let (info, token) = admin_tokens::create(pool, &name).await?;
-            audit::record_alone(pool, "cli", audit::Action::AdminTokenCreate, &info.name, None, Some(info.prefix.clone().into())).await?;
+            let (_, token) = admin_tokens::create(pool, &name, "cli").await?;
             say!("admin token {name} for /api/v1/admin/ (shown only this once; send it as `Authorization: Bearer <token>`):");
             say!("{token}");
         }
@@ -252,8 +251,7 @@ pub async fn admin_token(pool: &Pool, command: AdminTokenCommand) -> anyhow::Res
             }
         }
         AdminTokenCommand::Revoke { token } => {
-            let t = admin_tokens::revoke(pool, &token).await?;
-            audit::record_alone(pool, "cli", audit::Action::AdminTokenRevoke, &t.name, None, Some(t.prefix.clone().into())).await?;
+            let t = admin_tokens::revoke(pool, &token, "cli").await?;
             say!("revoked admin token {}… ({}); it is refused from now on", t.prefix, t.name);
         }
     }

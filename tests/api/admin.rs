@@ -13,7 +13,7 @@ use crate::receiver::{Answer, Receiver};
 
 /// An admin token named `ci`, made as `chime admin-token create` makes it.
 pub async fn admin_token(app: &TestApp) -> String {
-    chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1
+    chime::admin_tokens::create(&app.pool, "ci", "test").await.unwrap().1
 }
 
 /// The audit log's (actor, action, target) rows, oldest first, but for the first start's.

@@ -4,6 +4,7 @@
 //! recognisable, and live in a table of their own: an API token is never an admin token,
 //! nor the other way round.
 
+use crate::audit::Action;
 use crate::db::Pool;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -41,11 +42,13 @@ fn validate_name(name: &str) -> Result<(), Error> {
 }
 
 /// Makes a token named `name` (who or what will hold it); returns it as lists show it and
-/// the token itself, which cannot be shown again.
-pub async fn create(pool: &Pool, name: &str) -> Result<(AdminToken, String), Error> {
+/// the token itself, which cannot be shown again. Recorded in the audit log as `actor`'s
+/// (`admin_token.create`: its prefix) in the same transaction.
+pub async fn create(pool: &Pool, name: &str, actor: &str) -> Result<(AdminToken, String), Error> {
     validate_name(name)?;
     let token = format!("{PREFIX}{}", random_base64(32));
-    let info = crate::db::query_as(
+    let mut tx = pool.begin().await?;
+    let info: AdminToken = crate::db::query_as(
         "INSERT INTO admin_tokens (id, name, token_hash, prefix) VALUES ($1, $2, $3, $4)
          RETURNING id, name, prefix, created_at, revoked_at",
     )
@@ -53,8 +56,10 @@ pub async fn create(pool: &Pool, name: &str) -> Result<(AdminToken, String), Err
     .bind(name)
     .bind(hash_token(&token))
     .bind(&token[..SHOWN])
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
+    crate::audit::record(&mut tx, actor, Action::AdminTokenCreate, &info.name, None, Some(info.prefix.clone().into())).await?;
+    tx.commit().await?;
     Ok((info, token))
 }
 
@@ -63,8 +68,9 @@ pub async fn list(pool: &Pool) -> Result<Vec<AdminToken>, Error> {
 }
 
 /// Revokes the token with this id, or the one whose prefix starts with this text (as lists
-/// show it); revoking twice is harmless. Returns it.
-pub async fn revoke(pool: &Pool, id_or_prefix: &str) -> Result<AdminToken, Error> {
+/// show it); revoking twice is harmless. Returns it. Recorded in the audit log as `actor`'s
+/// (`admin_token.revoke`: its prefix) in the same transaction.
+pub async fn revoke(pool: &Pool, id_or_prefix: &str, actor: &str) -> Result<AdminToken, Error> {
     if id_or_prefix.is_empty() {
         return Err(Error::invalid("token", "give the token's id or prefix (`chime admin-token list`)"));
     }
@@ -88,13 +94,17 @@ pub async fn revoke(pool: &Pool, id_or_prefix: &str) -> Result<AdminToken, Error
             )));
         }
     };
-    Ok(crate::db::query_as(
+    let mut tx = pool.begin().await?;
+    let revoked: AdminToken = crate::db::query_as(
         "UPDATE admin_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
          RETURNING id, name, prefix, created_at, revoked_at",
     )
     .bind(token.id)
-    .fetch_one(pool)
-    .await?)
+    .fetch_one(&mut *tx)
+    .await?;
+    crate::audit::record(&mut tx, actor, Action::AdminTokenRevoke, &revoked.name, None, Some(revoked.prefix.clone().into())).await?;
+    tx.commit().await?;
+    Ok(revoked)
 }
 
 /// The unrevoked admin token this is, or `None`. Not cached: a revoked token is refused at once.

@@ -2,6 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
 
 use crate::db::Pool;
 
@@ -73,28 +75,199 @@ fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option
     (before, after)
 }
 
-/// Records an action. URL fields in `before` and `after` are stored masked (`masked_url`):
-/// the log is read by support staff, who do not see passwords.
-pub async fn record<'e>(
-    db: impl sqlx::PgExecutor<'e>,
+/// What an entry records. Stored as its dotted name (`as_str`), which the audit log page
+/// shows and filters on, and which entries written before this type existed carry too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    AdminTokenCreate,
+    AdminTokenRevoke,
+    BizTypeArchive,
+    BizTypeCreate,
+    BizTypePause,
+    BizTypeResume,
+    BizTypeRotateSecret,
+    BizTypeSetSecret,
+    BizTypeTestCallback,
+    BizTypeUpdate,
+    SecretsReencrypt,
+    TaskBulkCancel,
+    TaskBulkReplay,
+    TaskCancel,
+    TaskRelease,
+    TaskReplay,
+    TaskReschedule,
+    TimerActivate,
+    TimerCreate,
+    TimerDeactivate,
+    TimerDelete,
+    TimerUpdate,
+    TokenCreate,
+    TokenRevoke,
+    UserChangePassword,
+    UserCreate,
+    UserDelete,
+    UserResetPassword,
+    UserSignIn,
+    UserSignInFailed,
+    UserUpdate,
+}
+
+impl Action {
+    /// The name stored in `audit_log.action`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::AdminTokenCreate => "admin_token.create",
+            Action::AdminTokenRevoke => "admin_token.revoke",
+            Action::BizTypeArchive => "biz_type.archive",
+            Action::BizTypeCreate => "biz_type.create",
+            Action::BizTypePause => "biz_type.pause",
+            Action::BizTypeResume => "biz_type.resume",
+            Action::BizTypeRotateSecret => "biz_type.rotate_secret",
+            Action::BizTypeSetSecret => "biz_type.set_secret",
+            Action::BizTypeTestCallback => "biz_type.test_callback",
+            Action::BizTypeUpdate => "biz_type.update",
+            Action::SecretsReencrypt => "secrets.reencrypt",
+            Action::TaskBulkCancel => "task.bulk_cancel",
+            Action::TaskBulkReplay => "task.bulk_replay",
+            Action::TaskCancel => "task.cancel",
+            Action::TaskRelease => "task.release",
+            Action::TaskReplay => "task.replay",
+            Action::TaskReschedule => "task.reschedule",
+            Action::TimerActivate => "timer.activate",
+            Action::TimerCreate => "timer.create",
+            Action::TimerDeactivate => "timer.deactivate",
+            Action::TimerDelete => "timer.delete",
+            Action::TimerUpdate => "timer.update",
+            Action::TokenCreate => "token.create",
+            Action::TokenRevoke => "token.revoke",
+            Action::UserChangePassword => "user.change_password",
+            Action::UserCreate => "user.create",
+            Action::UserDelete => "user.delete",
+            Action::UserResetPassword => "user.reset_password",
+            Action::UserSignIn => "user.sign_in",
+            Action::UserSignInFailed => "user.sign_in_failed",
+            Action::UserUpdate => "user.update",
+        }
+    }
+
+    /// What kind of object its entries name as their target (`audit_log.target_type`). A
+    /// biz type's tokens and secrets are recorded against the biz type; a bulk operation
+    /// against the biz type's name (or "every biz type"), as a task's `task`.
+    pub fn target_type(self) -> &'static str {
+        match self {
+            Action::AdminTokenCreate | Action::AdminTokenRevoke => "admin_token",
+            Action::BizTypeArchive
+            | Action::BizTypeCreate
+            | Action::BizTypePause
+            | Action::BizTypeResume
+            | Action::BizTypeRotateSecret
+            | Action::BizTypeSetSecret
+            | Action::BizTypeTestCallback
+            | Action::BizTypeUpdate
+            | Action::SecretsReencrypt
+            | Action::TokenCreate
+            | Action::TokenRevoke => "biz_type",
+            Action::TaskBulkCancel
+            | Action::TaskBulkReplay
+            | Action::TaskCancel
+            | Action::TaskRelease
+            | Action::TaskReplay
+            | Action::TaskReschedule => "task",
+            Action::TimerActivate | Action::TimerCreate | Action::TimerDeactivate | Action::TimerDelete | Action::TimerUpdate => "timer",
+            Action::UserChangePassword
+            | Action::UserCreate
+            | Action::UserDelete
+            | Action::UserResetPassword
+            | Action::UserSignIn
+            | Action::UserSignInFailed
+            | Action::UserUpdate => "user",
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who makes a change that a domain function records in its own transaction, where the
+/// function serves more than one action (a timer's update, activate and deactivate).
+#[derive(Debug, Clone, Copy)]
+pub struct By<'a> {
+    pub actor: &'a str,
+    pub action: Action,
+}
+
+/// Records an action, in the transaction (or on the connection) of the change it records,
+/// so that the two commit together: a failed insert undoes the change. URL fields in
+/// `before` and `after` are stored masked (`masked_url`): the log is read by support
+/// staff, who do not see passwords. Returns the entry's id.
+pub async fn record(
+    db: &mut PgConnection,
     actor: &str,
-    action: &str,
-    target_type: &str,
+    action: Action,
     target: &str,
     before: Option<Value>,
     after: Option<Value>,
-) -> Result<(), sqlx::Error> {
+) -> Result<i64, sqlx::Error> {
     let (before, after) = masked(before, after);
-    crate::db::query("INSERT INTO audit_log (actor, action, target_type, target, before, after) VALUES ($1, $2, $3, $4, $5, $6)")
+    crate::db::query_scalar("INSERT INTO audit_log (actor, action, target_type, target, before, after) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
         .bind(actor)
-        .bind(action)
-        .bind(target_type)
+        .bind(action.as_str())
+        .bind(action.target_type())
         .bind(target)
         .bind(before)
         .bind(after)
-        .execute(db)
-        .await?;
+        .fetch_one(db)
+        .await
+}
+
+/// Records an action on one task (`record`, its id the target) and the event of the task
+/// that refers to it, which the task's history reads (`tasks_touched`).
+pub async fn record_task(
+    db: &mut PgConnection,
+    actor: &str,
+    action: Action,
+    task: Uuid,
+    before: Option<Value>,
+    after: Option<Value>,
+) -> Result<i64, sqlx::Error> {
+    let id = record(&mut *db, actor, action, &task.to_string(), before, after).await?;
+    tasks_touched(db, id, &[task]).await?;
+    Ok(id)
+}
+
+/// Notes that the action of entry `audit_id` changed these tasks, now (in the transaction
+/// that changed them): a row of `task_events` each, which the task's history reads. A bulk
+/// operation is one entry and a row per task it changed, batch by batch.
+pub async fn tasks_touched(db: &mut PgConnection, audit_id: i64, tasks: &[Uuid]) -> Result<(), sqlx::Error> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    crate::db::query("INSERT INTO task_events (task_id, audit_id) SELECT unnest($1::uuid[]), $2").bind(tasks).bind(audit_id).execute(db).await?;
     Ok(())
+}
+
+/// Adds `fields` to the `after` of entry `id`: a bulk operation's counts, known once its
+/// last batch is done, written in that batch's transaction.
+pub async fn add_to_after(db: &mut PgConnection, id: i64, fields: Value) -> Result<(), sqlx::Error> {
+    crate::db::query("UPDATE audit_log SET after = coalesce(after, '{}'::jsonb) || $2 WHERE id = $1").bind(id).bind(fields).execute(db).await?;
+    Ok(())
+}
+
+/// Records an action that changes nothing in the database (a sign-in, a test callback), or
+/// whose change is not a transaction of chime's: an entry of its own.
+pub async fn record_alone(
+    pool: &Pool,
+    actor: &str,
+    action: Action,
+    target: &str,
+    before: Option<Value>,
+    after: Option<Value>,
+) -> Result<i64, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    record(&mut conn, actor, action, target, before, after).await
 }
 
 /// One entry of the log.
@@ -152,19 +325,24 @@ pub async fn list(pool: &Pool, search: &Search<'_>, limit: i64) -> Result<Vec<En
     .await
 }
 
-/// The entries about one target (e.g. `"task"`, a task's id) whose action is one of
-/// `actions`, made at or after `since`, oldest first, at most 200: a range of
-/// audit_log_target_idx.
-pub async fn for_target(pool: &Pool, target_type: &str, target: &str, actions: &[&str], since: DateTime<Utc>) -> Result<Vec<Entry>, sqlx::Error> {
+/// The most events of one task its history reads at once.
+pub const TASK_EVENTS: i64 = 500;
+
+/// The entries of the changes made to task `task` (its `task_events`) within `[since,
+/// until]` (None: no bound), oldest first, at most `TASK_EVENTS`; `at` is when the change
+/// was made to this task (a bulk operation's entry is written at its first batch). A range
+/// of task_events' primary key, then an entry by its own each.
+pub async fn of_task(pool: &Pool, task: Uuid, since: Option<DateTime<Utc>>, until: Option<DateTime<Utc>>) -> Result<Vec<Entry>, sqlx::Error> {
     crate::db::query_as(
-        "SELECT id, at, actor, action, target_type, target, before, after FROM audit_log
-          WHERE target_type = $1 AND target = $2 AND at >= $4 AND action = ANY($3)
-          ORDER BY at, id LIMIT 200",
+        "SELECT a.id, e.at, a.actor, a.action, a.target_type, a.target, a.before, a.after
+           FROM task_events e JOIN audit_log a ON a.id = e.audit_id
+          WHERE e.task_id = $1 AND ($2::timestamptz IS NULL OR e.at >= $2) AND ($3::timestamptz IS NULL OR e.at <= $3)
+          ORDER BY e.at, e.audit_id LIMIT $4",
     )
-    .bind(target_type)
-    .bind(target)
-    .bind(actions)
+    .bind(task)
     .bind(since)
+    .bind(until)
+    .bind(TASK_EVENTS)
     .fetch_all(pool)
     .await
 }

@@ -6,12 +6,13 @@ use std::io::{Read, Write};
 use crate::db::Pool;
 use anyhow::Context;
 
+use crate::audit;
 use crate::biz_types::apply::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
 use crate::callback_hosts::CallbackHosts;
 use crate::config::{AdminTokenCommand, ApplyArgs, BizTypeCommand, BizTypeFlags, MigrateArgs, SecretsCommand, TokenCommand, UserCommand};
 use crate::db::{self, Schema};
-use crate::{admin_tokens, audit, users};
+use crate::{admin_tokens, users};
 
 /// `println!` for what a command says on stdout, in a function returning `anyhow::Result`.
 macro_rules! say {
@@ -125,8 +126,7 @@ pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {
 pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts) -> anyhow::Result<()> {
     match command {
         BizTypeCommand::Create { name, settings: flags } => {
-            let created = biz_types::create(pool, &name, &settings(flags, None), hosts).await?;
-            audit::record(pool, "cli", "biz_type.create", "biz_type", &name, None, Some(serde_json::to_value(&created)?)).await?;
+            let created = biz_types::create_audited(pool, &name, &settings(flags, None), hosts, "cli").await?;
             say!("created biz type {}", describe(&created));
             say!("signing secret (verify the Chime-Signature header with it):");
             say!("{}", created.signing_secret.expose()?);
@@ -139,17 +139,8 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
             } else {
                 None
             };
-            let (before, after) = biz_types::update(pool, &name, &settings(flags, paused), hosts).await?;
-            audit::record(
-                pool,
-                "cli",
-                "biz_type.update",
-                "biz_type",
-                &name,
-                Some(serde_json::to_value(&before)?),
-                Some(serde_json::to_value(&after)?),
-            )
-            .await?;
+            let by = audit::By { actor: "cli", action: audit::Action::BizTypeUpdate };
+            let (_, after) = biz_types::update_audited(pool, &name, &settings(flags, paused), hosts, by).await?;
             say!("updated biz type {}", describe(&after));
         }
         BizTypeCommand::List { archived } => {
@@ -164,9 +155,7 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
         }
         BizTypeCommand::RotateSecret { name, overlap_secs } => {
             let id = biz_types::id_of(pool, &name).await?;
-            let rotated = biz_types::rotate_secret(pool, id, overlap_secs).await?;
-            let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
-            audit::record(pool, "cli", "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
+            let rotated = biz_types::rotate_secret(pool, id, overlap_secs, "cli").await?;
             match rotated.previous_until {
                 Some(until) => say!(
                     "rotated the signing secret of {name}: until {} callbacks carry both signatures (v1=<new>,v1=<old>); \
@@ -220,9 +209,7 @@ pub async fn apply(pool: &Pool, args: &ApplyArgs, hosts: CallbackHosts) -> anyho
 pub async fn token(pool: &Pool, command: TokenCommand) -> anyhow::Result<()> {
     match command {
         TokenCommand::Create { biz_type, name } => {
-            let (info, token) = biz_types::mint_token(pool, &biz_type, name.as_deref()).await?;
-            let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
-            audit::record(pool, "cli", "token.create", "biz_type", &biz_type, None, Some(record)).await?;
+            let (info, token) = biz_types::mint_token(pool, &biz_type, name.as_deref(), "cli").await?;
             let named = info.name.as_ref().map(|n| format!(" named {n}")).unwrap_or_default();
             say!("API token{named} for biz type {biz_type} (shown only this once; send it as `Authorization: Bearer <token>`):");
             say!("{token}");
@@ -237,7 +224,7 @@ pub async fn secrets(pool: &Pool, command: SecretsCommand) -> anyhow::Result<()>
             let done = biz_types::reencrypt(pool).await?;
             if done.sealed + done.resealed > 0 {
                 let counts = serde_json::json!({"encrypted": done.sealed, "re_encrypted": done.resealed, "unchanged": done.unchanged});
-                audit::record(pool, "cli", "secrets.reencrypt", "biz_type", "*", None, Some(counts)).await?;
+                audit::record_alone(pool, "cli", audit::Action::SecretsReencrypt, "*", None, Some(counts)).await?;
             }
             say!(
                 "signing secrets: {} encrypted (were in clear), {} re-encrypted (were under an older key), {} already under the current key",
@@ -253,8 +240,7 @@ pub async fn secrets(pool: &Pool, command: SecretsCommand) -> anyhow::Result<()>
 pub async fn admin_token(pool: &Pool, command: AdminTokenCommand) -> anyhow::Result<()> {
     match command {
         AdminTokenCommand::Create { name } => {
-            let (info, token) = admin_tokens::create(pool, &name).await?;
-            audit::record(pool, "cli", "admin_token.create", "admin_token", &info.name, None, Some(info.prefix.clone().into())).await?;
+            let (_, token) = admin_tokens::create(pool, &name, "cli").await?;
             say!("admin token {name} for /api/v1/admin/ (shown only this once; send it as `Authorization: Bearer <token>`):");
             say!("{token}");
         }
@@ -265,8 +251,7 @@ pub async fn admin_token(pool: &Pool, command: AdminTokenCommand) -> anyhow::Res
             }
         }
         AdminTokenCommand::Revoke { token } => {
-            let t = admin_tokens::revoke(pool, &token).await?;
-            audit::record(pool, "cli", "admin_token.revoke", "admin_token", &t.name, None, Some(t.prefix.clone().into())).await?;
+            let t = admin_tokens::revoke(pool, &token, "cli").await?;
             say!("revoked admin token {}… ({}); it is refused from now on", t.prefix, t.name);
         }
     }
@@ -296,8 +281,7 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
                     input.trim_end_matches(['\r', '\n']).to_string()
                 }
             };
-            users::create(pool, &name, &role, &password).await?;
-            audit::record(pool, "cli", "user.create", "user", &name, None, Some(serde_json::json!({"role": role}))).await?;
+            users::create_audited(pool, &name, &role, &password, "cli", "given").await?;
             say!("created {role} user {name}");
         }
         UserCommand::List => {
@@ -309,13 +293,13 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             }
         }
         UserCommand::Disable { name } => {
-            let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(true), ..Default::default() }).await?;
-            audit::record(pool, "cli", "user.update", "user", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+            let by = audit::By { actor: "cli", action: audit::Action::UserUpdate };
+            users::update_audited(pool, &name, &users::UserChanges { disabled: Some(true), ..Default::default() }, by, None).await?;
             say!("disabled user {name}: they cannot sign in, and their open sessions have ended");
         }
         UserCommand::Enable { name } => {
-            let (before, after) = users::update(pool, &name, &users::UserChanges { disabled: Some(false), ..Default::default() }).await?;
-            audit::record(pool, "cli", "user.update", "user", &name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+            let by = audit::By { actor: "cli", action: audit::Action::UserUpdate };
+            users::update_audited(pool, &name, &users::UserChanges { disabled: Some(false), ..Default::default() }, by, None).await?;
             say!("enabled user {name}: they can sign in again with their password");
         }
         UserCommand::ResetPassword { name, password } => {
@@ -326,10 +310,8 @@ pub async fn user(pool: &Pool, command: UserCommand) -> anyhow::Result<()> {
             let generated = given.is_none();
             let password = given.unwrap_or_else(users::generate_password);
             let changes = users::UserChanges { password: Some(password.clone()), ..Default::default() };
-            let (before, after) = users::update(pool, &name, &changes).await?;
-            let mut record = serde_json::to_value(&after)?;
-            record["password"] = if generated { "generated" } else { "given" }.into();
-            audit::record(pool, "cli", "user.reset_password", "user", &name, serde_json::to_value(&before).ok(), Some(record)).await?;
+            let by = audit::By { actor: "cli", action: audit::Action::UserResetPassword };
+            let (_, after) = users::update_audited(pool, &name, &changes, by, Some(if generated { "generated" } else { "given" })).await?;
             let disabled =
                 if after.disabled { format!("; {name} is disabled: `chime user enable {name}` to let them sign in") } else { String::new() };
             say!("reset the password of {name}: their sessions have ended{disabled}");

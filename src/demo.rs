@@ -24,14 +24,11 @@ pub async fn ensure(pool: &Pool, callback_url: &str) -> Result<Option<String>, c
         max_attempts: Some(3),
         ..Default::default()
     };
-    match biz_types::create(pool, "demo", &settings, CallbackHosts::Any).await {
-        Ok(created) => {
-            let (info, token) = biz_types::mint_token(pool, "demo", None).await?;
-            // Made by chime itself on its first start: audited as such.
-            let audit = crate::audit::CHIME;
-            crate::audit::record(pool, audit, "biz_type.create", "biz_type", "demo", None, serde_json::to_value(&created).ok()).await?;
-            let record = serde_json::json!({"prefix": info.prefix, "name": info.name, "first_start": true});
-            crate::audit::record(pool, audit, "token.create", "biz_type", "demo", None, Some(record)).await?;
+    // Made by chime itself on its first start: audited as such.
+    let audit = crate::audit::CHIME;
+    match biz_types::create_audited(pool, "demo", &settings, CallbackHosts::Any, audit).await {
+        Ok(_) => {
+            let (_, token) = biz_types::mint_token(pool, "demo", None, audit).await?;
             Ok(Some(token))
         }
         // Another node made it first.

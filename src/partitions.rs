@@ -298,8 +298,8 @@ async fn detach(pool: &Pool, table: &str, name: &str) -> Result<(), sqlx::Error>
     tx.commit().await
 }
 
-/// Finishes retiring detached partitions: removes the idempotency keys of their tasks, in
-/// batches, then drops them. Picks up where a leader that died left off.
+/// Finishes retiring detached partitions: removes the idempotency keys and audited events
+/// (`task_events`) of their tasks, in batches, then drops them. Picks up where a leader that died left off.
 async fn drop_detached(pool: &Pool) -> Result<Vec<String>, sqlx::Error> {
     let detached: Vec<String> = crate::db::query_scalar(
         "SELECT relname::text FROM pg_class WHERE relkind = 'r' AND relname LIKE $1 || '%' AND relnamespace = current_schema()::regnamespace",
@@ -311,7 +311,7 @@ async fn drop_detached(pool: &Pool) -> Result<Vec<String>, sqlx::Error> {
     for name in detached {
         if name.starts_with(&format!("{RETIRED_PREFIX}tasks_")) {
             let mut after = uuid::Uuid::nil();
-            while let Some(last) = placement::forget_keys(pool, &name, after, KEY_BATCH).await? {
+            while let Some(last) = placement::forget(pool, &name, after, KEY_BATCH).await? {
                 after = last;
             }
         }

@@ -6,6 +6,7 @@ mod hashing;
 use crate::db::Pool;
 use rand::Rng;
 
+use crate::audit::Action;
 use crate::error::Error;
 
 pub use hashing::Busy;
@@ -64,8 +65,34 @@ pub fn generate_password() -> String {
     (0..20).map(|_| rng.sample(rand::distr::Alphanumeric) as char).collect()
 }
 
-/// Creates a user; returns it as lists show it.
+/// Creates a user; returns it as lists show it. Not audited: for setups (tests); a person's
+/// create is `create_audited`.
 pub async fn create(pool: &Pool, username: &str, role: &str, password: &str) -> Result<UserInfo, Error> {
+    create_in(&mut *pool.acquire().await?, username, role, password).await
+}
+
+/// A user's entry in the audit log: the user as lists show it, and how the password was
+/// set (`how`: "given", "generated", "changed"), never the password itself. The same from
+/// the API, the console and the CLI.
+fn record(user: &UserInfo, how: Option<&str>) -> Option<serde_json::Value> {
+    let mut value = serde_json::to_value(user).ok()?;
+    if let (Some(how), serde_json::Value::Object(fields)) = (how, &mut value) {
+        fields.insert("password".into(), how.into());
+    }
+    Some(value)
+}
+
+/// `create`, recorded in the audit log as `actor`'s (`user.create`, with how the password
+/// was set: `record`) in the same transaction.
+pub async fn create_audited(pool: &Pool, username: &str, role: &str, password: &str, actor: &str, how: &str) -> Result<UserInfo, Error> {
+    let mut tx = pool.begin().await?;
+    let user = create_in(&mut tx, username, role, password).await?;
+    crate::audit::record(&mut tx, actor, Action::UserCreate, &user.name, None, record(&user, Some(how))).await?;
+    tx.commit().await?;
+    Ok(user)
+}
+
+async fn create_in(conn: &mut sqlx::PgConnection, username: &str, role: &str, password: &str) -> Result<UserInfo, Error> {
     validate(username, role, password)?;
     crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO users (username, password_hash, role) VALUES ($1, $2, $3)
@@ -74,7 +101,7 @@ pub async fn create(pool: &Pool, username: &str, role: &str, password: &str) -> 
     .bind(username)
     .bind(hash_password(password).await)
     .bind(role)
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await?
     // Either constraint: the name, or the same name in another case (0025).
     .ok_or_else(|| Error::key_conflict(format!("user `{username}` already exists (names are the same in any case)")))
@@ -92,20 +119,23 @@ pub async fn ensure_first_admin(pool: &Pool, configured: Option<&str>) -> Result
     let generated = configured.is_none().then(generate_password);
     let password = configured.or(generated.as_deref()).unwrap_or_default();
     validate("admin", "admin", password).map_err(|_| Error::invalid("CHIME_ADMIN_PASSWORD", "must be at least 8 characters"))?;
+    let hash = hash_password(password).await;
+    let mut tx = pool.begin().await?;
     let created = crate::db::query(
         "INSERT INTO users (username, password_hash, role)
          SELECT 'admin', $1, 'admin' WHERE NOT EXISTS (SELECT 1 FROM users)
          ON CONFLICT DO NOTHING",
     )
-    .bind(hash_password(password).await)
-    .execute(pool)
+    .bind(hash)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
     if created == 1 {
         // Made by chime itself on its first start: audited as such, like any user created.
         let after = serde_json::json!({"name": "admin", "role": "admin", "first_start": true});
-        crate::audit::record(pool, crate::audit::CHIME, "user.create", "user", "admin", None, Some(after)).await?;
+        crate::audit::record(&mut tx, crate::audit::CHIME, Action::UserCreate, "admin", None, Some(after)).await?;
     }
+    tx.commit().await?;
     Ok(if created == 1 { generated } else { None })
 }
 
@@ -161,7 +191,8 @@ pub async fn record_sign_in(pool: &Pool, user_id: i32) -> Result<(), Error> {
 /// Sets a signed-in user's own password (the caller checked the current one): their other
 /// sessions end, as after any new password, but not `keep_session` (the token hash of the
 /// session that asked), so that changing it does not sign the person out. Returns the user.
-pub async fn set_own_password(pool: &Pool, user_id: i32, password: &str, keep_session: &[u8]) -> Result<UserInfo, Error> {
+/// Recorded in the audit log as `actor`'s (`user.change_password`) in the same transaction.
+pub async fn set_own_password(pool: &Pool, user_id: i32, password: &str, keep_session: &[u8], actor: &str) -> Result<UserInfo, Error> {
     validate_password(password)?;
     let hash = hash_password(password).await;
     let mut tx = pool.begin().await?;
@@ -175,6 +206,7 @@ pub async fn set_own_password(pool: &Pool, user_id: i32, password: &str, keep_se
     .await?
     .ok_or_else(|| Error::invalid_state("this user was disabled or deleted meanwhile"))?;
     crate::db::query("DELETE FROM sessions WHERE user_id = $1 AND token_hash <> $2").bind(user_id).bind(keep_session).execute(&mut *tx).await?;
+    crate::audit::record(&mut tx, actor, Action::UserChangePassword, &user.name, None, record(&user, Some("changed"))).await?;
     tx.commit().await?;
     Ok(user)
 }
@@ -230,8 +262,30 @@ async fn keep_an_admin(tx: &mut sqlx::PgConnection, username: &str) -> Result<()
 }
 
 /// Changes a user's role, password or disabled flag; returns the user before and after. A
-/// new password or disabling signs the user out everywhere.
+/// new password or disabling signs the user out everywhere. Not audited: for setups
+/// (tests); a person's change is `update_audited`.
 pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Result<(UserInfo, UserInfo), Error> {
+    update_recording(pool, username, changes, None).await
+}
+
+/// `update`, recorded in the audit log as `by`'s (an update or a password reset: the user
+/// before and after, and how a new password was set, `record`) in the same transaction.
+pub async fn update_audited(
+    pool: &Pool,
+    username: &str,
+    changes: &UserChanges,
+    by: crate::audit::By<'_>,
+    how: Option<&str>,
+) -> Result<(UserInfo, UserInfo), Error> {
+    update_recording(pool, username, changes, Some((by, how))).await
+}
+
+async fn update_recording(
+    pool: &Pool,
+    username: &str,
+    changes: &UserChanges,
+    audited: Option<(crate::audit::By<'_>, Option<&str>)>,
+) -> Result<(UserInfo, UserInfo), Error> {
     if let Some(role) = &changes.role {
         validate_role(role)?;
     }
@@ -261,16 +315,21 @@ pub async fn update(pool: &Pool, username: &str, changes: &UserChanges) -> Resul
             .execute(&mut *tx)
             .await?;
     }
+    if let Some((by, how)) = audited {
+        crate::audit::record(&mut tx, by.actor, by.action, username, record(&before, None), record(&after, how)).await?;
+    }
     tx.commit().await?;
     Ok((before, after))
 }
 
 /// Deletes a user (and their sessions); returns it. Their entries in the audit log stay.
-pub async fn delete(pool: &Pool, username: &str) -> Result<UserInfo, Error> {
+/// Recorded as `actor`'s (`user.delete`) in the same transaction.
+pub async fn delete(pool: &Pool, username: &str, actor: &str) -> Result<UserInfo, Error> {
     let mut tx = pool.begin().await?;
     let user = lock_user(&mut tx, username).await?;
     crate::db::query("DELETE FROM users WHERE lower(username) = lower($1)").bind(username).execute(&mut *tx).await?;
     keep_an_admin(&mut tx, username).await?;
+    crate::audit::record(&mut tx, actor, Action::UserDelete, username, record(&user, None), None).await?;
     tx.commit().await?;
     Ok(user)
 }

@@ -10,10 +10,11 @@ use uuid::Uuid;
 
 use super::auth::Admin;
 use super::{ApiError, from_json, from_raw, parse_query, raw_json, read_optional_json, read_raw_body, resource};
+use crate::audit::{self, Action};
 use crate::biz_types::{self, BizType, Settings};
+use crate::error::Error;
 use crate::state::AppState;
 use crate::users::{self, UserChanges, UserInfo};
-use crate::{audit, error::Error};
 
 /// Largest request body: settings and names only (a description is at most 1000 bytes).
 const BODY_LIMIT: usize = 16 * 1024;
@@ -173,10 +174,6 @@ async fn read<T: serde::de::DeserializeOwned>(body: web::Payload) -> Result<T, A
     from_raw::<T>(raw_json(&body)?)
 }
 
-fn snapshot<T: Serialize>(value: &T) -> Option<serde_json::Value> {
-    serde_json::to_value(value).ok()
-}
-
 async fn found(state: &AppState, name: &str) -> Result<BizType, ApiError> {
     biz_types::by_name(&state.pool, name).await?.ok_or_else(|| ApiError::NotFound(format!("no biz type named `{}`", name.escape_debug())))
 }
@@ -312,8 +309,7 @@ pub(super) struct WithSecret<'a> {
 pub(super) async fn create_biz_type(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: BizTypeRequest = read(body).await?;
     let name = request.name.as_deref().ok_or_else(|| ApiError::from(Error::invalid("name", "is required")))?;
-    let created = biz_types::create(&state.pool, name, &request.settings(), state.callback_hosts).await?;
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.create", "biz_type", name, None, snapshot(&created)).await?;
+    let created = biz_types::create_audited(&state.pool, name, &request.settings(), state.callback_hosts, &admin.0.actor()).await?;
     Ok(HttpResponse::Created().json(WithSecret { biz_type: &created, signing_secret: created.signing_secret.expose().map_err(Error::from)? }))
 }
 
@@ -354,8 +350,8 @@ pub(super) async fn update_biz_type(
         return Err(Error::invalid("name", "a biz type cannot be renamed").into());
     }
     found(&state, &name).await?;
-    let (before, after) = biz_types::update(&state.pool, &name, &request.settings(), state.callback_hosts).await?;
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.update", "biz_type", &name, snapshot(&before), snapshot(&after)).await?;
+    let by = audit::By { actor: &admin.0.actor(), action: Action::BizTypeUpdate };
+    let (_, after) = biz_types::update_audited(&state.pool, &name, &request.settings(), state.callback_hosts, by).await?;
     Ok(HttpResponse::Ok().json(after))
 }
 
@@ -438,9 +434,7 @@ pub(super) async fn rotate_secret(
         (q, b) => q.or(b).unwrap_or(biz_types::DEFAULT_OVERLAP_SECS),
     };
     let b = found(&state, &name).await?;
-    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
-    let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
-    audit::record(&state.pool, &admin.0.actor(), "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
+    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs, &admin.0.actor()).await?;
     Ok(HttpResponse::Ok().json(SigningSecret { signing_secret: rotated.secret, previous_secret_until: rotated.previous_until }))
 }
 
@@ -523,9 +517,7 @@ pub(super) async fn create_token(
 ) -> Result<HttpResponse, ApiError> {
     let asked: Option<TokenRequest> = read_optional_json(body, BODY_LIMIT).await?.map(from_json).transpose()?;
     found(&state, &name).await?;
-    let (info, token) = biz_types::mint_token(&state.pool, &name, asked.and_then(|a| a.name).as_deref()).await?;
-    let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
-    audit::record(&state.pool, &admin.0.actor(), "token.create", "biz_type", &name, None, Some(record)).await?;
+    let (info, token) = biz_types::mint_token(&state.pool, &name, asked.and_then(|a| a.name).as_deref(), &admin.0.actor()).await?;
     Ok(HttpResponse::Created().json(NewToken { info: &info, token: &token }))
 }
 
@@ -555,9 +547,8 @@ pub(super) async fn revoke_token(admin: Admin, state: web::Data<AppState>, path:
     let (name, id) = path.into_inner();
     let b = found(&state, &name).await?;
     let id: Uuid = id.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a token id (a UUID)", id.escape_debug())))?;
-    let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
+    biz_types::revoke_token(&state.pool, b.id, id, &admin.0.actor()).await?;
     state.forget_tokens();
-    audit::record(&state.pool, &admin.0.actor(), "token.revoke", "biz_type", &name, None, Some(prefix.into())).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -620,8 +611,7 @@ pub(super) struct NewUser {
 )]
 pub(super) async fn create_user(admin: Admin, state: web::Data<AppState>, body: web::Payload) -> Result<HttpResponse, ApiError> {
     let request: NewUser = read(body).await?;
-    let user = users::create(&state.pool, &request.name, &request.role, &request.password).await?;
-    audit::record(&state.pool, &admin.0.actor(), "user.create", "user", &user.name, None, snapshot(&user)).await?;
+    let user = users::create_audited(&state.pool, &request.name, &request.role, &request.password, &admin.0.actor(), "given").await?;
     Ok(HttpResponse::Created().json(user))
 }
 
@@ -674,13 +664,10 @@ pub(super) async fn update_user(
 ) -> Result<HttpResponse, ApiError> {
     let patch: UserPatch = read(body).await?;
     let changes = UserChanges { role: patch.role, password: patch.password, disabled: patch.disabled };
-    let (before, after): (UserInfo, UserInfo) = users::update(&state.pool, &name, &changes).await?;
     // The password is never recorded; that it changed is.
-    let mut record = snapshot(&after);
-    if let (Some(serde_json::Value::Object(fields)), true) = (&mut record, changes.password.is_some()) {
-        fields.insert("password".into(), "changed".into());
-    }
-    audit::record(&state.pool, &admin.0.actor(), "user.update", "user", &name, snapshot(&before), record).await?;
+    let by = audit::By { actor: &admin.0.actor(), action: Action::UserUpdate };
+    let how = changes.password.is_some().then_some("changed");
+    let (_, after): (UserInfo, UserInfo) = users::update_audited(&state.pool, &name, &changes, by, how).await?;
     Ok(HttpResponse::Ok().json(after))
 }
 
@@ -706,7 +693,6 @@ pub(super) async fn update_user(
     security(("adminAuth" = []))
 )]
 pub(super) async fn delete_user(admin: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    let user = users::delete(&state.pool, &name).await?;
-    audit::record(&state.pool, &admin.0.actor(), "user.delete", "user", &name, snapshot(&user), None).await?;
+    users::delete(&state.pool, &name, &admin.0.actor()).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::tasks::parse_time;
 use super::{ApiError, from_raw, raw_json, read_raw_body};
-use crate::audit;
+
 use crate::state::AppState;
 use crate::tasks::bulk::{self, BulkFilter, Under};
 use crate::tasks::{self, Status};
@@ -129,23 +129,13 @@ fn one_at_a_time<'a>(state: &'a AppState, caller: &Caller) -> Result<Under<'a>, 
     })
 }
 
-/// The filter as the audit log keeps it.
-fn scope(filter: &BulkFilter) -> serde_json::Value {
-    serde_json::json!({
-        "key_prefix": filter.key_prefix,
-        "run_at_from": filter.run_at_from,
-        "run_at_to": filter.run_at_to,
-        "timer_id": filter.timer_id,
-    })
-}
-
 #[utoipa::path(
     post,
     path = "/api/v1/biz-types/{name}/tasks/cancel",
     operation_id = "cancelTasks",
     tag = "tasks",
     summary = r#"Cancel every pending task matching a filter"#,
-    description = r#"Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
+    description = r#"Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) as one entry, with the filter and the counts, written with the first batch (the counts with the last); each task changed refers to it in its history."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#)
     ),
@@ -175,12 +165,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
         let (matched, more) = dry_run(&state, &filter, Status::Pending).await?;
         return Ok(HttpResponse::Ok().json(Cancelled { matched, cancelled: 0, more: Some(more) }));
     }
-    let done = bulk::cancel(&state.pool, &filter).await?;
-    let mut after = scope(&filter);
-    after["matched"] = done.matched.into();
-    after["cancelled"] = done.changed.into();
-    after["task_ids"] = serde_json::json!(done.ids);
-    audit::record(&state.pool, &caller.actor(), "task.bulk_cancel", "task", &name, None, Some(after)).await?;
+    let done = bulk::cancel(&state.pool, &filter, bulk::By { actor: &caller.actor(), biz_type: Some(&name) }).await?;
     Ok(HttpResponse::Ok().json(Cancelled { matched: done.matched, cancelled: done.changed, more: None }))
 }
 
@@ -190,7 +175,7 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     operation_id = "replayTasks",
     tag = "tasks",
     summary = r#"Replay every failed or expired task matching a filter"#,
-    description = r#"Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000)."#,
+    description = r#"Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) as one entry, with the filter and the counts, written with the first batch (the counts with the last); each task changed refers to it in its history."#,
     params(
         ("name" = String, Path, description = r#"The biz type's name; must be the token's biz type."#, pattern = r#"^[a-z0-9][a-z0-9_-]{0,63}$"#)
     ),
@@ -224,12 +209,6 @@ pub async fn replay(caller: Caller, state: web::Data<AppState>, name: web::Path<
         let (matched, more) = dry_run(&state, &filter, status).await?;
         return Ok(HttpResponse::Ok().json(Replayed { matched, replayed: 0, more: Some(more) }));
     }
-    let done = bulk::replay(&state.pool, &filter, status).await?;
-    let mut after = scope(&filter);
-    after["status"] = status.as_str().into();
-    after["matched"] = done.matched.into();
-    after["replayed"] = done.changed.into();
-    after["task_ids"] = serde_json::json!(done.ids);
-    audit::record(&state.pool, &caller.actor(), "task.bulk_replay", "task", &name, None, Some(after)).await?;
+    let done = bulk::replay(&state.pool, &filter, status, bulk::By { actor: &caller.actor(), biz_type: Some(&name) }).await?;
     Ok(HttpResponse::Ok().json(Replayed { matched: done.matched, replayed: done.changed, more: None }))
 }

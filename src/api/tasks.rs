@@ -12,9 +12,9 @@ use uuid::Uuid;
 
 use super::auth::Caller;
 use super::{ApiError, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
+use crate::biz_types;
 use crate::state::AppState;
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
-use crate::{audit, biz_types};
 
 /// Most tasks in one batch create.
 pub const MAX_BATCH: usize = 1000;
@@ -563,11 +563,8 @@ async fn patch(caller: &Caller, state: &AppState, target: tasks::Target<'_>, bod
     if let Some(payload) = request.payload {
         tasks::check_payload(payload, state.max_payload_bytes)?;
     }
-    let task = tasks::reschedule_target(&state.pool, caller.0.biz_type_id, target, when, request.payload, priority).await?;
-    // Audited like a cancel (and like the console's reschedule): the due time and priority
-    // it now has, and whether the payload was replaced (not the payload itself).
-    let after = serde_json::json!({"run_at": task.run_at, "priority": task.priority, "payload_replaced": request.payload.is_some()});
-    audit::record(&state.pool, &caller.actor(), "task.reschedule", "task", &task.id.to_string(), None, Some(after)).await?;
+    let changes = tasks::Reschedule { when, payload: request.payload, priority };
+    let task = tasks::reschedule_target(&state.pool, caller.0.biz_type_id, target, changes, &caller.actor()).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 
@@ -656,8 +653,7 @@ pub async fn cancel_by_key(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (_, key) = key_path(&caller, &state, &req, path).await?;
-    let task = tasks::cancel_target(&state.pool, caller.0.biz_type_id, tasks::Target::Key(&key)).await?;
-    audit::record(&state.pool, &caller.actor(), "task.cancel", "task", &task.id.to_string(), None, None).await?;
+    let task = tasks::cancel_target(&state.pool, caller.0.biz_type_id, tasks::Target::Key(&key), &caller.actor()).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 
@@ -685,8 +681,7 @@ pub async fn cancel_by_key(
 )]
 pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let task = tasks::cancel(&state.pool, caller.0.biz_type_id, id).await?;
-    audit::record(&state.pool, &caller.actor(), "task.cancel", "task", &id.to_string(), None, None).await?;
+    let task = tasks::cancel(&state.pool, caller.0.biz_type_id, id, &caller.actor()).await?;
     Ok(HttpResponse::Ok().json(task))
 }
 
@@ -714,7 +709,6 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<St
 )]
 pub async fn replay(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let task = tasks::replay(&state.pool, caller.0.biz_type_id, id).await?;
-    audit::record(&state.pool, &caller.actor(), "task.replay", "task", &id.to_string(), None, None).await?;
+    let task = tasks::replay(&state.pool, caller.0.biz_type_id, id, &caller.actor()).await?;
     Ok(HttpResponse::Ok().json(task))
 }

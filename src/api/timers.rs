@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::auth::Caller;
 use super::{ApiError, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
-use crate::audit;
+use crate::audit::{self, Action};
 use crate::state::AppState;
 use crate::tasks::validate_key;
 use crate::timers::{self, CreateTimer, Timer, TimerChanges};
@@ -46,10 +46,6 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a timer id (a UUID)")))
 }
 
-fn snapshot(timer: &Timer) -> serde_json::Value {
-    serde_json::to_value(timer).unwrap_or_default()
-}
-
 #[utoipa::path(
     post,
     path = "/api/v1/timers",
@@ -78,8 +74,7 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
     let request: CreateTimer = from_raw(raw_json(&body)?)?;
     caller.require(&state, &request.biz_type).await?;
     request.validate(state.max_payload_bytes)?;
-    let timer = timers::create(&state.pool, caller.0.biz_type_id, request).await?;
-    audit::record(&state.pool, &caller.actor(), "timer.create", "timer", &timer.id.to_string(), None, Some(snapshot(&timer))).await?;
+    let timer = timers::create(&state.pool, caller.0.biz_type_id, request, &caller.actor()).await?;
     Ok(HttpResponse::Created().json(view(&timer)))
 }
 
@@ -161,9 +156,9 @@ pub async fn list(caller: Caller, state: web::Data<AppState>, req: HttpRequest) 
     Ok(HttpResponse::Ok().json(ListAnswer { items, next_cursor }))
 }
 
-async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChanges, action: &str) -> Result<HttpResponse, ApiError> {
-    let (before, after) = timers::update(&state.pool, caller.0.biz_type_id, id, changes, state.max_payload_bytes).await?;
-    audit::record(&state.pool, &caller.actor(), action, "timer", &id.to_string(), Some(snapshot(&before)), Some(snapshot(&after))).await?;
+async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChanges, action: Action) -> Result<HttpResponse, ApiError> {
+    let by = audit::By { actor: &caller.actor(), action };
+    let (_, after) = timers::update(&state.pool, caller.0.biz_type_id, id, changes, state.max_payload_bytes, by).await?;
     Ok(HttpResponse::Ok().json(view(&after)))
 }
 
@@ -199,7 +194,7 @@ pub async fn update(caller: Caller, state: web::Data<AppState>, id: web::Path<St
     if changes.is_empty() {
         return Err(ApiError::Invalid("give cron, timezone, payload, active or catch_up to change".into()));
     }
-    change(&caller, &state, id, changes, "timer.update").await
+    change(&caller, &state, id, changes, Action::TimerUpdate).await
 }
 
 #[utoipa::path(
@@ -225,7 +220,7 @@ pub async fn update(caller: Caller, state: web::Data<AppState>, id: web::Path<St
 )]
 pub async fn activate(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    change(&caller, &state, id, TimerChanges { active: Some(true), ..Default::default() }, "timer.activate").await
+    change(&caller, &state, id, TimerChanges { active: Some(true), ..Default::default() }, Action::TimerActivate).await
 }
 
 #[utoipa::path(
@@ -251,7 +246,7 @@ pub async fn activate(caller: Caller, state: web::Data<AppState>, id: web::Path<
 )]
 pub async fn deactivate(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    change(&caller, &state, id, TimerChanges { active: Some(false), ..Default::default() }, "timer.deactivate").await
+    change(&caller, &state, id, TimerChanges { active: Some(false), ..Default::default() }, Action::TimerDeactivate).await
 }
 
 #[utoipa::path(
@@ -277,7 +272,6 @@ pub async fn deactivate(caller: Caller, state: web::Data<AppState>, id: web::Pat
 )]
 pub async fn delete(caller: Caller, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let timer = timers::delete(&state.pool, caller.0.biz_type_id, id).await?;
-    audit::record(&state.pool, &caller.actor(), "timer.delete", "timer", &id.to_string(), Some(snapshot(&timer)), None).await?;
+    timers::delete(&state.pool, caller.0.biz_type_id, id, &caller.actor()).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -415,19 +415,19 @@ async fn write(tx: &mut PgConnection, step: &Step, hosts: CallbackHosts) -> Resu
         Action::Unchanged => return Ok(()),
         Action::Create => {
             let created = create_in(tx, name, &step.settings, step.secret.as_deref(), hosts).await?;
-            audit::record(&mut *tx, ACTOR, "biz_type.create", "biz_type", name, None, json(&created)).await?;
+            audit::record(&mut *tx, ACTOR, audit::Action::BizTypeCreate, name, None, json(&created)).await?;
             created
         }
         Action::Update => {
             let mut after = step.planned.clone();
             if step.settings_changed {
                 let (old, new) = update_in(tx, name, &step.settings, hosts).await?;
-                audit::record(&mut *tx, ACTOR, "biz_type.update", "biz_type", name, json(&old), json(&new)).await?;
+                audit::record(&mut *tx, ACTOR, audit::Action::BizTypeUpdate, name, json(&old), json(&new)).await?;
                 after = new;
             }
             if let Some(secret) = &step.secret {
                 set_signing_secret(tx, after.id, secret).await?;
-                audit::record(&mut *tx, ACTOR, "biz_type.set_secret", "biz_type", name, None, None).await?;
+                audit::record(&mut *tx, ACTOR, audit::Action::BizTypeSetSecret, name, None, None).await?;
             }
             after
         }

@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use crate::audit::Action;
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
 use crate::tasks::wake::{self, Wake};
@@ -369,10 +370,21 @@ pub(crate) fn archived(name: &str) -> Error {
     Error::invalid_state(format!("biz type `{name}` is archived: it cannot be changed, and its name stays reserved"))
 }
 
-/// Creates a biz type; `hosts` is the install's rule for callback URLs.
+/// Creates a biz type; `hosts` is the install's rule for callback URLs. Not audited: for
+/// setups (tests, the bench); a person's or a client's create is `create_audited`.
 pub async fn create(pool: &Pool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<BizType, Error> {
     let mut tx = pool.begin().await?;
     let biz_type = create_in(&mut tx, name, settings, None, hosts).await?;
+    tx.commit().await?;
+    Ok(biz_type)
+}
+
+/// `create`, recorded in the audit log as `actor`'s (`biz_type.create`, the biz type as
+/// made) in the same transaction.
+pub async fn create_audited(pool: &Pool, name: &str, settings: &Settings, hosts: CallbackHosts, actor: &str) -> Result<BizType, Error> {
+    let mut tx = pool.begin().await?;
+    let biz_type = create_in(&mut tx, name, settings, None, hosts).await?;
+    crate::audit::record(&mut tx, actor, Action::BizTypeCreate, name, None, serde_json::to_value(&biz_type).ok()).await?;
     tx.commit().await?;
     Ok(biz_type)
 }
@@ -425,11 +437,29 @@ impl Settings {
 
 /// Applies the settings; returns the biz type before and after (for the audit log). A
 /// callback URL already stored is not re-checked against `hosts` unless it is given again.
+/// Not audited: for setups (tests, the bench); a person's or a client's change is
+/// `update_audited`.
 pub async fn update(pool: &Pool, name: &str, settings: &Settings, hosts: CallbackHosts) -> Result<(BizType, BizType), Error> {
     let mut tx = pool.begin().await?;
     let changed = update_in(&mut tx, name, settings, hosts).await?;
     tx.commit().await?;
     Ok(changed)
+}
+
+/// `update`, recorded in the audit log as `by`'s (an update, pause or resume: the biz type
+/// before and after) in the same transaction.
+pub async fn update_audited(
+    pool: &Pool,
+    name: &str,
+    settings: &Settings,
+    hosts: CallbackHosts,
+    by: crate::audit::By<'_>,
+) -> Result<(BizType, BizType), Error> {
+    let mut tx = pool.begin().await?;
+    let (before, after) = update_in(&mut tx, name, settings, hosts).await?;
+    crate::audit::record(&mut tx, by.actor, by.action, name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
+    tx.commit().await?;
+    Ok((before, after))
 }
 
 /// `update` inside the caller's transaction.
@@ -524,7 +554,7 @@ pub async fn archive(pool: &Pool, name: &str, actor: &str) -> Result<(BizType, B
         if let Some(serde_json::Value::Object(fields)) = &mut record {
             fields.insert("cancelled_tasks".into(), cancelled.into());
         }
-        crate::audit::record(&mut *tx, actor, "biz_type.archive", "biz_type", name, serde_json::to_value(&before).ok(), record).await?;
+        crate::audit::record(&mut tx, actor, Action::BizTypeArchive, name, serde_json::to_value(&before).ok(), record).await?;
     }
     tx.commit().await?;
     // After the commit: a task created meanwhile by a token not yet refused is pending

@@ -11,6 +11,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
+
+use crate::audit::Action;
 use uuid::Uuid;
 
 use super::SigningSecret;
@@ -44,7 +46,8 @@ pub(crate) fn hash(token: &str) -> Vec<u8> {
 
 /// Creates an unnamed token for the named biz type and returns it; it cannot be shown again.
 pub async fn create_token(pool: &Pool, biz_type: &str) -> Result<String, Error> {
-    Ok(mint_token(pool, biz_type, None).await?.1)
+    let mut conn = pool.acquire().await?;
+    Ok(mint(&mut conn, biz_type, None).await?.1)
 }
 
 /// A token's name, as the console, the admin API and `chime token create` take it: what
@@ -63,10 +66,25 @@ const TOKEN_COLUMNS: &str = "id, name, prefix, created_at, last_used_at, revoked
 
 /// Creates a token for the named biz type (not an archived one), named `name` (what it is
 /// for; see `token_name`): returns it as lists show it, and the token itself, which cannot
-/// be shown again.
-pub async fn mint_token(pool: &Pool, biz_type: &str, name: Option<&str>) -> Result<(TokenInfo, String), Error> {
+/// be shown again. Recorded in the audit log as `actor`'s (`token.create`: its prefix and
+/// name) in the same transaction.
+pub async fn mint_token(pool: &Pool, biz_type: &str, name: Option<&str>, actor: &str) -> Result<(TokenInfo, String), Error> {
+    let mut tx = pool.begin().await?;
+    let (info, token) = mint(&mut tx, biz_type, name).await?;
+    let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
+    crate::audit::record(&mut tx, actor, Action::TokenCreate, biz_type, None, Some(record)).await?;
+    tx.commit().await?;
+    Ok((info, token))
+}
+
+/// `mint_token` on the caller's connection, unrecorded.
+async fn mint(conn: &mut PgConnection, biz_type: &str, name: Option<&str>) -> Result<(TokenInfo, String), Error> {
     let name = token_name(name)?;
-    let biz_type_id = super::id_of(pool, biz_type).await?;
+    let biz_type_id: i32 = crate::db::query_scalar("SELECT id FROM biz_types WHERE name = $1")
+        .bind(biz_type)
+        .fetch_optional(&mut *conn)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no biz type named `{}`", biz_type.escape_debug())))?;
     let token = format!("chime_{}", random_base64(32));
     let info = crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO api_tokens (id, biz_type_id, token_hash, prefix, name)
@@ -78,7 +96,7 @@ pub async fn mint_token(pool: &Pool, biz_type: &str, name: Option<&str>) -> Resu
     .bind(hash(&token))
     .bind(&token[..12])
     .bind(name)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?
     .ok_or_else(|| super::archived(biz_type))?;
     Ok((info, token))
@@ -146,22 +164,28 @@ pub async fn list_tokens(pool: &Pool, biz_type_id: i32) -> Result<Vec<TokenInfo>
 /// node is told on commit (`Wake::Settings`) and forgets the tokens it had checked, so the
 /// token is refused from then on rather than after `TokenCache::TTL`; the node that
 /// revoked it should forget its own at once (`AppState::forget_tokens`), before its answer.
-pub async fn revoke_token(pool: &Pool, biz_type_id: i32, id: Uuid) -> Result<String, Error> {
-    // Locks the token's row; the notification goes out when the statement commits.
-    crate::db::query_as::<(String, ())>(
+/// Recorded in the audit log as `actor`'s (`token.revoke`: its prefix) in the same
+/// transaction.
+pub async fn revoke_token(pool: &Pool, biz_type_id: i32, id: Uuid, actor: &str) -> Result<String, Error> {
+    let mut tx = pool.begin().await?;
+    // Locks the token's row; the notification goes out when the transaction commits.
+    let (prefix, biz_type) = crate::db::query_as::<(String, String, ())>(
         "WITH revoked AS (
             UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND biz_type_id = $2 RETURNING prefix
          )
-         SELECT prefix, pg_notify($3, $4) FROM revoked",
+         SELECT prefix, (SELECT name FROM biz_types WHERE id = $2), pg_notify($3, $4) FROM revoked",
     )
     .bind(id)
     .bind(biz_type_id)
     .bind(crate::tasks::wake::CHANNEL)
     .bind(crate::tasks::wake::Wake::Settings.payload())
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?
-    .map(|(prefix, ())| prefix)
-    .ok_or_else(|| Error::NotFound(format!("no token {id} in this biz type")))
+    .map(|(prefix, biz_type, ())| (prefix, biz_type))
+    .ok_or_else(|| Error::NotFound(format!("no token {id} in this biz type")))?;
+    crate::audit::record(&mut tx, actor, Action::TokenRevoke, &biz_type, None, Some(prefix.clone().into())).await?;
+    tx.commit().await?;
+    Ok(prefix)
 }
 
 /// How long the replaced secret may keep signing after a rotation, at most: 30 days.
@@ -195,7 +219,10 @@ pub fn validate_overlap(overlap_secs: i64) -> Result<(), Error> {
 /// take the new one without a gap; a rotation during an overlap keeps the secret it
 /// replaces, and the older one stops. The engines are told to re-read their settings, so
 /// callbacks carry the new signature at once. An archived biz type's secret is kept.
-pub async fn rotate_secret(pool: &Pool, biz_type_id: i32, overlap_secs: i64) -> Result<Rotated, Error> {
+///
+/// Recorded in the audit log as `actor`'s (`biz_type.rotate_secret`: the overlap, and until
+/// when the replaced secret signs) in the same transaction.
+pub async fn rotate_secret(pool: &Pool, biz_type_id: i32, overlap_secs: i64, actor: &str) -> Result<Rotated, Error> {
     validate_overlap(overlap_secs)?;
     let secret = new_secret();
     let mut tx = pool.begin().await?;
@@ -210,6 +237,11 @@ pub async fn rotate_secret(pool: &Pool, biz_type_id: i32, overlap_secs: i64) -> 
     // A replaced secret this node cannot open cannot sign: it stops at once.
     let previous = current.as_ref().and_then(|s| s.expose().ok()).filter(|_| overlap_secs > 0);
     let previous_until = set_previous_secret(&mut tx, biz_type_id, previous, overlap_secs).await?;
+    if current.is_some() {
+        let name: String = crate::db::query_scalar("SELECT name FROM biz_types WHERE id = $1").bind(biz_type_id).fetch_one(&mut *tx).await?;
+        let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": previous_until});
+        crate::audit::record(&mut tx, actor, Action::BizTypeRotateSecret, &name, None, Some(record)).await?;
+    }
     tx.commit().await?;
     Ok(Rotated { secret, previous_until })
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, render, reveal};
-use crate::audit;
+use crate::audit::{self, Action};
 use crate::biz_types::{self, BizType, Settings, TokenInfo};
 use crate::engine::{BizTypeConfig, deliver};
 use crate::error::Error;
@@ -388,11 +388,10 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     if !problems.is_empty() {
         return refused(&req, &session, None, form, Problems(problems), vec![], None);
     }
-    let created = match biz_types::create(&state.pool, &name, &settings, state.callback_hosts).await {
+    let created = match biz_types::create_audited(&state.pool, &name, &settings, state.callback_hosts, &session.actor()).await {
         Ok(b) => b,
         Err(e) => return refused(&req, &session, None, form, e.into(), vec![], None),
     };
-    audit::record(&state.pool, &session.actor(), "biz_type.create", "biz_type", &name, None, serde_json::to_value(&created).ok()).await?;
     let secret = created.signing_secret.expose().map_err(Error::from)?;
     Ok(done_revealing(&req, &session, &created.name, "Biz type created.", "signing secret", secret))
 }
@@ -412,22 +411,13 @@ pub async fn update(
     problems.extend(biz_types::problems(&name, Some(&current), &settings, state.callback_hosts));
     let updated = match Problems::of(problems.into_iter().map(Some)) {
         Some(problems) => Err(problems),
-        None => biz_types::update(&state.pool, &name, &settings, state.callback_hosts).await.map_err(Problems::from),
+        None => {
+            let by = audit::By { actor: &session.actor(), action: Action::BizTypeUpdate };
+            biz_types::update_audited(&state.pool, &name, &settings, state.callback_hosts, by).await.map_err(Problems::from)
+        }
     };
     match updated {
-        Ok((before, after)) => {
-            audit::record(
-                &state.pool,
-                &session.actor(),
-                "biz_type.update",
-                "biz_type",
-                &name,
-                serde_json::to_value(&before).ok(),
-                serde_json::to_value(&after).ok(),
-            )
-            .await?;
-            Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them at once."))
-        }
+        Ok(_) => Ok(done(&format!("/console/biz-types/{name}"), "Settings saved; running nodes apply them at once.")),
         Err(problems) => {
             let tokens = biz_types::list_tokens(&state.pool, current.id).await?;
             refused(&req, &session, Some(current), form, problems, tokens, None)
@@ -437,11 +427,8 @@ pub async fn update(
 
 async fn set_paused(session: &Session, state: &AppState, name: &str, form: &CsrfForm, paused: bool) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let (before, after) =
-        biz_types::update(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }, state.callback_hosts).await?;
-    let action = if paused { "biz_type.pause" } else { "biz_type.resume" };
-    audit::record(&state.pool, &session.actor(), action, "biz_type", name, serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok())
-        .await?;
+    let by = audit::By { actor: &session.actor(), action: if paused { Action::BizTypePause } else { Action::BizTypeResume } };
+    biz_types::update_audited(&state.pool, name, &Settings { paused: Some(paused), ..Settings::default() }, state.callback_hosts, by).await?;
     let message = if paused { "Paused: its tasks stay pending until resumed." } else { "Resumed: pending tasks are delivered again." };
     Ok(done(&format!("/console/biz-types/{name}"), message))
 }
@@ -515,9 +502,7 @@ pub async fn rotate_secret(
             );
         }
     };
-    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs).await?;
-    let record = serde_json::json!({"overlap_secs": overlap_secs, "previous_secret_until": rotated.previous_until});
-    audit::record(&state.pool, &session.actor(), "biz_type.rotate_secret", "biz_type", &name, None, Some(record)).await?;
+    let rotated = biz_types::rotate_secret(&state.pool, b.id, overlap_secs, &session.actor()).await?;
     let message = match rotated.previous_until {
         Some(until) => format!(
             "Signing secret rotated: callbacks carry the new secret's signature and, until {}, the old one's too; give the new one to the receivers before then.",
@@ -546,7 +531,7 @@ pub async fn create_token(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let b = found(&state, &name).await?;
-    let (info, token) = match biz_types::mint_token(&state.pool, &name, Some(&form.token_name)).await {
+    let (info, token) = match biz_types::mint_token(&state.pool, &name, Some(&form.token_name), &session.actor()).await {
         Ok(minted) => minted,
         // On this page `name` is the biz type's: the token's name has a field of its own.
         Err(Error::Invalid { field, message }) if field == "name" => {
@@ -563,8 +548,6 @@ pub async fn create_token(
         }
         Err(e) => return Err(e.into()),
     };
-    let record = serde_json::json!({"prefix": info.prefix, "name": info.name});
-    audit::record(&state.pool, &session.actor(), "token.create", "biz_type", &name, None, Some(record)).await?;
     let message = match &info.name {
         Some(token_name) => format!("Token {token_name} created."),
         None => "Token created.".to_string(),
@@ -581,9 +564,8 @@ pub async fn revoke_token(
     session.admin_form(&form.csrf)?;
     let (name, id) = path.into_inner();
     let b = found(&state, &name).await?;
-    let prefix = biz_types::revoke_token(&state.pool, b.id, id).await?;
+    let prefix = biz_types::revoke_token(&state.pool, b.id, id, &session.actor()).await?;
     state.forget_tokens();
-    audit::record(&state.pool, &session.actor(), "token.revoke", "biz_type", &name, None, Some(prefix.clone().into())).await?;
     Ok(done(&format!("/console/biz-types/{name}"), &format!("Token {prefix}… revoked; API calls with it are refused from now on.")))
 }
 
@@ -703,6 +685,6 @@ pub async fn test_callback(
     let record = serde_json::json!({
         "callback_url": b.callback_url, "status_code": tested.status_code, "duration_ms": tested.duration_ms, "error": tested.error,
     });
-    audit::record(&state.pool, &session.actor(), "biz_type.test_callback", "biz_type", &name, None, Some(record)).await?;
+    audit::record_alone(&state.pool, &session.actor(), Action::BizTypeTestCallback, &name, None, Some(record)).await?;
     Ok(done(&page_of(&name), &tested.message(&audit::masked_url(&b.callback_url))))
 }

@@ -8,7 +8,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use uuid::Uuid;
 
 use super::{ConsoleError, Session, done};
-use crate::audit;
+
 use crate::error::Error;
 use crate::state::AppState;
 use crate::tasks::{self, Status};
@@ -73,7 +73,7 @@ async fn one(session: &Session, state: &AppState, raw: &str, replay: bool) -> Re
         Ok(None) => return Err("no such task: deleted with its partition?".into()),
         Err(e) => return Err(failed(e)),
     };
-    let action = if replay {
+    if replay {
         if let Some(why) = super::tasks::replay_refused(session, &task) {
             return Err(why);
         }
@@ -81,15 +81,10 @@ async fn one(session: &Session, state: &AppState, raw: &str, replay: bool) -> Re
             // An admin delivers a succeeded task again only after its own confirm page.
             return Err("succeeded: replay it from its own page, which asks first".into());
         }
-        tasks::replay(&state.pool, task.biz_type_id, id).await.map_err(failed)?;
-        "task.replay"
+        tasks::replay(&state.pool, task.biz_type_id, id, &session.actor()).await.map_err(failed)?;
     } else {
-        tasks::cancel(&state.pool, task.biz_type_id, id).await.map_err(failed)?;
-        "task.cancel"
-    };
-    let (before, after) =
-        if replay { (Some(serde_json::json!({"status": task.status})), Some(serde_json::json!({"status": Status::Pending}))) } else { (None, None) };
-    audit::record(&state.pool, &session.actor(), action, "task", &id.to_string(), before, after).await.map_err(|e| failed(e.into()))?;
+        tasks::cancel(&state.pool, task.biz_type_id, id, &session.actor()).await.map_err(failed)?;
+    }
     Ok(())
 }
 

@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 
 use super::login_limits::LoginLimiter;
 use super::{ConsoleError, assets, see_other};
-use crate::audit;
+use crate::audit::{self, Action};
 use crate::client_address::TrustedProxies;
 use crate::state::AppState;
 use crate::users::{self, User};
@@ -286,7 +286,7 @@ pub async fn login(
             let name = shown_name(&form.username);
             tracing::warn!(user = %name, %address, failures, "console: sign-in failed");
             let after = serde_json::json!({"address": address.to_string(), "failures": failures});
-            audit::record(&state.pool, &format!("address:{address}"), "user.sign_in_failed", "user", &name, None, Some(after)).await?;
+            audit::record_alone(&state.pool, &format!("address:{address}"), Action::UserSignInFailed, &name, None, Some(after)).await?;
             let error = "wrong user name or password".to_string();
             return Ok(login_page(&req, key, StatusCode::UNAUTHORIZED, next, form.username, Some(error)));
         }
@@ -306,7 +306,7 @@ pub async fn login(
         crate::db::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(old.value())).execute(&state.pool).await?;
     }
     users::record_sign_in(&state.pool, user.id).await?;
-    audit::record(&state.pool, &format!("user:{}", user.username), "user.sign_in", "user", &user.username, None, None).await?;
+    audit::record_alone(&state.pool, &format!("user:{}", user.username), Action::UserSignIn, &user.username, None, None).await?;
     tracing::info!(user = %user.username, %address, "console: signed in");
     let session = Cookie::build(COOKIE, token)
         .path("/")

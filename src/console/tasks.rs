@@ -418,10 +418,11 @@ async fn task_page(
     let others = tasks::others_with_key(&state.pool, &task).await?;
     let mut notices = failure_notices::for_task(&state.pool, task.id).await?;
     let holding = tasks::holding(&state.pool, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
-    let mut audited = history::Audited::read(&state.pool, &task).await?;
-    // Only the replays and releases among the attempts shown, when there are more.
+    // Only the changes among the attempts shown, when there are more.
     let (first, last) = (attempts.first().map(|a| a.started_at), attempts.last().map(|a| a.started_at));
-    audited.own.retain(|e| (page.older.is_none() || first.is_none_or(|f| e.at >= f)) && (page.newer.is_none() || last.is_none_or(|l| e.at <= l)));
+    let since = first.filter(|_| page.older.is_some());
+    let until = last.filter(|_| page.newer.is_some());
+    let audited = history::Audited::read(&state.pool, &task, since, until).await?;
     if !session.is_admin() {
         // A redirect's target, in the attempt and its error, may carry `user:pass@`.
         task.last_error = task.last_error.as_deref().map(audit::masked_urls);
@@ -505,8 +506,7 @@ pub async fn cancel(
 ) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     let (task, _) = found(&state, parse_id(&id)?).await?;
-    tasks::cancel(&state.pool, task.biz_type_id, task.id).await?;
-    audit::record(&state.pool, &session.actor(), "task.cancel", "task", &task.id.to_string(), None, None).await?;
+    tasks::cancel(&state.pool, task.biz_type_id, task.id, &session.actor()).await?;
     Ok(done(&format!("/console/tasks/{}", task.id), "Task cancelled."))
 }
 
@@ -568,17 +568,7 @@ pub async fn replay(
     if task.status == Status::Succeeded && form.confirm != "yes" {
         return Ok(see_other(&format!("/console/tasks/{}/replay", task.id)));
     }
-    tasks::replay(&state.pool, task.biz_type_id, task.id).await?;
-    audit::record(
-        &state.pool,
-        &session.actor(),
-        "task.replay",
-        "task",
-        &task.id.to_string(),
-        Some(serde_json::json!({"status": task.status})),
-        Some(serde_json::json!({"status": Status::Pending})),
-    )
-    .await?;
+    tasks::replay(&state.pool, task.biz_type_id, task.id, &session.actor()).await?;
     Ok(done(&format!("/console/tasks/{}", task.id), "Task replayed: it is pending and due now."))
 }
 
@@ -606,22 +596,12 @@ pub async fn release(
         return Err(Error::invalid("receipt", "is not a receipt; reload the task's page and release it from there").into());
     };
     let reason = format!("released by {}: the consumer holding it was given up for dead", session.actor());
-    if !tasks::lease::release(&state.pool, task.biz_type_id, task.id, receipt, &reason).await? {
+    if !tasks::lease::release(&state.pool, task.biz_type_id, task.id, receipt, &reason, &session.actor()).await? {
         return Ok(done(
             &back,
             "Not released: the task is no longer held by that consumer (it was acked, nacked or recovered meanwhile). Read its state below.",
         ));
     }
-    audit::record(
-        &state.pool,
-        &session.actor(),
-        "task.release",
-        "task",
-        &task.id.to_string(),
-        Some(serde_json::json!({"status": "running", "receipt": receipt})),
-        Some(serde_json::json!({"status": "pending"})),
-    )
-    .await?;
     Ok(done(&back, "Task released: it is pending and due now; the consumer's receipt no longer settles it."))
 }
 
@@ -652,7 +632,15 @@ pub async fn reschedule(
         .and_then(|t| t.ok_or_else(|| Error::invalid("run_at", "give the new time")))
         .and_then(|t| When::parse(Some(&t.to_rfc3339()), None, chrono::Utc::now()));
     let moved = match (zone, when) {
-        (Ok(_), Ok(when)) => match tasks::reschedule(&state.pool, task.biz_type_id, task.id, Some(when), None, None).await {
+        (Ok(_), Ok(when)) => match tasks::reschedule(
+            &state.pool,
+            task.biz_type_id,
+            task.id,
+            tasks::Reschedule { when: Some(when), ..tasks::Reschedule::default() },
+            &session.actor(),
+        )
+        .await
+        {
             Ok(moved) => Ok(moved),
             // Past its deadline, say: shown on the form as the API names it.
             Err(e @ Error::Invalid { .. }) => Err(Problems(vec![e])),
@@ -660,23 +648,10 @@ pub async fn reschedule(
         },
         (zone, when) => Err(Problems(vec![zone.err(), when.err()].into_iter().flatten().collect())),
     };
-    let moved = match moved {
-        Ok(moved) => moved,
-        Err(problems) => {
-            let form = form.into_inner();
-            return task_page(&req, &session, &state, task, AttemptsFrom::Newest, form.zone, form.run_at, problems.by_field()?).await;
-        }
-    };
-    audit::record(
-        &state.pool,
-        &session.actor(),
-        "task.reschedule",
-        "task",
-        &task.id.to_string(),
-        Some(serde_json::json!({"run_at": task.run_at})),
-        Some(serde_json::json!({"run_at": moved.run_at})),
-    )
-    .await?;
+    if let Err(problems) = moved {
+        let form = form.into_inner();
+        return task_page(&req, &session, &state, task, AttemptsFrom::Newest, form.zone, form.run_at, problems.by_field()?).await;
+    }
     Ok(done(&format!("/console/tasks/{}", task.id), "Task rescheduled."))
 }
 
@@ -838,16 +813,12 @@ async fn apply(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<
     if form.confirm != "yes" {
         return Ok(see_other(&form.ask(bulk)));
     }
-    let (counts, action, verb) = match bulk {
-        Bulk::Replay(status) => (bulk::replay(&state.pool, &filter, status).await?, "task.bulk_replay", "Replayed"),
-        Bulk::Cancel => (bulk::cancel(&state.pool, &filter).await?, "task.bulk_cancel", "Cancelled"),
+    let actor = session.actor();
+    let by = bulk::By { actor: &actor, biz_type: Some(form.biz_type.as_str()).filter(|b| !b.is_empty()) };
+    let (counts, verb) = match bulk {
+        Bulk::Replay(status) => (bulk::replay(&state.pool, &filter, status, by).await?, "Replayed"),
+        Bulk::Cancel => (bulk::cancel(&state.pool, &filter, by).await?, "Cancelled"),
     };
-    let scope = serde_json::json!({
-        "biz_type": form.biz_type, "status": bulk.status().as_str(), "key_prefix": filter.key_prefix,
-        "from": form.from, "to": form.to, "matched": counts.matched, "changed": counts.changed, "task_ids": counts.ids,
-    });
-    let target = if form.biz_type.is_empty() { "every biz type" } else { form.biz_type.as_str() };
-    audit::record(&state.pool, &session.actor(), action, "task", target, None, Some(scope)).await?;
     let (message, then) = match bulk {
         Bulk::Replay(status) => {
             let tasks = super::counted(counts.changed, &format!("{status} task"), &format!("{status} tasks"));

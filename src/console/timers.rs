@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, render};
-use crate::audit;
+use crate::audit::{self, Action};
 use crate::biz_types::{self, BizType};
 use crate::error::Error;
 use crate::state::AppState;
@@ -191,15 +191,11 @@ pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppStat
     };
     let checked = request.validate(state.max_payload_bytes);
     let created = match (biz_type_id, payload, checked) {
-        (Ok(biz_type_id), Ok(_), Ok(())) => timers::create(&state.pool, biz_type_id, request).await.map_err(Problems::from),
+        (Ok(biz_type_id), Ok(_), Ok(())) => timers::create(&state.pool, biz_type_id, request, &session.actor()).await.map_err(Problems::from),
         (biz_type_id, payload, checked) => Err(Problems(vec![biz_type_id.err(), payload.err(), checked.err()].into_iter().flatten().collect())),
     };
     match created {
-        Ok(timer) => {
-            audit::record(&state.pool, &session.actor(), "timer.create", "timer", &timer.id.to_string(), None, serde_json::to_value(&timer).ok())
-                .await?;
-            Ok(done(&format!("/console/timers/{}", timer.id), "Timer created."))
-        }
+        Ok(timer) => Ok(done(&format!("/console/timers/{}", timer.id), "Timer created.")),
         Err(problems) => edit_page(&req, &session, &state, None, form, field_errors(problems)?).await,
     }
 }
@@ -215,18 +211,9 @@ pub async fn show(req: HttpRequest, session: Session, state: web::Data<AppState>
     edit_page(&req, &session, &state, Some(timer), form, vec![]).await
 }
 
-async fn change(session: &Session, state: &AppState, timer: &Timer, changes: TimerChanges, action: &str) -> Result<Timer, Error> {
-    let (before, after) = timers::update(&state.pool, timer.biz_type_id, timer.id, changes, state.max_payload_bytes).await?;
-    audit::record(
-        &state.pool,
-        &session.actor(),
-        action,
-        "timer",
-        &timer.id.to_string(),
-        serde_json::to_value(&before).ok(),
-        serde_json::to_value(&after).ok(),
-    )
-    .await?;
+async fn change(session: &Session, state: &AppState, timer: &Timer, changes: TimerChanges, action: Action) -> Result<Timer, Error> {
+    let by = audit::By { actor: &session.actor(), action };
+    let (_, after) = timers::update(&state.pool, timer.biz_type_id, timer.id, changes, state.max_payload_bytes, by).await?;
     Ok(after)
 }
 
@@ -249,7 +236,7 @@ pub async fn update(
                 active: Some(form.active.is_some()),
                 catch_up: Some(form.catch_up.is_some()),
             };
-            change(&session, &state, &timer, changes, "timer.update").await.map_err(Problems::from)
+            change(&session, &state, &timer, changes, Action::TimerUpdate).await.map_err(Problems::from)
         }
         // The payload is not JSON: the schedule is checked by the API's rules beside it.
         Err(not_json) => {
@@ -274,7 +261,7 @@ pub async fn update(
 async fn set_active(session: &Session, state: &AppState, id: &str, form: &CsrfForm, active: bool) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let timer = found(state, id).await?;
-    let action = if active { "timer.activate" } else { "timer.deactivate" };
+    let action = if active { Action::TimerActivate } else { Action::TimerDeactivate };
     change(session, state, &timer, TimerChanges { active: Some(active), ..TimerChanges::default() }, action).await?;
     let message = if active { "Timer activated: it fires from now on." } else { "Timer deactivated: occurrences not fired yet were removed." };
     Ok(done(&format!("/console/timers/{}", timer.id), message))
@@ -306,7 +293,6 @@ pub async fn delete(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
-    let deleted = timers::delete(&state.pool, timer.biz_type_id, timer.id).await?;
-    audit::record(&state.pool, &session.actor(), "timer.delete", "timer", &timer.id.to_string(), serde_json::to_value(&deleted).ok(), None).await?;
+    let deleted = timers::delete(&state.pool, timer.biz_type_id, timer.id, &session.actor()).await?;
     Ok(done("/console/timers", &format!("Timer `{}` deleted.", deleted.key)))
 }

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use super::login_limits::LoginLimiter;
 use super::session::CsrfForm;
 use super::{ConsoleError, Ctx, Problems, Session, done, render, reveal};
-use crate::audit;
+use crate::audit::{self, Action};
 use crate::client_address::TrustedProxies;
 use crate::error::Error;
 use crate::state::AppState;
@@ -97,15 +97,6 @@ fn done_revealing(req: &HttpRequest, session: &Session, message: &str, name: &st
     response
 }
 
-/// A user as the audit log records them; a password only as the word saying what became of it.
-fn record(user: &UserInfo, password: Option<&str>) -> Option<serde_json::Value> {
-    let mut value = serde_json::to_value(user).ok()?;
-    if let (Some(what), serde_json::Value::Object(fields)) = (password, &mut value) {
-        fields.insert("password".into(), what.into());
-    }
-    Some(value)
-}
-
 pub async fn create(
     req: HttpRequest,
     session: Session,
@@ -120,7 +111,10 @@ pub async fn create(
     let problems = users::problems(&form.name, &form.role, &password);
     let created = match Problems::of(problems.into_iter().map(Some)) {
         Some(problems) => Err(problems),
-        None => users::create(&state.pool, &form.name, &form.role, &password).await.map_err(Problems::from),
+        None => {
+            let how = if generated.is_some() { "generated" } else { "given" };
+            users::create_audited(&state.pool, &form.name, &form.role, &password, &session.actor(), how).await.map_err(Problems::from)
+        }
     };
     let user = match created {
         Ok(user) => user,
@@ -135,8 +129,6 @@ pub async fn create(
             return page(&req, &session, &state, StatusCode::UNPROCESSABLE_ENTITY, form, errors, None).await;
         }
     };
-    let how = if generated.is_some() { "generated" } else { "given" };
-    audit::record(&state.pool, &session.actor(), "user.create", "user", &user.name, None, record(&user, Some(how))).await?;
     let message = format!(
         "{} user {} created; they sign in with the password {}.",
         user.role,
@@ -157,14 +149,11 @@ async fn change(
     state: &AppState,
     name: &str,
     changes: &UserChanges,
-    action: &str,
+    action: Action,
     password: Option<&str>,
 ) -> Result<Result<(UserInfo, UserInfo), HttpResponse>, ConsoleError> {
-    match users::update(&state.pool, name, changes).await {
-        Ok((before, after)) => {
-            audit::record(&state.pool, &session.actor(), action, "user", name, record(&before, None), record(&after, password)).await?;
-            Ok(Ok((before, after)))
-        }
+    match users::update_audited(&state.pool, name, changes, audit::By { actor: &session.actor(), action }, password).await {
+        Ok(changed) => Ok(Ok(changed)),
         Err(e @ (Error::Conflict(..) | Error::Invalid { .. } | Error::NotFound(_))) => {
             let status = match e {
                 Error::Conflict(..) => StatusCode::CONFLICT,
@@ -195,7 +184,7 @@ pub async fn set_role(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let changes = UserChanges { role: Some(form.role.clone()), ..UserChanges::default() };
-    Ok(match change(&req, &session, &state, &name, &changes, "user.update", None).await? {
+    Ok(match change(&req, &session, &state, &name, &changes, Action::UserUpdate, None).await? {
         Ok((before, after)) if before.role == after.role => done(PAGE, &format!("{name} was {} already.", after.role)),
         // An admin who made themselves support staff can no longer see the users page.
         Ok((_, after)) if *name == session.user.username && after.role != "admin" => {
@@ -216,7 +205,7 @@ async fn set_disabled(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let changes = UserChanges { disabled: Some(disabled), ..UserChanges::default() };
-    Ok(match change(req, session, state, name, &changes, "user.update", None).await? {
+    Ok(match change(req, session, state, name, &changes, Action::UserUpdate, None).await? {
         Ok(_) if disabled => done(PAGE, &format!("{name} disabled: they cannot sign in, and their open sessions have ended.")),
         Ok(_) => done(PAGE, &format!("{name} enabled: they can sign in again with their password.")),
         Err(refused) => refused,
@@ -254,7 +243,7 @@ pub async fn reset_password(
     session.admin_form(&form.csrf)?;
     let password = users::generate_password();
     let changes = UserChanges { password: Some(password.clone()), ..UserChanges::default() };
-    Ok(match change(&req, &session, &state, &name, &changes, "user.reset_password", Some("generated")).await? {
+    Ok(match change(&req, &session, &state, &name, &changes, Action::UserResetPassword, Some("generated")).await? {
         Ok((_, after)) => {
             let disabled = if after.disabled { " They are disabled: enable them to let them sign in." } else { "" };
             let message = format!("New password for {name}: give it to them; their sessions have ended.{disabled}");
@@ -340,13 +329,12 @@ pub async fn change_password(
     ];
     let changed = match Problems::of(checks) {
         Some(problems) => Err(problems),
-        None => users::set_own_password(&state.pool, session.user.id, &form.new_password, &session.token_hash).await.map_err(Problems::from),
+        None => users::set_own_password(&state.pool, session.user.id, &form.new_password, &session.token_hash, &session.actor())
+            .await
+            .map_err(Problems::from),
     };
     match changed {
-        Ok(user) => {
-            audit::record(&state.pool, &session.actor(), "user.change_password", "user", &name, None, record(&user, Some("changed"))).await?;
-            Ok(done("/console/account", "Password changed; your other sessions have ended."))
-        }
+        Ok(_) => Ok(done("/console/account", "Password changed; your other sessions have ended.")),
         Err(problems) => account_page(&req, &session, StatusCode::UNPROCESSABLE_ENTITY, problems.by_field()?),
     }
 }

@@ -23,10 +23,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::{Postgres, QueryBuilder};
+use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::{COUNT_CAP, Status, check_time, validate_key};
+use crate::audit::{self, Action};
 use crate::db::Pool;
 use crate::error::Error;
 
@@ -212,18 +213,36 @@ pub struct BulkCount {
     pub matched: i64,
     /// Of those, cancelled or replayed (0 for a dry run).
     pub changed: i64,
-    /// The ids of the first `CHANGED_IDS` changed, for the audit log: which tasks, as far
-    /// as an entry can reasonably hold them (`changed` says whether there were more).
-    pub ids: Vec<Uuid>,
 }
 
-/// How many changed tasks' ids a bulk operation reports (`BulkCount::ids`).
-pub const CHANGED_IDS: usize = 1_000;
+/// Who makes a bulk operation, for its entry in the audit log: the actor, and the name of
+/// the biz type the filter is of (None: every biz type, from the console).
+#[derive(Debug, Clone, Copy)]
+pub struct By<'a> {
+    pub actor: &'a str,
+    pub biz_type: Option<&'a str>,
+}
 
-impl BulkCount {
-    fn note(&mut self, ids: impl IntoIterator<Item = Uuid>) {
-        let room = CHANGED_IDS.saturating_sub(self.ids.len());
-        self.ids.extend(ids.into_iter().take(room));
+impl By<'_> {
+    /// The operation's one entry, written in its first batch's transaction: the filter, the
+    /// same from the API and the console. The tasks each batch changes refer to it
+    /// (`audit::tasks_touched`), and the last batch adds the counts (`finish`); an operation
+    /// cut short (the node stopped) keeps its filter and the tasks it did change.
+    async fn start(&self, tx: &mut PgConnection, action: Action, filter: &BulkFilter, status: Status) -> Result<i64, sqlx::Error> {
+        let scope = serde_json::json!({
+            "biz_type": self.biz_type,
+            "status": status.as_str(),
+            "key_prefix": filter.key_prefix,
+            "run_at_from": filter.run_at_from,
+            "run_at_to": filter.run_at_to,
+            "timer_id": filter.timer_id,
+        });
+        audit::record(tx, self.actor, action, self.biz_type.unwrap_or("every biz type"), None, Some(scope)).await
+    }
+
+    /// Adds the counts to the operation's entry, in its last batch's transaction.
+    async fn finish(tx: &mut PgConnection, entry: i64, count: &BulkCount) -> Result<(), sqlx::Error> {
+        audit::add_to_after(tx, entry, serde_json::json!({"matched": count.matched, "changed": count.changed})).await
     }
 }
 
@@ -252,12 +271,21 @@ fn tables(status: Status) -> &'static [&'static str] {
     if status == Status::Pending { &["tasks", "tasks_cold"] } else { &["tasks"] }
 }
 
-/// Cancels every pending task matching the filter, hot and cold, a batch per transaction.
-pub async fn cancel(pool: &Pool, filter: &BulkFilter) -> Result<BulkCount, Error> {
+/// Cancels every pending task matching the filter, hot and cold, a batch per transaction,
+/// recorded in the audit log as `by`'s (`task.bulk_cancel`, one entry that each batch's
+/// tasks refer to, in that batch's transaction).
+pub async fn cancel(pool: &Pool, filter: &BulkFilter, by: By<'_>) -> Result<BulkCount, Error> {
     let mut count = BulkCount::default();
-    for table in tables(Status::Pending) {
+    let mut entry = None;
+    let tables = tables(Status::Pending);
+    for (i, table) in tables.iter().enumerate() {
         let mut after = None;
         loop {
+            let mut tx = pool.begin().await?;
+            let audit_id = match entry {
+                Some(id) => id,
+                None => *entry.insert(by.start(&mut tx, Action::TaskBulkCancel, filter, Status::Pending).await?),
+            };
             let mut q = QueryBuilder::new(format!(
                 // Locks the batch's rows (skipping those someone else holds: a claim, a
                 // change), then cancels them through each partition's primary key, given
@@ -277,13 +305,21 @@ pub async fn cancel(pool: &Pool, filter: &BulkFilter) -> Result<BulkCount, Error
                  SELECT (SELECT count(*) FROM picked), ARRAY(SELECT id FROM done), last.run_at, last.id
                    FROM (SELECT 1) one LEFT JOIN last ON true"
             ));
-            let (picked, done, run_at, id): (i64, Vec<Uuid>, Option<DateTime<Utc>>, Option<Uuid>) = q.build_query_as().fetch_one(pool).await?;
+            let (picked, done, run_at, id): (i64, Vec<Uuid>, Option<DateTime<Utc>>, Option<Uuid>) = q.build_query_as().fetch_one(&mut *tx).await?;
             count.matched += picked;
             count.changed += done.len() as i64;
-            count.note(done);
-            match (run_at, id) {
-                (Some(run_at), Some(id)) if picked == BATCH => after = Some((run_at, id)),
-                _ => break,
+            audit::tasks_touched(&mut tx, audit_id, &done).await?;
+            let next = match (run_at, id) {
+                (Some(run_at), Some(id)) if picked == BATCH => Some((run_at, id)),
+                _ => None,
+            };
+            if next.is_none() && i + 1 == tables.len() {
+                By::finish(&mut tx, audit_id, &count).await?;
+            }
+            tx.commit().await?;
+            match next {
+                Some(position) => after = Some(position),
+                None => break,
             }
         }
     }
@@ -292,12 +328,18 @@ pub async fn cancel(pool: &Pool, filter: &BulkFilter) -> Result<BulkCount, Error
 
 /// Replays every task in `status` (failed or expired) matching the filter, as one replay
 /// does (`queries::replay`: pending, due now, attempts counted afresh), a batch per
-/// transaction. Delivered at the biz type's rate, like any due task.
-pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status) -> Result<BulkCount, Error> {
+/// transaction, recorded as `by`'s as `cancel` records (`task.bulk_replay`). Delivered at
+/// the biz type's rate, like any due task.
+pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status, by: By<'_>) -> Result<BulkCount, Error> {
     let mut count = BulkCount::default();
+    let mut entry = None;
     let mut after = None;
     loop {
         let mut tx = pool.begin().await?;
+        let audit_id = match entry {
+            Some(id) => id,
+            None => *entry.insert(by.start(&mut tx, Action::TaskBulkReplay, filter, status).await?),
+        };
         // Locks the batch, skipping rows someone else holds.
         let mut q = QueryBuilder::new("SELECT id, run_at FROM tasks");
         filter.push_where(&mut q, status, after);
@@ -305,13 +347,20 @@ pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status) -> Result<
         let picked: Vec<(Uuid, DateTime<Utc>)> = q.build_query_as().fetch_all(&mut *tx).await?;
         let ids: Vec<Uuid> = picked.iter().map(|(id, _)| *id).collect();
         let replayed = super::queries::requeue(&mut tx, false, &ids, super::queries::Requeue::replay()).await?;
-        tx.commit().await?;
         count.matched += picked.len() as i64;
         count.changed += replayed.len() as i64;
-        count.note(replayed.iter().map(|t| t.id));
-        match picked.last() {
-            Some((id, run_at)) if picked.len() as i64 == BATCH => after = Some((*run_at, *id)),
-            _ => return Ok(count),
+        audit::tasks_touched(&mut tx, audit_id, &replayed.iter().map(|t| t.id).collect::<Vec<_>>()).await?;
+        let next = match picked.last() {
+            Some((id, run_at)) if picked.len() as i64 == BATCH => Some((*run_at, *id)),
+            _ => None,
+        };
+        if next.is_none() {
+            By::finish(&mut tx, audit_id, &count).await?;
+        }
+        tx.commit().await?;
+        match next {
+            Some(position) => after = Some(position),
+            None => return Ok(count),
         }
     }
 }

@@ -590,13 +590,16 @@ pub async fn recover_expired_leases(pool: &Pool) -> Result<u64, sqlx::Error> {
 /// Puts a task held by a pull consumer that a person judged dead back to pending now, as
 /// lease recovery would once its time to run passed, with the lost attempt recorded under
 /// `reason`; only while it is still held under `receipt` (see release.sql). Returns whether
-/// it was released; the other nodes' reserves are woken.
-pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, reason: &str) -> Result<bool, sqlx::Error> {
+/// it was released; the other nodes' reserves are woken. A release is recorded in the audit
+/// log as `actor`'s (`task.release`) in the same transaction.
+pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, reason: &str, actor: &str) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let released: i64 =
         crate::db::query_scalar(include_str!("sql/release.sql")).bind(id).bind(biz_type_id).bind(receipt).bind(reason).fetch_one(&mut *tx).await?;
     if released > 0 {
         wake::notify(&mut *tx, wake::Wake::DueFor(biz_type_id)).await?;
+        let (before, after) = (serde_json::json!({"status": "running", "receipt": receipt}), serde_json::json!({"status": "pending"}));
+        crate::audit::record_task(&mut tx, actor, crate::audit::Action::TaskRelease, id, Some(before), Some(after)).await?;
     }
     tx.commit().await?;
     Ok(released > 0)

@@ -27,17 +27,20 @@ pub async fn holds_unfinished(tx: &mut PgConnection, name: &str) -> Result<bool,
     .await
 }
 
-/// Removes the idempotency keys of up to `batch` tasks of the detached partition `table`
-/// with ids after `after`, in id order (its primary key), so each batch starts where the
-/// last ended; a key now held by another task is left alone. Returns the last id seen
-/// (None: no task left).
-pub async fn forget_keys(pool: &Pool, table: &str, after: Uuid, batch: i64) -> Result<Option<Uuid>, sqlx::Error> {
+/// Removes the idempotency keys and the audited events (`task_events`) of up to `batch`
+/// tasks of the detached partition `table` with ids after `after`, in id order (its
+/// primary key), so each batch starts where the last ended; a key now held by another task
+/// is left alone. Returns the last id seen (None: no task left).
+pub async fn forget(pool: &Pool, table: &str, after: Uuid, batch: i64) -> Result<Option<Uuid>, sqlx::Error> {
     crate::db::query_scalar(AssertSqlSafe(format!(
         "WITH batch AS (
-             SELECT id, biz_type_id, key FROM {table} WHERE id > $1 AND key IS NOT NULL ORDER BY id LIMIT $2
+             SELECT id, biz_type_id, key FROM {table} WHERE id > $1 ORDER BY id LIMIT $2
          ), removed AS (
              DELETE FROM task_keys k USING batch b
               WHERE k.biz_type_id = b.biz_type_id AND k.key = b.key AND k.task_id = b.id
+         ), events AS (
+             -- A task lives in one place: gone with this partition, it has no more history.
+             DELETE FROM task_events WHERE task_id = ANY(ARRAY(SELECT id FROM batch))
          )
          SELECT id FROM batch ORDER BY id DESC LIMIT 1"
     )))

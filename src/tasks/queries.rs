@@ -8,6 +8,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::{Attempt, Deadline, Status, Task, When};
+use crate::audit::{self, Action};
 use crate::error::Error;
 
 const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id";
@@ -642,27 +643,23 @@ fn one(mut tasks: Vec<Task>) -> Result<Task, Error> {
     tasks.pop().ok_or(Error::Db(sqlx::Error::RowNotFound))
 }
 
-/// Changes the run time, payload or priority of a pending task.
-pub async fn reschedule(
-    pool: &Pool,
-    owner: i32,
-    id: Uuid,
-    when: Option<When>,
-    payload: Option<&serde_json::value::RawValue>,
-    priority: Option<i16>,
-) -> Result<Task, Error> {
-    reschedule_target(pool, owner, Target::Id(id), when, payload, priority).await
+/// What a reschedule changes of a pending task; each None keeps what the task has.
+#[derive(Default, Clone, Copy)]
+pub struct Reschedule<'a> {
+    pub when: Option<When>,
+    pub payload: Option<&'a serde_json::value::RawValue>,
+    pub priority: Option<i16>,
+}
+
+/// Changes the run time, payload or priority of a pending task, recorded in the audit log
+/// as `actor`'s (`task.reschedule`) in the same transaction.
+pub async fn reschedule(pool: &Pool, owner: i32, id: Uuid, changes: Reschedule<'_>, actor: &str) -> Result<Task, Error> {
+    reschedule_target(pool, owner, Target::Id(id), changes, actor).await
 }
 
 /// `reschedule`, of the task found by id or by key.
-pub async fn reschedule_target(
-    pool: &Pool,
-    owner: i32,
-    target: Target<'_>,
-    when: Option<When>,
-    payload: Option<&serde_json::value::RawValue>,
-    priority: Option<i16>,
-) -> Result<Task, Error> {
+pub async fn reschedule_target(pool: &Pool, owner: i32, target: Target<'_>, changes: Reschedule<'_>, actor: &str) -> Result<Task, Error> {
+    let Reschedule { when, payload, priority } = changes;
     let mut tx = pool.begin().await?;
     let (id, status, cold) = lock_target(&mut tx, owner, target).await?;
     if status != Status::Pending {
@@ -684,14 +681,19 @@ pub async fn reschedule_target(
             ));
         }
     }
+    // The due time and priority it now has, and whether the payload was replaced (not the
+    // payload itself).
+    let after = serde_json::json!({"run_at": task.run_at, "priority": task.priority, "payload_replaced": payload.is_some()});
+    audit::record_task(&mut tx, actor, Action::TaskReschedule, id, None, Some(after)).await?;
     tx.commit().await?;
     Ok(task)
 }
 
 /// Puts a finished task (failed, succeeded, cancelled or expired) back to pending, due now,
 /// without a deadline (its `expires_at` was the original delivery's). Its attempts stay in
-/// the history.
-pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
+/// the history. Recorded in the audit log as `actor`'s (`task.replay`) in the same
+/// transaction.
+pub async fn replay(pool: &Pool, owner: i32, id: Uuid, actor: &str) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (status, cold) = lock(&mut tx, owner, id).await?;
     if !status.is_finished() {
@@ -699,17 +701,20 @@ pub async fn replay(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
     }
     // A replay is a fresh start: the deadline was the first run's.
     let task = one(requeue(&mut tx, cold, &[id], Requeue::replay()).await?)?;
+    let (before, after) = (serde_json::json!({"status": status}), serde_json::json!({"status": Status::Pending}));
+    audit::record_task(&mut tx, actor, Action::TaskReplay, id, Some(before), Some(after)).await?;
     tx.commit().await?;
     Ok(task)
 }
 
-/// Cancels a pending task. A running or finished task cannot be cancelled.
-pub async fn cancel(pool: &Pool, owner: i32, id: Uuid) -> Result<Task, Error> {
-    cancel_target(pool, owner, Target::Id(id)).await
+/// Cancels a pending task, recorded in the audit log as `actor`'s (`task.cancel`) in the
+/// same transaction. A running or finished task cannot be cancelled.
+pub async fn cancel(pool: &Pool, owner: i32, id: Uuid, actor: &str) -> Result<Task, Error> {
+    cancel_target(pool, owner, Target::Id(id), actor).await
 }
 
 /// `cancel`, of the task found by id or by key.
-pub async fn cancel_target(pool: &Pool, owner: i32, target: Target<'_>) -> Result<Task, Error> {
+pub async fn cancel_target(pool: &Pool, owner: i32, target: Target<'_>, actor: &str) -> Result<Task, Error> {
     let mut tx = pool.begin().await?;
     let (id, status, cold) = lock_target(&mut tx, owner, target).await?;
     if status != Status::Pending {
@@ -726,6 +731,7 @@ pub async fn cancel_target(pool: &Pool, owner: i32, target: Target<'_>) -> Resul
     .bind(id)
     .fetch_one(&mut *tx)
     .await?;
+    audit::record_task(&mut tx, actor, Action::TaskCancel, id, None, None).await?;
     tx.commit().await?;
     Ok(task)
 }

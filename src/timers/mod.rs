@@ -17,6 +17,7 @@ mod schedule;
 
 pub use schedule::Schedule;
 
+use crate::audit::{self, Action};
 use crate::db::Pool;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -176,7 +177,10 @@ fn validate_schedule(cron: &str, timezone: &str) -> Result<Schedule, Error> {
 
 const SELECT: &str = "SELECT t.*, b.name AS biz_type FROM timers t JOIN biz_types b ON b.id = t.biz_type_id";
 
-pub async fn create(pool: &Pool, biz_type_id: i32, request: CreateTimer) -> Result<Timer, Error> {
+/// Creates a timer of biz type `biz_type_id`, recorded in the audit log as `actor`'s
+/// (`timer.create`, the timer as made) in the same transaction.
+pub async fn create(pool: &Pool, biz_type_id: i32, request: CreateTimer, actor: &str) -> Result<Timer, Error> {
+    let mut tx = pool.begin().await?;
     let timer: Option<Timer> = crate::db::query_as(
         "WITH t AS (
              INSERT INTO timers (id, biz_type_id, key, cron, timezone, payload, active, catch_up, materialized_until)
@@ -194,9 +198,12 @@ pub async fn create(pool: &Pool, biz_type_id: i32, request: CreateTimer) -> Resu
     .bind(request.payload.as_deref().unwrap_or(RawValue::NULL))
     .bind(request.active.unwrap_or(true))
     .bind(request.catch_up.unwrap_or(false))
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
-    timer.ok_or_else(|| Error::key_conflict(format!("a timer with key `{}` already exists in this biz type", request.key)))
+    let timer = timer.ok_or_else(|| Error::key_conflict(format!("a timer with key `{}` already exists in this biz type", request.key)))?;
+    audit::record(&mut tx, actor, Action::TimerCreate, &timer.id.to_string(), None, serde_json::to_value(&timer).ok()).await?;
+    tx.commit().await?;
+    Ok(timer)
 }
 
 pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<Timer>, Error> {
@@ -230,8 +237,17 @@ async fn lock(tx: &mut Transaction<'_, Postgres>, owner: i32, id: Uuid) -> Resul
     Ok(timer)
 }
 
-/// Applies `changes` to a timer of biz type `owner`; returns the timer before and after.
-pub async fn update(pool: &Pool, owner: i32, id: Uuid, changes: TimerChanges, max_payload_bytes: usize) -> Result<(Timer, Timer), Error> {
+/// Applies `changes` to a timer of biz type `owner`, recorded in the audit log as `by`'s
+/// (an update, activate or deactivate: the timer before and after) in the same
+/// transaction; returns the timer before and after.
+pub async fn update(
+    pool: &Pool,
+    owner: i32,
+    id: Uuid,
+    changes: TimerChanges,
+    max_payload_bytes: usize,
+    by: audit::By<'_>,
+) -> Result<(Timer, Timer), Error> {
     let mut tx = pool.begin().await?;
     let before = lock(&mut tx, owner, id).await?;
     let cron = changes.cron.as_deref().unwrap_or(&before.cron);
@@ -267,6 +283,7 @@ pub async fn update(pool: &Pool, owner: i32, id: Uuid, changes: TimerChanges, ma
     .bind(restart)
     .fetch_one(&mut *tx)
     .await?;
+    audit::record(&mut tx, by.actor, by.action, &id.to_string(), serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok()).await?;
     tx.commit().await?;
     Ok((before, after))
 }
@@ -277,12 +294,14 @@ fn same_json(a: &RawValue, b: &RawValue) -> bool {
     serde_json::from_str::<Value>(a.get()).ok() == serde_json::from_str::<Value>(b.get()).ok()
 }
 
-/// Deletes a timer of biz type `owner` and its occurrences that have not fired.
-pub async fn delete(pool: &Pool, owner: i32, id: Uuid) -> Result<Timer, Error> {
+/// Deletes a timer of biz type `owner` and its occurrences that have not fired, recorded in
+/// the audit log as `actor`'s (`timer.delete`, the timer as it was) in the same transaction.
+pub async fn delete(pool: &Pool, owner: i32, id: Uuid, actor: &str) -> Result<Timer, Error> {
     let mut tx = pool.begin().await?;
     let timer = lock(&mut tx, owner, id).await?;
     crate::tasks::remove_unfired(&mut tx, timer.id, timer.biz_type_id).await?;
     crate::db::query("DELETE FROM timers WHERE id = $1").bind(id).execute(&mut *tx).await?;
+    audit::record(&mut tx, actor, Action::TimerDelete, &id.to_string(), serde_json::to_value(&timer).ok(), None).await?;
     tx.commit().await?;
     Ok(timer)
 }

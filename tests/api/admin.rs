@@ -13,7 +13,7 @@ use crate::receiver::{Answer, Receiver};
 
 /// An admin token named `ci`, made as `chime admin-token create` makes it.
 pub async fn admin_token(app: &TestApp) -> String {
-    chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1
+    chime::admin_tokens::create(&app.pool, "ci", "test").await.unwrap().1
 }
 
 /// The audit log's (actor, action, target) rows, oldest first, but for the first start's.
@@ -373,7 +373,7 @@ async fn the_leader_cancels_tasks_left_pending_in_an_archived_biz_type() {
     let id: uuid::Uuid = task["id"].as_str().unwrap().parse().unwrap();
     let (_, archived, cancelled) = chime::biz_types::archive(&app.pool, "orders", "test").await.unwrap();
     assert_eq!(cancelled, 1);
-    let replayed = chime::tasks::replay(&app.pool, archived.id, id).await.unwrap();
+    let replayed = chime::tasks::replay(&app.pool, archived.id, id, "test").await.unwrap();
     assert_eq!(replayed.status, chime::tasks::Status::Pending);
 
     let started = Instant::now();

@@ -191,7 +191,7 @@ fn shows_nothing_of_jobs(reply: &Reply) -> bool {
 async fn every_api_endpoint_admits_only_its_own_biz_types_token() {
     let app = spawn_app().await;
     let ApiFixtures { ids, token, revoked, foreign } = api_fixtures(&app).await;
-    let admin = chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1;
+    let admin = chime::admin_tokens::create(&app.pool, "ci", "test").await.unwrap().1;
     let archived = app.biz_type("gone").await;
     biz_types::archive(&app.pool, "gone", "test").await.unwrap();
     let refused_credentials = [
@@ -237,9 +237,9 @@ async fn every_api_endpoint_admits_only_its_own_biz_types_token() {
 async fn every_admin_endpoint_admits_only_admin_tokens() {
     let app = spawn_app().await;
     let api_token = app.biz_type("managed").await;
-    let admin = chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1;
-    let (revoked_info, revoked) = chime::admin_tokens::create(&app.pool, "old").await.unwrap();
-    chime::admin_tokens::revoke(&app.pool, &revoked_info.id.to_string()).await.unwrap();
+    let admin = chime::admin_tokens::create(&app.pool, "ci", "test").await.unwrap().1;
+    let (revoked_info, revoked) = chime::admin_tokens::create(&app.pool, "old", "test").await.unwrap();
+    chime::admin_tokens::revoke(&app.pool, &revoked_info.id.to_string(), "test").await.unwrap();
     let victim = biz_types::create_token(&app.pool, "managed").await.unwrap();
     let token_id: uuid::Uuid =
         sqlx::query_scalar("SELECT id FROM api_tokens WHERE prefix = $1").bind(&victim[..12]).fetch_one(&app.pool).await.unwrap();
@@ -479,7 +479,7 @@ async fn tokens_passwords_and_secrets_never_reach_the_log() {
     sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE prefix = $1").bind(&revoked[..12]).execute(&node.pool).await.unwrap();
     assert_eq!(node.get("/api/v1/tasks", &revoked).await.status, 401);
     assert_eq!(node.get("/api/v1/tasks", "chime_wrong-token-guess").await.status, 401);
-    let admin_token = chime::admin_tokens::create(&node.pool, "ci").await.unwrap().1;
+    let admin_token = chime::admin_tokens::create(&node.pool, "ci", "test").await.unwrap().1;
     assert_eq!(node.get("/api/v1/admin/users", &admin_token).await.status, 200);
     assert_eq!(node.get("/api/v1/tasks", &admin_token).await.status, 403);
     assert_eq!(node.get("/api/v1/admin/users", "chime_admin_wrong-guess").await.status, 401);

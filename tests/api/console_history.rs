@@ -355,3 +355,121 @@ async fn a_running_task_names_the_node_holding_it() {
     assert!(page.body.contains(r#"id="status">running<"#));
     assert!(!page.body.contains("id=\"release\""), "a node's lease is not released by hand");
 }
+
+/// A change and its audit entry commit together: with the entry refused (a CHECK the test
+/// adds to the log), a cancel, a replay and a bulk replay, from the API and the console,
+/// answer 500 and change nothing; once entries are taken again, the same cancel is made
+/// and recorded, with its task's event.
+#[tokio::test]
+async fn a_change_is_undone_when_its_audit_entry_cannot_be_written() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let pending = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string();
+    let mut failed = vec![];
+    for _ in 0..2 {
+        let id = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string();
+        app.force_status(&id, "failed").await;
+        failed.push(id);
+    }
+    // NOT VALID: the rows already there (the first admin's) are not checked.
+    sqlx::query("ALTER TABLE audit_log ADD CONSTRAINT no_task_entries CHECK (action NOT LIKE 'task.%') NOT VALID").execute(&app.pool).await.unwrap();
+
+    assert_eq!(app.delete(&format!("/api/v1/tasks/{pending}"), &token).await.status, 500);
+    assert_eq!(admin.post(&format!("/console/tasks/{pending}/cancel"), &[]).await.status, 500);
+    assert_eq!(status_of(&app, &token, &pending).await, "pending", "not cancelled");
+    assert_eq!(app.post(&format!("/api/v1/tasks/{}/replay", failed[0]), &token, json!({})).await.status, 500);
+    assert_eq!(admin.post(&format!("/console/tasks/{}/replay", failed[0]), &[]).await.status, 500);
+    let bulk = app.post("/api/v1/biz-types/orders/tasks/replay", &token, json!({"status": "failed", "all": true})).await;
+    assert_eq!(bulk.status, 500, "{}", bulk.body);
+    for id in &failed {
+        assert_eq!(status_of(&app, &token, id).await, "failed", "not replayed");
+    }
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(events, 0);
+
+    sqlx::query("ALTER TABLE audit_log DROP CONSTRAINT no_task_entries").execute(&app.pool).await.unwrap();
+    assert_eq!(app.delete(&format!("/api/v1/tasks/{pending}"), &token).await.status, 200);
+    assert_eq!(status_of(&app, &token, &pending).await, "cancelled");
+    let recorded: Vec<(String, String)> =
+        sqlx::query_as("SELECT a.action, e.task_id::text FROM audit_log a JOIN task_events e ON e.audit_id = a.id WHERE a.action LIKE 'task.%'")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, [("task.cancel".to_string(), pending)]);
+}
+
+/// Two bulk replays of one biz type, a minute apart, by different people with different
+/// filters (due times, no key prefix): each task's history names the one that took it and
+/// who made it, with a link to its entry, which lists no task ids (the tasks refer to it).
+/// Both record the same keys, from the API and from the console.
+#[tokio::test]
+async fn the_history_of_a_task_replayed_in_bulk_names_that_operation_and_its_actor() {
+    let app = spawn_app().await;
+    let token = jobs(&app, 1).await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let now = chrono::Utc::now();
+    let (early, late, between) = (now - chrono::TimeDelta::hours(2), now - chrono::TimeDelta::hours(1), now - chrono::TimeDelta::minutes(90));
+    let mut ids = vec![];
+    for run_at in [early, late] {
+        let task = app.create_task(&token, json!({"biz_type": "jobs", "run_at": run_at.to_rfc3339()})).await;
+        let id = task["id"].as_str().unwrap().to_string();
+        let receipt = reserve_one(&app, &token).await;
+        nack(&app, &token, &id, &receipt).await;
+        assert_eq!(status_of(&app, &token, &id).await, "failed");
+        ids.push(id);
+    }
+    // The later task, by the API; then the earlier, by the console.
+    let reply = app.post("/api/v1/biz-types/jobs/tasks/replay", &token, json!({"status": "failed", "run_at_from": between.to_rfc3339()})).await;
+    assert_eq!(reply.body, json!({"matched": 1, "replayed": 1}));
+    let to = between.to_rfc3339();
+    let done = admin.post("/console/tasks/replay-failed", &[("biz_type", "jobs"), ("status", "failed"), ("to", &to), ("confirm", "yes")]).await;
+    assert_eq!(done.status, 303, "{}", done.body);
+
+    let entries: Vec<(i64, String, Value)> =
+        sqlx::query_as("SELECT id, actor, after FROM audit_log WHERE action = 'task.bulk_replay' ORDER BY id").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(entries.len(), 2, "one entry per operation: {entries:?}");
+    let keys = |after: &Value| after.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&entries[0].2), keys(&entries[1].2), "the API's and the console's entries have the same keys");
+    assert!(entries.iter().all(|(_, _, after)| after.get("task_ids").is_none() && after["changed"] == 1), "{entries:?}");
+    for (id, (entry, actor)) in [(&ids[1], (entries[0].0, "api:jobs")), (&ids[0], (entries[1].0, "user:admin"))] {
+        let page = admin.get(&format!("/console/tasks/{id}")).await;
+        let rows = history(&page.body);
+        assert_eq!(rows.len(), 2, "{rows:#?}");
+        assert_eq!(rows[0], "#1 try 1");
+        let mark = format!("mark: Replayed in a bulk replay by {actor} at ");
+        assert!(rows[1].starts_with(&mark) && rows[1].ends_with(&format!("bulk operation {entry} in the audit log")), "{rows:#?}");
+        assert!(page.body.contains(&format!("href=\"/console/audit?before={}\"", entry + 1)), "{}", page.body);
+    }
+}
+
+/// A replay and a cancel record the same payload whether made by the API or the console.
+#[tokio::test]
+async fn the_api_and_the_console_record_the_same_payload() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let mut made = vec![];
+    for status in ["failed", "failed", "pending", "pending"] {
+        let id = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string();
+        app.force_status(&id, status).await;
+        made.push(id);
+    }
+    assert_eq!(app.post(&format!("/api/v1/tasks/{}/replay", made[0]), &token, json!({})).await.status, 200);
+    assert_eq!(admin.post(&format!("/console/tasks/{}/replay", made[1]), &[]).await.status, 303);
+    assert_eq!(app.delete(&format!("/api/v1/tasks/{}", made[2]), &token).await.status, 200);
+    assert_eq!(admin.post(&format!("/console/tasks/{}/cancel", made[3]), &[]).await.status, 303);
+    let recorded: Vec<(String, String, Option<Value>, Option<Value>)> =
+        sqlx::query_as("SELECT action, actor, before, after FROM audit_log WHERE action LIKE 'task.%' ORDER BY id")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    let actors: Vec<&str> = recorded.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(actors, ["api:orders", "user:admin", "api:orders", "user:admin"]);
+    let replays = (&recorded[0], &recorded[1]);
+    assert_eq!((&replays.0.0, &replays.0.2, &replays.0.3), (&replays.1.0, &replays.1.2, &replays.1.3));
+    assert_eq!(replays.0.2, Some(json!({"status": "failed"})));
+    assert_eq!(replays.0.3, Some(json!({"status": "pending"})));
+    let cancels = (&recorded[2], &recorded[3]);
+    assert_eq!((&cancels.0.0, &cancels.0.2, &cancels.0.3), (&cancels.1.0, &cancels.1.2, &cancels.1.3));
+}

@@ -488,7 +488,7 @@ async fn biz_type_changes_tell_the_engines() {
     biz_types::update(&app.pool, "orders", &pause, CallbackHosts::Any).await.unwrap();
     assert_eq!(settings_notice(&mut listener).await.as_deref(), Some("settings"), "update");
     let id = biz_types::id_of(&app.pool, "orders").await.unwrap();
-    biz_types::rotate_secret(&app.pool, id, biz_types::DEFAULT_OVERLAP_SECS).await.unwrap();
+    biz_types::rotate_secret(&app.pool, id, biz_types::DEFAULT_OVERLAP_SECS, "test").await.unwrap();
     assert_eq!(settings_notice(&mut listener).await.as_deref(), Some("settings"), "rotate secret");
 }
 

@@ -120,8 +120,8 @@ async fn rotating_again_during_an_overlap_keeps_the_secret_just_replaced() {
     let b = biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let first = secret_of(&app, "orders").await;
-    let second = biz_types::rotate_secret(&app.pool, b.id, 3600).await.unwrap();
-    let third = biz_types::rotate_secret(&app.pool, b.id, 3600).await.unwrap();
+    let second = biz_types::rotate_secret(&app.pool, b.id, 3600, "test").await.unwrap();
+    let third = biz_types::rotate_secret(&app.pool, b.id, 3600, "test").await.unwrap();
     assert!(third.previous_until.is_some());
 
     let mut engine = engine(&app);
@@ -133,7 +133,7 @@ async fn rotating_again_during_an_overlap_keeps_the_secret_just_replaced() {
     assert!(verifies_with(&callback, &third.secret) && verifies_with(&callback, &second.secret), "the newest and the one it replaced");
     assert!(!verifies_with(&callback, &first), "the first secret stopped at the second rotation");
 
-    let fourth = biz_types::rotate_secret(&app.pool, b.id, 0).await.unwrap();
+    let fourth = biz_types::rotate_secret(&app.pool, b.id, 0, "test").await.unwrap();
     assert_eq!(fourth.previous_until, None);
     let (previous, until): (Option<String>, Option<chrono::DateTime<chrono::Utc>>) =
         sqlx::query_as("SELECT previous_secret, previous_secret_until FROM biz_types WHERE id = $1").bind(b.id).fetch_one(&app.pool).await.unwrap();

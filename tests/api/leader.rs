@@ -256,8 +256,9 @@ async fn partitions_of_another_width_fill_the_gaps() {
     }
 }
 
-/// Partitions aged past retention are dropped with their tasks' keys, except one that
-/// still holds an unfinished task; a partition a dead leader left detached is finished.
+/// Partitions aged past retention are dropped with their tasks' keys and audited events,
+/// except one that still holds an unfinished task; a partition a dead leader left detached
+/// is finished.
 #[tokio::test]
 async fn retention_drops_old_finished_partitions_and_keeps_unfinished_ones() {
     let pool = pool(&fresh_database().await).await;
@@ -278,6 +279,13 @@ async fn retention_drops_old_finished_partitions_and_keeps_unfinished_ones() {
             .await
             .unwrap();
         }
+        // A bulk operation took every task of the day: one entry, an event per task.
+        let entry: i64 = sqlx::query_scalar(
+            "INSERT INTO audit_log (actor, action, target_type, target) VALUES ('test', 'task.bulk_cancel', 'task', 'orders') RETURNING id",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
         for (i, status) in statuses.iter().enumerate() {
             let id = Uuid::now_v7();
             let key = format!("{ago}-{i}");
@@ -307,6 +315,7 @@ async fn retention_drops_old_finished_partitions_and_keeps_unfinished_ones() {
                 .execute(&mut *tx)
                 .await
                 .unwrap();
+            sqlx::query("INSERT INTO task_events (task_id, audit_id) VALUES ($1, $2)").bind(id).bind(entry).execute(&mut *tx).await.unwrap();
         }
         tx.commit().await.unwrap();
     }
@@ -330,10 +339,13 @@ async fn retention_drops_old_finished_partitions_and_keeps_unfinished_ones() {
     assert_eq!(keys, ["10-0", "50-0", "50-1"], "the dropped tasks' keys are free again");
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts").fetch_one(&pool).await.unwrap();
     assert_eq!(attempts, 1, "only the 10-day-old attempt is within retention");
+    let events = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM task_events").fetch_one(&pool).await.unwrap() };
+    assert_eq!(events().await, 3, "the dropped tasks' events go with them");
 
     // Once its task is finished, the kept partition goes too.
     sqlx::query("UPDATE tasks SET status = 'succeeded', finished_at = now() WHERE status = 'pending'").execute(&pool).await.unwrap();
     assert_eq!(partitions::retire(&pool, &Layout::default()).await.unwrap(), [name("tasks", 50)]);
+    assert_eq!(events().await, 1);
 }
 
 /// A leader that hangs (SIGSTOP) keeps its connection open but stops pinging: the server
@@ -411,5 +423,5 @@ async fn every_second_timer(pool: &Pool, biz: i32) -> timers::Timer {
         active: None,
         catch_up: None,
     };
-    timers::create(pool, biz, request).await.unwrap()
+    timers::create(pool, biz, request, "test").await.unwrap()
 }

@@ -342,7 +342,7 @@ async fn without_the_key_no_secret_is_stored_in_clear_where_secrets_are_encrypte
     // type's; its admin API refuses to store a new one in clear.
     assert!(chime(&with_key, &["biz-type", "archive", "orders"], None).await.ok);
     let app = crate::helpers::spawn_on(db_url.clone(), chime::config::ServeArgs { engine: false, ..Default::default() }).await;
-    let admin = chime::admin_tokens::create(&app.pool, "ci").await.unwrap().1;
+    let admin = chime::admin_tokens::create(&app.pool, "ci", "test").await.unwrap().1;
     let created = app.post("/api/v1/admin/biz-types", &admin, json!({"name": "refunds", "callback_url": "http://127.0.0.1:9/r"})).await;
     assert_eq!((created.status, created.code()), (409, "invalid_state"), "{}", created.body);
     assert!(created.message().contains("CHIME_SECRET_KEY is not set"), "{}", created.message());

@@ -400,7 +400,7 @@ async fn sweep(pool: &Pool) -> Result<(), sqlx::Error> {
         for (biz_type, run_at) in &overdue {
             tracing::warn!(biz_type, oldest_due = %run_at, "pending tasks are more than a minute overdue; waking the engines");
         }
-        tasks::wake::notify(pool, tasks::wake::Wake::Due).await?;
+        crate::wake::notify(pool, crate::wake::Wake::Due).await?;
     }
     Ok(())
 }

@@ -70,6 +70,9 @@ pub mod tasks;
 pub mod timers;
 /// Console users (table `users`).
 pub mod users;
+/// Wake-ups between nodes: one PostgreSQL channel that tasks, biz types and the engine
+/// notify on, and every node listens to.
+pub mod wake;
 
 /// How the unit-level property tests run: a fixed seed, so that CI runs the same cases
 /// every time and a failure reproduces (PROPTEST_RNG_SEED and PROPTEST_CASES search

@@ -40,8 +40,8 @@ use crate::db::Pool;
 use crate::engine::rate::Limiters;
 use crate::error::Error;
 use crate::tasks::lease::{self, Outcome, RetryPolicy};
-use crate::tasks::wake::Wake;
 use crate::tasks::{Status, Task};
+use crate::wake::Wake;
 
 /// The lines of reserves waiting on this node, one per biz type that has waiters.
 #[derive(Default)]

@@ -10,7 +10,7 @@ use crate::db::{Health, Pool};
 use crate::lifecycle::Signal;
 use crate::pull::{PullLimits, Waiters};
 use crate::tasks::CreateBatcher;
-use crate::tasks::wake::{self, Wake};
+use crate::wake::{self, Wake};
 
 pub struct AppState {
     pub pool: Pool,

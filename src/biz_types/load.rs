@@ -5,7 +5,7 @@
 
 use crate::db::Pool;
 use crate::error::Error;
-use crate::tasks::wake::{self, Wake};
+use crate::wake::{self, Wake};
 
 use super::secrets;
 

@@ -24,7 +24,7 @@ use sqlx::PgConnection;
 use crate::audit::Action;
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
-use crate::tasks::wake::{self, Wake};
+use crate::wake::{self, Wake};
 
 /// A new biz type's retries (the schema's column defaults, from migration 0008): 1 s
 /// doubling to an hour, for at least 24 hours even with the jitter at its least, so that a

@@ -58,7 +58,7 @@ use super::deliver::Answer;
 use crate::db::Pool;
 use crate::metrics;
 use crate::tasks::lease::{Outcome, Verdict};
-use crate::tasks::wake::{self, Wake};
+use crate::wake::{self, Wake};
 
 /// The longest a receiver's `Retry-After` holds the whole biz type; a longer one still holds
 /// the task that got it (up to a day, `deliver`), not its neighbours: one answer should not

@@ -32,7 +32,7 @@
 //!
 //! Sleeping. When a turn leaves nothing due, the loop sleeps until the first biz type with
 //! a free slot is next due, until a callback finishes or an outcome is recorded (a slot
-//! is free, a retry may be due), until a wake-up notification (`tasks::wake`) arrives, or
+//! is free, a retry may be due), until a wake-up notification (`wake`) arrives, or
 //! until the next sweep, whichever comes first.
 //!
 //! Firing on time. A claim also takes the tasks due within the next `CLAIM_AHEAD`, and
@@ -111,7 +111,7 @@ use crate::callback_hosts::CallbackHosts;
 use crate::db::{Health, Route};
 use crate::lifecycle::Signal;
 use crate::tasks::lease::{self, Outcome, Verdict};
-use crate::tasks::wake::{self, Wake};
+use crate::wake::{self, Wake};
 use crate::{metrics, nodes};
 use recorder::{ClaimLoop, Drained, Report};
 

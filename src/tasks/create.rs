@@ -233,7 +233,7 @@ pub async fn insert<'e>(db: impl sqlx::PgExecutor<'e>, biz_type_id: i32, rows: &
         .bind(&rows.delays)
         .bind(&rows.payloads)
         .bind(&rows.request_hashes)
-        .bind(super::wake::CHANNEL)
+        .bind(crate::wake::CHANNEL)
         .bind(&rows.expires_ats)
         .bind(&rows.ttls)
         .bind(&rows.traceparents)

@@ -28,8 +28,9 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Task, wake};
+use super::Task;
 use crate::db::Pool;
+use crate::wake;
 
 /// A task this node holds a lease on.
 #[derive(Debug, sqlx::FromRow)]

@@ -36,7 +36,7 @@
 //!   (requeue the pending task, or give the key to a new one) or `"keep"`.
 //! * `placement.rs`: where a row lives (below), moving cold rows in, and the keys of
 //!   retired partitions. `stats.rs`: counts for `/metrics` and the dashboard.
-//!   `wake.rs`: the notification that wakes sleeping engines and reserves.
+//!   The notification that wakes sleeping engines and reserves is `crate::wake`'s.
 //!
 //! Where a task lives: due before the hot horizon (`hot_horizon.until`), in the partitioned
 //! `tasks`; due later, in `tasks_cold`, until the migrator moves it. Statements that write a
@@ -56,7 +56,6 @@ pub mod placement;
 mod queries;
 mod replace;
 pub mod stats;
-pub mod wake;
 
 pub use batcher::CreateBatcher;
 pub use create::{CreateOutcome, CreateTask, NewTask, Rows, create_batch, insert, request_hash};

@@ -50,7 +50,7 @@ pub async fn insert_occurrences<'e>(db: impl sqlx::PgExecutor<'e>, rows: &Occurr
         .bind(&rows.keys)
         .bind(&rows.run_ats)
         .bind(&rows.request_hashes)
-        .bind(super::wake::CHANNEL)
+        .bind(crate::wake::CHANNEL)
         .fetch_all(db)
         .await?;
     Ok(written.into_iter().collect())

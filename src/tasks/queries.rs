@@ -628,7 +628,7 @@ pub(super) async fn requeue(tx: &mut PgConnection, cold: bool, ids: &[Uuid], cha
     .bind(delay_ms)
     .bind(payload)
     .bind(fresh_start)
-    .bind(super::wake::CHANNEL)
+    .bind(crate::wake::CHANNEL)
     .bind(deadline.is_some())
     .bind(expires_at)
     .bind(ttl_ms)

@@ -25,7 +25,7 @@ pub enum Error {
     StaleReceipt(String),
     /// A stored signing secret this process cannot open (no key, or not its key). API: 500.
     #[error(transparent)]
-    Secret(#[from] crate::biz_types::SecretError),
+    Secret(#[from] SecretError),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
 }
@@ -67,4 +67,27 @@ impl Conflict {
             Conflict::InvalidState => "invalid_state",
         }
     }
+}
+
+/// Why a stored signing secret cannot be used (`biz_types::secrets` opens them). Each
+/// message names the biz type and says what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SecretError {
+    #[error(
+        "the signing secret of biz type `{biz_type}` is encrypted (key {key_id}) and CHIME_SECRET_KEY is not set: \
+         set CHIME_SECRET_KEY (or CHIME_SECRET_KEY_FILE) to the key it was encrypted with"
+    )]
+    NoKey { biz_type: String, key_id: String },
+    #[error(
+        "the signing secret of biz type `{biz_type}` is encrypted with key {key_id}, but CHIME_SECRET_KEY is key {current} \
+         and CHIME_SECRET_KEY_OLD does not hold it: give this node the key it was encrypted with"
+    )]
+    UnknownKey { biz_type: String, key_id: String, current: String },
+    #[error(
+        "the signing secret of biz type `{biz_type}` does not decrypt with key {key_id}: it was altered in the database \
+         or copied from another biz type; rotate the biz type's secret"
+    )]
+    Corrupt { biz_type: String, key_id: String },
+    #[error("biz type `{biz_type}` has no signing secret stored; rotate its secret")]
+    Missing { biz_type: String },
 }

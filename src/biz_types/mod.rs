@@ -8,7 +8,7 @@ pub mod secrets;
 mod tokens;
 
 pub use create_limits::CreateLimiter;
-pub use secrets::{PreviousSecret, SecretError, SigningSecret};
+pub use secrets::{PreviousSecret, SigningSecret};
 use tokens::set_signing_secret;
 pub use tokens::{
     DEFAULT_OVERLAP_SECS, MAX_OVERLAP_SECS, MAX_SIGNING_SECRET_BYTES, Rotated, TokenAuth, TokenCache, TokenInfo, authenticate, create_token,
@@ -23,7 +23,7 @@ use sqlx::PgConnection;
 
 use crate::audit::Action;
 use crate::callback_hosts::CallbackHosts;
-use crate::error::Error;
+use crate::error::{Error, SecretError};
 use crate::wake::{self, Wake};
 
 /// A new biz type's retries (the schema's column defaults, from migration 0008): 1 s

@@ -40,7 +40,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use crate::config::SecretArgs;
-use crate::error::Error;
+use crate::error::{Error, SecretError};
 
 const PREFIX: &str = "enc:v1:";
 const NONCE_LEN: usize = 24;
@@ -301,29 +301,6 @@ impl sqlx::FromRow<'_, PgRow> for PreviousSecret {
         let overlap = stored.zip(until).map(|(stored, until)| (keyring().open_one(&name, &stored), until));
         Ok(PreviousSecret { overlap })
     }
-}
-
-/// Why a stored signing secret cannot be used. Each message names the biz type and says
-/// what to do.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SecretError {
-    #[error(
-        "the signing secret of biz type `{biz_type}` is encrypted (key {key_id}) and CHIME_SECRET_KEY is not set: \
-         set CHIME_SECRET_KEY (or CHIME_SECRET_KEY_FILE) to the key it was encrypted with"
-    )]
-    NoKey { biz_type: String, key_id: String },
-    #[error(
-        "the signing secret of biz type `{biz_type}` is encrypted with key {key_id}, but CHIME_SECRET_KEY is key {current} \
-         and CHIME_SECRET_KEY_OLD does not hold it: give this node the key it was encrypted with"
-    )]
-    UnknownKey { biz_type: String, key_id: String, current: String },
-    #[error(
-        "the signing secret of biz type `{biz_type}` does not decrypt with key {key_id}: it was altered in the database \
-         or copied from another biz type; rotate the biz type's secret"
-    )]
-    Corrupt { biz_type: String, key_id: String },
-    #[error("biz type `{biz_type}` has no signing secret stored; rotate its secret")]
-    Missing { biz_type: String },
 }
 
 #[cfg(test)]

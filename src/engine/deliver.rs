@@ -10,8 +10,8 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use super::BizTypeConfig;
-use crate::biz_types::SecretError;
 use crate::callback_hosts::CallbackHosts;
+use crate::error::SecretError;
 use crate::tasks::lease::{Claimed, Outcome, RetryPolicy, Verdict};
 
 /// How much of a receiver's answer is kept with the attempt.

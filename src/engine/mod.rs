@@ -106,9 +106,10 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use crate::biz_types::{PreviousSecret, SecretError, SigningSecret};
+use crate::biz_types::{PreviousSecret, SigningSecret};
 use crate::callback_hosts::CallbackHosts;
 use crate::db::{Health, Route};
+use crate::error::SecretError;
 use crate::lifecycle::Signal;
 use crate::tasks::lease::{self, Outcome, Verdict};
 use crate::wake::{self, Wake};

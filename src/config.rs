@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::biz_types::secrets::SecretArgs;
+use crate::db::DbArgs;
+use crate::logs::LogArgs;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "chime",
@@ -33,99 +37,6 @@ pub struct Cli {
     pub serve: ServeArgs,
     #[command(subcommand)]
     pub command: Option<Command>,
-}
-
-/// Where the database is. Shared by every subcommand, so that admin commands reach the
-/// same database as `serve`.
-#[derive(Debug, Clone, Args)]
-pub struct DbArgs {
-    /// PostgreSQL URL of an existing database. When unset, chime uses its embedded PostgreSQL.
-    /// libpq's forms, with several hosts tried in order:
-    /// `postgres://u@h1:5432,h2:5432/chime` or `host=h1,h2 port=5432 dbname=chime user=u`.
-    /// chime uses the first server that accepts writes, and moves to the promoted one after
-    /// a failover by itself.
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    pub database_url: Option<String>,
-
-    /// Pooler mode: when DATABASE_URL goes through a pooler in transaction mode (PgBouncer),
-    /// a direct (or session-pooled) URL of the same database, for what needs one server
-    /// session throughout: the leader's lock, LISTEN, migrations and the delivery engine.
-    /// Each statement on DATABASE_URL then runs unnamed, in a transaction of its own.
-    #[arg(long, env = "CHIME_DIRECT_DATABASE_URL", global = true, hide_env_values = true, requires = "database_url")]
-    pub direct_database_url: Option<String>,
-
-    /// Directory for the embedded PostgreSQL's data and chime's local state.
-    #[arg(long, env = "CHIME_DATA_DIR", default_value = "./chime-data", global = true)]
-    pub data_dir: PathBuf,
-
-    /// Directory holding initdb, pg_ctl and postgres for the embedded database
-    /// [default: found on PATH, by `pg_config --bindir`, or under /usr/lib/postgresql/*/bin].
-    #[arg(long, env = "CHIME_PG_BIN_DIR", global = true)]
-    pub pg_bin_dir: Option<PathBuf>,
-
-    /// Connections in the pool to PostgreSQL.
-    #[arg(long, env = "CHIME_DB_POOL_SIZE", default_value_t = 16, global = true,
-          value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub db_pool_size: u32,
-}
-
-/// What the log holds and how it is written (on stderr). Shared by every subcommand.
-#[derive(Debug, Clone, Args)]
-pub struct LogArgs {
-    /// Log filter directives added to the default `info,chime::http=warn,sqlx=warn`: a
-    /// directive for a target replaces the default's for it, so `chime::http=info` adds
-    /// access logs and keeps everything else at info; a bare level (`debug`) replaces `info`
-    /// for the targets the default does not name.
-    #[arg(long, env = "CHIME_LOG", global = true)]
-    pub log: Option<String>,
-
-    /// Log format: `text` (one line per event, coloured only on a terminal) or `json` (one
-    /// object per line, the event's fields at its top level).
-    #[arg(long, env = "CHIME_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
-}
-
-/// The key that encrypts signing secrets at rest. Shared by every subcommand, since admin
-/// commands create and read biz types too. Its Debug shows which are set, not the keys.
-#[derive(Clone, Args)]
-pub struct SecretArgs {
-    /// Key that encrypts biz types' signing secrets in the database: 32 random bytes in
-    /// base64 (`openssl rand -base64 32`). Set it on every node and wherever admin commands
-    /// run, once every node runs a release that knows it (docs/book/src/settings.md, Secrets
-    /// at rest); without it secrets are stored in clear. Prefer the environment or
-    /// CHIME_SECRET_KEY_FILE to the flag, which others on the machine can see.
-    #[arg(long, env = "CHIME_SECRET_KEY", global = true, hide_env_values = true, conflicts_with = "secret_key_file")]
-    pub secret_key: Option<String>,
-
-    /// A file holding CHIME_SECRET_KEY (its base64 text), e.g. a mounted Kubernetes secret.
-    #[arg(long, env = "CHIME_SECRET_KEY_FILE", global = true)]
-    pub secret_key_file: Option<PathBuf>,
-
-    /// Earlier keys, comma-separated: secrets encrypted with them are still read, and
-    /// `chime secrets reencrypt` re-encrypts them with CHIME_SECRET_KEY.
-    #[arg(long, env = "CHIME_SECRET_KEY_OLD", global = true, hide_env_values = true, conflicts_with = "secret_key_old_file")]
-    pub secret_key_old: Option<String>,
-
-    /// A file holding CHIME_SECRET_KEY_OLD (keys one per line or comma-separated).
-    #[arg(long, env = "CHIME_SECRET_KEY_OLD_FILE", global = true)]
-    pub secret_key_old_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for SecretArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretArgs")
-            .field("secret_key", &self.secret_key.as_ref().map(|_| ".."))
-            .field("secret_key_file", &self.secret_key_file)
-            .field("secret_key_old", &self.secret_key_old.as_ref().map(|_| ".."))
-            .field("secret_key_old_file", &self.secret_key_old_file)
-            .finish()
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]

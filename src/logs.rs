@@ -9,12 +9,34 @@
 use std::fmt;
 use std::io::IsTerminal;
 
+use clap::Args;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::{DefaultFields, Writer};
 
-use crate::config::LogFormat;
+/// What the log holds and how it is written (on stderr). Shared by every subcommand
+/// (`config::Cli` flattens it in).
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log filter directives added to the default `info,chime::http=warn,sqlx=warn`: a
+    /// directive for a target replaces the default's for it, so `chime::http=info` adds
+    /// access logs and keeps everything else at info; a bare level (`debug`) replaces `info`
+    /// for the targets the default does not name.
+    #[arg(long, env = "CHIME_LOG", global = true)]
+    pub log: Option<String>,
+
+    /// Log format: `text` (one line per event, coloured only on a terminal) or `json` (one
+    /// object per line, the event's fields at its top level).
+    #[arg(long, env = "CHIME_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// What is logged when `CHIME_LOG` says nothing about a target.
 pub const DEFAULT_FILTER: &str = "info,chime::http=warn,sqlx=warn";

@@ -2,7 +2,8 @@ use anyhow::Context;
 use clap::Parser;
 
 use chime::biz_types::secrets;
-use chime::config::{Cli, Command, DbArgs, ServeArgs};
+use chime::config::{Cli, Command, ServeArgs};
+use chime::db::DbArgs;
 use chime::db::{self, Database};
 use chime::startup::Application;
 use chime::{cli, config};

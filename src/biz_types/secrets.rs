@@ -27,20 +27,57 @@
 //! that cannot be opened is never replaced by anything else: it is `Unopened`, and signing
 //! with it is refused.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use clap::Args;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
-use crate::config::SecretArgs;
 use crate::error::{Error, SecretError};
+
+/// The key that encrypts signing secrets at rest. Shared by every subcommand, since admin
+/// commands create and read biz types too (`config::Cli` flattens it in). Its Debug shows which are set, not the keys.
+#[derive(Clone, Args)]
+pub struct SecretArgs {
+    /// Key that encrypts biz types' signing secrets in the database: 32 random bytes in
+    /// base64 (`openssl rand -base64 32`). Set it on every node and wherever admin commands
+    /// run, once every node runs a release that knows it (docs/book/src/settings.md, Secrets
+    /// at rest); without it secrets are stored in clear. Prefer the environment or
+    /// CHIME_SECRET_KEY_FILE to the flag, which others on the machine can see.
+    #[arg(long, env = "CHIME_SECRET_KEY", global = true, hide_env_values = true, conflicts_with = "secret_key_file")]
+    pub secret_key: Option<String>,
+
+    /// A file holding CHIME_SECRET_KEY (its base64 text), e.g. a mounted Kubernetes secret.
+    #[arg(long, env = "CHIME_SECRET_KEY_FILE", global = true)]
+    pub secret_key_file: Option<PathBuf>,
+
+    /// Earlier keys, comma-separated: secrets encrypted with them are still read, and
+    /// `chime secrets reencrypt` re-encrypts them with CHIME_SECRET_KEY.
+    #[arg(long, env = "CHIME_SECRET_KEY_OLD", global = true, hide_env_values = true, conflicts_with = "secret_key_old_file")]
+    pub secret_key_old: Option<String>,
+
+    /// A file holding CHIME_SECRET_KEY_OLD (keys one per line or comma-separated).
+    #[arg(long, env = "CHIME_SECRET_KEY_OLD_FILE", global = true)]
+    pub secret_key_old_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SecretArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretArgs")
+            .field("secret_key", &self.secret_key.as_ref().map(|_| ".."))
+            .field("secret_key_file", &self.secret_key_file)
+            .field("secret_key_old", &self.secret_key_old.as_ref().map(|_| ".."))
+            .field("secret_key_old_file", &self.secret_key_old_file)
+            .finish()
+    }
+}
 
 const PREFIX: &str = "enc:v1:";
 const NONCE_LEN: usize = 24;

@@ -2,16 +2,17 @@
 //! embedded one, following its primary through a failover, whether it is known to be down,
 //! and the migrations.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use clap::Args;
 use sqlx::migrate::{Migrate, Migration, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 
-use crate::config::DbArgs;
 use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
 
 pub mod hosts;
@@ -29,6 +30,40 @@ pub static MIGRATOR: Migrator = {
     migrator.locking = false;
     migrator
 };
+
+/// Where the database is. Shared by every subcommand, so that admin commands reach the
+/// same database as `serve` (`config::Cli` flattens it in).
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// PostgreSQL URL of an existing database. When unset, chime uses its embedded PostgreSQL.
+    /// libpq's forms, with several hosts tried in order:
+    /// `postgres://u@h1:5432,h2:5432/chime` or `host=h1,h2 port=5432 dbname=chime user=u`.
+    /// chime uses the first server that accepts writes, and moves to the promoted one after
+    /// a failover by itself.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Pooler mode: when DATABASE_URL goes through a pooler in transaction mode (PgBouncer),
+    /// a direct (or session-pooled) URL of the same database, for what needs one server
+    /// session throughout: the leader's lock, LISTEN, migrations and the delivery engine.
+    /// Each statement on DATABASE_URL then runs unnamed, in a transaction of its own.
+    #[arg(long, env = "CHIME_DIRECT_DATABASE_URL", global = true, hide_env_values = true, requires = "database_url")]
+    pub direct_database_url: Option<String>,
+
+    /// Directory for the embedded PostgreSQL's data and chime's local state.
+    #[arg(long, env = "CHIME_DATA_DIR", default_value = "./chime-data", global = true)]
+    pub data_dir: PathBuf,
+
+    /// Directory holding initdb, pg_ctl and postgres for the embedded database
+    /// [default: found on PATH, by `pg_config --bindir`, or under /usr/lib/postgresql/*/bin].
+    #[arg(long, env = "CHIME_PG_BIN_DIR", global = true)]
+    pub pg_bin_dir: Option<PathBuf>,
+
+    /// Connections in the pool to PostgreSQL.
+    #[arg(long, env = "CHIME_DB_POOL_SIZE", default_value_t = 16, global = true,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub db_pool_size: u32,
+}
 
 /// The database a command works on. An embedded PostgreSQL started here is supervised
 /// (restarted when it dies) and stopped when the command ends (`close`).

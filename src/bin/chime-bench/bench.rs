@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use actix_web::http::StatusCode;
 use anyhow::{Context, bail};
 use chime::biz_types::{self, Settings};
-use chime::config::DbArgs;
+use chime::db::DbArgs;
 use chime::db::{self, Pool};
 use chime::embedded_pg;
 use chime::tasks::load;

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use chime::config::{DbArgs, LogArgs, SecretArgs};
+use chime::biz_types::secrets::SecretArgs;
+use chime::db::DbArgs;
+use chime::logs::LogArgs;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use actix_web::http::StatusCode;
 use anyhow::{Context, bail};
 use chime::biz_types::{self, Settings};
-use chime::config::DbArgs;
+use chime::db::DbArgs;
 use chime::db::{self, Pool};
 use chime::tasks::load;
 use chrono::{DateTime, Utc};

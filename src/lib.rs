@@ -9,13 +9,12 @@ pub mod config;
 /// The web console: server-rendered pages for admins and support staff, and their sign-in
 /// sessions (tables `sessions`, `console_keys`).
 pub mod console;
-/// Reaching the database (external or embedded): the server that accepts writes, failover,
-/// pooler mode (`db::Pool`, `db::query*`, through which every statement goes), migrations.
+/// Reaching the database (external, or embedded: `db::embedded_pg`): the server that
+/// accepts writes, failover, pooler mode (`db::Pool`, `db::query*`, through which every
+/// statement goes), migrations.
 pub mod db;
 /// The quick start's demo biz type and built-in receiver.
 pub mod demo;
-/// Starting, supervising and stopping the embedded PostgreSQL.
-pub mod embedded_pg;
 /// The domain error every operation returns.
 pub mod error;
 /// What the first start hands the operator: on a terminal, or in an owner-only file.

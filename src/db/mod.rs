@@ -1,5 +1,5 @@
 //! Reaching the database: an external one (DATABASE_URL, one host or several) or the
-//! embedded one, following its primary through a failover, whether it is known to be down,
+//! embedded one (`embedded_pg` starts and stops it), following its primary through a failover, whether it is known to be down,
 //! and the migrations.
 
 use std::path::PathBuf;
@@ -13,11 +13,11 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 
-use crate::embedded_pg::{self, EmbeddedPg, EmbeddedPgError};
-
+pub mod embedded_pg;
 pub mod hosts;
 mod pool;
 
+use embedded_pg::{EmbeddedPg, EmbeddedPgError};
 pub use hosts::{Hosts, NoWritableHost, Writable};
 pub use pool::{Pool, query, query_as, query_scalar};
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
-use chime::embedded_pg;
+use chime::db::embedded_pg;
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, Executor, PgConnection};

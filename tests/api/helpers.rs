@@ -8,7 +8,7 @@ use std::time::Duration;
 use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
 use chime::db::Pool;
-use chime::embedded_pg::{self, EmbeddedPg};
+use chime::db::embedded_pg::{self, EmbeddedPg};
 use chime::startup::Application;
 use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chime::config::ServeArgs;
 use chime::db::Pool;
-use chime::embedded_pg;
+use chime::db::embedded_pg;
 use sqlx::{Connection, Executor, PgConnection};
 
 use crate::console::{ADMIN_PASSWORD, Console, sign_in};

@@ -8,7 +8,7 @@ use std::process::Command;
 use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use chime::db::Pool;
-use chime::embedded_pg::{self, EmbeddedPg};
+use chime::db::embedded_pg::{self, EmbeddedPg};
 use sqlx::{Connection, Executor, PgConnection};
 use tokio::sync::OnceCell;
 

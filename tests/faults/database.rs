@@ -69,7 +69,7 @@ async fn a_database_crash_under_load_loses_nothing() {
     let _turn = heavy().await;
     // A cluster of its own, as durable as production's (fsync and synchronous commit on):
     // it is the one crashed.
-    let mut pg = chime::embedded_pg::start_temporary("").await.unwrap();
+    let mut pg = chime::db::embedded_pg::start_temporary("").await.unwrap();
     let db_url = pg.url("chime");
     let pool = chime::db::connect(&db_url, 4).await.unwrap();
     chime::db::migrate(&pool).await.unwrap();

@@ -29,8 +29,8 @@ use actix_web::http::StatusCode;
 use anyhow::{Context, bail};
 use chime::biz_types::{self, Settings};
 use chime::db::DbArgs;
+use chime::db::embedded_pg;
 use chime::db::{self, Pool};
-use chime::embedded_pg;
 use chime::tasks::load;
 use chrono::{DateTime, TimeDelta, Utc};
 

@@ -56,11 +56,6 @@ pub async fn attempt_times(pool: &Pool, biz_type_id: i32) -> Result<Vec<AttemptT
     .await
 }
 
-/// When the hot partitions end: a backlog due before it belongs in `tasks`.
-pub async fn hot_until(pool: &Pool) -> Result<DateTime<Utc>, sqlx::Error> {
-    crate::partitions::horizon(pool).await
-}
-
 /// Backlog rows as years of use would leave them, written straight into `tasks` (or
 /// `tasks_cold`) without the API: row `i` is due at `from + i * step_us` microseconds.
 #[derive(Debug, Clone)]
@@ -80,7 +75,7 @@ pub struct Backlog<'a> {
 
 /// Writes backlog rows `first .. first + count` in one statement.
 pub async fn insert_backlog(pool: &Pool, backlog: &Backlog<'_>, first: u64, count: u64) -> Result<u64, sqlx::Error> {
-    // The caller keeps every `run_at` below the hot horizon (`hot_until`) for `tasks`, at or
+    // The caller keeps every `run_at` below the hot horizon (`partitions::horizon`) for `tasks`, at or
     // after it for `tasks_cold`, so each row is where the layout puts it. New rows: no lock
     // that a claim waits on, but one statement of up to a million rows holds its
     // transaction (and the WAL) until it is done. Ids are UUIDv7 of the moment they are

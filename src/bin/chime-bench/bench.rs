@@ -31,6 +31,7 @@ use chime::biz_types::{self, Settings};
 use chime::db::DbArgs;
 use chime::db::embedded_pg;
 use chime::db::{self, Pool};
+use chime::partitions;
 use chime::tasks::load;
 use chrono::{DateTime, TimeDelta, Utc};
 
@@ -484,7 +485,7 @@ impl Bench {
     async fn fill_backlog(&mut self) -> anyhow::Result<()> {
         let biz = self.new_biz_type("backlog").await?;
         let payload = self.payload(0);
-        let horizon = load::hot_until(&self.pool).await?;
+        let horizon = partitions::horizon(&self.pool).await?;
         let now = Utc::now();
         let part = |what, count, from, to, finished| crate::scale::Part { what, count, from, to, finished, cold: false, flow_key: None };
         let parts = vec![

@@ -292,8 +292,10 @@ pub async fn materialize_timers(pool: &Pool, window: Duration) {
 /// Puts running tasks whose lease expired back to pending (every tick); returns how many.
 pub async fn recover_leases(pool: &Pool) -> u64 {
     match tasks::lease::recover_expired_leases(pool).await {
-        Ok(0) => 0,
-        Ok(n) => {
+        Ok(swept) if swept.tasks == 0 => 0,
+        Ok(swept) => {
+            metrics::expired_each(&swept.expired);
+            let n = swept.tasks;
             tracing::warn!(tasks = n, "recovered tasks whose lease expired; they will be delivered again");
             n
         }
@@ -315,7 +317,9 @@ pub async fn expire_overdue(pool: &Pool) -> u64 {
     let mut total = 0;
     loop {
         match tasks::lease::expire_overdue(pool, EXPIRE_BATCH).await {
-            Ok(n) => {
+            Ok(swept) => {
+                metrics::expired_each(&swept.expired);
+                let n = swept.tasks;
                 total += n;
                 if n < EXPIRE_BATCH as u64 {
                     break;

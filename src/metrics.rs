@@ -352,6 +352,17 @@ pub fn expired(biz_type_name: &str, count: u64) {
     }
 }
 
+/// Tasks ended `expired` by a sweep, one biz type name per task (`tasks::lease::Swept`).
+pub fn expired_each<'a>(biz_type_names: impl IntoIterator<Item = &'a String>) {
+    let mut counts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for name in biz_type_names {
+        *counts.entry(name).or_default() += 1;
+    }
+    for (name, n) in counts {
+        expired(name, n);
+    }
+}
+
 /// A task claimed by the engine and not sent, because its deadline came before its due
 /// time: no longer in flight, and expired.
 pub fn not_sent_expired(biz_type_name: &str) {

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::{ApiError, from_json, read_optional_json};
 use crate::biz_types::{self, BizType};
+use crate::metrics;
 use crate::pull::{self, Turn, Verdict};
 use crate::state::AppState;
 use crate::tasks::lease;
@@ -173,7 +174,8 @@ async fn look(state: &AppState, biz: &BizType, max: i64, ttr_ms: i64) -> Result<
     }
     let (permitted, rate_wait) = state.pull_limits.take(&state.pool, biz, want).await;
     if permitted > 0 {
-        let tasks = lease::reserve(&state.pool, biz.id, &biz.name, permitted, ttr_ms).await?;
+        let (tasks, expired) = lease::reserve(&state.pool, biz.id, &biz.name, permitted, ttr_ms).await?;
+        metrics::expired(&biz.name, expired);
         if !tasks.is_empty() {
             return Ok(Ok(tasks));
         }

@@ -235,9 +235,9 @@ pub struct Reserved {
 
 /// Leases up to `limit` due tasks of a pull biz type for `ttr_ms`, each under a receipt of
 /// its own, by priority as a claim takes them. Tasks it picked whose deadline had passed
-/// are ended `expired` instead (see reserve.sql) and counted in the metrics, not handed
-/// out.
-pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, ttr_ms: i64) -> Result<Vec<Reserved>, sqlx::Error> {
+/// are ended `expired` instead (see reserve.sql), not handed out: the second value counts
+/// them, for the caller's metrics.
+pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, ttr_ms: i64) -> Result<(Vec<Reserved>, u64), sqlx::Error> {
     static RESERVE: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/reserve.sql")));
     // A tenth to the longest-due, as the engine gives (`engine::OLDEST_SHARE`); consumers
     // hold no count between reserves, so a reserve of n < 10 takes one with chance n / 10.
@@ -253,8 +253,7 @@ pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, 
         .fetch_all(pool)
         .await?;
     let (expired, reserved): (Vec<Reserved>, Vec<Reserved>) = picked.into_iter().partition(|r| r.expired);
-    crate::metrics::expired(biz_type, expired.len() as u64);
-    Ok(reserved)
+    Ok((reserved, expired.len() as u64))
 }
 
 /// How many tasks of the biz type are due, counting no further than `up_to`.
@@ -580,12 +579,14 @@ pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>
 
 /// Puts back to pending the tasks whose lease ran out (their holder died, lost the
 /// database, or a consumer let its time to run pass), recording the lost attempt; a task
-/// whose deadline has passed ends `expired` instead (counted in the metrics). Safe on
-/// every node at once. Returns how many (at most 1,000 a call).
-pub async fn recover_expired_leases(pool: &Pool) -> Result<u64, sqlx::Error> {
+/// whose deadline has passed ends `expired` instead. Safe on every node at once. At most
+/// 1,000 tasks a call.
+pub async fn recover_expired_leases(pool: &Pool) -> Result<Swept, sqlx::Error> {
     let recovered: Vec<(String, bool)> = crate::db::query_as(include_str!("sql/recover_leases.sql")).fetch_all(pool).await?;
-    count_expired(recovered.iter().filter(|(_, expired)| *expired).map(|(biz_type, _)| biz_type.as_str()));
-    Ok(recovered.len() as u64)
+    Ok(Swept {
+        tasks: recovered.len() as u64,
+        expired: recovered.into_iter().filter(|(_, expired)| *expired).map(|(biz_type, _)| biz_type).collect(),
+    })
 }
 
 /// Puts a task held by a pull consumer that a person judged dead back to pending now, as
@@ -606,24 +607,21 @@ pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, rea
     Ok(released > 0)
 }
 
-/// Counts tasks ended `expired`, one biz type name per task.
-fn count_expired<'a>(biz_types: impl Iterator<Item = &'a str>) {
-    let mut counts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-    for name in biz_types {
-        *counts.entry(name).or_default() += 1;
-    }
-    for (name, n) in counts {
-        crate::metrics::expired(name, n);
-    }
+/// What a sweep of expired leases or passed deadlines did: how many tasks it changed, and
+/// the biz type of each one it ended `expired` (one name per task), which the caller counts
+/// in the metrics (`metrics::expired_each`).
+#[derive(Debug, Default)]
+pub struct Swept {
+    pub tasks: u64,
+    pub expired: Vec<String>,
 }
 
 /// Ends `expired` up to `limit` pending tasks whose deadline has passed without a claim:
 /// held back by a paused biz type, a backlog, a rate limit, or a pull biz type nobody
-/// reserves from (see expire.sql). Safe on every node at once. Returns how many.
-pub async fn expire_overdue(pool: &Pool, limit: i64) -> Result<u64, sqlx::Error> {
+/// reserves from (see expire.sql). Safe on every node at once.
+pub async fn expire_overdue(pool: &Pool, limit: i64) -> Result<Swept, sqlx::Error> {
     let ended: Vec<String> = crate::db::query_scalar(include_str!("sql/expire.sql")).bind(limit).fetch_all(pool).await?;
-    count_expired(ended.iter().map(String::as_str));
-    Ok(ended.len() as u64)
+    Ok(Swept { tasks: ended.len() as u64, expired: ended })
 }
 
 #[cfg(test)]

@@ -224,7 +224,7 @@ async fn pull_tasks_past_their_deadline_end_expired_and_are_not_reserved() {
     let late = task["id"].as_str().unwrap();
     sqlx::query("UPDATE tasks SET expires_at = now() WHERE id = $1::uuid").bind(late).execute(&app.pool).await.unwrap();
     let biz_type_id = biz_types::id_of(&app.pool, "feed").await.unwrap();
-    let reserved = chime::tasks::lease::reserve(&app.pool, biz_type_id, "feed", 10, 30_000).await.unwrap();
+    let (reserved, _) = chime::tasks::lease::reserve(&app.pool, biz_type_id, "feed", 10, 30_000).await.unwrap();
     assert!(reserved.is_empty(), "{reserved:?}");
     wait_for_status(&app, &token, late, "expired").await;
 

@@ -507,7 +507,7 @@ async fn an_expired_task_sends_a_task_expired_notice() {
     let held = app.create_task(&token, json!({"biz_type": "orders", "ttl_ms": 200})).await;
     let held_id = held["id"].as_str().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(chime::tasks::lease::expire_overdue(&app.pool, 100).await.unwrap(), 1);
+    assert_eq!(chime::tasks::lease::expire_overdue(&app.pool, 100).await.unwrap().tasks, 1);
     let (sender, _lifecycle) = sender(&app);
     assert_eq!(sender.turn().await, 1);
     let received = notices.received();

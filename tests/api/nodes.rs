@@ -192,7 +192,7 @@ async fn a_dead_node_s_leases_hold_their_slots_until_recovered() {
 
     let mut engine = engine(&app);
     assert_eq!(engine.turn().await.claimed, 0, "the dead node's two leases fill the cap of 2");
-    assert_eq!(chime::tasks::lease::recover_expired_leases(&app.pool).await.unwrap(), 2);
+    assert_eq!(chime::tasks::lease::recover_expired_leases(&app.pool).await.unwrap().tasks, 2);
     assert_eq!(engine.turn().await.claimed, 2, "their slots are free again: two of the three due are claimed");
     engine.settled().await;
     assert_eq!(receiver.received().len(), 2);

@@ -30,7 +30,7 @@ use super::{ConsoleError, assets, see_other};
 use crate::audit::{self, Action};
 use crate::client_address::TrustedProxies;
 use crate::state::AppState;
-use crate::users::{self, User};
+use crate::users::{self, User, sessions};
 
 /// The session cookie; a request without it (or an Authorization header) is anonymous.
 pub const COOKIE: &str = "chime_session";
@@ -110,17 +110,9 @@ impl FromRequest for Session {
             let sign_in = || ConsoleError::SignIn { next: next.clone() };
             let token = token.ok_or_else(sign_in)?;
             let token_hash = hash(&token);
-            let row: Option<(i32, String, String, String)> = crate::db::query_as(
-                "SELECT u.id, u.username, u.role, s.csrf_token
-                   FROM sessions s JOIN users u ON u.id = s.user_id
-                  WHERE s.token_hash = $1 AND s.expires_at > now() AND NOT u.disabled",
-            )
-            .bind(&token_hash)
-            .fetch_optional(&state.pool)
-            .await?;
-            let (id, username, role, csrf) = row.ok_or_else(sign_in)?;
+            let (user, csrf) = sessions::find(&state.pool, &token_hash).await?.ok_or_else(sign_in)?;
             let reveal_key = super::reveal::Key::of_session(&token);
-            Ok(Session { user: User { id, username, role }, csrf, reveal_key, token_hash })
+            Ok(Session { user, csrf, reveal_key, token_hash })
         })
     }
 }
@@ -294,16 +286,9 @@ pub async fn login(
     limiter.succeeded(address, &form.username);
     // A fresh session on every sign-in; expired ones are cleared on the way.
     let token = random_token();
-    crate::db::query("DELETE FROM sessions WHERE expires_at < now()").execute(&state.pool).await?;
-    crate::db::query("INSERT INTO sessions (token_hash, user_id, csrf_token, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 hour')")
-        .bind(hash(&token))
-        .bind(user.id)
-        .bind(random_token())
-        .bind(SESSION_HOURS)
-        .execute(&state.pool)
-        .await?;
+    sessions::start(&state.pool, &hash(&token), user.id, &random_token(), SESSION_HOURS).await?;
     if let Some(old) = req.cookie(COOKIE) {
-        crate::db::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(old.value())).execute(&state.pool).await?;
+        sessions::end(&state.pool, &hash(old.value())).await?;
     }
     users::record_sign_in(&state.pool, user.id).await?;
     audit::record_alone(&state.pool, &format!("user:{}", user.username), Action::UserSignIn, &user.username, None, None).await?;
@@ -347,7 +332,7 @@ pub struct CsrfForm {
 pub async fn logout(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<CsrfForm>) -> Result<HttpResponse, ConsoleError> {
     session.check_csrf(&form.csrf)?;
     if let Some(cookie) = req.cookie(COOKIE) {
-        crate::db::query("DELETE FROM sessions WHERE token_hash = $1").bind(hash(cookie.value())).execute(&state.pool).await?;
+        sessions::end(&state.pool, &hash(cookie.value())).await?;
     }
     let mut gone = Cookie::build(COOKIE, "").path("/").finish();
     gone.make_removal();

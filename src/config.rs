@@ -483,7 +483,7 @@ pub fn load_config_file() -> anyhow::Result<()> {
     let path = Path::new(&path);
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read CHIME_CONFIG file {}: {e}", path.display()))?;
     for (var, value) in config_file_env(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))? {
-        if std::env::var_os(var).is_none() {
+        if std::env::var_os(&var).is_none() {
             // SAFETY: called at the top of main, before the runtime or any thread exists.
             unsafe { std::env::set_var(var, value) };
         }
@@ -491,45 +491,22 @@ pub fn load_config_file() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The settings a config file may hold, with the environment variable each one maps to.
-const FILE_KEYS: &[(&str, &str)] = &[
-    ("database_url", "DATABASE_URL"),
-    ("direct_database_url", "CHIME_DIRECT_DATABASE_URL"),
-    ("data_dir", "CHIME_DATA_DIR"),
-    ("pg_bin_dir", "CHIME_PG_BIN_DIR"),
-    ("db_pool_size", "CHIME_DB_POOL_SIZE"),
-    ("listen", "CHIME_LISTEN"),
-    ("metrics_listen", "CHIME_METRICS_LISTEN"),
-    ("trusted_proxies", "CHIME_TRUSTED_PROXIES"),
-    ("body_timeout_secs", "CHIME_BODY_TIMEOUT_SECS"),
-    ("max_connections", "CHIME_MAX_CONNECTIONS"),
-    ("admin_password", "CHIME_ADMIN_PASSWORD"),
-    ("max_payload_bytes", "CHIME_MAX_PAYLOAD_BYTES"),
-    ("hot_days", "CHIME_HOT_DAYS"),
-    ("partition_hours", "CHIME_PARTITION_HOURS"),
-    ("retention_days", "CHIME_RETENTION_DAYS"),
-    ("timer_window_secs", "CHIME_TIMER_WINDOW_SECS"),
-    ("leader_lease_secs", "CHIME_LEADER_LEASE_SECS"),
-    ("migrate_batch", "CHIME_MIGRATE_BATCH"),
-    ("http_workers", "CHIME_HTTP_WORKERS"),
-    ("engine", "CHIME_ENGINE"),
-    ("shutdown_grace_secs", "CHIME_SHUTDOWN_GRACE_SECS"),
-    ("deny_private_callbacks", "CHIME_DENY_PRIVATE_CALLBACKS"),
-    ("auto_migrate", "CHIME_AUTO_MIGRATE"),
-    ("secret_key", "CHIME_SECRET_KEY"),
-    ("secret_key_file", "CHIME_SECRET_KEY_FILE"),
-    ("secret_key_old", "CHIME_SECRET_KEY_OLD"),
-    ("secret_key_old_file", "CHIME_SECRET_KEY_OLD_FILE"),
-    ("log", "CHIME_LOG"),
-    ("log_format", "CHIME_LOG_FORMAT"),
-];
+/// The settings a config file may hold, with the environment variable each one maps to:
+/// every flag of `Cli` that has a variable, under its long name with underscores. Read from
+/// the command's definition, flattened groups included, so that a new setting is a file
+/// key without being listed twice.
+fn file_keys() -> Vec<(String, String)> {
+    use clap::CommandFactory;
+    Cli::command().get_arguments().filter_map(|arg| Some((arg.get_long()?.replace('-', "_"), arg.get_env()?.to_str()?.to_string()))).collect()
+}
 
-fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {
+fn config_file_env(text: &str) -> Result<Vec<(String, String)>, String> {
     let table: toml::Table = text.parse().map_err(|e| format!("not valid TOML: {e}"))?;
+    let keys = file_keys();
     let mut out = Vec::new();
     for (key, value) in table {
-        let Some(&(_, var)) = FILE_KEYS.iter().find(|(k, _)| *k == key) else {
-            let known: Vec<_> = FILE_KEYS.iter().map(|(k, _)| *k).collect();
+        let Some((_, var)) = keys.iter().find(|(k, _)| *k == key) else {
+            let known: Vec<_> = keys.iter().map(|(k, _)| k.as_str()).collect();
             return Err(format!("unknown setting `{key}` (known: {})", known.join(", ")));
         };
         let value = match value {
@@ -539,7 +516,7 @@ fn config_file_env(text: &str) -> Result<Vec<(&'static str, String)>, String> {
             toml::Value::Boolean(b) => b.to_string(),
             other => return Err(format!("setting `{key}` must be a string or a number, not {}", other.type_str())),
         };
-        out.push((var, value));
+        out.push((var.clone(), value));
     }
     Ok(out)
 }
@@ -551,13 +528,27 @@ mod tests {
     #[test]
     fn config_file_maps_keys_to_environment_variables() {
         let env = config_file_env("listen = \"0.0.0.0:9000\"\nhot_days = 3\n").unwrap();
-        assert_eq!(env, vec![("CHIME_HOT_DAYS", "3".to_string()), ("CHIME_LISTEN", "0.0.0.0:9000".to_string())]);
+        assert_eq!(env, vec![("CHIME_HOT_DAYS".to_string(), "3".to_string()), ("CHIME_LISTEN".to_string(), "0.0.0.0:9000".to_string())]);
     }
 
     #[test]
     fn config_file_can_turn_on_the_callback_deny_list() {
         let env = config_file_env("deny_private_callbacks = true").unwrap();
-        assert_eq!(env, vec![("CHIME_DENY_PRIVATE_CALLBACKS", "true".to_string())]);
+        assert_eq!(env, vec![("CHIME_DENY_PRIVATE_CALLBACKS".to_string(), "true".to_string())]);
+    }
+
+    #[test]
+    fn config_file_keys_are_every_flag_with_an_environment_variable() {
+        // From the groups other modules define (db, logs, secrets) and from serve's own,
+        // node_capacity among them, which a hand-kept list once left out.
+        let file = "data_dir = \"/var/lib/chime\"\nlog_format = \"json\"\nsecret_key_file = \"/run/key\"\nnode_capacity = 500\n";
+        let mut env = config_file_env(file).unwrap();
+        env.sort();
+        let vars: Vec<&str> = env.iter().map(|(var, _)| var.as_str()).collect();
+        assert_eq!(vars, ["CHIME_DATA_DIR", "CHIME_LOG_FORMAT", "CHIME_NODE_CAPACITY", "CHIME_SECRET_KEY_FILE"]);
+        let keys = file_keys();
+        assert!(keys.iter().all(|(key, var)| !key.contains('-') && !var.is_empty()), "{keys:?}");
+        assert_eq!(keys.len(), 30, "{keys:?}");
     }
 
     #[test]

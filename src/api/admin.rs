@@ -236,11 +236,11 @@ struct ListQuery {
     ),
     responses(
         (status = 200, description = r#"The biz types."#, body = BizTypeList),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "query: archived: provided string was not `true` or `false`"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -262,11 +262,11 @@ pub(super) async fn list_biz_types(_: Admin, req: HttpRequest, state: web::Data<
     ),
     responses(
         (status = 200, description = r#"The biz type."#, body = BizType),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -294,15 +294,15 @@ pub(super) struct WithSecret<'a> {
     request_body(content = ref("#/components/schemas/CreateBizType"), example = json!({"name": "orders", "callback_url": "https://orders.internal/chime", "timeout_ms": 5000})),
     responses(
         (status = 201, description = r#"The new biz type and its signing secret."#, links(("GetBizType" = (operation_id = "adminGetBizType", parameters(("name" = "$response.body#/name")))), ("CreateApiToken" = (operation_id = "adminCreateApiToken", parameters(("name" = "$response.body#/name"))))), body = WithSecret),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"A biz type has this name, or had it and is archived (the name stays reserved)."#, body = super::error::Error, example = json!({"error": {"code": "key_conflict", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "timeout_ms: must be between 1 and 600000"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -326,16 +326,16 @@ pub(super) async fn create_biz_type(admin: Admin, state: web::Data<AppState>, bo
     request_body(content = BizTypeRequest, example = json!({"paused": true})),
     responses(
         (status = 200, description = r#"The biz type as it is now."#, body = BizType),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "backoff_max_ms: must be at least backoff_initial_ms"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -378,11 +378,11 @@ pub(super) struct Archived<'a> {
     ),
     responses(
         (status = 200, description = r#"The archived biz type."#, body = Archived),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -407,15 +407,15 @@ pub(super) async fn archive_biz_type(admin: Admin, state: web::Data<AppState>, n
     request_body(content = Option<Rotation>, example = json!({"overlap_secs": 3600})),
     responses(
         (status = 200, description = r#"The new signing secret, and until when the old one still signs."#, body = SigningSecret),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"`overlap_secs` is out of range, or given twice."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "overlap_secs: must be between 0 (the old secret stops at once) and 2592000 (30 days), not 9999999"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -450,11 +450,11 @@ pub(super) async fn rotate_secret(
     ),
     responses(
         (status = 200, description = r#"The tokens."#, body = ApiTokenList),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -497,15 +497,15 @@ pub(super) struct NewToken<'a> {
     request_body(content = Option<TokenRequest>, example = json!({"name": "ci"})),
     responses(
         (status = 201, description = r#"The new token."#, links(("RevokeApiToken" = (operation_id = "adminRevokeApiToken", parameters(("name" = "$request.path.name"), ("id" = "$response.body#/id"))))), body = NewToken),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 409, description = r#"The biz type is archived: it cannot be changed."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "biz type `orders` is archived: it cannot be changed, and its name stays reserved"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"The token's `name` is too long or holds control characters."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "name: must be at most 64 characters, without control characters"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -535,11 +535,11 @@ pub(super) async fn create_token(
     responses(
         (status = 204, description = r#"Revoked."#),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a token id (a UUID)"}})),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No biz type has this name, or it has no token with this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no token 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11 in this biz type"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -561,10 +561,10 @@ pub(super) async fn revoke_token(admin: Admin, state: web::Data<AppState>, path:
     description = r#"By name; never their passwords."#,
     responses(
         (status = 200, description = r#"The users."#, body = UserList),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -597,15 +597,15 @@ pub(super) struct NewUser {
     request_body(content = NewUser, example = json!({"name": "helen", "role": "support", "password": "correct horse battery"})),
     responses(
         (status = 201, description = r#"The new user."#, body = UserInfo),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"A user has this name."#, body = super::error::Error, example = json!({"error": {"code": "key_conflict", "message": "user `helen` already exists"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "password: must be at least 8 characters"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -643,16 +643,16 @@ pub(super) struct UserPatch {
     request_body(content = UserPatch, example = json!({"disabled": true})),
     responses(
         (status = 200, description = r#"The user as they are now."#, body = UserInfo),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No user has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no user named `helen`"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The change would leave no enabled admin."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "`admin` is the last enabled admin; make another user an admin first"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it (the same rules and words as the console's form and `chime biz-type`)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "role: must be admin or support"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]
@@ -683,12 +683,12 @@ pub(super) async fn update_user(
     ),
     responses(
         (status = 204, description = r#"Deleted."#),
-        (status = 401, response = super::openapi::AdminUnauthenticated),
-        (status = 403, response = super::openapi::AdminForbidden),
+        (status = 401, response = super::error::AdminUnauthenticated),
+        (status = 403, response = super::error::AdminForbidden),
         (status = 404, description = r#"No user has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no user named `helen`"}})),
         (status = 409, description = r#"The change would leave no enabled admin."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "`admin` is the last enabled admin; make another user an admin first"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("adminAuth" = []))
 )]

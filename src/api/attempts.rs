@@ -42,12 +42,12 @@ struct AttemptList<'a> {
     responses(
         (status = 200, description = r#"One page of attempts."#, body = AttemptList),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 422, description = r#"A query parameter is unknown, repeated or invalid (`limit` outside 1–1000, `cursor` not from this API)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "limit: must be a whole number from 1 to 1000"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]

@@ -142,16 +142,16 @@ fn one_at_a_time<'a>(state: &'a AppState, caller: &Caller) -> Result<Under<'a>, 
     request_body(content = CancelRequest),
     responses(
         (status = 200, description = r#"How many matched, and how many were cancelled."#, body = Cancelled, example = json!({"matched": 1200, "cancelled": 1200})),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `order-clos`"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"No condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, `timer_id` not a UUID, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "all: the filter has no condition, so it would act on every task: give key_prefix, run_at_from, run_at_to or timer_id, or say \"all\": true"}})),
         (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of half a second, each operation counted as at least 50 ms); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -182,16 +182,16 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, name: web::Path<
     request_body(content = ReplayRequest),
     responses(
         (status = 200, description = r#"How many matched, and how many were replayed."#, body = Replayed, example = json!({"matched": 37, "replayed": 37})),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `order-clos`"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 413, description = r#"The request body is over 4 KiB."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 4096 bytes"}})),
         (status = 422, description = r#"`status` missing or not `failed`/`expired`, no other condition and no `"all": true`, a `key_prefix` a key could not be, a time not RFC 3339 or out of range, `run_at_to` not after `run_at_from`, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "status: unknown variant `pending`, expected `failed` or `expired`"}})),
         (status = 429, description = r#"Another bulk operation (cancel or replay, dry run or not) of this biz type is under way on this node, or its bulk operations took their share of the time (a tenth, after a burst of half a second, each operation counted as at least 50 ms); retry after `Retry-After` seconds."#, body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "a bulk operation of this biz type is under way on this node, or they took their share of its time; retry after the time Retry-After says"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]

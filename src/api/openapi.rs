@@ -3,13 +3,9 @@
 //! cannot say is added here, after generation, each with its reason (`document`).
 
 use serde_json::{Value, json};
-use utoipa::openapi::content::ContentBuilder;
-use utoipa::openapi::header::HeaderBuilder;
-use utoipa::openapi::response::{Response, ResponseBuilder};
-use utoipa::openapi::schema::{ObjectBuilder, Ref, Schema, Type};
+use utoipa::openapi::OpenApi as Document;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{OpenApi as Document, RefOr};
-use utoipa::{Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 use super::{admin, attempts, bulk, pull, tasks, timers};
 
@@ -85,8 +81,17 @@ use super::{admin, attempts, bulk, pull, tasks, timers};
         admin::delete_user,
     ),
     components(
-        schemas(super::error::Error, super::error::ErrorDetail, Receipt),
-        responses(Unauthenticated, Unavailable, Internal, RequestTimeout, AdminForbidden, AdminUnauthenticated, BadBody, BodyOver16KiB),
+        schemas(super::error::Error, super::error::ErrorDetail, super::pull::Receipt),
+        responses(
+            super::error::Unauthenticated,
+            super::error::Unavailable,
+            super::error::Internal,
+            super::error::RequestTimeout,
+            super::error::AdminForbidden,
+            super::error::AdminUnauthenticated,
+            super::error::BadBody,
+            super::error::BodyOver16KiB
+        ),
     ),
     modifiers(&SecuritySchemes),
 )]
@@ -202,94 +207,6 @@ impl Modify for SecuritySchemes {
         );
     }
 }
-
-/// The receipt that reserve returned with the task. It settles that reservation only: once its time to run has passed (and the task may have gone to another consumer) or the task was acked or nacked, it answers 409 `stale_receipt`.
-#[derive(ToSchema)]
-#[allow(dead_code)] // Only described: handlers read receipts as text, to word their 422.
-pub struct Receipt(uuid::Uuid);
-
-/// `Retry-After` of a 429: whole seconds, at least 1.
-pub struct RetryAfter;
-
-impl PartialSchema for RetryAfter {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(1)).into()
-    }
-}
-
-impl ToSchema for RetryAfter {}
-
-/// An error answer shared by many operations, with its example and any headers.
-fn error_response(description: &str, example: Value, www_authenticate: bool) -> RefOr<Response> {
-    let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("Error"))).example(Some(example)).build();
-    let mut response = ResponseBuilder::new().description(description).content("application/json", content);
-    if www_authenticate {
-        let always_bearer = ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["Bearer"]));
-        response = response.header("WWW-Authenticate", HeaderBuilder::new().schema(always_bearer).description(Some("Always `Bearer`.")).build());
-    }
-    RefOr::T(response.build())
-}
-
-fn error(code: &str, message: &str) -> Value {
-    json!({"error": {"code": code, "message": message}})
-}
-
-macro_rules! shared_response {
-    ($name:ident, $description:expr, $code:expr, $message:expr, $www_authenticate:expr) => {
-        pub struct $name;
-
-        impl<'r> ToResponse<'r> for $name {
-            fn response() -> (&'r str, RefOr<Response>) {
-                (stringify!($name), error_response($description, error($code, $message), $www_authenticate))
-            }
-        }
-    };
-}
-
-shared_response!(
-    Unauthenticated,
-    "No `Authorization: Bearer <token>` header, or the token is not valid or has been revoked.",
-    "unauthenticated",
-    "missing token: send `Authorization: Bearer <token>`",
-    true
-);
-shared_response!(
-    Unavailable,
-    "The database cannot be reached right now; retry shortly.",
-    "unavailable",
-    "the database is unavailable; retry shortly",
-    false
-);
-shared_response!(
-    Internal,
-    "An unexpected server error; the cause is logged on the server, the answer only says it happened.",
-    "internal",
-    "internal error",
-    false
-);
-shared_response!(
-    RequestTimeout,
-    "The request's body did not all arrive within CHIME_BODY_TIMEOUT_SECS of its headers; the connection is closed.",
-    "request_timeout",
-    "the request body did not arrive within 30 s",
-    false
-);
-shared_response!(BadBody, "The request body is empty or is not valid JSON.", "bad_request", "request body is empty; send a JSON object", false);
-shared_response!(BodyOver16KiB, "The request body is over 16 KiB.", "payload_too_large", "request body is larger than 16384 bytes", false);
-shared_response!(
-    AdminForbidden,
-    "The token is a biz type's API token, not an admin token.",
-    "permission_denied",
-    "this is a biz type's API token: the admin API needs an admin token (`chime admin-token create`)",
-    false
-);
-shared_response!(
-    AdminUnauthenticated,
-    "No `Authorization: Bearer <admin token>` header, or the admin token is not valid or has been revoked.",
-    "unauthenticated",
-    "the admin token is not valid or has been revoked",
-    true
-);
 
 #[cfg(test)]
 mod tests {

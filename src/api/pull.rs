@@ -89,15 +89,15 @@ fn ttr(raw: Option<i64>, biz: &BizType) -> Result<i64, ApiError> {
     responses(
         (status = 200, description = r#"The reserved tasks (possibly none)."#, links(("AckTask" = (operation_id = "ackTask", parameters(("id" = "$response.body#/tasks/0/id")), description = r#"Each reserved task is settled by its `id` and `receipt`; this link follows the first."#)), ("NackTask" = (operation_id = "nackTask", parameters(("id" = "$response.body#/tasks/0/id")))), ("TouchTask" = (operation_id = "touchTask", parameters(("id" = "$response.body#/tasks/0/id"))))), body = ReserveAnswer),
         (status = 400, description = r#"The body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "request body is not valid JSON: expected value at line 1 column 1"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The biz type is not the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `jobs`, not `billing`"}})),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The biz type delivers by callback."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "biz type `hooks` delivers by callback; set its mode to pull to reserve its tasks"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "max: must be between 1 and 100"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -211,7 +211,7 @@ fn receipt(raw: Option<&str>) -> Result<Uuid, ApiError> {
 #[serde(deny_unknown_fields)]
 pub(super) struct AckRequest {
     // Optional here only to answer its absence with a 422 that says what to send.
-    #[schema(value_type = super::openapi::Receipt, required = true)]
+    #[schema(value_type = Receipt, required = true)]
     receipt: Option<String>,
 }
 
@@ -229,15 +229,15 @@ pub(super) struct AckRequest {
     responses(
         (status = 200, description = r#"The task as it is now."#, body = crate::tasks::Task),
         (status = 400, description = r#"The `id` is not a UUID, or the body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`invalid_state`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "receipt: required; send the receipt that reserve returned with the task"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -253,7 +253,7 @@ pub async fn ack(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
 #[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NackRequest {
-    #[schema(value_type = super::openapi::Receipt, required = true)]
+    #[schema(value_type = Receipt, required = true)]
     receipt: Option<String>,
     /// Retry after this long, at most 10 years (3660 days). Default: the biz type's backoff.
     #[schema(minimum = 0, maximum = 316_224_000_000_i64)]
@@ -277,15 +277,15 @@ pub(super) struct NackRequest {
     responses(
         (status = 200, description = r#"The task as it is now."#, body = crate::tasks::Task),
         (status = 400, description = r#"The `id` is not a UUID, or the body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`invalid_state`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "delay_ms: must be between 0 and 10 years in milliseconds"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -316,7 +316,7 @@ pub async fn nack(caller: Caller, state: web::Data<AppState>, id: web::Path<Stri
 #[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct TouchRequest {
-    #[schema(value_type = super::openapi::Receipt, required = true)]
+    #[schema(value_type = Receipt, required = true)]
     receipt: Option<String>,
     /// New time to run from now. Default: the biz type's timeout.
     #[schema(minimum = 1, maximum = 86_400_000)]
@@ -337,15 +337,15 @@ pub(super) struct TouchRequest {
     responses(
         (status = 200, description = r#"Until when the task is reserved."#, body = inline(Touched)),
         (status = 400, description = r#"The `id` is not a UUID, or the body is not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The receipt no longer holds the task (`stale_receipt`: its time to run passed and it went back to pending or to another consumer, or it was acked or nacked already, or the receipt is another task's); nothing changed. Or the token's biz type delivers by callback (`invalid_state`)."#, body = super::error::Error, example = json!({"error": {"code": "stale_receipt", "message": "this receipt no longer holds the task: its time to run passed and another reservation holds it now (or the receipt is another task's)"}})),
-        (status = 413, response = super::openapi::BodyOver16KiB),
+        (status = 413, response = super::error::BodyOver16KiB),
         (status = 422, description = r#"A field is invalid, or the receipt is missing."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "ttr_ms: must be between 1 and 86400000 (a day)"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -357,3 +357,8 @@ pub async fn touch(caller: Caller, state: web::Data<AppState>, id: web::Path<Str
     let until = pull::touch(&state.pool, &biz, id, receipt, ttr(request.ttr_ms, &biz)?).await?;
     Ok(HttpResponse::Ok().json(Touched { id, reserved_until: until }))
 }
+
+/// The receipt that reserve returned with the task. It settles that reservation only: once its time to run has passed (and the task may have gone to another consumer) or the task was acked or nacked, it answers 409 `stale_receipt`.
+#[derive(ToSchema)]
+#[allow(dead_code)] // Only described: handlers read receipts as text, to word their 422.
+pub struct Receipt(uuid::Uuid);

@@ -159,17 +159,17 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
     responses(
         (status = 200, description = r#"A task with this key was already created by the same request, or `on_conflict` is `keep`: this is that task, unchanged. Or `on_conflict` is `replace` and the key's task was pending: this is that task, changed."#, body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
         (status = 201, description = r#"The task was created (with `on_conflict: "replace"`, also when the key's task had finished: the key now finds this one)."#, links(("GetTask" = (operation_id = "getTask", parameters(("id" = "$response.body#/id")), description = r#"The `id` in the answer identifies the task in `GET /api/v1/tasks/{id}`."#)), ("UpdateTask" = (operation_id = "updateTask", parameters(("id" = "$response.body#/id")))), ("CancelTask" = (operation_id = "cancelTask", parameters(("id" = "$response.body#/id")))), ("ReplayTask" = (operation_id = "replayTask", parameters(("id" = "$response.body#/id")))), ("GetTaskByKey" = (operation_id = "getTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key")), description = r#"A task created with a `key` can be found again by it."#)), ("UpdateTaskByKey" = (operation_id = "updateTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key")))), ("CancelTaskByKey" = (operation_id = "cancelTaskByKey", parameters(("name" = "$response.body#/biz_type"), ("key" = "$response.body#/key"))))), body = crate::tasks::Task, example = json!({"id": "01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11", "biz_type": "order-close", "key": "order-123", "run_at": "2026-11-21T10:00:00Z", "payload": {"order_id": 123}, "status": "pending", "attempt_count": 0, "timer_id": null, "last_error": null, "created_at": "2026-11-21T09:30:00.123456Z", "updated_at": "2026-11-21T09:30:00.123456Z", "finished_at": null})),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`biz_type` names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has the name given in `biz_type`."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `order-clos`"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"`key_conflict`: the `key` is already taken by a task created with a different request body (`on_conflict` absent or `reject`). `task_running`: `on_conflict` is `replace` and the key's task is running."#, body = super::error::Error, example = json!({"error": {"code": "key_conflict", "message": "key `order-123` is already used by a task created with a different request"}})),
         (status = 413, description = r#"The payload (or the whole body) is larger than the server's limit (default 64 KiB for the payload)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
         (status = 422, description = r#"A field is missing, unknown or invalid (e.g. `run_at` not RFC 3339 or out of range, both `run_at` and `delay_ms` given, `key` empty or too long, `on_conflict` not `reject`, `replace` or `keep`); the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "run_at: must be an RFC 3339 time such as 2026-11-21T09:30:00Z (input contains invalid characters)"}})),
-        (status = 429, description = r#"The biz type's create rate limit is exceeded; retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::openapi::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 429, description = r#"The biz type's create rate limit is exceeded; retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::error::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -266,14 +266,14 @@ pub(super) struct BatchAnswer<'a> {
     request_body(content = BatchRequest),
     responses(
         (status = 200, description = r#"One result per item, in order."#, body = BatchAnswer),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::Unauthenticated),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::Unauthenticated),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 413, description = r#"The request body is larger than 32 MiB (or than 1000 times the payload limit plus 4 KiB, if that is less)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 33554432 bytes"}})),
         (status = 422, description = r#"`tasks` is missing, not an array, empty or longer than 1000, `results` is neither `tasks` nor `ids`, or the body has another field. (Invalid items do not fail the request; they fail in their result.)"#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "tasks: must hold 1 to 1000 items, not 0"}})),
-        (status = 429, description = r#"The biz type's create rate limit is exceeded; nothing was created. Retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::openapi::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable),
+        (status = 429, description = r#"The biz type's create rate limit is exceeded; nothing was created. Retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::error::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable),
         (status = 403, description = r#"The token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`). Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "biz type `orders` is archived: its tokens no longer work"}}))
     ),
     security(("bearerAuth" = []))
@@ -357,11 +357,11 @@ fn item_error(index: usize, e: &ApiError) -> ItemResult<'static> {
     responses(
         (status = 200, description = r#"The task and its attempts."#, body = TaskWithAttempts),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -388,12 +388,12 @@ pub async fn get(caller: Caller, state: web::Data<AppState>, id: web::Path<Strin
     ),
     responses(
         (status = 200, description = r#"The task holding this key."#, body = crate::tasks::Task),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in biz type `order-close`"}})),
         (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters, not UTF-8 once percent-decoded)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must be 1 to 256 bytes"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -449,12 +449,12 @@ pub(super) fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTi
     ),
     responses(
         (status = 200, description = r#"One page of tasks."#, body = ListAnswer),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`biz_type` names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has the name given in `biz_type`."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `order-clos`"}})),
         (status = 422, description = r#"A query parameter is unknown, repeated or invalid (bad `status`, `limit` outside 1–1000, `from`/`to` not RFC 3339, `cursor` not from this API)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "limit: must be a whole number from 1 to 1000"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -531,15 +531,15 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     responses(
         (status = 200, description = r#"The task as changed."#, body = crate::tasks::Task),
         (status = 400, description = r#"The `id` is not a UUID, or the body is empty or not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The task is not pending (it is running or finished)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be changed; this one is succeeded"}})),
         (status = 413, description = r#"The new payload is larger than the server's limit (default 64 KiB)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
         (status = 422, description = r#"Nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, a priority outside 0-9, a time at or after the task's deadline (`expires_at`: no callback starts then), or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "give run_at, delay_ms, payload or priority to change"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -599,16 +599,16 @@ async fn key_path(caller: &Caller, state: &AppState, req: &HttpRequest, path: we
     request_body(content = PatchRequest),
     responses(
         (status = 200, description = r#"The task as changed."#, body = crate::tasks::Task),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in this biz type"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"The task is not pending (it is running or finished): `invalid_state`."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be changed; this one is succeeded"}})),
         (status = 413, description = r#"The new payload is larger than the server's limit (default 64 KiB)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
         (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters), nothing to change, both `run_at` and `delay_ms` given, a time invalid or out of range, or an unknown field; the message names the field."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must not contain control characters"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -636,13 +636,13 @@ pub async fn reschedule_by_key(
     ),
     responses(
         (status = 200, description = r#"The cancelled task."#, body = crate::tasks::Task),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"}})),
         (status = 404, description = r#"No biz type has this name, or no task of it has this key."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with key `order-123` in this biz type"}})),
         (status = 409, description = r#"The task is running or already finished: `invalid_state`."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be cancelled; this one is running"}})),
         (status = 422, description = r#"The key is one a create would refuse (empty, over 256 bytes, control characters, not UTF-8 once percent-decoded)."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "key: must be 1 to 256 bytes"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -670,12 +670,12 @@ pub async fn cancel_by_key(
     responses(
         (status = 200, description = r#"The cancelled task."#, body = crate::tasks::Task),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 409, description = r#"The task is running or already finished."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a pending task can be cancelled; this one is running"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -698,12 +698,12 @@ pub async fn cancel(caller: Caller, state: web::Data<AppState>, id: web::Path<St
     responses(
         (status = 200, description = r#"The task, pending again."#, body = crate::tasks::Task),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a task id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The task belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this task belongs to another biz type"}})),
         (status = 404, description = r#"No task has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no task with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
         (status = 409, description = r#"The task is pending or running, so there is nothing to replay."#, body = super::error::Error, example = json!({"error": {"code": "invalid_state", "message": "only a finished task can be replayed; this one is pending"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]

@@ -56,16 +56,16 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     request_body(content = crate::timers::CreateTimer, example = json!({"biz_type": "report", "key": "nightly", "cron": "0 30 2 * * *", "timezone": "Europe/Berlin", "payload": {"report": "daily"}})),
     responses(
         (status = 201, description = r#"The timer, with its next fire times."#, links(("GetTimer" = (operation_id = "getTimer", parameters(("id" = "$response.body#/id")), description = r#"The `id` in the answer identifies the timer in `/api/v1/timers/{id}`."#)), ("UpdateTimer" = (operation_id = "updateTimer", parameters(("id" = "$response.body#/id")))), ("DeleteTimer" = (operation_id = "deleteTimer", parameters(("id" = "$response.body#/id")))), ("ActivateTimer" = (operation_id = "activateTimer", parameters(("id" = "$response.body#/id")))), ("DeactivateTimer" = (operation_id = "deactivateTimer", parameters(("id" = "$response.body#/id"))))), body = TimerView),
-        (status = 400, response = super::openapi::BadBody),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 400, response = super::error::BadBody),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The request names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `report`, not `billing`"}})),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"A timer with this key exists in the biz type."#, body = super::error::Error, example = json!({"error": {"code": "key_conflict", "message": "a timer with key `nightly` already exists in this biz type"}})),
         (status = 413, description = r#"The payload is over the size limit."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
         (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "cron: needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), such as `0 30 9 * * Mon-Fri`; this one has 5"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -90,11 +90,11 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, body: web::Paylo
     responses(
         (status = 200, description = r#"The timer."#, body = TimerView),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a timer id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The timer belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this timer belongs to another biz type"}})),
         (status = 404, description = r#"No timer has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no timer with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -130,12 +130,12 @@ struct ListQuery {
     ),
     responses(
         (status = 200, description = r#"A page of timers."#, body = ListAnswer),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"`biz_type` names another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this token belongs to biz type `report`, not `billing`"}})),
         (status = 404, description = r#"No biz type has this name."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no biz type named `billing`"}})),
         (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "limit: must be a whole number from 1 to 1000"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -176,14 +176,14 @@ async fn change(caller: &Caller, state: &AppState, id: Uuid, changes: TimerChang
     responses(
         (status = 200, description = r#"The changed timer."#, body = TimerView),
         (status = 400, description = r#"The `id` is not a UUID, or the body is empty or not valid JSON."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a timer id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The timer belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this timer belongs to another biz type"}})),
         (status = 404, description = r#"No timer has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no timer with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 408, response = super::openapi::RequestTimeout),
+        (status = 408, response = super::error::RequestTimeout),
         (status = 413, description = r#"The payload is over the size limit."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
         (status = 422, description = r#"Nothing to change (every field absent or null, but for `payload`), or a field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "timezone: `Mars/Olympus` is not an IANA time zone name such as Europe/Berlin or UTC"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -210,11 +210,11 @@ pub async fn update(caller: Caller, state: web::Data<AppState>, id: web::Path<St
     responses(
         (status = 200, description = r#"The timer."#, body = TimerView),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a timer id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The timer belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this timer belongs to another biz type"}})),
         (status = 404, description = r#"No timer has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no timer with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -236,11 +236,11 @@ pub async fn activate(caller: Caller, state: web::Data<AppState>, id: web::Path<
     responses(
         (status = 200, description = r#"The timer."#, body = TimerView),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a timer id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The timer belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this timer belongs to another biz type"}})),
         (status = 404, description = r#"No timer has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no timer with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]
@@ -262,11 +262,11 @@ pub async fn deactivate(caller: Caller, state: web::Data<AppState>, id: web::Pat
     responses(
         (status = 204, description = r#"Deleted."#),
         (status = 400, description = r#"The `id` in the path is not a UUID."#, body = super::error::Error, example = json!({"error": {"code": "bad_request", "message": "`42` is not a timer id (a UUID)"}})),
-        (status = 401, response = super::openapi::Unauthenticated),
+        (status = 401, response = super::error::Unauthenticated),
         (status = 403, description = r#"The timer belongs to another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "this timer belongs to another biz type"}})),
         (status = 404, description = r#"No timer has this id."#, body = super::error::Error, example = json!({"error": {"code": "not_found", "message": "no timer with id 01937a4e-8f5c-7cc2-9a54-3c6f1f0b2d11"}})),
-        (status = 500, response = super::openapi::Internal),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 500, response = super::error::Internal),
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]

@@ -5,8 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
-use super::tasks::parse_id;
-use super::{ApiError, parse_limit, parse_query};
+use super::{ApiError, parse_id, parse_limit, parse_query};
 use crate::state::AppState;
 use crate::tasks::{self, AttemptsFrom};
 

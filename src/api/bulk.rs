@@ -9,9 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::tasks::parse_time;
-use super::{ApiError, from_raw, raw_json, read_raw_body};
-
+use super::{ApiError, from_raw, parse_time, raw_json, read_raw_body};
 use crate::state::AppState;
 use crate::tasks::bulk::{self, BulkFilter, Under};
 use crate::tasks::{self, Status};

@@ -387,6 +387,21 @@ fn parse_query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, A
     web::Query::<T>::from_query(req.query_string()).map(web::Query::into_inner).map_err(|e| ApiError::Invalid(format!("query: {e}")))
 }
 
+/// A task id in a path: 400 when it is not a UUID.
+fn parse_id(raw: &str) -> Result<uuid::Uuid, ApiError> {
+    raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
+}
+
+/// A time in a query parameter (`field` names it in the 422), RFC 3339.
+fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+    raw.map(|s| {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .map_err(|_| ApiError::Invalid(format!("{field}: must be an RFC 3339 time such as 2026-11-21T09:30:00Z")))
+    })
+    .transpose()
+}
+
 /// A list's `limit` query parameter: 1 to 1000, 100 when absent.
 fn parse_limit(raw: Option<&str>) -> Result<i64, ApiError> {
     match raw {

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::{ApiError, from_raw, parse_limit, parse_query, raw_json, read_raw_body};
+use super::{ApiError, from_raw, parse_id, parse_limit, parse_query, parse_time, raw_json, read_raw_body};
 use crate::biz_types;
 use crate::state::AppState;
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
@@ -71,10 +71,6 @@ struct BatchItemFailed {
     #[schema(minimum = 400, maximum = 599)]
     status: u16,
     error: super::error::ErrorDetail,
-}
-
-pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    raw.parse().map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a task id (a UUID)")))
 }
 
 /// The request's W3C trace context, if it carries a well-formed one.
@@ -421,15 +417,6 @@ struct ListQuery {
     to: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
-}
-
-pub(super) fn parse_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
-    raw.map(|s| {
-        DateTime::parse_from_rfc3339(s)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(|_| ApiError::Invalid(format!("{field}: must be an RFC 3339 time such as 2026-11-21T09:30:00Z")))
-    })
-    .transpose()
 }
 
 #[utoipa::path(

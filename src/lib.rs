@@ -7,7 +7,7 @@ pub mod cli;
 /// Flags, environment variables and the optional TOML file.
 pub mod config;
 /// The web console: server-rendered pages for admins and support staff, and their sign-in
-/// sessions (tables `sessions`, `console_keys`).
+/// (table `console_keys`; the sessions are `users::sessions`).
 pub mod console;
 /// Reaching the database (external, or embedded: `db::embedded_pg`): the server that
 /// accepts writes, failover, pooler mode (`db::Pool`, `db::query*`, through which every
@@ -62,15 +62,14 @@ pub mod startup;
 /// What every request handler of a node shares.
 pub mod state;
 /// The task store: create, read, list, reschedule, cancel, replay, leases, and where a row
-/// lives; the only writer of `tasks`, `tasks_cold`, `task_keys` and `attempts`, and the
-/// `chime_wake` notifications.
+/// lives; the only writer of `tasks`, `tasks_cold`, `task_keys` and `attempts`.
 pub mod tasks;
 /// Timers: cron schedules whose occurrences become tasks (table `timers`).
 pub mod timers;
-/// Console users (table `users`).
+/// Console users and their sign-in sessions (tables `users`, `sessions`).
 pub mod users;
-/// Wake-ups between nodes: one PostgreSQL channel that tasks, biz types and the engine
-/// notify on, and every node listens to.
+/// Wake-ups between nodes: the `chime_wake` notifications that tasks, biz types and the
+/// engine send, and the LISTEN loop every node runs.
 pub mod wake;
 
 /// How the unit-level property tests run: a fixed seed, so that CI runs the same cases

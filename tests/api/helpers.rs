@@ -411,7 +411,8 @@ pub async fn wake_listener(app: &TestApp) -> sqlx::postgres::PgListener {
 }
 
 /// Waits (at most 5 s) for the notice that biz types changed. The server tells every
-/// session listening at the same commit: once this one has it, so have the nodes'.
+/// session listening at the same commit, so the nodes' sessions have it too; a node may
+/// still be acting on what it read before (an engine's turn under way).
 pub async fn settings_notice(listener: &mut sqlx::postgres::PgListener) {
     let told = async { while listener.recv().await.unwrap().payload() != "settings" {} };
     tokio::time::timeout(Duration::from_secs(5), told).await.expect("the notice that biz types changed, within 5 s");

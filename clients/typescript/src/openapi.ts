@@ -227,7 +227,7 @@ export interface paths {
         put?: never;
         /**
          * Cancel every pending task matching a filter
-         * @description Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000).
+         * @description Cancels the biz type's pending tasks (due soon or far ahead) matching every condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`, `timer_id`. A filter without any condition is refused unless it says `"all": true`. Any number of tasks: they are cancelled in batches of 1,000, a transaction each (claims of this and other biz types go on between them), and the answer comes when all are done. A task being claimed or changed at that moment is passed over (it is about to run, or was just changed). `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) as one entry, with the filter and the counts, written with the first batch (the counts with the last); each task changed refers to it in its history.
          */
         post: operations["cancelTasks"];
         delete?: never;
@@ -247,7 +247,7 @@ export interface paths {
         put?: never;
         /**
          * Replay every failed or expired task matching a filter
-         * @description Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) with the filter, the counts and the ids of the tasks changed (the first 1,000).
+         * @description Replays the biz type's tasks in `status` (`failed` or `expired`) matching every other condition given: `key_prefix`, `run_at_from` ≤ run_at < `run_at_to`. Each becomes pending, due now, with its attempt count reset (as `POST /api/v1/tasks/{id}/replay` does), and is delivered at the biz type's rate limit like any due task. A filter without a condition besides `status` is refused unless it says `"all": true`. Any number of tasks, in batches of 1,000, a transaction each; the answer comes when all are done. `dry_run` only counts, up to 10,000 (`more` says whether more match). Recorded in the audit log (not a dry run) as one entry, with the filter and the counts, written with the first batch (the counts with the last); each task changed refers to it in its history.
          */
         post: operations["replayTasks"];
         delete?: never;

@@ -558,6 +558,8 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
 /// run out. Only tasks still leased to this node are touched; returns how many.
 pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>)]) -> Result<u64, sqlx::Error> {
     let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().copied().unzip();
+    // Locks the given rows still leased to this node: no other holder wants them until
+    // they are pending again.
     let given = crate::db::query(
         "UPDATE tasks t
             SET status = 'pending', lease_until = NULL, leased_by = NULL,

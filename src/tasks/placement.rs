@@ -32,6 +32,8 @@ pub async fn holds_unfinished(tx: &mut PgConnection, name: &str) -> Result<bool,
 /// primary key), so each batch starts where the last ended; a key now held by another task
 /// is left alone. Returns the last id seen (None: no task left).
 pub async fn forget(pool: &Pool, table: &str, after: Uuid, batch: i64) -> Result<Option<Uuid>, sqlx::Error> {
+    // Locks the keys and events it deletes; the detached partition itself is no longer
+    // read by anyone but this.
     crate::db::query_scalar(AssertSqlSafe(format!(
         "WITH batch AS (
              SELECT id, biz_type_id, key FROM {table} WHERE id > $1 ORDER BY id LIMIT $2

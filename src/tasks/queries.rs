@@ -721,6 +721,7 @@ pub async fn cancel_target(pool: &Pool, owner: i32, target: Target<'_>, actor: &
         return Err(Error::invalid_state(format!("only a pending task can be cancelled; this one is {status}")));
     }
     let table = if cold { "tasks_cold" } else { "tasks" };
+    // The row `lock_target` locked.
     let task = crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "WITH t AS (
              UPDATE {table} SET status = 'cancelled', finished_at = now(), updated_at = now()
@@ -741,6 +742,8 @@ pub async fn cancel_target(pool: &Pool, owner: i32, target: Target<'_>, actor: &
 /// what was left pending afterwards (a retry of a callback in flight, a create that passed
 /// its token check just before). Running tasks are left to finish.
 pub async fn cancel_archived<'e>(executor: impl sqlx::PgExecutor<'e>, biz_type_id: Option<i32>) -> Result<u64, Error> {
+    // Locks the pending rows of archived biz types. One a claim holds is waited for, and
+    // is running by then: it is left to finish, as the doc says.
     let cancelled: i64 = crate::db::query_scalar(
         "WITH archived AS (
              SELECT id FROM biz_types WHERE archived_at IS NOT NULL AND ($1::int IS NULL OR id = $1)

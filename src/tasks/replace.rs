@@ -95,7 +95,8 @@ pub(super) async fn create_taken(pool: &Pool, biz_type_id: i32, biz_type: &str, 
                     ..Requeue::default()
                 };
                 let mut tasks = requeue(&mut tx, cold, &[id], changes).await?;
-                // The replacing request is now the key's: sent again, it is a repeat.
+                // The replacing request is now the key's: sent again, it is a repeat. (The
+                // key's row, locked above.)
                 crate::db::query("UPDATE task_keys SET request_hash = $3 WHERE biz_type_id = $1 AND key = $2")
                     .bind(biz_type_id)
                     .bind(&key)

@@ -42,46 +42,7 @@ async fn start_tls_server() -> TlsServer {
     std::fs::create_dir(&dir).unwrap();
     let ca = make_ca(&dir, "ca");
     let other_ca = make_ca(&dir, "other-ca");
-    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
-    std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
+    let (cert, key) = server_cert(&dir);
     let port = listen_over_tls(&mut pg, &cert, &key, "hostssl", &[]).await;
     TlsServer { port, ca, other_ca, _cluster: pg }
 }
@@ -118,6 +79,17 @@ async fn listen_over_tls(pg: &mut EmbeddedPg, cert: &Path, key: &Path, hba: &str
     pg.crash().await.unwrap();
     pg.restart().await.unwrap();
     port
+}
+
+/// A certificate for `localhost` signed by the CA `make_ca(dir, "ca")` made, and its key;
+/// returns their paths.
+fn server_cert(dir: &Path) -> (PathBuf, PathBuf) {
+    std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
+    let new_key = "req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key -out server.csr -subj /CN=localhost";
+    openssl(dir, &new_key.split(' ').collect::<Vec<_>>());
+    let sign = "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.crt";
+    openssl(dir, &sign.split(' ').collect::<Vec<_>>());
+    (dir.join("server.crt"), dir.join("server.key"))
 }
 
 /// A self-signed CA in `dir`; returns its certificate.
@@ -404,45 +376,7 @@ async fn a_client_certificate_with_a_sec1_key_signs_in() {
     let dir = pg.data_dir().join("tls");
     std::fs::create_dir(&dir).unwrap();
     let ca = make_ca(&dir, "ca");
-    std::fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
+    let (cert, key) = server_cert(&dir);
     // The client: CN is the database user, as `cert` authentication requires.
     openssl(&dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "client.key"]);
     assert!(std::fs::read_to_string(dir.join("client.key")).unwrap().contains("BEGIN EC PRIVATE KEY"));
@@ -450,7 +384,7 @@ async fn a_client_certificate_with_a_sec1_key_signs_in() {
     openssl(&dir, &["x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-out", "client.crt"]);
     // Certificates only, checked against the CA.
     let more = [format!("ssl_ca_file = '{}'", ca.display())];
-    let port = listen_over_tls(&mut pg, &dir.join("server.crt"), &dir.join("server.key"), "hostssl all all 127.0.0.1/32 cert", &more).await;
+    let port = listen_over_tls(&mut pg, &cert, &key, "hostssl all all 127.0.0.1/32 cert", &more).await;
 
     let base = format!("postgres://postgres@localhost:{port}/chime?sslmode=verify-full&sslrootcert={}", ca.display());
     let without = connect_error(&base).await;

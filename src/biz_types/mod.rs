@@ -665,9 +665,9 @@ pub async fn exists(pool: &Pool, name: &str) -> Result<bool, Error> {
 }
 
 /// The id of the named biz type (archived or not), or `NotFound`.
-pub async fn id_of(pool: &Pool, name: &str) -> Result<i32, Error> {
+pub async fn id_of<'e>(db: impl sqlx::PgExecutor<'e>, name: &str) -> Result<i32, Error> {
     let id = match validate_name(name) {
-        Ok(()) => crate::db::query_scalar::<i32>("SELECT id FROM biz_types WHERE name = $1").bind(name).fetch_optional(pool).await?,
+        Ok(()) => crate::db::query_scalar::<i32>("SELECT id FROM biz_types WHERE name = $1").bind(name).fetch_optional(db).await?,
         Err(_) => None,
     };
     id.ok_or_else(|| Error::NotFound(format!("no biz type named `{}`", name.escape_debug())))

@@ -80,11 +80,7 @@ pub async fn mint_token(pool: &Pool, biz_type: &str, name: Option<&str>, actor: 
 /// `mint_token` on the caller's connection, unrecorded.
 async fn mint(conn: &mut PgConnection, biz_type: &str, name: Option<&str>) -> Result<(TokenInfo, String), Error> {
     let name = token_name(name)?;
-    let biz_type_id: i32 = crate::db::query_scalar("SELECT id FROM biz_types WHERE name = $1")
-        .bind(biz_type)
-        .fetch_optional(&mut *conn)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no biz type named `{}`", biz_type.escape_debug())))?;
+    let biz_type_id = super::id_of(&mut *conn, biz_type).await?;
     let token = format!("chime_{}", random_base64(32));
     let info = crate::db::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO api_tokens (id, biz_type_id, token_hash, prefix, name)

@@ -40,7 +40,7 @@ use crate::memory;
 use crate::nodes::Nodes;
 use crate::receiver::{Arrival, Receiver};
 use crate::report::{Report, Target};
-use crate::waits::{Seen, Waits};
+use crate::waits::{self, Seen, Waits};
 
 #[path = "fairness.rs"]
 mod fairness;
@@ -354,7 +354,9 @@ impl Bench {
         let pids = self.nodes.pids();
         let at_rest = memory::max_rss_mib(&pids);
         let memory = memory::Sampler::start(pids);
+        let wal_before = waits::wal_position(&self.pool).await?;
         self.create_due(&biz, &vec![due; total]).await?;
+        let created_wal = waits::wal_position(&self.pool).await?.saturating_sub(wal_before);
         if Utc::now() > due {
             bail!("creating {total} tasks took longer than the {} ms allowed; use a smaller --burst-tasks", lead.num_milliseconds());
         }
@@ -376,18 +378,24 @@ impl Bench {
             peak.unwrap_or(f64::NAN),
             None,
         );
+        let per_task = |bytes: u64| bytes as f64 / total.max(1) as f64;
+        self.report.add(scenario, nodes, "burst: WAL per task created (batch create)", "bytes", per_task(created_wal), None);
+        let whole = per_task(created_wal + seen.wal_bytes);
+        self.report.add(scenario, nodes, "burst: WAL per task, create to delivery", "bytes", whole, Some(Target::AtMost(2048.0)));
         self.report_database(scenario, nodes, "burst", seen, total);
         self.report.burst_series(&format!("{scenario}, {nodes} node{}", plural(nodes)), due, &arrivals);
         Ok(())
     }
 
     /// What the database waited on while `what` ran (the waits of at least 1% of its
-    /// active backend-samples, at most 6), and its CPU per delivered task.
+    /// active backend-samples, at most 6), and its CPU and WAL per delivered task.
     fn report_database(&mut self, scenario: &str, nodes: u32, what: &str, seen: Seen, delivered: usize) {
         if let Some(cpu) = seen.cpu_secs {
             let per_task = 1e6 * cpu / delivered.max(1) as f64;
             self.report.add(scenario, nodes, &format!("{what}: PostgreSQL CPU per delivered task"), "µs", per_task, None);
         }
+        let wal = seen.wal_bytes as f64 / delivered.max(1) as f64;
+        self.report.add(scenario, nodes, &format!("{what}: WAL per delivered task"), "bytes", wal, None);
         for (wait, share, statement, in_it) in seen.waits.iter().filter(|(_, share, ..)| *share >= 0.01).take(6) {
             self.report.add(scenario, nodes, &format!("{what}: database backends waiting on {wait}"), "% of samples", 100.0 * share, None);
             if wait != "CPU" {

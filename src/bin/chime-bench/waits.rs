@@ -1,6 +1,6 @@
 //! What PostgreSQL did while a burst or steady ran (issue 35): what its active backends
-//! waited on, sampled from `pg_stat_activity`, and its CPU per delivered task, so that every
-//! run shows where the next limit is.
+//! waited on, sampled from `pg_stat_activity`, its CPU per delivered task and the WAL it
+//! wrote, so that every run shows where the next limit is.
 //!
 //! A sample is the wait event of each client backend that is active at that instant
 //! (`CPU` when it waits on nothing: running, or ready to run), the sampler's own left out;
@@ -33,6 +33,8 @@ pub struct Waits {
     task: tokio::task::JoinHandle<BTreeMap<String, BTreeMap<String, u64>>>,
     /// PostgreSQL's processes at the start, and their CPU seconds then.
     cpu_before: Vec<(u32, f64)>,
+    /// The WAL's insert position at the start.
+    wal_before: u64,
 }
 
 /// What the window showed.
@@ -42,11 +44,15 @@ pub struct Seen {
     pub waits: Vec<(String, f64, String, f64)>,
     /// PostgreSQL's CPU seconds over the window; None where its processes are not local.
     pub cpu_secs: Option<f64>,
+    /// Bytes of WAL written over the window, by anything (full-page images after a
+    /// checkpoint included, as in production).
+    pub wal_bytes: u64,
 }
 
 impl Waits {
     pub async fn start(pool: &Pool) -> anyhow::Result<Waits> {
         let cpu_before = pids(pool).await?.into_iter().filter_map(|p| memory::cpu_secs(p).map(|s| (p, s))).collect();
+        let wal_before = wal_position(pool).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let (flag, sampling) = (stop.clone(), pool.clone());
         let task = tokio::spawn(async move {
@@ -68,7 +74,7 @@ impl Waits {
             }
             counts
         });
-        Ok(Waits { pool: pool.clone(), stop, task, cpu_before })
+        Ok(Waits { pool: pool.clone(), stop, task, cpu_before, wal_before })
     }
 
     pub async fn stop(self) -> Seen {
@@ -93,8 +99,15 @@ impl Waits {
             }
             _ => None,
         };
-        Seen { waits, cpu_secs }
+        let wal_bytes = wal_position(&self.pool).await.map(|now| now.saturating_sub(self.wal_before)).unwrap_or(0);
+        Seen { waits, cpu_secs, wal_bytes }
     }
+}
+
+/// Where the next WAL record goes, in bytes from the start of the WAL.
+pub async fn wal_position(pool: &Pool) -> anyhow::Result<u64> {
+    let at: i64 = db::query_scalar("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").fetch_one(pool).await?;
+    Ok(at as u64)
 }
 
 /// PostgreSQL's processes as it lists them: every backend and background process.

@@ -18,7 +18,8 @@
 //! * `complete_indexes` (the leader, beside its tick) finishes the partitioned indexes a
 //!   migration made `ON ONLY` on `tasks` or `attempts` (migrations/README.md says why): it
 //!   builds each partition's index concurrently and attaches it, after which PostgreSQL
-//!   marks the parent's index valid. Partitions created later get it with their table.
+//!   marks the parent's index valid. Partitions created later get it with their table. An
+//!   index such a migration replaced (`REPLACED`) is dropped once its replacement is valid.
 
 use crate::db::Pool;
 use crate::tasks::placement;
@@ -33,6 +34,11 @@ const BEHIND: Duration = Duration::days(1);
 const RETIRED_PREFIX: &str = "retired_";
 /// Serialises `complete_indexes` between nodes (a deposed leader still building, a test).
 const INDEX_LOCK: i64 = 0x6368_696d_6569; // "chimei"
+/// Storage parameters of a `tasks` partition (migration 0050 sets the fillfactor of those made before).
+const TASKS_STORAGE: &str = " WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02)";
+/// Partitioned indexes a migration replaced, each with its replacement: `complete_indexes`
+/// drops the old one once the new one is valid, so that what it served always has an index.
+const REPLACED: [(&str, &str); 2] = [("tasks_list_idx", "tasks_finished_list_idx"), ("tasks_payload_idx", "tasks_payload_resting_idx")];
 /// Idempotency keys removed per statement when a partition is retired.
 const KEY_BATCH: i64 = 10_000;
 
@@ -141,8 +147,10 @@ pub async fn ensure_since(pool: &Pool, layout: &Layout, behind: Duration) -> Res
             // DDL takes no bind parameters; the values are timestamps we formatted ourselves.
             // Task partitions are queues: rows change state within minutes of arriving, so
             // they are vacuumed and analysed early (stale statistics can make the claim
-            // walk the list index past finished tasks instead of the pending-only one).
-            let storage = if table == "tasks" { " WITH (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02)" } else { "" };
+            // walk the list index past finished tasks instead of the pending-only one), and
+            // their pages are filled half at insert, so that a task's claim and record put
+            // its new versions beside the old (migration 0050: less WAL per task).
+            let storage = if table == "tasks" { TASKS_STORAGE } else { "" };
             crate::db::query(AssertSqlSafe(format!(
                 "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}'){storage}",
                 partition_name(table, from),
@@ -243,8 +251,35 @@ pub async fn complete_indexes(direct: &Pool) -> Result<u32, sqlx::Error> {
         }
         tracing::info!(index = %index, parent = %m.parent, "built and attached a partition's index");
     }
+    if outcome.is_ok() {
+        outcome = drop_replaced(&mut conn).await;
+    }
     let _ = conn.close().await;
     outcome.map(|()| built)
+}
+
+/// Drops each index of `REPLACED` whose replacement is valid (complete on every partition).
+async fn drop_replaced(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    for (old, new) in REPLACED {
+        let ready: bool = crate::db::query_scalar(
+            "SELECT EXISTS (SELECT FROM pg_class o WHERE o.relname = $1 AND o.relnamespace = current_schema()::regnamespace)
+                AND EXISTS (SELECT FROM pg_class n JOIN pg_index x ON x.indexrelid = n.oid
+                             WHERE n.relname = $2 AND n.relnamespace = current_schema()::regnamespace AND x.indisvalid)",
+        )
+        .bind(old)
+        .bind(new)
+        .fetch_one(&mut *conn)
+        .await?;
+        if ready {
+            // Locks the table and its partitions (ACCESS EXCLUSIVE) for a moment: rather
+            // than queue claims behind a long query, fail and try again at the next round.
+            crate::db::query("SET lock_timeout = '1s'").execute(&mut *conn).await?;
+            crate::db::query(AssertSqlSafe(format!("DROP INDEX IF EXISTS {old}"))).execute(&mut *conn).await?;
+            crate::db::query("SET lock_timeout = 0").execute(&mut *conn).await?;
+            tracing::info!(index = old, replacement = new, "dropped a partitioned index its replacement now serves");
+        }
+    }
+    Ok(())
 }
 
 /// The hot horizon: tasks due before it are in the partitions, later ones in cold storage.

@@ -179,12 +179,15 @@ pub const COUNT_CAP: i64 = 10_000;
 
 /// Each walk's status condition, written out rather than bound: a partial index serves a
 /// statement only if its condition provably implies the index's, which a parameter never
-/// does in a generic plan. Without a status, one walk per index, merged.
+/// does in a generic plan. Without a status, one walk per index, merged: pending tasks
+/// (tasks_claim_idx), running ones (tasks_running_idx: a few, sorted), and the rest
+/// (tasks_finished_list_idx). The payload search's index leaves running tasks out too
+/// (migration 0050: a claim adds no entry to either).
 fn walks(filter: &ListFilter) -> Vec<String> {
     match (filter.retrying, filter.status) {
         (true, _) => vec![format!("t.status = 'pending' AND {}", super::RETRYING_SQL)],
         (false, Some(status)) => vec![format!("t.status = '{status}'")],
-        (false, None) => vec!["t.status = 'pending'".into(), "t.status <> 'pending'".into()],
+        (false, None) => vec!["t.status = 'pending'".into(), "t.status = 'running'".into(), "t.status NOT IN ('pending', 'running')".into()],
     }
 }
 
@@ -224,7 +227,7 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     // Built per call rather than with `$n IS NULL OR …` so that each filter combination
     // gets a plan that walks an index in (run_at, id) order: tasks_claim_idx holds a biz
-    // type's pending tasks, tasks_list_idx the others. Without a status filter, each walk
+    // type's pending tasks, tasks_finished_list_idx the others but running ones. Without a status filter, each walk
     // yields a page and the two are merged. Across all biz types, the same is done per biz
     // type and those pages are merged: both indexes lead with the biz type. Newest first
     // (or a page back) walks the same indexes backward.
@@ -292,18 +295,20 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
 
 /// How many tasks `filter` matches (its cursor aside), counting at most `COUNT_CAP + 1`:
 /// more than `COUNT_CAP` means "more than that". Reads the rows it counts through the same
-/// indexes as `list` (or the partitions in any order, unfiltered), stopping at the cap.
+/// indexes as `list` (or the partitions in any order, unfiltered), walk after walk, stopping
+/// at the cap.
 pub async fn count(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<i64, Error> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM all_tasks t WHERE true");
-    if let Some(id) = biz_type_id {
-        q.push(" AND t.biz_type_id = ").push_bind(id);
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT count(*) FROM (");
+    for (i, status) in walks(filter).iter().enumerate() {
+        if i > 0 {
+            q.push(" UNION ALL ");
+        }
+        q.push("SELECT 1 FROM all_tasks t WHERE ").push(status);
+        if let Some(id) = biz_type_id {
+            q.push(" AND t.biz_type_id = ").push_bind(id);
+        }
+        push_conditions(&mut q, filter);
     }
-    match (filter.retrying, filter.status) {
-        (true, _) => q.push(" AND ").push(super::RETRYING_SQL),
-        (false, Some(status)) => q.push(format_args!(" AND t.status = '{status}'")),
-        (false, None) => &mut q,
-    };
-    push_conditions(&mut q, filter);
     q.push(" LIMIT ").push_bind(COUNT_CAP + 1).push(") c");
     Ok(q.build_query_scalar().fetch_one(pool).await?)
 }

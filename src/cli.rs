@@ -130,7 +130,8 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
         BizTypeCommand::Create { name, settings: flags } => {
             let created = biz_types::create_audited(pool, &name, &settings(flags, None), hosts, "cli").await?;
             say!("created biz type {}", describe(&created));
-            say!("signing secret (verify the Chime-Signature header with it):");
+            let header = if created.signing_scheme == biz_types::STANDARD_WEBHOOKS { "webhook-signature" } else { "Chime-Signature" };
+            say!("signing secret (verify the {header} header with it):");
             say!("{}", created.signing_secret.expose()?);
         }
         BizTypeCommand::Update { name, settings: flags, pause, resume } => {

@@ -90,6 +90,9 @@ async fn the_signing_scheme_is_taken_answered_and_checked() {
     assert!(page.contains(r#"<option value="chime" selected>"#), "a new biz type's form starts at chime: {page}");
 
     let db = ("DATABASE_URL", app.db_url.as_str());
+    let out = chime(&[db], &["biz-type", "create", "cli-std", "--callback-url", url, "--signing-scheme", "standard-webhooks"], None).await;
+    assert!(out.ok && out.stdout.contains("verify the webhook-signature header with it"), "{}{}", out.stdout, out.stderr);
+    assert!(chime::biz_types::whsec_key(out.last_line()).is_some(), "{}", out.stdout);
     let out = chime(&[db], &["biz-type", "update", "plain", "--signing-scheme", "chime"], None).await;
     assert!(out.ok && !out.stdout.contains("signed"), "{}{}", out.stdout, out.stderr);
     let out = chime(&[db], &["biz-type", "update", "plain", "--signing-scheme", "standard-webhooks"], None).await;

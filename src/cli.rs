@@ -56,13 +56,14 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         breaker_probe_ms: flags.breaker_probe_ms,
         paused,
         failure_url: flags.failure_url,
+        signing_scheme: flags.signing_scheme,
     }
 }
 
 fn describe(b: &BizType) -> String {
     let rate = |r: Option<f64>| r.map_or("unlimited".to_string(), |r| format!("{r}/s"));
     format!(
-        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}{flows}{weight}, create rate {crate_}, {breaker}, failure notices to {failure}",
+        "{name}\t{mode}\t{state}\t{url}\ttimeout {timeout}ms, {attempts} attempts, {snoozes} snoozes, backoff {bi}-{bm}ms, rate {rate}, in-flight {inflight}{flows}{weight}, create rate {crate_}, {breaker}, failure notices to {failure}{signing}",
         name = b.name,
         mode = b.mode,
         state = if b.archived_at.is_some() {
@@ -92,6 +93,7 @@ fn describe(b: &BizType) -> String {
             n => format!("breaker {n} failures in {}ms, probe every {}ms", b.breaker_window_ms, b.breaker_probe_ms),
         },
         failure = b.failure_url.as_deref().unwrap_or("nowhere"),
+        signing = if b.signing_scheme == "chime" { String::new() } else { format!(", signed {}", b.signing_scheme) },
     )
 }
 
@@ -128,7 +130,8 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
         BizTypeCommand::Create { name, settings: flags } => {
             let created = biz_types::create_audited(pool, &name, &settings(flags, None), hosts, "cli").await?;
             say!("created biz type {}", describe(&created));
-            say!("signing secret (verify the Chime-Signature header with it):");
+            let header = if created.signing_scheme == biz_types::STANDARD_WEBHOOKS { "webhook-signature" } else { "Chime-Signature" };
+            say!("signing secret (verify the {header} header with it):");
             say!("{}", created.signing_secret.expose()?);
         }
         BizTypeCommand::Update { name, settings: flags, pause, resume } => {

@@ -396,6 +396,11 @@ pub struct BizTypeFlags {
     /// "" removes it [default: none].
     #[arg(long)]
     pub failure_url: Option<String>,
+    /// How callbacks and failure notices are signed: `chime` (Chime-Signature) or
+    /// `standard-webhooks` (webhook-id, webhook-timestamp, webhook-signature with a
+    /// whsec_ secret; a secret older than that form is rotated first) [default: chime].
+    #[arg(long, value_parser = ["chime", "standard-webhooks"])]
+    pub signing_scheme: Option<String>,
     /// Failures in a row (no answer, timeout, 408, 429, 5xx) that open the receiver's
     /// breaker: its tasks wait, attempts not counted, while one at a time probes the
     /// receiver; 0 = no breaker [default: 10].

@@ -90,4 +90,9 @@ pub enum SecretError {
     Corrupt { biz_type: String, key_id: String },
     #[error("biz type `{biz_type}` has no signing secret stored; rotate its secret")]
     Missing { biz_type: String },
+    #[error(
+        "the signing secret of biz type `{biz_type}` is not in the form `whsec_<base64>` that its signing scheme, \
+         standard-webhooks, signs with; rotate the biz type's secret"
+    )]
+    NotWhsec { biz_type: String },
 }

@@ -164,7 +164,7 @@ async fn claim(pool: &Pool, node_id: Uuid, limit: i64, sending: &HashMap<i32, i6
           WHERE n.id = due.id AND b.id = n.biz_type_id
          RETURNING n.id AS notice_id, n.task_id, n.event, n.detail, n.attempt_count AS attempt,
                    b.id, b.name, b.callback_url, b.timeout_ms, b.max_attempts, b.backoff_initial_ms, b.backoff_max_ms,
-                   b.max_in_flight, b.rate_limit, b.signing_secret, b.signing_secret_sealed, b.failure_url,
+                   b.max_in_flight, b.rate_limit, b.signing_secret, b.signing_secret_sealed, b.failure_url, b.signing_scheme,
                    CASE WHEN b.previous_secret_until > now() THEN b.previous_secret END AS previous_secret,
                    CASE WHEN b.previous_secret_until > now() THEN b.previous_secret_until END AS previous_secret_until",
     )
@@ -400,7 +400,8 @@ impl Sender {
         .expect("a notice body serializes");
         headers.push(("Chime-Notice-Id", notice.notice_id.to_string()));
         headers.push(("Chime-Attempt", notice.attempt.to_string()));
-        let request = deliver::Post { url, headers: &headers, fired_at: Utc::now(), body };
+        let id = notice.notice_id.to_string();
+        let request = deliver::Post { url, id: &id, headers: &headers, fired_at: Utc::now(), body };
         let sent = deliver::post(&self.client, self.hosts, &notice.biz, request).await.sent;
         // A notice has no deadline, and a `Chime-Snooze` in its answer means nothing.
         let verdict = deliver::verdict(&notice.biz, notice.attempt, &sent, None);

@@ -28,6 +28,8 @@ needs=(
     "haproxy|test -x /usr/sbin/haproxy"
     # npm fetches axe-core, which the console's accessibility test runs in Chromium.
     "npm|command -v npm"
+    # The Standard Webhooks test verifies with the specification's Python library, in a venv.
+    "python3-venv|python3 -c 'import ensurepip'"
 )
 # More, from the caller (.ci/run's own tools), in the same form.
 needs+=("$@")
@@ -61,4 +63,20 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 if ! grep -qs "\"version\": \"$axe_version\"" "$root/target/axe/node_modules/axe-core/package.json"; then
     echo "installing axe-core $axe_version into target/axe" >&2
     npm install --no-save --no-audit --no-fund --prefix "$root/target/axe" "axe-core@$axe_version" >&2
+fi
+
+# The Standard Webhooks specification's own libraries, pinned (tests/api/standard_webhooks.rs
+# verifies real callbacks with them), under target/ as axe-core is: PyPI's in a venv, npm's
+# beside it.
+swh_version=1.1.0
+swh_venv="$root/target/standard-webhooks-venv"
+if [ "$("$swh_venv/bin/python" -c 'import importlib.metadata as m; print(m.version("standardwebhooks"))' 2>/dev/null)" != "$swh_version" ]; then
+    echo "installing Python's standardwebhooks $swh_version into target/standard-webhooks-venv" >&2
+    python3 -m venv --clear "$swh_venv"
+    "$swh_venv/bin/pip" install --quiet --disable-pip-version-check "standardwebhooks==$swh_version" >&2
+fi
+swh_npm_version=1.1.1
+if ! grep -qs "\"version\": \"$swh_npm_version\"" "$root/target/standard-webhooks/node_modules/standardwebhooks/package.json"; then
+    echo "installing npm's standardwebhooks $swh_npm_version into target/standard-webhooks" >&2
+    npm install --no-save --no-audit --no-fund --prefix "$root/target/standard-webhooks" "standardwebhooks@$swh_npm_version" >&2
 fi

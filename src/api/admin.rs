@@ -118,6 +118,23 @@ pub(super) struct BizTypeRequest {
     /// (`biz_type.receiver_down`, `biz_type.receiver_up`); the same rules as `callback_url`;
     /// `""` removes it.
     failure_url: Option<String>,
+    /// How callbacks and failure notices are signed: `chime` (`Chime-Signature`, the
+    /// default) or `standard-webhooks` (`webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature`, with a `whsec_<base64>` secret). A biz type whose secret is
+    /// older than that form is refused the switch (422): rotate its secret first.
+    #[schema(value_type = Option<SigningScheme>)]
+    signing_scheme: Option<String>,
+}
+
+/// How a biz type's callbacks are signed. Only the document uses this type; `biz_types`
+/// checks the value.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+#[schema(description = "`chime` (chime's own `Chime-Signature`; the default) or `standard-webhooks` (the Standard Webhooks headers).")]
+#[allow(dead_code)]
+enum SigningScheme {
+    Chime,
+    StandardWebhooks,
 }
 
 /// How a biz type's tasks are delivered. Only the document uses this type; `biz_types` checks
@@ -165,6 +182,7 @@ impl BizTypeRequest {
             breaker_probe_ms: int(self.breaker_probe_ms),
             paused: self.paused,
             failure_url: self.failure_url.clone(),
+            signing_scheme: self.signing_scheme.clone(),
         }
     }
 }

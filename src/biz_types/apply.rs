@@ -22,7 +22,10 @@ use crate::db::Pool;
 use serde::Deserialize;
 use sqlx::PgConnection;
 
-use super::{BizType, MAX_SIGNING_SECRET_BYTES, Settings, create_in, set_signing_secret, update_in, validate_name, validate_signing_secret};
+use super::{
+    BizType, MAX_SIGNING_SECRET_BYTES, Settings, SigningSecret, create_in, set_signing_secret, update_in, validate_name, validate_secret_for_scheme,
+    validate_signing_secret,
+};
 use crate::audit;
 use crate::callback_hosts::CallbackHosts;
 use crate::error::Error;
@@ -61,6 +64,7 @@ struct Entry {
     breaker_probe_ms: Option<i32>,
     paused: Option<bool>,
     failure_url: Option<String>,
+    signing_scheme: Option<String>,
     signing_secret: Option<SecretRef>,
 }
 
@@ -168,6 +172,7 @@ impl Entry {
             breaker_probe_ms: self.breaker_probe_ms,
             paused: self.paused,
             failure_url: self.failure_url,
+            signing_scheme: self.signing_scheme,
         };
         Desired { name, settings, secret }
     }
@@ -288,7 +293,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 20] {
+fn shown(b: &BizType) -> [(&'static str, String); 21] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -311,6 +316,7 @@ fn shown(b: &BizType) -> [(&'static str, String); 20] {
         ("breaker_probe_ms", b.breaker_probe_ms.to_string()),
         ("paused", b.paused.to_string()),
         ("failure_url", b.failure_url.as_ref().map_or_else(|| "none".to_string(), |u| format!("{u:?}"))),
+        ("signing_scheme", b.signing_scheme.clone()),
     ]
 }
 
@@ -344,7 +350,12 @@ pub fn plan(desired: Vec<Desired>, current: &[BizType], hosts: CallbackHosts) ->
             }
         };
         let existing = current.iter().find(|b| b.name == d.name);
-        let planned = existing.map_or_else(|| BizType::planned(&d.name, &d.settings), |b| b.merged(&d.settings));
+        let mut planned = existing.map_or_else(|| BizType::planned(&d.name, &d.settings), |b| b.merged(&d.settings));
+        // The secret the file gives is the one the biz type signs with, in its scheme.
+        if let Some((value, _)) = &secret {
+            errors.extend(validate_secret_for_scheme(&planned.signing_scheme, value).err());
+            planned.signing_secret = SigningSecret::Open(value.clone());
+        }
         // The rules across fields, for fields not already refused on their own.
         let field = |e: &Error| if let Error::Invalid { field, .. } = e { Some(field.clone()) } else { None };
         for e in planned.problems() {
@@ -419,15 +430,17 @@ async fn write(tx: &mut PgConnection, step: &Step, hosts: CallbackHosts) -> Resu
             created
         }
         Action::Update => {
+            // The secret first: a switch to standard-webhooks is checked against the
+            // secret the biz type will sign with, the file's when it gives one.
+            if let Some(secret) = &step.secret {
+                set_signing_secret(tx, step.planned.id, secret).await?;
+                audit::record(&mut *tx, ACTOR, audit::Action::BizTypeSetSecret, name, None, None).await?;
+            }
             let mut after = step.planned.clone();
             if step.settings_changed {
                 let (old, new) = update_in(tx, name, &step.settings, hosts).await?;
                 audit::record(&mut *tx, ACTOR, audit::Action::BizTypeUpdate, name, json(&old), json(&new)).await?;
                 after = new;
-            }
-            if let Some(secret) = &step.secret {
-                set_signing_secret(tx, after.id, secret).await?;
-                audit::record(&mut *tx, ACTOR, audit::Action::BizTypeSetSecret, name, None, None).await?;
             }
             after
         }
@@ -509,6 +522,7 @@ mod tests {
             "rate_limit: unlimited",
             "max_attempts: 60",
             "paused: false",
+            "signing_scheme: chime",
         ] {
             assert!(step.changes.iter().any(|c| c == line), "{line} not in {:?}", step.changes);
         }

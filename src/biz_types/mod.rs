@@ -15,6 +15,7 @@ pub use tokens::{
     list_tokens, mint_token, new_secret, record_use, revoke_token, rotate_secret, token_name, validate_overlap, validate_signing_secret,
 };
 pub(crate) use tokens::{hash as hash_token, random_base64};
+pub use tokens::{validate_secret_for_scheme, whsec_key};
 
 use crate::db::Pool;
 use chrono::{DateTime, Utc};
@@ -102,6 +103,11 @@ pub struct BizType {
     /// Where a signed notice is POSTed when one of its tasks ends failed or expired
     /// (`failure_notices`); null: nowhere.
     pub failure_url: Option<String>,
+    /// How its callbacks and failure notices are signed: `chime` (`Chime-Signature`) or
+    /// `standard-webhooks` (`webhook-id`, `webhook-timestamp`, `webhook-signature`, keyed
+    /// by a `whsec_<base64>` secret).
+    #[schema(example = "chime")]
+    pub signing_scheme: String,
     /// Opened with this process's keys as the row is read (`secrets`).
     #[serde(skip)]
     #[sqlx(flatten)]
@@ -145,7 +151,14 @@ pub struct Settings {
     pub paused: Option<bool>,
     /// An empty URL clears it (no failure notices).
     pub failure_url: Option<String>,
+    /// `chime` or `standard-webhooks` (`SIGNING_SCHEMES`).
+    pub signing_scheme: Option<String>,
 }
+
+/// The signing schemes a biz type may have: chime's own, the default, and Standard Webhooks.
+pub const SIGNING_SCHEMES: [&str; 2] = ["chime", STANDARD_WEBHOOKS];
+/// The scheme of the Standard Webhooks specification.
+pub const STANDARD_WEBHOOKS: &str = "standard-webhooks";
 
 pub fn validate_name(name: &str) -> Result<(), Error> {
     let mut chars = name.chars();
@@ -179,6 +192,11 @@ impl Settings {
             && mode != "pull"
         {
             problems.push(Error::invalid("mode", "must be `callback` or `pull`"));
+        }
+        if let Some(scheme) = &self.signing_scheme
+            && !SIGNING_SCHEMES.contains(&scheme.as_str())
+        {
+            problems.push(Error::invalid("signing_scheme", "must be `chime` or `standard-webhooks`"));
         }
         if let Some(d) = &self.description {
             if d.len() > 1000 {
@@ -299,6 +317,8 @@ impl BizType {
             breaker_probe_ms: DEFAULT_BREAKER_PROBE_MS,
             paused: false,
             failure_url: None,
+            signing_scheme: "chime".into(),
+            // None yet: `create_in` makes one for the scheme, or checks the one given.
             signing_secret: SigningSecret::Open(String::new()),
             previous_secret: PreviousSecret::default(),
             previous_secret_until: None,
@@ -348,6 +368,7 @@ impl BizType {
                 Some(url) => Some(url.clone()),
                 None => self.failure_url.clone(),
             },
+            signing_scheme: s.signing_scheme.clone().unwrap_or_else(|| self.signing_scheme.clone()),
             ..self.clone()
         }
     }
@@ -361,7 +382,26 @@ impl BizType {
         if self.mode == "callback" && self.callback_url.is_empty() {
             problems.push(Error::invalid("callback_url", "is required for a biz type in callback mode"));
         }
+        problems.extend(self.scheme_problem());
         problems
+    }
+}
+
+impl BizType {
+    /// Standard Webhooks signs with the bytes of a `whsec_<base64>` secret: a biz type whose
+    /// secret is not in that form (one chime made before it made them so) is switched after
+    /// a rotation, whose new secret is. The check is on the scheme, the field that changes;
+    /// a secret this process cannot open, or none yet (`planned`), is not checked here.
+    fn scheme_problem(&self) -> Option<Error> {
+        let secret = self.signing_secret.expose().ok().filter(|s| !s.is_empty())?;
+        (self.signing_scheme == STANDARD_WEBHOOKS && tokens::whsec_key(secret).is_none()).then(|| {
+            Error::invalid(
+                "signing_scheme",
+                "standard-webhooks signs with a secret in the form `whsec_<base64>`, and this biz type's secret is older than \
+                 that form: rotate the signing secret first (the new one is in that form, and signs chime's way until the \
+                 switch), then switch; with `chime apply`, or give a `whsec_` secret in the same change",
+            )
+        })
     }
 }
 
@@ -402,6 +442,7 @@ pub async fn create_in(
     settings.validate(hosts)?;
     if let Some(secret) = signing_secret {
         validate_signing_secret(secret)?;
+        validate_secret_for_scheme(settings.signing_scheme.as_deref().unwrap_or("chime"), secret)?;
     }
     // Insert a row of schema defaults (as `pull`, which needs no URL yet), then apply the
     // settings through the same path as an update, so that both validate alike.
@@ -487,6 +528,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
                 max_in_flight = $10, create_rate_limit = $11, paused = $12, failure_url = $13, max_snoozes = $14,
                 breaker_threshold = $15, breaker_window_ms = $16, breaker_probe_ms = $17,
                 flow_max_in_flight = $18, ordered = $19, flow_rate_limit = $20, weight = $21,
+                signing_scheme = $22,
                 updated_at = now()
           WHERE id = $1
           RETURNING *",
@@ -512,6 +554,7 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     .bind(b.ordered)
     .bind(b.flow_rate_limit)
     .bind(b.weight)
+    .bind(&b.signing_scheme)
     .fetch_one(&mut *conn)
     .await?)
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::db::Pool;
 use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
@@ -30,8 +30,34 @@ pub struct TokenAuth {
     pub archived: bool,
 }
 
+/// A new signing secret: `whsec_` and 32 random bytes in standard base64 (padded), the form
+/// Standard Webhooks takes (`whsec_key`), so that any biz type can switch to that scheme
+/// after a rotation. Chime's own scheme signs with the whole text, whatever its form.
 pub fn new_secret() -> String {
-    format!("whsec_{}", random_base64(32))
+    let mut buf = [0u8; 32];
+    rand::rng().fill_bytes(&mut buf);
+    format!("whsec_{}", STANDARD.encode(buf))
+}
+
+/// The key a secret gives Standard Webhooks' HMAC: the bytes of `whsec_<base64>` (standard
+/// alphabet, padded, as the specification's libraries decode it), 24 to 64 of them as it
+/// advises. None: not in that form.
+pub fn whsec_key(secret: &str) -> Option<Vec<u8>> {
+    let key = STANDARD.decode(secret.strip_prefix("whsec_")?).ok()?;
+    (24..=64).contains(&key.len()).then_some(key)
+}
+
+/// A secret given by the operator for a biz type of `scheme`: Standard Webhooks' must be in
+/// the form `whsec_key` takes; chime's own scheme takes any (`validate_signing_secret`).
+pub fn validate_secret_for_scheme(scheme: &str, secret: &str) -> Result<(), Error> {
+    if scheme == super::STANDARD_WEBHOOKS && whsec_key(secret).is_none() {
+        return Err(Error::invalid(
+            "signing_secret",
+            "must be `whsec_` and the standard base64 of 24 to 64 random bytes for the standard-webhooks signing scheme \
+             (as `echo whsec_$(openssl rand -base64 32)` makes)",
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn random_base64(bytes: usize) -> String {
@@ -304,7 +330,7 @@ pub(super) async fn set_signing_secret(conn: &mut PgConnection, biz_type_id: i32
 /// The longest signing secret an operator may give, in bytes.
 pub const MAX_SIGNING_SECRET_BYTES: usize = 1000;
 
-/// A secret given by the operator (chime's own are `whsec_` and 43 random characters): long
+/// A secret given by the operator (chime's own are `whsec_` and 44 base64 characters): long
 /// enough not to be guessed, and text that a receiver's configuration can hold as is.
 pub fn validate_signing_secret(secret: &str) -> Result<(), Error> {
     if secret.len() < 16 || secret.len() > MAX_SIGNING_SECRET_BYTES {
@@ -382,6 +408,24 @@ impl TokenCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chime's secrets are in the form Standard Webhooks decodes; a key is 24 to 64 bytes of
+    /// standard, padded base64 after `whsec_`, and a secret given for that scheme is refused
+    /// otherwise, naming `signing_secret`.
+    #[test]
+    fn whsec_secrets_are_standard_base64_of_24_to_64_bytes() {
+        let made = new_secret();
+        assert_eq!(whsec_key(&made).map(|k| k.len()), Some(32), "{made}");
+        assert!(whsec_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_some(), "the specification's example, 24 bytes");
+        let of = |bytes: usize| format!("whsec_{}", STANDARD.encode(vec![7u8; bytes]));
+        assert!(whsec_key(&of(64)).is_some() && whsec_key(&of(23)).is_none() && whsec_key(&of(65)).is_none());
+        for bad in ["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_q-Zp3_0L7nV2x9YkQe1-Rb_Tj5sW8uHcDfGa4mNo6iE", "whsec_", "whsec_not base64!"] {
+            assert!(whsec_key(bad).is_none(), "{bad}");
+            let Err(Error::Invalid { field, .. }) = validate_secret_for_scheme("standard-webhooks", bad) else { panic!("{bad} accepted") };
+            assert_eq!(field, "signing_secret");
+            assert!(validate_secret_for_scheme("chime", bad).is_ok(), "chime's scheme takes any: {bad}");
+        }
+    }
 
     #[test]
     fn a_tokens_use_is_due_once_a_minute() {

@@ -63,6 +63,8 @@ pub struct Form {
     pub breaker_window_ms: String,
     #[serde(default)]
     pub breaker_probe_ms: String,
+    #[serde(default)]
+    pub signing_scheme: String,
 }
 
 impl Form {
@@ -86,6 +88,7 @@ impl Form {
             flow_max_in_flight: b.flow_max_in_flight.to_string(),
             flow_rate_limit: rate(b.flow_rate_limit),
             weight: b.weight.to_string(),
+            signing_scheme: b.signing_scheme.clone(),
             ordered: if b.ordered { "on".into() } else { String::new() },
             create_rate_limit: rate(b.create_rate_limit),
             failure_url: b.failure_url.as_deref().map(url).unwrap_or_default(),
@@ -106,6 +109,7 @@ impl Form {
             max_in_flight: "100".into(),
             flow_max_in_flight: "0".into(),
             weight: "1".into(),
+            signing_scheme: "chime".into(),
             breaker_threshold: biz_types::DEFAULT_BREAKER_THRESHOLD.to_string(),
             breaker_window_ms: biz_types::DEFAULT_BREAKER_WINDOW_MS.to_string(),
             breaker_probe_ms: biz_types::DEFAULT_BREAKER_PROBE_MS.to_string(),
@@ -159,6 +163,8 @@ impl Form {
             paused: None,
             // Empty: no failure notices.
             failure_url: Some(self.failure_url.trim().to_string()),
+            // Absent (a form from before the setting): left as it is.
+            signing_scheme: Some(self.signing_scheme.clone()).filter(|s| !s.is_empty()),
         };
         (settings, problems)
     }
@@ -652,6 +658,7 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
         ordered: b.ordered,
         flow_rate_limit: b.flow_rate_limit,
         weight: b.weight,
+        signing_scheme: b.signing_scheme.clone(),
     };
     let client = match state.callback_hosts.http_client().build() {
         Ok(client) => client,
@@ -660,7 +667,9 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
     let sent_at = chrono::Utc::now();
     let body = serde_json::to_vec(&serde_json::json!({"test": true, "biz_type": b.name, "sent_at": sent_at})).expect("a test body serializes");
     let headers = [("Chime-Event", "test".to_string())];
-    let request = deliver::Post { url: &biz.callback_url, headers: &headers, fired_at: sent_at, body };
+    // Each test is a message of its own.
+    let id = uuid::Uuid::now_v7().to_string();
+    let request = deliver::Post { url: &biz.callback_url, id: &id, headers: &headers, fired_at: sent_at, body };
     let deliver::Posted { sent, duration_ms } = deliver::post(&client, state.callback_hosts, &biz, request).await;
     Tested { status_code: sent.status_code, duration_ms, error: sent.error, excerpt: sent.excerpt }
 }

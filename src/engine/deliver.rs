@@ -9,7 +9,11 @@ use serde_json::value::RawValue;
 use sha2::Sha256;
 use uuid::Uuid;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+
 use super::BizTypeConfig;
+use crate::biz_types::{STANDARD_WEBHOOKS, whsec_key};
 use crate::callback_hosts::CallbackHosts;
 use crate::error::SecretError;
 use crate::tasks::lease::{Claimed, Outcome, RetryPolicy, Verdict};
@@ -56,13 +60,39 @@ pub fn signatures(secrets: &[&str], unix_seconds: i64, body: &[u8]) -> String {
     header
 }
 
-/// The `Chime-Signature` of `body` sent at `fired_at` for `biz`: the current secret's, and
-/// the previous one's while it still signs; or why this node cannot sign.
-fn sign(biz: &BizTypeConfig, fired_at: DateTime<Utc>, body: &[u8]) -> Result<String, SecretError> {
+/// `v1,<base64 HMAC-SHA256 of "<id>.<t>.<body>">` for each key, space-separated: Standard
+/// Webhooks' `webhook-signature`, keyed by the bytes of `whsec_<base64>` secrets (`whsec_key`).
+pub fn standard_signatures(keys: &[&[u8]], id: &str, unix_seconds: i64, body: &[u8]) -> String {
+    let signed: Vec<String> = keys
+        .iter()
+        .map(|key| {
+            let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+            mac.update(format!("{id}.{unix_seconds}.").as_bytes());
+            mac.update(body);
+            format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+        })
+        .collect();
+    signed.join(" ")
+}
+
+/// The signature headers of `body`, message `id`, sent at `fired_at` for `biz` in its
+/// signing scheme: the current secret's signature, and the previous one's while it still
+/// signs; or why this node cannot sign. Chime's: `Chime-Signature`. Standard Webhooks':
+/// `webhook-id`, `webhook-timestamp` and `webhook-signature`, and no `Chime-Signature` (one
+/// scheme per biz type, the one its receivers verify); a previous secret not in `whsec_`
+/// form (one from before the switch) cannot sign that way and is left out.
+fn sign(biz: &BizTypeConfig, id: &str, fired_at: DateTime<Utc>, body: &[u8]) -> Result<Vec<(&'static str, String)>, SecretError> {
     let current = biz.signing_secret.expose()?;
     let previous = biz.previous_secret.signing_at(fired_at).map(|p| p.expose()).transpose()?;
-    let secrets: Vec<&str> = std::iter::once(current).chain(previous).collect();
-    Ok(signatures(&secrets, fired_at.timestamp(), body))
+    let t = fired_at.timestamp();
+    if biz.signing_scheme != STANDARD_WEBHOOKS {
+        let secrets: Vec<&str> = std::iter::once(current).chain(previous).collect();
+        return Ok(vec![("Chime-Signature", signatures(&secrets, t, body))]);
+    }
+    let current = whsec_key(current).ok_or_else(|| SecretError::NotWhsec { biz_type: biz.name.clone() })?;
+    let previous = previous.and_then(whsec_key);
+    let keys: Vec<&[u8]> = std::iter::once(current.as_slice()).chain(previous.as_deref()).collect();
+    Ok(vec![("webhook-id", id.to_string()), ("webhook-timestamp", t.to_string()), ("webhook-signature", standard_signatures(&keys, id, t, body))])
 }
 
 /// What an answer says about the receiver rather than the task: the receiver breaker's input
@@ -108,7 +138,9 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     if let Some(traceparent) = task.traceparent.as_deref().and_then(child_traceparent) {
         headers.push(("traceparent", traceparent));
     }
-    let Posted { sent, duration_ms } = post(client, hosts, biz, Post { url: &biz.callback_url, headers: &headers, fired_at, body }).await;
+    // The task's id is the message's: a receiver deduplicates retries on it.
+    let id = task.id.to_string();
+    let Posted { sent, duration_ms } = post(client, hosts, biz, Post { url: &biz.callback_url, id: &id, headers: &headers, fired_at, body }).await;
 
     let mut error = sent.error.clone();
     let deadline = task.expires_at;
@@ -166,9 +198,11 @@ pub(crate) struct Posted {
 }
 
 /// What to POST: `body` to `url` with `headers` (besides Content-Type and the signature),
-/// sent at `fired_at`.
+/// sent at `fired_at`; `id` is the message's, the same on each retry (a task's or a
+/// notice's id), which Standard Webhooks signs.
 pub(crate) struct Post<'a> {
     pub url: &'a str,
+    pub id: &'a str,
     pub headers: &'a [(&'a str, String)],
     pub fired_at: DateTime<Utc>,
     pub body: Vec<u8>,
@@ -176,7 +210,7 @@ pub(crate) struct Post<'a> {
 
 /// Sends `request` signed for `biz` (its timeout; redirects and the deny list as `send` says).
 pub(crate) async fn post(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, request: Post<'_>) -> Posted {
-    let Post { url, headers, fired_at, body } = request;
+    let Post { url, id, headers, fired_at, body } = request;
     let started = Instant::now();
     // An IP-literal host is connected to without a lookup, so the resolver cannot refuse
     // it: checked here. The URL was valid when saved; the deny list may be newer. Without a
@@ -187,7 +221,7 @@ pub(crate) async fn post(client: &reqwest::Client, hosts: CallbackHosts, biz: &B
     };
     let sent = match refusal {
         Some(reason) => Sent { error: Some(format!("could not connect: {reason}")), ..Sent::default() },
-        None => send(client, hosts, biz, url, headers, fired_at, body).await,
+        None => send(client, hosts, biz, url, (id, headers), fired_at, body).await,
     };
     let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
     Posted { sent, duration_ms }
@@ -308,7 +342,7 @@ async fn send(
     hosts: CallbackHosts,
     biz: &BizTypeConfig,
     url: &str,
-    headers: &[(&str, String)],
+    (id, headers): (&str, &[(&str, String)]),
     fired_at: DateTime<Utc>,
     body: Vec<u8>,
 ) -> Sent {
@@ -317,7 +351,7 @@ async fn send(
     let mut sent = Sent::default();
     // `active_biz_types` leaves out a biz type whose secrets this node cannot open; were one
     // here, its callback fails rather than go out signed with something else.
-    let signature = match sign(biz, fired_at, &body) {
+    let signature = match sign(biz, id, fired_at, &body) {
         Ok(signature) => signature,
         Err(e) => return Sent { error: Some(e.to_string()), ..sent },
     };
@@ -325,7 +359,10 @@ async fn send(
     for (name, value) in headers {
         request = request.header(*name, value);
     }
-    let request = request.header("Chime-Signature", signature).body(body).build();
+    for (name, value) in signature {
+        request = request.header(name, value);
+    }
+    let request = request.body(body).build();
     let mut request = match request {
         Ok(request) => request,
         Err(e) => return Sent { error: Some(failure(&e, biz.timeout_ms)), ..sent },
@@ -454,6 +491,7 @@ mod tests {
             ordered: false,
             flow_rate_limit: None,
             weight: 1,
+            signing_scheme: "chime".into(),
         }
     }
 
@@ -697,12 +735,89 @@ mod tests {
             previous_secret: crate::biz_types::PreviousSecret { overlap: Some((crate::biz_types::SigningSecret::Open("whsec_test".into()), until)) },
             ..biz(100, 100)
         };
-        assert_eq!(sign(&rotated(at + chrono::TimeDelta::seconds(1)), at, br#"{"a":1}"#).unwrap(), both);
+        assert_eq!(sign(&rotated(at + chrono::TimeDelta::seconds(1)), "m", at, br#"{"a":1}"#).unwrap(), [("Chime-Signature", both.to_string())]);
         assert_eq!(
-            sign(&rotated(at), at, br#"{"a":1}"#).unwrap(),
-            signature("whsec_new", 1_700_000_000, br#"{"a":1}"#),
+            sign(&rotated(at), "m", at, br#"{"a":1}"#).unwrap(),
+            [("Chime-Signature", signature("whsec_new", 1_700_000_000, br#"{"a":1}"#))],
             "the overlap is over at its end"
         );
+    }
+
+    /// The Standard Webhooks vectors the clients' `verify_webhook` are tested on: each
+    /// `signatures` entry is what the server sends, and every `v1,` a `verify` case expects
+    /// to match is one the server would send for that id, time, body and one of its secrets.
+    #[test]
+    fn standard_signatures_produce_the_clients_shared_vectors() {
+        let vectors: serde_json::Value = serde_json::from_str(include_str!("../../clients/signature-vectors.json")).expect("the vectors are JSON");
+        let vectors = &vectors["standard_webhooks"];
+        let signatures = vectors["signatures"].as_array().expect("a `signatures` list");
+        assert!(signatures.len() >= 3);
+        for v in signatures {
+            let key = whsec_key(v["secret"].as_str().unwrap()).expect("a whsec_ secret");
+            let ours = standard_signatures(&[&key], v["id"].as_str().unwrap(), v["t"].as_i64().unwrap(), v["body"].as_str().unwrap().as_bytes());
+            assert_eq!(ours, v["signature"].as_str().unwrap(), "{}", v["name"]);
+        }
+        let cases = vectors["verify"].as_array().expect("a `verify` list");
+        let standard = |case: &serde_json::Value, name: &str| {
+            case["headers"].as_object().unwrap().iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str().unwrap().to_string())
+        };
+        let expected_true: Vec<_> = cases.iter().filter(|c| c["expected"] == true && standard(c, "webhook-signature").is_some()).collect();
+        assert!(expected_true.len() >= 5);
+        for case in expected_true {
+            let (id, t) = (standard(case, "webhook-id").unwrap(), standard(case, "webhook-timestamp").unwrap().parse().unwrap());
+            let sent = standard(case, "webhook-signature").unwrap();
+            let secrets: Vec<&str> = match &case["secrets"] {
+                serde_json::Value::String(one) => vec![one.as_str()],
+                many => many.as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect(),
+            };
+            let signed = secrets.iter().filter_map(|s| whsec_key(s)).any(|key| {
+                let ours = standard_signatures(&[&key], &id, t, case["body"].as_str().unwrap().as_bytes());
+                sent.split(' ').any(|v1| v1 == ours)
+            });
+            assert!(signed, "{}: no v1 in the header is the server's signature with one of the secrets", case["name"]);
+        }
+    }
+
+    /// The Standard Webhooks specification's own example: secret, message id, timestamp,
+    /// body and the signature it gives.
+    #[test]
+    fn standard_signatures_are_the_specifications_example() {
+        let key = whsec_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        assert_eq!(
+            standard_signatures(&[&key], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_330, br#"{"test": 2432232314}"#),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
+
+    /// A `standard-webhooks` biz type is signed with `webhook-id`, `webhook-timestamp` and
+    /// `webhook-signature` only: during an overlap the new key's `v1,` then the old one's,
+    /// space-separated; a previous secret not in `whsec_` form is left out; a current one
+    /// not in that form cannot sign.
+    #[test]
+    fn standard_webhooks_headers_carry_both_signatures_during_an_overlap() {
+        // Reference values computed independently: printf 'msg_2.1700000000.{"a":1}' |
+        // openssl dgst -sha256 -mac HMAC -macopt hexkey:<the key's hex> -binary | base64
+        let new = "whsec_Y2hpbWUtcm90YXRlZC1rZXktMDEyMzQ1Njc4OWFiY2Q=";
+        let old = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let at: DateTime<Utc> = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let biz = |previous: Option<&str>| BizTypeConfig {
+            signing_scheme: STANDARD_WEBHOOKS.into(),
+            signing_secret: crate::biz_types::SigningSecret::Open(new.into()),
+            previous_secret: crate::biz_types::PreviousSecret {
+                overlap: previous.map(|p| (crate::biz_types::SigningSecret::Open(p.into()), at + chrono::TimeDelta::seconds(1))),
+            },
+            ..biz(100, 100)
+        };
+        let new_v1 = "v1,apCjoVTb12dzEQYei5jtHdJ0NvxMJ1PPygd/iEmnv3A=";
+        let old_v1 = standard_signatures(&[&whsec_key(old).unwrap()], "msg_2", 1_700_000_000, br#"{"a":1}"#);
+        let headers = |signature: String| {
+            vec![("webhook-id", "msg_2".to_string()), ("webhook-timestamp", "1700000000".into()), ("webhook-signature", signature)]
+        };
+        assert_eq!(sign(&biz(None), "msg_2", at, br#"{"a":1}"#).unwrap(), headers(new_v1.to_string()));
+        assert_eq!(sign(&biz(Some(old)), "msg_2", at, br#"{"a":1}"#).unwrap(), headers(format!("{new_v1} {old_v1}")));
+        assert_eq!(sign(&biz(Some("an-old-form-secret-0123")), "msg_2", at, br#"{"a":1}"#).unwrap(), headers(new_v1.to_string()));
+        let unfit = BizTypeConfig { signing_secret: crate::biz_types::SigningSecret::Open("not-whsec-0123456789".into()), ..biz(None) };
+        assert!(matches!(sign(&unfit, "msg_2", at, b"{}"), Err(SecretError::NotWhsec { .. })));
     }
 
     /// The vectors the three clients' `verify_signature` are tested on (clients/*/tests) hold

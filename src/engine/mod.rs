@@ -188,6 +188,9 @@ pub struct BizTypeConfig {
     pub previous_secret: PreviousSecret,
     /// Where failure notices go (`failure_notices`); None: nowhere.
     pub failure_url: Option<String>,
+    /// `chime` or `standard-webhooks` (`deliver::sign`).
+    #[sqlx(default)]
+    pub signing_scheme: String,
     /// The receiver's breaker (`breaker`); 0: none. Read by the engine only (a failure
     /// notice's sender has no use for them: 0 there).
     #[sqlx(default)]
@@ -228,6 +231,7 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
                 breaker_threshold, breaker_window_ms, breaker_probe_ms, flow_max_in_flight, ordered, flow_rate_limit, weight,
+                signing_scheme,
                 CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
                 CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",

@@ -120,7 +120,7 @@ async fn the_admin_api_runs_a_biz_type_from_creation_to_archive() {
 }
 
 /// The text of the error shown next to `field` on a refused console form.
-fn console_error(body: &str, field: &str) -> String {
+pub fn console_error(body: &str, field: &str) -> String {
     let marker = format!(r#"data-field="{field}">"#);
     let start = body.find(&marker).unwrap_or_else(|| panic!("no {field} field: {body}")) + marker.len();
     let text = body[start..].split('<').next().unwrap();

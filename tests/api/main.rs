@@ -49,6 +49,7 @@ mod replication;
 mod secrets;
 mod shutdown;
 mod snooze;
+mod standard_webhooks;
 mod task_storage;
 mod tasks;
 mod timers;

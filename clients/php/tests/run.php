@@ -88,6 +88,18 @@ $tests['signature vectors'] = function () {
     }
     check(!Signature::verify('{}', null, ['s']), 'a missing header');
 };
+$tests['standard webhooks vectors'] = function () {
+    $vectors = json_decode(file_get_contents(__DIR__ . '/../../signature-vectors.json'), true, 512, JSON_THROW_ON_ERROR)['standard_webhooks'];
+    check(count($vectors['verify']) > 20, 'the vectors are there');
+    foreach ($vectors['verify'] as $case) {
+        same($case['expected'], Signature::verifyWebhook($case['body'], $case['headers'], $case['secrets'], $case['tolerance'], $case['now']), $case['name']);
+    }
+    foreach ($vectors['signatures'] as $v) {
+        $headers = ['webhook-id' => $v['id'], 'webhook-timestamp' => (string) $v['t'], 'webhook-signature' => $v['signature']];
+        check(Signature::verifyWebhook($v['body'], $headers, $v['secret'], 300, $v['t']), $v['name']);
+    }
+    check(!Signature::verifyWebhook('{}', ['webhook-signature' => 'v1,x', 'webhook-id' => 'm', 'webhook-timestamp' => '1'], ['', 's'], 300, 1), 'no whsec_ secret');
+};
 
 if ($url === '' || $adminToken === '') {
     fwrite(STDERR, "CHIME_TEST_URL and CHIME_TEST_ADMIN_TOKEN are not set: run the suite with clients/test.sh php\n");

@@ -8,10 +8,10 @@ from .errors import (  # noqa: E402
     MethodNotAllowed, NotFound, PayloadTooLarge, PermissionDenied, RateLimited, RequestTimeout,
     StaleReceipt, TaskRunning, TransportError, Unauthenticated, Unavailable,
 )
-from .signature import verify_signature  # noqa: E402
+from .signature import verify_signature, verify_webhook  # noqa: E402
 
 __all__ = [
-    "Client", "Consumer", "Page", "Resource", "BatchResult", "verify_signature",
+    "Client", "Consumer", "Page", "Resource", "BatchResult", "verify_signature", "verify_webhook",
     "ChimeError", "TransportError", "BadRequest", "Unauthenticated", "PermissionDenied", "NotFound",
     "MethodNotAllowed", "RequestTimeout", "Conflict", "KeyConflict", "TaskRunning", "InvalidState",
     "StaleReceipt", "PayloadTooLarge", "InvalidArgument", "RateLimited", "Unavailable", "InternalError",

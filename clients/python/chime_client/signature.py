@@ -1,10 +1,13 @@
-"""Checking a callback's ``Chime-Signature`` header (docs/book/src/callbacks.md)."""
+"""Checking a callback's signature (docs/book/src/callbacks.md): chime's own
+``Chime-Signature``, or Standard Webhooks' headers (docs/book/src/standard-webhooks.md)."""
 
+import base64
+import binascii
 import hashlib
 import hmac
 import re
 import time
-from typing import Iterable, Optional, Union
+from typing import Iterable, Mapping, Optional, Union
 
 # t in ASCII digits only: int() would also take "+1", " 1" and other scripts' digits.
 _T = re.compile(r"[0-9]{1,12}\Z")
@@ -64,3 +67,61 @@ def verify_signature(
             if _V1.match(candidate) and hmac.compare_digest(expected, candidate):
                 valid = True
     return valid
+
+
+def verify_webhook(
+    body: Union[bytes, str],
+    headers: Mapping[str, str],
+    secrets: Union[str, bytes, Iterable[Union[str, bytes]]],
+    tolerance: int = 300,
+    now: Optional[float] = None,
+) -> bool:
+    """Whether a callback or failure notice is signed, in either of a biz type's signing schemes.
+
+    ``headers`` are the request's (any mapping; names in any case). With a
+    ``webhook-signature`` (a biz type whose ``signing_scheme`` is ``standard-webhooks``):
+    ``v1,<base64 HMAC-SHA256 of "<webhook-id>.<webhook-timestamp>.<body>">``, keyed by the
+    base64-decoded part of each ``whsec_`` secret, several space-separated during a
+    rotation; any secret matching any ``v1`` is enough. Otherwise the ``Chime-Signature``, as
+    ``verify_signature`` checks it. ``body``, ``secrets``, ``tolerance`` and ``now`` are as
+    ``verify_signature`` takes them. Never raises on malformed headers.
+    """
+    lowered = {str(k).lower(): v for k, v in headers.items()}
+    signature = lowered.get("webhook-signature")
+    if signature is None:
+        return verify_signature(body, lowered.get("chime-signature"), secrets, tolerance, now)
+    msg_id, t = lowered.get("webhook-id"), lowered.get("webhook-timestamp")
+    if not all(isinstance(x, str) and x for x in (signature, msg_id, t)) or not _T.match(t):
+        return False
+    if isinstance(secrets, (str, bytes)):
+        secrets = [secrets]
+    keys = [k for k in (_whsec_key(s) for s in secrets) if k]
+    if not keys:
+        return False
+    clock = time.time() if now is None else now
+    if abs(clock - int(t)) > tolerance:
+        return False
+    if isinstance(body, str):
+        body = body.encode()
+    signed = msg_id.encode() + b"." + t.encode() + b"." + body
+    sent = [part[3:] for part in signature.split(" ") if part.startswith("v1,")]
+    valid = False
+    for key in keys:
+        expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        for candidate in sent:
+            # Every pair is compared, so the time taken does not say which one matched.
+            if hmac.compare_digest(expected, candidate):
+                valid = True
+    return valid
+
+
+def _whsec_key(secret: Union[str, bytes, None]) -> Optional[bytes]:
+    """The key of a ``whsec_<base64>`` secret; None for a secret not in that form."""
+    if isinstance(secret, bytes):
+        secret = secret.decode("utf-8", "replace")
+    if not isinstance(secret, str) or not secret.startswith("whsec_"):
+        return None
+    try:
+        return base64.b64decode(secret[len("whsec_"):], validate=True) or None
+    except (binascii.Error, ValueError):
+        return None

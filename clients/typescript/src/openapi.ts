@@ -844,6 +844,13 @@ export interface components {
              */
             rate_limit: number | null;
             /**
+             * @description How its callbacks and failure notices are signed: `chime` (`Chime-Signature`) or
+             *     `standard-webhooks` (`webhook-id`, `webhook-timestamp`, `webhook-signature`, keyed
+             *     by a `whsec_<base64>` secret).
+             * @example chime
+             */
+            signing_scheme: string;
+            /**
              * Format: int32
              * @description How long a callback may take before it counts as failed; a pull reservation's
              *     default time to run. Also sizes the engine's lease (timeout plus a margin).
@@ -1069,6 +1076,7 @@ export interface components {
              * @description Callbacks per second across the cluster; 0: unlimited (the default).
              */
             rate_limit?: number | null;
+            signing_scheme?: null | components["schemas"]["SigningScheme"];
             /**
              * Format: int64
              * @description Time a callback may take (default 10000).
@@ -1337,6 +1345,7 @@ export interface components {
              * @description Callbacks per second across the cluster; 0: unlimited (the default).
              */
             rate_limit?: number | null;
+            signing_scheme?: null | components["schemas"]["SigningScheme"];
             /**
              * Format: int64
              * @description Time a callback may take (default 10000).
@@ -1491,6 +1500,11 @@ export interface components {
              */
             overlap_secs?: number | null;
         };
+        /**
+         * @description `chime` (chime's own `Chime-Signature`; the default) or `standard-webhooks` (the Standard Webhooks headers).
+         * @enum {string}
+         */
+        SigningScheme: "chime" | "standard-webhooks";
         SigningSecret: {
             /**
              * Format: date-time

@@ -13,6 +13,8 @@ type WithTimes<T, K extends keyof T> = Omit<T, K> & { [P in K]?: Time | null };
 export type TaskStatus = Schemas["Status"];
 export type OnConflict = Schemas["OnConflict"];
 export type Time = string | Date;
+/** How a biz type signs its callbacks and failure notices (`signing_scheme`): `verifyWebhook` checks either. */
+export type SigningScheme = Schemas["SigningScheme"];
 
 /** A task as the API answers it. */
 export type Task = Schemas["Task"];

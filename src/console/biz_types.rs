@@ -659,6 +659,7 @@ async fn send_test(state: &AppState, b: &BizType) -> Tested {
         flow_rate_limit: b.flow_rate_limit,
         weight: b.weight,
         signing_scheme: b.signing_scheme.clone(),
+        updated_at: b.updated_at,
     };
     let client = match state.callback_hosts.http_client().build() {
         Ok(client) => client,

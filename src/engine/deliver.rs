@@ -492,6 +492,7 @@ mod tests {
             flow_rate_limit: None,
             weight: 1,
             signing_scheme: "chime".into(),
+            updated_at: DateTime::UNIX_EPOCH,
         }
     }
 

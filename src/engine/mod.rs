@@ -191,6 +191,10 @@ pub struct BizTypeConfig {
     /// `chime` or `standard-webhooks` (`deliver::sign`).
     #[sqlx(default)]
     pub signing_scheme: String,
+    /// When its settings last changed (a claim that sees a later change makes the engine
+    /// read them again before delivering).
+    #[sqlx(default)]
+    pub updated_at: chrono::DateTime<chrono::Utc>,
     /// The receiver's breaker (`breaker`); 0: none. Read by the engine only (a failure
     /// notice's sender has no use for them: 0 there).
     #[sqlx(default)]
@@ -231,7 +235,7 @@ async fn active_biz_types(pool: &Pool) -> Result<(Vec<BizTypeConfig>, Vec<(i32, 
         "SELECT id, name, callback_url, timeout_ms, max_attempts, backoff_initial_ms, backoff_max_ms,
                 max_in_flight, rate_limit, signing_secret, signing_secret_sealed, failure_url,
                 breaker_threshold, breaker_window_ms, breaker_probe_ms, flow_max_in_flight, ordered, flow_rate_limit, weight,
-                signing_scheme,
+                signing_scheme, updated_at,
                 CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret,
                 CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
            FROM biz_types WHERE mode = 'callback' AND NOT paused AND archived_at IS NULL ORDER BY id",
@@ -619,7 +623,20 @@ impl Engine {
         let Some(mut claims) = self.claim(&wants).await else {
             return Turn { claimed: 0, sleep: Some(CAPPED_POLL) };
         };
-        for claiming in claiming {
+        // A biz type whose settings changed after this node read them (a secret rotated
+        // just before its task was created): read again, so that its callbacks go out
+        // with the new ones rather than for up to SETTINGS_REFRESH with the old.
+        let stale = |c: &Claiming| claims.get(&c.due.biz.id).and_then(|claim| claim.settings_at).is_some_and(|at| at > c.due.biz.updated_at);
+        let fresh: HashMap<i32, Arc<BizTypeConfig>> = if claiming.iter().any(stale) {
+            self.refresh_settings().await;
+            self.biz_types.iter().map(|b| (b.id, b.clone())).collect()
+        } else {
+            HashMap::new()
+        };
+        for mut claiming in claiming {
+            if let Some(biz) = fresh.get(&claiming.due.biz.id) {
+                claiming.due.biz = biz.clone();
+            }
             let claim = claims.remove(&claiming.due.biz.id).unwrap_or_default();
             self.take(claiming, claim, now, &mut next);
         }
@@ -743,7 +760,7 @@ impl Engine {
     /// says of the biz type's next claim, and starts a delivery for each task leased.
     fn take(&mut self, claiming: Claiming, claim: lease::Claim, now: tokio::time::Instant, next: &mut Next) {
         let Claiming { due: Due { biz, counter, slots, probe }, free, wait, oldest } = claiming;
-        let lease::Claim { leased: claimed, expired, capped, cursor } = claim;
+        let lease::Claim { leased: claimed, expired, capped, cursor, .. } = claim;
         match cursor {
             Some(cursor) => self.flow_cursors.insert(biz.id, cursor),
             None => self.flow_cursors.remove(&biz.id),

@@ -70,6 +70,9 @@ pub struct Claim {
     /// Where the next claim's walk of the biz type's flow keys goes on from (None: from
     /// the first key).
     pub cursor: Option<String>,
+    /// When the biz type's settings last changed, as the claim saw them: settings read
+    /// before that are too old to deliver what it leased.
+    pub settings_at: Option<DateTime<Utc>>,
 }
 
 /// One biz type's part of a claim: up to `limit` of its tasks due now or within the next
@@ -148,6 +151,7 @@ async fn claim_some(
     let picked: Vec<ClaimRow> = query.fetch_all(pool).await?;
     for row in picked {
         let claim = claims.entry(row.biz_type_id).or_default();
+        claim.settings_at = claim.settings_at.max(row.settings_at);
         if row.task.id.is_nil() {
             claim.capped |= row.capped;
             claim.cursor = claim.cursor.take().or(row.cursor);
@@ -175,6 +179,7 @@ struct ClaimRow {
     biz_type_id: i32,
     capped: bool,
     cursor: Option<String>,
+    settings_at: Option<DateTime<Utc>>,
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).

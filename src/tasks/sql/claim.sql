@@ -32,6 +32,11 @@
 --
 -- The pick, `picked`, is pick.sql's: a biz type's due tasks by priority (see there).
 --
+-- Each row carries its biz type's `updated_at` as this statement sees it: a task created
+-- after a change of its biz type's settings (a secret rotated) is claimed by a statement
+-- that sees the change, so the engine re-reads its settings before the callback rather
+-- than sign it with what it read before (up to `SETTINGS_REFRESH` earlier).
+--
 -- The pick is a CTE to fence the planner: it must apply the LIMIT before the UPDATE joins
 -- back (a nested loop over the subquery could otherwise update more rows than asked for).
 -- It walks tasks_claim_idx, which holds pending tasks only, in run_at order, and
@@ -64,8 +69,10 @@ WITH wants AS (
 ),
 {pick}, gate AS (
     -- In biz type id order, which every claim follows: two claims never wait for each
-    -- other's locks in opposite orders.
-    SELECT biz_type_id, picked, chime_claim_room(biz_type_id, picked) AS room
+    -- other's locks in opposite orders. `settings_at`: when the biz type's settings last
+    -- changed, as this statement sees them (the engine re-reads its own copy if older).
+    SELECT biz_type_id, picked, chime_claim_room(biz_type_id, picked) AS room,
+           (SELECT b.updated_at FROM biz_types b WHERE b.id = g.biz_type_id) AS settings_at
       FROM (SELECT biz_type_id, count(*) AS picked FROM picked GROUP BY biz_type_id ORDER BY biz_type_id) g
 ), due AS (
     SELECT r.id, r.run_at, r.biz_type_id
@@ -96,10 +103,11 @@ WITH wants AS (
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.expired AND b.failure_url IS NOT NULL
 )
-SELECT id, biz_type_id, key, flow_key, run_at, payload, attempt_count, timer_id, expires_at, traceparent, expired, db_now,
-       false AS capped, NULL::text AS cursor
-  FROM leased
+SELECT l.id, l.biz_type_id, l.key, l.flow_key, l.run_at, l.payload, l.attempt_count, l.timer_id, l.expires_at, l.traceparent,
+       l.expired, l.db_now, false AS capped, NULL::text AS cursor, g.settings_at
+  FROM leased l JOIN gate g ON g.biz_type_id = l.biz_type_id
 UNION ALL
-SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true, NULL
+SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true, NULL,
+       g.settings_at
   FROM gate g
  WHERE g.room < g.picked{markers}

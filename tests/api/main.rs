@@ -49,6 +49,7 @@ mod replication;
 mod secrets;
 mod shutdown;
 mod snooze;
+mod stats;
 mod tasks;
 mod timers;
 mod tls;

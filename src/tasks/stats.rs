@@ -229,7 +229,9 @@ pub struct Lateness {
 /// `tasks_running_idx`), stopped at `$2`; the order keeps PostgreSQL off a sequential scan
 /// of a partition that is mostly pending, where it would read past the finished tasks
 /// stored before them (measured: 65,000 rows read to count 10,000). Pending goes on into
-/// `tasks_cold` (`tasks_cold_list_idx`) only while the partitions hold fewer than `$2`. All
+/// `tasks_cold` only while the partitions hold fewer than `$2`, in `tasks_cold_list_idx`'s
+/// order (by `run_at` alone, `tasks_cold_run_at_idx` would serve, and walk every biz type's
+/// cold tasks to find this one's). All
 /// pass the floor (`$3`, `chime_unfinished_floor()` as read lately, which only rises), so
 /// that PostgreSQL leaves out the partitions of finished tasks while planning: this
 /// statement is planned at each call (its parameters prune), over the few partitions left.
@@ -244,7 +246,7 @@ static LIVE_QUEUE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
           CROSS JOIN (SELECT count(*) AS hot FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = $1 AND t.status = 'pending' AND t.run_at >= $3
                                                     ORDER BY t.run_at LIMIT $2) c) h
           CROSS JOIN LATERAL (SELECT count(*) AS cold FROM (SELECT 1 FROM tasks_cold t WHERE t.biz_type_id = $1 AND t.status = 'pending'
-                                                             ORDER BY t.run_at LIMIT $2 - h.hot) c) c
+                                                             ORDER BY t.run_at, t.id LIMIT $2 - h.hot) c) c
           CROSS JOIN (SELECT count(*) AS running FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = $1 AND t.status = 'running' AND t.run_at >= $3
                                                         LIMIT $2) c) r
           CROSS JOIN (SELECT count(*) AS retrying FROM (SELECT 1 FROM tasks t WHERE t.biz_type_id = $1 AND {retrying} AND t.run_at >= $3

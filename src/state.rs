@@ -32,6 +32,10 @@ pub struct AppState {
     pub pull_limits: PullLimits,
     /// The biz types whose bulk operation runs on this node: one at a time each.
     pub bulk_running: crate::tasks::bulk::Running,
+    /// The floor of unfinished work and the last minute's lateness, as the stats API read
+    /// them lately.
+    pub stats_floor: crate::tasks::stats::Floor,
+    pub stats_lateness: crate::tasks::stats::LatenessCache,
     /// Single creates, written together when they arrive together.
     pub creates: CreateBatcher,
     /// The node's phase: `/readyz` answers 200 only while it is ready.
@@ -66,6 +70,8 @@ impl AppState {
             pull_waiters,
             pull_limits: PullLimits::default(),
             bulk_running: Default::default(),
+            stats_floor: Default::default(),
+            stats_lateness: Default::default(),
             lifecycle,
         }
     }

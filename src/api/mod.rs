@@ -8,6 +8,7 @@ mod bulk;
 mod error;
 mod openapi;
 mod pull;
+mod stats;
 mod tasks;
 mod timers;
 
@@ -67,6 +68,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         .route(web::patch().to(timers::update))
                         .route(web::delete().to(timers::delete)),
                 )
+                .service(resource("/biz-types/{name}/stats", "GET").route(web::get().to(stats::get)))
                 .service(resource("/biz-types/{name}/reserve", "POST").route(web::post().to(pull::reserve)))
                 .service(resource("/tasks/{id}/ack", "POST").route(web::post().to(pull::ack)))
                 .service(resource("/tasks/{id}/nack", "POST").route(web::post().to(pull::nack)))

@@ -7,7 +7,7 @@ use utoipa::openapi::OpenApi as Document;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, attempts, bulk, pull, tasks, timers};
+use super::{admin, attempts, bulk, pull, stats, tasks, timers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -54,6 +54,7 @@ use super::{admin, attempts, bulk, pull, tasks, timers};
         tasks::cancel_by_key,
         bulk::cancel,
         bulk::replay,
+        stats::get,
         super::metrics,
         timers::create,
         timers::list,
@@ -136,7 +137,9 @@ fn add_what_utoipa_cannot_say(doc: &mut Value) {
     schemas.insert("CreateBizType".into(), create);
     // Answers write every field, null ones too; utoipa counts an `Option` field as one that
     // may be left out.
-    for name in ["Task", "Attempt", "Timer", "BizType", "ApiToken", "User", "ReservedTask", "TaskList", "TimerList"] {
+    for name in
+        ["Task", "Attempt", "Timer", "BizTypeStats", "BizTypeStatsLateness", "BizType", "ApiToken", "User", "ReservedTask", "TaskList", "TimerList"]
+    {
         require_every_property(&mut schemas[name]);
     }
     let operation = |doc: &mut Value, path: &str, method: &str| doc["paths"][path][method]["requestBody"].take();

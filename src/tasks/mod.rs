@@ -35,7 +35,7 @@
 //! * `replace.rs`: a create whose key is taken and that says `on_conflict: "replace"`
 //!   (requeue the pending task, or give the key to a new one) or `"keep"`.
 //! * `placement.rs`: where a row lives (below), moving cold rows in, and the keys of
-//!   retired partitions. `stats.rs`: counts for `/metrics` and the dashboard.
+//!   retired partitions. `stats.rs`: counts for `/metrics`, the dashboard and the stats API.
 //!   The notification that wakes sleeping engines and reserves is `crate::wake`'s.
 //!
 //! Where a task lives: due before the hot horizon (`hot_horizon.until`), in the partitioned

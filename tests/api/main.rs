@@ -50,6 +50,7 @@ mod secrets;
 mod shutdown;
 mod snooze;
 mod standard_webhooks;
+mod stats;
 mod task_storage;
 mod tasks;
 mod timers;

@@ -158,6 +158,16 @@ final class Client
         return $this->call('POST', '/api/v1/biz-types/' . rawurlencode($bizType) . '/tasks/replay', (object) $filter);
     }
 
+    /**
+     * The biz type's queue right now, whole cluster: `counts` per state (`due`, `pending`, `running`, `retrying`, `failed`,
+     * `expired`; each exact below `count_cap`, 10,000, and named in `capped` when it reached it), `oldest_due_age_ms`, the
+     * last minute's `lateness` (`p50_ms`, `p99_ms`) and `in_flight` against `max_in_flight`. Cheap enough to poll every second.
+     */
+    public function stats(string $bizType): array
+    {
+        return $this->call('GET', '/api/v1/biz-types/' . rawurlencode($bizType) . '/stats');
+    }
+
     // --- timers -----------------------------------------------------------------------
 
     /** `biz_type`, `key`, `cron` (with a seconds field), and any of `timezone`, `payload`, `active`, `catch_up`. */

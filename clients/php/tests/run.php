@@ -271,6 +271,22 @@ $tests['bulk cancel and replay'] = function () use ($url, $hooks) {
     throws(InvalidArgumentException::class, fn () => $client->cancelMatching($hooks['name'], []));
 };
 
+$tests['stats'] = function () use ($url, $hooks, $receiverUrl) {
+    // A paused biz type of its own: its tasks stay as created.
+    $quiet = biz('stats', ['callback_url' => $receiverUrl, 'paused' => true, 'max_in_flight' => 4]);
+    $client = new Client($url, $quiet['token']);
+    foreach ([0, 3_600_000, 3_600_000] as $delay) {
+        $client->create(['biz_type' => $quiet['name'], 'delay_ms' => $delay]);
+    }
+    $stats = $client->stats($quiet['name']);
+    same(['due' => 1, 'pending' => 3, 'running' => 0, 'retrying' => 0, 'failed' => 0, 'expired' => 0], $stats['counts']);
+    same([$quiet['name'], 10_000, []], [$stats['biz_type'], $stats['count_cap'], $stats['capped']]);
+    same(['count' => 0, 'max' => 4], $stats['in_flight']);
+    same(['window_s' => 60, 'attempts' => 0, 'p50_ms' => null, 'p99_ms' => null], $stats['lateness']);
+    same(true, $stats['oldest_due_age_ms'] >= 0);
+    throws(PermissionDeniedException::class, fn () => (new Client($url, $hooks['token']))->stats($quiet['name']));
+};
+
 $tests['reschedule and cancel by id'] = function () use ($url, $hooks) {
     $client = new Client($url, $hooks['token']);
     $task = $client->create(['biz_type' => $hooks['name'], 'delay_ms' => 3_600_000]);

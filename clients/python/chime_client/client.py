@@ -250,6 +250,14 @@ class Client:
         return _resource(self.request("POST", f"/api/v1/biz-types/{_seg(biz_type)}/tasks/replay",
                                       {"status": status, **_filter(filter)}))
 
+    def stats(self, biz_type: str) -> Resource:
+        """The biz type's queue right now, whole cluster: ``counts`` per state (due, pending,
+        running, retrying, failed, expired; each exact below ``count_cap``, 10,000, and named
+        in ``capped`` when it reached it), ``oldest_due_age_ms``, the last minute's
+        ``lateness`` (p50_ms, p99_ms) and ``in_flight`` against ``max_in_flight``. Cheap
+        enough to poll every second, for autoscaling receivers or consumers."""
+        return _resource(self.request("GET", f"/api/v1/biz-types/{_seg(biz_type)}/stats"))
+
     # --- timers ----------------------------------------------------------------------------
 
     def create_timer(self, biz_type: str, key: str, cron: str, *, timezone: Optional[str] = None,

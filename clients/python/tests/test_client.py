@@ -125,6 +125,21 @@ class Tasks(unittest.TestCase):
         with self.assertRaises(InvalidArgument):
             self.client.cancel_matching(hooks.name)
 
+    def test_stats(self):
+        # A paused biz type of its own: its tasks stay as created.
+        quiet = Biz("stats", callback_url=receiver.url, paused=True, max_in_flight=4)
+        client = Client(URL, quiet.token)
+        for delay_ms in (0, 3_600_000, 3_600_000):
+            client.create(quiet.name, delay_ms=delay_ms)
+        stats = client.stats(quiet.name)
+        self.assertEqual(stats["counts"], {"due": 1, "pending": 3, "running": 0, "retrying": 0, "failed": 0, "expired": 0})
+        self.assertEqual((stats["biz_type"], stats["count_cap"], stats["capped"]), (quiet.name, 10_000, []))
+        self.assertEqual(stats["in_flight"], {"count": 0, "max": 4})
+        self.assertEqual(stats["lateness"], {"window_s": 60, "attempts": 0, "p50_ms": None, "p99_ms": None})
+        self.assertGreaterEqual(stats["oldest_due_age_ms"], 0)
+        with self.assertRaises(PermissionDenied):
+            self.client.stats(quiet.name)
+
     def test_reschedule_and_cancel_by_id(self):
         task = self.client.create(hooks.name, delay_ms=3_600_000)
         self.assertEqual(self.client.reschedule(task.id, payload=None).payload, None)

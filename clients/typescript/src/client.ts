@@ -2,7 +2,7 @@
 import { ChimeError, StaleReceiptError, TransportError, UnavailableError, errorFor } from "./errors.js";
 import type { components } from "./openapi.js";
 import type {
-  BulkCancelled, BulkFilter, BulkReplayed, CreateTask, CreateTimer, CreatedTask, ListFilter, ReserveOptions,
+  BizTypeStats, BulkCancelled, BulkFilter, BulkReplayed, CreateTask, CreateTimer, CreatedTask, ListFilter, ReserveOptions,
   ReservedTask, Task, TaskChanges, TaskPage, TaskWithAttempts, Timer, TimerChanges, Touched,
 } from "./types.js";
 
@@ -138,6 +138,15 @@ export class Client {
   /** Bulk replay of the failed or expired tasks matching. */
   replayMatching(bizType: string, filter: BulkFilter & { status: "failed" | "expired" }): Promise<BulkReplayed> {
     return this.call("POST", `/api/v1/biz-types/${seg(bizType)}/tasks/replay`, filter);
+  }
+
+  /**
+   * The biz type's queue right now, whole cluster: counts per state (each exact below
+   * `count_cap`, 10,000, and named in `capped` when it reached it), the oldest due task's
+   * age, the last minute's lateness, what is in flight. Cheap enough to poll every second.
+   */
+  stats(bizType: string): Promise<BizTypeStats> {
+    return this.call("GET", `/api/v1/biz-types/${seg(bizType)}/stats`);
   }
 
   // --- timers ---------------------------------------------------------------------------

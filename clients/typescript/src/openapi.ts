@@ -188,6 +188,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/biz-types/{name}/stats": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A biz type's queue right now
+         * @description Counts of the biz type's tasks per state (due now, pending, running, retrying, failed, expired), each exact up to `count_cap` (10,000) and named in `capped` when it reached it; how long the oldest due task has waited; the median and 99th percentile lateness of the last minute's attempts (to 3 significant digits, read at most every 5 s by each node); and what is in flight against `max_in_flight`. Read from the database, so the whole cluster's, whichever node answers. Made for autoscalers of receivers and pull consumers: cheap enough to poll every second (each count is bounded, whatever the history).
+         */
+        get: operations["getBizTypeStats"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/biz-types/{name}/tasks/by-key/{key}": {
         parameters: {
             query?: never;
@@ -881,6 +901,132 @@ export interface components {
         };
         BizTypeList: {
             items: components["schemas"]["BizType"][];
+        };
+        /**
+         * @description A biz type's queue right now.
+         * @example {
+         *       "at": "2026-11-27T12:00:00.123456Z",
+         *       "biz_type": "order-close",
+         *       "capped": [
+         *         "pending"
+         *       ],
+         *       "count_cap": 10000,
+         *       "counts": {
+         *         "due": 42,
+         *         "expired": 0,
+         *         "failed": 1,
+         *         "pending": 10000,
+         *         "retrying": 3,
+         *         "running": 50
+         *       },
+         *       "in_flight": {
+         *         "count": 50,
+         *         "max": 50
+         *       },
+         *       "lateness": {
+         *         "attempts": 5234,
+         *         "p50_ms": 12,
+         *         "p99_ms": 870,
+         *         "window_s": 60
+         *       },
+         *       "oldest_due_age_ms": 2310
+         *     }
+         */
+        BizTypeStats: {
+            /**
+             * Format: date-time
+             * @description The database's clock when counted.
+             */
+            at: string;
+            biz_type: string;
+            /** @description The counts that reached `count_cap` (at least that many), by name. */
+            capped: string[];
+            /**
+             * Format: int64
+             * @description Each count stops here: a count equal to it means at least this many.
+             */
+            count_cap: number;
+            counts: components["schemas"]["BizTypeStatsCounts"];
+            in_flight: components["schemas"]["BizTypeStatsInFlight"];
+            lateness: components["schemas"]["BizTypeStatsLateness"];
+            /**
+             * Format: int64
+             * @description How long the oldest due task has waited (now − run_at); null when none is due.
+             */
+            oldest_due_age_ms: number | null;
+        };
+        /** @description Tasks per state, each exact below `count_cap`. */
+        BizTypeStatsCounts: {
+            /**
+             * Format: int64
+             * @description Pending and due now (overdue included): waiting for a callback or a reserve.
+             */
+            due: number;
+            /**
+             * Format: int64
+             * @description Not delivered by their `expires_at` (not replayed), within retention.
+             */
+            expired: number;
+            /**
+             * Format: int64
+             * @description Failed for good (not replayed), within retention.
+             */
+            failed: number;
+            /**
+             * Format: int64
+             * @description Pending, due or not (retrying and due included).
+             */
+            pending: number;
+            /**
+             * Format: int64
+             * @description Pending after a failed attempt, waiting for the next.
+             */
+            retrying: number;
+            /**
+             * Format: int64
+             * @description Leased: a callback under way, or reserved by a consumer.
+             */
+            running: number;
+        };
+        /**
+         * @description Tasks leased across the cluster (callbacks under way, reservations held) and the biz
+         *     type's limit on them.
+         */
+        BizTypeStatsInFlight: {
+            /**
+             * Format: int64
+             * @description The same as `counts.running`.
+             */
+            count: number;
+            /**
+             * Format: int32
+             * @description `max_in_flight`: whole cluster.
+             */
+            max: number;
+        };
+        /**
+         * @description Lateness (an attempt's start − the task's run_at) of the attempts that started within
+         *     the window, on every node, as recorded once each settled; read at most every 5 s by each
+         *     node, and to 3 significant digits.
+         */
+        BizTypeStatsLateness: {
+            /**
+             * Format: int64
+             * @description Attempts in it.
+             */
+            attempts: number;
+            /**
+             * Format: int32
+             * @description Null when there were none.
+             */
+            p50_ms: number | null;
+            /** Format: int32 */
+            p99_ms: number | null;
+            /**
+             * Format: int64
+             * @description The window: the last minute.
+             */
+            window_s: number;
         };
         /**
          * @description Which pending tasks to cancel: those matching every condition given. At least one
@@ -2735,6 +2881,66 @@ export interface operations {
                      *       "error": {
                      *         "code": "invalid_argument",
                      *         "message": "max: must be between 1 and 100"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getBizTypeStats: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The biz type's name; must be the token's biz type. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The biz type's queue. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BizTypeStats"];
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            /** @description `name` is another biz type than the token's. Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "permission_denied",
+                     *         "message": "this token belongs to biz type `order-close`, not `coupon-expiry`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No biz type has this name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "no biz type named `billing`"
                      *       }
                      *     }
                      */

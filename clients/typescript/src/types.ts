@@ -43,6 +43,9 @@ export type BulkFilter = WithTimes<Schemas["BulkCancel"], "run_at_from" | "run_a
 export type BulkCancelled = Schemas["BulkCancelled"];
 export type BulkReplayed = Schemas["BulkReplayed"];
 
+/** A biz type's queue right now (`stats`): counts per state capped at `count_cap`, the oldest due task's age, the last minute's lateness, what is in flight. */
+export type BizTypeStats = Schemas["BizTypeStats"];
+
 export type Timer = Schemas["Timer"];
 export type CreateTimer = Schemas["CreateTimer"];
 /** What to change in a timer. (The document's PatchTimer adds "at least one of them", which

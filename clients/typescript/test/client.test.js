@@ -120,6 +120,20 @@ describe("tasks", () => {
     await rejects(InvalidArgumentError, client.cancelMatching(hooks.name, {}));
   });
 
+  test("stats", async () => {
+    // A paused biz type of its own: its tasks stay as created.
+    const quiet = await biz("stats", { callback_url: rx.url, paused: true, max_in_flight: 4 });
+    const client = new Client(URL, quiet.token);
+    for (const delay_ms of [0, 3_600_000, 3_600_000]) await client.create({ biz_type: quiet.name, delay_ms });
+    const stats = await client.stats(quiet.name);
+    assert.deepEqual(stats.counts, { due: 1, pending: 3, running: 0, retrying: 0, failed: 0, expired: 0 });
+    assert.deepEqual([stats.biz_type, stats.count_cap, stats.capped], [quiet.name, 10_000, []]);
+    assert.deepEqual(stats.in_flight, { count: 0, max: 4 });
+    assert.deepEqual(stats.lateness, { window_s: 60, attempts: 0, p50_ms: null, p99_ms: null });
+    assert.ok(stats.oldest_due_age_ms >= 0);
+    await rejects(PermissionDeniedError, new Client(URL, hooks.token).stats(quiet.name));
+  });
+
   test("reschedule and cancel by id", async () => {
     const client = new Client(URL, hooks.token);
     const task = await client.create({ biz_type: hooks.name, delay_ms: 3_600_000 });

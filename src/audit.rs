@@ -297,32 +297,112 @@ impl Entry {
     }
 }
 
-/// What to look for in the log: texts the actor, action and target contain (empty: any),
-/// and entries older than `before`.
+/// The fields of a recorded object a summary leaves out: kept for the record, noise to a
+/// reader (`ids`: the task ids a bulk entry listed before `task_events` held them).
+const UNSHOWN: [&str; 4] = ["id", "created_at", "updated_at", "ids"];
+
+/// The fields a reader looks for first, shown before the others (which follow by name).
+const FIRST: [&str; 7] = ["name", "username", "key", "mode", "role", "cron", "callback_url"];
+
+/// The most characters of a value a summary shows.
+const SHOWN_CHARS: usize = 120;
+
+impl Entry {
+    /// What the log page says the entry did, a line each: a bulk operation's outcome and
+    /// filter (its page has the rest); an update's changes (`changes`); what a create
+    /// recorded, on one line (`name: value · …`, a text without JSON's quotes, a list by
+    /// its length); what a delete removed; nothing where nothing is recorded.
+    pub fn summary(&self) -> Vec<String> {
+        if let Some(operation) = crate::tasks::bulk::Recorded::of(self) {
+            return vec![operation.outcome(), format!("Filter: {}.", operation.scope())];
+        }
+        match (&self.before, &self.after) {
+            (Some(Value::Object(_)), Some(Value::Object(_))) => self.changes(),
+            (None, Some(after)) => vec![fields(after)],
+            (Some(before), None) => vec![format!("Removed: {}", fields(before))],
+            (Some(before), Some(after)) => vec![format!("{} → {}", shown(before), shown(after))],
+            (None, None) => vec![],
+        }
+    }
+
+    /// Whether it records a bulk operation, which has a page that follows its tasks.
+    pub fn is_bulk(&self) -> bool {
+        matches!(self.action.as_str(), "task.bulk_replay" | "task.bulk_cancel")
+    }
+}
+
+/// A recorded value as a reader reads it: a text as itself, a list by its length, any
+/// other value as JSON; cut at `SHOWN_CHARS`.
+fn shown(value: &Value) -> String {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "none".into(),
+        Value::Array(items) => format!("{} item{}", items.len(), if items.len() == 1 { "" } else { "s" }),
+        other => other.to_string(),
+    };
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+/// A recorded object's fields as `name: value · …`, those set (not null, not empty) and
+/// worth reading, the ones a reader looks for first (`FIRST`); any other value as itself.
+fn fields(value: &Value) -> String {
+    let Value::Object(map) = value else { return shown(value) };
+    let mut set: Vec<(&String, &Value)> =
+        map.iter().filter(|(k, v)| !v.is_null() && v.as_str() != Some("") && !UNSHOWN.contains(&k.as_str())).collect();
+    set.sort_by_key(|(k, _)| (FIRST.iter().position(|f| f == k).unwrap_or(FIRST.len()), k.as_str()));
+    set.iter().map(|(k, v)| format!("{k}: {}", shown(v))).collect::<Vec<_>>().join(" · ")
+}
+
+/// What to look for in the log: texts the actor, action and target contain (empty: any;
+/// the target as the page shows it, "biz_type invoices", or its name alone), entries made
+/// within `[from, to)`, entries that changed one of `tasks` (their `task_events`: a key's
+/// tasks, say), and entries older than `before`.
+#[derive(Default)]
 pub struct Search<'a> {
     pub actor: &'a str,
     pub action: &'a str,
     pub target: &'a str,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    /// None: any entry; Some: only those of these tasks (none: no entry).
+    pub tasks: Option<&'a [Uuid]>,
     pub before: Option<i64>,
 }
 
-/// Up to `limit` entries matching `search`, newest first.
+/// Up to `limit` entries matching `search`, newest first. Walks the log's primary key
+/// backwards (a task's entries through `task_events`' primary key); locks nothing.
 pub async fn list(pool: &Pool, search: &Search<'_>, limit: i64) -> Result<Vec<Entry>, sqlx::Error> {
     // Contains, case-insensitive: the text's own % and _ are matched as themselves.
     let like = |s: &str| (!s.trim().is_empty()).then(|| format!("%{}%", s.trim().replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
     crate::db::query_as(
         "SELECT id, at, actor, action, target_type, target, before, after FROM audit_log
           WHERE ($1::text IS NULL OR actor ILIKE $1) AND ($2::text IS NULL OR action ILIKE $2)
-            AND ($3::text IS NULL OR target ILIKE $3) AND ($4::bigint IS NULL OR id < $4)
-          ORDER BY id DESC LIMIT $5",
+            AND ($3::text IS NULL OR target ILIKE $3 OR target_type || ' ' || target ILIKE $3) AND ($4::bigint IS NULL OR id < $4)
+            AND ($5::timestamptz IS NULL OR at >= $5) AND ($6::timestamptz IS NULL OR at < $6)
+            AND ($7::uuid[] IS NULL OR id IN (SELECT audit_id FROM task_events WHERE task_id = ANY($7)))
+          ORDER BY id DESC LIMIT $8",
     )
     .bind(like(search.actor))
     .bind(like(search.action))
     .bind(like(search.target))
     .bind(search.before)
+    .bind(search.from)
+    .bind(search.to)
+    .bind(search.tasks)
     .bind(limit)
     .fetch_all(pool)
     .await
+}
+
+/// Entry `id`, or None.
+pub async fn get(pool: &Pool, id: i64) -> Result<Option<Entry>, sqlx::Error> {
+    crate::db::query_as("SELECT id, at, actor, action, target_type, target, before, after FROM audit_log WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
 }
 
 /// The most events of one task its history reads at once.
@@ -370,6 +450,51 @@ mod tests {
         assert_eq!(masked_url("https://host:8443/hook"), "https://host:8443/hook");
         assert_eq!(masked_url(""), "");
         assert_eq!(masked_url("not a url"), "not a url");
+    }
+
+    fn entry(action: &str, before: Option<Value>, after: Option<Value>) -> Entry {
+        let at = "2026-11-27T12:00:00Z".parse().unwrap();
+        Entry { id: 7, at, actor: "user:admin".into(), action: action.into(), target_type: "x".into(), target: "y".into(), before, after }
+    }
+
+    /// Every action reads as words: a create by its fields (no JSON quotes, no ids, a list
+    /// by its length), a bulk operation by its outcome and whole filter (never its task
+    /// ids), an update by its changes, a delete by what it removed.
+    #[test]
+    fn summaries_read_as_words_not_json() {
+        let create = entry(
+            "biz_type.create",
+            None,
+            Some(json!({"id": 3, "name": "invoices", "callback_url": "https://h/x", "rate_limit": null, "tags": [1, 2]})),
+        );
+        assert_eq!(create.summary(), ["name: invoices · callback_url: https://h/x · tags: 2 items"]);
+        let ids: Vec<String> = (0..1000).map(|i| format!("0193{i:028}")).collect();
+        let bulk = entry(
+            "task.bulk_replay",
+            None,
+            Some(json!({"biz_type": "invoices", "status": "failed", "key_prefix": "inv-", "run_at_from": "2026-11-27T10:00:00Z",
+                        "run_at_to": null, "timer_id": null, "matched": 92, "changed": 91, "ids": ids})),
+        );
+        assert_eq!(
+            bulk.summary(),
+            [
+                "Replayed 91 of 92 matching failed tasks.",
+                "Filter: failed tasks of biz type invoices, keys starting inv-, due from 2026-11-27 10:00:00 UTC on."
+            ]
+        );
+        assert!(bulk.is_bulk());
+        let under_way = entry("task.bulk_cancel", None, Some(json!({"biz_type": null, "status": "pending"})));
+        assert_eq!(
+            under_way.summary(),
+            ["Cancelling pending tasks: under way, or cut short (no counts recorded).", "Filter: pending tasks of every biz type, due at any time."]
+        );
+        let update = entry("timer.update", Some(json!({"cron": "0 * * * *", "updated_at": 1})), Some(json!({"cron": "5 * * * *", "updated_at": 2})));
+        assert_eq!(update.summary(), ["cron: \"0 * * * *\" → \"5 * * * *\""]);
+        assert_eq!(entry("user.delete", Some(json!({"name": "helen", "role": "support"})), None).summary(), ["Removed: name: helen · role: support"]);
+        assert_eq!(entry("token.create", None, Some(json!("chime_ab12"))).summary(), ["chime_ab12"]);
+        assert_eq!(entry("user.sign_in", None, None).summary(), Vec::<String>::new());
+        let long = entry("biz_type.create", None, Some(json!({"description": "é".repeat(200), "name": ""})));
+        assert_eq!(long.summary()[0].chars().count(), "description: ".len() + SHOWN_CHARS + 1);
     }
 
     #[test]

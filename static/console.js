@@ -76,3 +76,30 @@ for (const button of document.querySelectorAll("button[data-copy]")) {
     }
   });
 }
+
+// A bulk operation's page follows its tasks: every few seconds, while its live part asks
+// to (data-follow-seconds), the page is fetched again and that part swapped in; the server
+// stops asking once every task is settled. Without this script, reload the page to update.
+const followed = document.getElementById("operation-live");
+if (followed && followed.dataset.followSeconds) {
+  const seconds = Number(followed.dataset.followSeconds) || 2;
+  const timer = setInterval(async () => {
+    if (document.hidden) return;
+    try {
+      const response = await fetch(window.location.href, { credentials: "same-origin" });
+      if (response.redirected || !response.ok) {
+        clearInterval(timer);
+        window.location.reload();
+        return;
+      }
+      const page = new DOMParser().parseFromString(await response.text(), "text/html");
+      const fresh = page.getElementById("operation-live");
+      if (fresh) {
+        document.getElementById("operation-live").replaceWith(fresh);
+        if (!fresh.dataset.followSeconds) clearInterval(timer);
+      }
+    } catch (e) {
+      // The next turn tries again; the page says what it last knew.
+    }
+  }, seconds * 1000);
+}

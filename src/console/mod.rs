@@ -96,6 +96,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/timers/{id}/delete", web::post().to(timers::delete))
             .route("/cluster", web::get().to(cluster::show))
             .route("/audit", web::get().to(audit_log::list))
+            .route("/audit/{id}", web::get().to(audit_log::show))
             .route("/users", web::get().to(users::list))
             .route("/users", web::post().to(users::create))
             .route("/users/{name}/role", web::post().to(users::set_role))

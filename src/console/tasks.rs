@@ -713,6 +713,48 @@ struct ConfirmPage {
     key_prefix: String,
     from: String,
     to: String,
+    /// The whole filter in words (`bulk::describe`), its time window included.
+    scope: String,
+    /// The keys (or ids) of the first few tasks it would change, with their ids.
+    samples: Vec<(Uuid, String)>,
+    /// A replay's receivers: how their callbacks went in the last `RECENT_MINUTES`.
+    recent: Vec<Recent>,
+    /// A replay of one biz type: how long its rate limit takes to send them, in words.
+    send_time: Option<String>,
+}
+
+impl ConfirmPage {
+    /// Whether the examples are every task it would change.
+    fn all_shown(&self) -> bool {
+        self.samples.len() as i64 >= self.count
+    }
+}
+
+/// The minutes of attempts a bulk replay's confirm page reads the receiver's state from.
+const RECENT_MINUTES: i32 = 5;
+
+/// The tasks a bulk confirm page names as examples.
+const SAMPLES: i64 = 5;
+
+/// A receiver's last minutes, as a bulk replay's confirm page tells them.
+struct Recent {
+    /// "payments: 0% delivered in the last 5 min (0 of 12 attempts)".
+    said: String,
+    /// Under half delivered: replaying now will likely fail again.
+    failing: bool,
+}
+
+impl Recent {
+    fn of(recent: &tasks::stats::Recent) -> Recent {
+        let said = format!(
+            "{}: {}% delivered in the last {RECENT_MINUTES} min ({} of {})",
+            recent.biz_type,
+            recent.percent(),
+            super::grouped(recent.delivered),
+            super::counted(recent.attempts, "attempt", "attempts")
+        );
+        Recent { said, failing: recent.delivered * 2 < recent.attempts }
+    }
 }
 
 impl BulkForm {
@@ -786,6 +828,31 @@ async fn ask(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<Ap
     };
     let count = bulk::count(&state.pool, &filter, bulk.status()).await?;
     let action = if bulk == Bulk::Cancel { "cancel" } else { "replay" };
+    let biz_type = Some(form.biz_type.as_str()).filter(|b| !b.is_empty());
+    let scope = bulk::describe(biz_type, bulk.status().as_str(), &filter);
+    let samples = bulk::sample(&state.pool, &filter, bulk.status(), SAMPLES).await?;
+    let samples = samples.into_iter().map(|(id, key)| (id, key.unwrap_or_else(|| id.to_string()))).collect();
+    // A replay calls the receivers again: whether they answer now, and how long the rate
+    // limit takes to send what it replays.
+    let (recent, send_time) = match bulk {
+        Bulk::Replay(_) if count > 0 => {
+            let recent = tasks::stats::recent(&state.pool, filter.biz_type_id, RECENT_MINUTES).await?;
+            let limits = match biz_type {
+                Some(name) => biz_types::by_name(&state.pool, name).await?.map(|b| (b.rate_limit, b.max_in_flight)),
+                None => None,
+            };
+            let send_time = limits.map(|limits| match limits {
+                (Some(rate), _) => format!(
+                    "At its rate limit of {rate} callbacks a second, sending {} takes {}.",
+                    if count > tasks::COUNT_CAP { format!("the first {}", super::grouped(tasks::COUNT_CAP)) } else { "them".into() },
+                    super::audit_log::send_time(count.min(tasks::COUNT_CAP), rate)
+                ),
+                (None, in_flight) => format!("It has no rate limit: they are sent as fast as its receiver answers, {in_flight} at a time."),
+            });
+            (recent.iter().map(Recent::of).collect(), send_time)
+        }
+        _ => (vec![], None),
+    };
     let page = ConfirmPage {
         ctx: Ctx::new(&session, &req, "tasks"),
         count,
@@ -797,6 +864,10 @@ async fn ask(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<Ap
         key_prefix: form.key_prefix,
         from: form.from,
         to: form.to,
+        scope,
+        samples,
+        recent,
+        send_time,
     };
     render(StatusCode::OK, &page.ctx, &page)
 }
@@ -826,7 +897,12 @@ async fn apply(bulk: Bulk, req: HttpRequest, session: Session, state: web::Data<
         }
         Bulk::Cancel => (format!("{verb} {}.", super::counted(counts.changed, "pending task", "pending tasks")), Status::Cancelled),
     };
-    let back = format!("/console/tasks?{}", Filter { status: then.to_string(), ..form.filter() }.query());
+    // Its page follows its tasks (and says where they went); the list is the fallback for
+    // an operation that matched nothing, which records no entry.
+    let back = match counts.entry {
+        Some(entry) => format!("/console/audit/{entry}"),
+        None => format!("/console/tasks?{}", Filter { status: then.to_string(), ..form.filter() }.query()),
+    };
     Ok(done(&back, &message))
 }
 

@@ -213,6 +213,8 @@ pub struct BulkCount {
     pub matched: i64,
     /// Of those, cancelled or replayed (0 for a dry run).
     pub changed: i64,
+    /// The operation's entry in the audit log (None for a dry run): its page follows it.
+    pub entry: Option<i64>,
 }
 
 /// Who makes a bulk operation, for its entry in the audit log: the actor, and the name of
@@ -323,6 +325,7 @@ pub async fn cancel(pool: &Pool, filter: &BulkFilter, by: By<'_>) -> Result<Bulk
             }
         }
     }
+    count.entry = entry;
     Ok(count)
 }
 
@@ -360,7 +363,179 @@ pub async fn replay(pool: &Pool, filter: &BulkFilter, status: Status, by: By<'_>
         tx.commit().await?;
         match next {
             Some(position) => after = Some(position),
-            None => return Ok(count),
+            None => return Ok(BulkCount { entry, ..count }),
         }
     }
+}
+
+/// The first `n` tasks in `status` matching the filter, in due order (hot, then cold):
+/// what the console's confirm page shows as examples of what it would change. Locks nothing.
+pub async fn sample(pool: &Pool, filter: &BulkFilter, status: Status, n: i64) -> Result<Vec<(Uuid, Option<String>)>, Error> {
+    let mut found = Vec::new();
+    for table in tables(status) {
+        let mut q = QueryBuilder::new(format!("SELECT id, key FROM {table}"));
+        filter.push_where(&mut q, status, None);
+        q.push(" ORDER BY run_at, id LIMIT ").push_bind(n - found.len() as i64);
+        found.extend(q.build_query_as::<(Uuid, Option<String>)>().fetch_all(pool).await?);
+        if found.len() as i64 >= n {
+            break;
+        }
+    }
+    Ok(found)
+}
+
+/// A bulk operation as its audit entry recorded it (`By::start`, `By::finish`): what it
+/// was, the filter, and the counts once its last batch was done.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// A replay (else a cancel).
+    pub replay: bool,
+    /// The biz type's name; None: every biz type.
+    pub biz_type: Option<String>,
+    /// The state of the tasks it took.
+    pub status: String,
+    pub filter: BulkFilter,
+    /// None: under way, or cut short (the node stopped).
+    pub matched: Option<i64>,
+    pub changed: Option<i64>,
+}
+
+impl Recorded {
+    /// The operation `entry` records; None for an entry of another action.
+    pub fn of(entry: &audit::Entry) -> Option<Recorded> {
+        let replay = match entry.action.as_str() {
+            "task.bulk_replay" => true,
+            "task.bulk_cancel" => false,
+            _ => return None,
+        };
+        let after = entry.after.as_ref();
+        let text = |name: &str| after.and_then(|a| a.get(name)).and_then(|v| v.as_str()).map(str::to_string);
+        let time = |name: &str| text(name).and_then(|t| t.parse::<DateTime<Utc>>().ok());
+        let number = |name: &str| after.and_then(|a| a.get(name)).and_then(|v| v.as_i64());
+        Some(Recorded {
+            replay,
+            biz_type: text("biz_type"),
+            status: text("status").unwrap_or_else(|| if replay { "failed" } else { "pending" }.into()),
+            filter: BulkFilter {
+                biz_type_id: None,
+                key_prefix: text("key_prefix"),
+                run_at_from: time("run_at_from"),
+                run_at_to: time("run_at_to"),
+                timer_id: text("timer_id").and_then(|t| t.parse().ok()),
+            },
+            matched: number("matched"),
+            changed: number("changed"),
+        })
+    }
+
+    /// What it did, as a sentence: "Replayed 92 of 92 failed tasks." (with the counts), or
+    /// that it has not recorded them.
+    pub fn outcome(&self) -> String {
+        let verb = if self.replay { "Replayed" } else { "Cancelled" };
+        match (self.matched, self.changed) {
+            (Some(matched), Some(changed)) => {
+                let tasks = if matched == 1 { "task" } else { "tasks" };
+                format!("{verb} {changed} of {matched} matching {} {tasks}.", self.status)
+            }
+            _ => format!(
+                "{} {} tasks: under way, or cut short (no counts recorded).",
+                if self.replay { "Replaying" } else { "Cancelling" },
+                self.status
+            ),
+        }
+    }
+
+    /// The filter in words (`describe`).
+    pub fn scope(&self) -> String {
+        describe(self.biz_type.as_deref(), &self.status, &self.filter)
+    }
+}
+
+/// A filter in words, whole, its time window included: "failed tasks of `invoices`, keys
+/// starting `inv-`, due from 2026-11-27 10:00:00 UTC to 2026-11-27 11:00:00 UTC". What the
+/// confirm page asks about and what the audit log says was done read the same.
+pub fn describe(biz_type: Option<&str>, status: &str, filter: &BulkFilter) -> String {
+    let mut words = format!("{status} tasks of ");
+    match biz_type {
+        Some(name) => words.push_str(&format!("biz type {name}")),
+        None => words.push_str("every biz type"),
+    }
+    if let Some(prefix) = &filter.key_prefix {
+        words.push_str(&format!(", keys starting {prefix}"));
+    }
+    if let Some(timer) = filter.timer_id {
+        words.push_str(&format!(", occurrences of timer {timer}"));
+    }
+    let time = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    match (filter.run_at_from, filter.run_at_to) {
+        (Some(from), Some(to)) => words.push_str(&format!(", due from {} to {}", time(from), time(to))),
+        (Some(from), None) => words.push_str(&format!(", due from {} on", time(from))),
+        (None, Some(to)) => words.push_str(&format!(", due before {}", time(to))),
+        (None, None) => words.push_str(", due at any time"),
+    }
+    words
+}
+
+/// The most tasks of one operation `progress` reads: each is a probe of the tasks'
+/// primary keys (in every partition, as `read` is), and the console reads it again every
+/// few seconds while the operation's tasks are being delivered.
+pub const PROGRESS_CAP: i64 = COUNT_CAP;
+
+/// Where the tasks a bulk operation changed are now (of the first `PROGRESS_CAP`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct Progress {
+    /// Tasks read: all the operation changed, up to `PROGRESS_CAP`.
+    pub counted: i64,
+    /// Pending, never tried since.
+    pub waiting: i64,
+    /// Pending after a failed attempt (`RETRYING_SQL`).
+    pub retrying: i64,
+    pub running: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    pub expired: i64,
+    pub cancelled: i64,
+}
+
+impl Progress {
+    /// Tasks no longer stored (retired past retention with their partition).
+    pub fn gone(&self) -> i64 {
+        self.counted - self.waiting - self.retrying - self.running - self.succeeded - self.failed - self.expired - self.cancelled
+    }
+
+    /// Still to be settled: pending (waiting or retrying) or running.
+    pub fn unsettled(&self) -> i64 {
+        self.waiting + self.retrying + self.running
+    }
+}
+
+/// The states of the tasks the operation of audit entry `entry` changed (its `task_events`,
+/// through `task_events_audit_idx`), hot and cold, up to `PROGRESS_CAP` of them. The ids go
+/// in as an array, so each is a probe of a primary key, never a scan of the view. Locks
+/// nothing.
+pub async fn progress(pool: &Pool, entry: i64) -> Result<Progress, Error> {
+    let sql = format!(
+        "WITH touched AS (SELECT task_id FROM task_events WHERE audit_id = $1 LIMIT $2)
+         SELECT (SELECT count(*) FROM touched) AS counted,
+                count(*) FILTER (WHERE t.status = 'pending' AND NOT {retrying}) AS waiting,
+                count(*) FILTER (WHERE {retrying}) AS retrying,
+                count(*) FILTER (WHERE t.status = 'running') AS running,
+                count(*) FILTER (WHERE t.status = 'succeeded') AS succeeded,
+                count(*) FILTER (WHERE t.status = 'failed') AS failed,
+                count(*) FILTER (WHERE t.status = 'expired') AS expired,
+                count(*) FILTER (WHERE t.status = 'cancelled') AS cancelled
+           FROM all_tasks t WHERE t.id = ANY(ARRAY(SELECT task_id FROM touched))",
+        retrying = super::RETRYING_SQL
+    );
+    Ok(crate::db::query_as::<Progress>(sqlx::AssertSqlSafe(sql)).bind(entry).bind(PROGRESS_CAP).fetch_one(pool).await?)
+}
+
+/// Some of the tasks the operation of audit entry `entry` changed, up to `n`, by key (then
+/// id): the operation's page lists them, each a link to its task. Locks nothing.
+pub async fn touched(pool: &Pool, entry: i64, n: i64) -> Result<Vec<super::Task>, Error> {
+    let sql = format!(
+        "{} WHERE t.id = ANY(ARRAY(SELECT task_id FROM task_events WHERE audit_id = $1 LIMIT $2)) ORDER BY t.key, t.id",
+        super::queries::SELECT_TASK
+    );
+    Ok(crate::db::query_as::<super::Task>(sqlx::AssertSqlSafe(sql)).bind(entry).bind(n).fetch_all(pool).await?)
 }

@@ -11,7 +11,7 @@ use super::{Attempt, Deadline, Status, Task, When};
 use crate::audit::{self, Action};
 use crate::error::Error;
 
-const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id";
+pub(super) const SELECT_TASK: &str = "SELECT t.*, b.name AS biz_type FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id";
 
 /// Attempts a task is shown with (the API's task, the console's task page): its last
 /// ones. A receiver that snoozes every second made 86,400 a day, and a task read with all
@@ -444,6 +444,21 @@ pub async fn others_with_key(pool: &Pool, task: &Task) -> Result<Vec<Task>, Erro
     .bind(task.biz_type_id)
     .bind(key)
     .bind(task.id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The ids of every task that held `key`, in any biz type (the key's current task and
+/// those before it, `task_keys.earlier`), at most `limit`: the audit log's search by key.
+/// A probe of `task_keys`' primary key per biz type; locks nothing.
+pub async fn ids_with_key(pool: &Pool, key: &str, limit: i64) -> Result<Vec<Uuid>, Error> {
+    Ok(crate::db::query_scalar(
+        "SELECT held.task_id FROM biz_types b CROSS JOIN LATERAL
+                (SELECT unnest(k.earlier || k.task_id) AS task_id FROM task_keys k WHERE k.biz_type_id = b.id AND k.key = $1) held
+          LIMIT $2",
+    )
+    .bind(key)
+    .bind(limit)
     .fetch_all(pool)
     .await?)
 }

@@ -379,6 +379,37 @@ async fn set_statement_timeout(tx: &mut sqlx::PgConnection, timeout: Duration) -
     Ok(())
 }
 
+/// A biz type's recent callbacks: how many were tried and how many answered 2xx.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Recent {
+    pub biz_type: String,
+    pub attempts: i64,
+    pub delivered: i64,
+}
+
+impl Recent {
+    /// The share delivered, in percent (rounded down, so that 99.9% is not read as all).
+    pub fn percent(&self) -> i64 {
+        if self.attempts == 0 { 0 } else { self.delivered * 100 / self.attempts }
+    }
+}
+
+/// The attempts of the last `minutes` minutes of one biz type (None: of each that had
+/// any), by name: what a bulk replay's confirm page says of the receiver it would call
+/// again. Reads the attempts' started_at range (`attempts_started_brin`); locks nothing.
+pub async fn recent(pool: &Pool, biz_type_id: Option<i32>, minutes: i32) -> Result<Vec<Recent>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT b.name AS biz_type, count(*) AS attempts, count(*) FILTER (WHERE a.status_code BETWEEN 200 AND 299) AS delivered
+           FROM attempts a JOIN biz_types b ON b.id = a.biz_type_id
+          WHERE a.started_at >= now() - make_interval(mins => $1) AND ($2::int IS NULL OR a.biz_type_id = $2)
+          GROUP BY b.name ORDER BY b.name",
+    )
+    .bind(minutes)
+    .bind(biz_type_id)
+    .fetch_all(pool)
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

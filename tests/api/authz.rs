@@ -295,6 +295,7 @@ const CONSOLE: &[Route] = &[
     ("GET", "/console/timers/{timer}", &[], Staff, 200),
     ("GET", "/console/cluster", &[], Staff, 200),
     ("GET", "/console/audit", &[], Staff, 200),
+    ("GET", "/console/audit/{entry}", &[], Staff, 200),
     ("GET", "/console/tasks/replay-failed?biz_type={biz}", &[], Staff, 200),
     ("GET", "/console/tasks/replay-failed?biz_type={biz}&status=expired", &[], Staff, 200),
     ("GET", "/console/tasks/cancel-pending?biz_type={biz}", &[], Staff, 200),
@@ -337,8 +338,8 @@ const CONSOLE: &[Route] = &[
     ("POST", "/console/logout", &[], Staff, 303),
 ];
 
-/// A pending task, a failed task, a timer, a token of `orders` and a user for one user to
-/// act on, and that user's own password.
+/// A pending task, a failed task, a timer, a token of `orders`, a user and an audit entry
+/// for one user to act on, and that user's own password.
 async fn console_fixtures(app: &TestApp, token: &str, user: &str) -> HashMap<&'static str, String> {
     chime::users::create(&app.pool, &format!("u-{user}"), "support", "fixture-password").await.unwrap();
     let password = if user == "admin" { ADMIN_PASSWORD } else { "support-password" };
@@ -350,6 +351,7 @@ async fn console_fixtures(app: &TestApp, token: &str, user: &str) -> HashMap<&'s
     app.biz_type(&format!("gone-{user}")).await;
     let token_id: uuid::Uuid =
         sqlx::query_scalar("SELECT id FROM api_tokens WHERE prefix = $1").bind(&api_token[..12]).fetch_one(&app.pool).await.unwrap();
+    let entry: i64 = sqlx::query_scalar("SELECT max(id) FROM audit_log").fetch_one(&app.pool).await.unwrap();
     HashMap::from([
         ("biz", "orders".to_string()),
         ("new", format!("new-{user}")),
@@ -358,6 +360,7 @@ async fn console_fixtures(app: &TestApp, token: &str, user: &str) -> HashMap<&'s
         ("failed", failed["id"].as_str().unwrap().to_string()),
         ("timer", timer.body["id"].as_str().unwrap().to_string()),
         ("token_id", token_id.to_string()),
+        ("entry", entry.to_string()),
         ("user", format!("u-{user}")),
         ("password", password.to_string()),
     ])

@@ -129,6 +129,13 @@ async fn every_console_page_passes_wcag_2_aa() {
     assert_eq!(timer.status, 201, "{}", timer.body);
     let timer = timer.body["id"].as_str().unwrap().to_string();
     chime::users::create(&app.pool, "helen", "support", "support-password").await.unwrap();
+    // A bulk operation (a cancel of a task of its own), whose page lists its tasks, and an
+    // entry of another action.
+    app.create_task(&token, json!({"biz_type": "orders", "key": "order-3", "delay_ms": 3_600_000})).await;
+    let cancel = app.post("/api/v1/biz-types/orders/tasks/cancel", &token, json!({"key_prefix": "order-3"})).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.body);
+    let bulk: i64 = sqlx::query_scalar("SELECT id FROM audit_log WHERE action = 'task.bulk_cancel'").fetch_one(&app.pool).await.unwrap();
+    let entry: i64 = sqlx::query_scalar("SELECT min(id) FROM audit_log").fetch_one(&app.pool).await.unwrap();
 
     let browser = Browser::start().await;
     let mut problems = Vec::new();
@@ -160,6 +167,8 @@ async fn every_console_page_passes_wcag_2_aa() {
         format!("/console/timers/{timer}"),
         "/console/cluster".into(),
         "/console/audit".into(),
+        format!("/console/audit/{bulk}"),
+        format!("/console/audit/{entry}"),
         "/console/users".into(),
         "/console/account".into(),
         "/console/no-such-page".into(),

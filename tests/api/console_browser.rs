@@ -91,14 +91,38 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     assert_eq!(browser.texts("#attempts tbody tr").await.len(), 2, "both attempts are listed");
     assert!(browser.text("#attempts").await.contains("500"));
 
-    // The receiver is fixed; one confirmed bulk replay delivers them all.
+    // The receiver is fixed; one confirmed bulk replay delivers them all. The confirmation
+    // restates the filter, names the first tasks, and says what the console knows of the
+    // receiver: its last 5 minutes were all failures.
     receiver.answer_with(Answer::status(200));
     browser.goto("/console/tasks?biz_type=orders&status=failed").await;
     browser.submit("#bulk-replay").await;
     assert!(browser.text("#bulk-count").await.contains("Replay 5 failed tasks"), "{}", browser.text("#bulk-count").await);
+    assert_eq!(browser.text("#bulk-scope").await, "Filter: failed tasks of biz type orders, due at any time.");
+    // In due order, which their retries set: all five, in some order.
+    let mut samples = browser.texts("#bulk-samples li").await;
+    samples.sort();
+    assert_eq!(samples, ["order-1", "order-2", "order-3", "order-4", "order-5"]);
+    let warning = browser.text("#bulk-receiver .warning").await;
+    assert!(warning.starts_with("orders: 0% delivered in the last 5 min (0 of 10 attempts)"), "{warning}");
+    browser.screenshot(shot("bulk-replay-confirm.png")).await;
     browser.submit("#confirm-bulk-replay").await;
     assert!(browser.text(".flash").await.contains("Replayed 5 failed tasks"));
+    // It lands on the operation's page, which follows its tasks by itself until every one
+    // is delivered.
+    let operation = browser.current_url().await;
+    assert!(operation.starts_with(&format!("{}/console/audit/", app.address)), "{operation}");
+    browser.wait_for("#operation-live[data-done]", Duration::from_secs(30)).await;
+    assert_eq!(browser.text("#progress").await, "5 delivered, 0 failed, 0 still pending");
+    assert_eq!(browser.texts("#operation-tasks tr.task").await.len(), 5);
+    browser.screenshot(shot("bulk-operation.png")).await;
     wait_count(&app, "succeeded", 5).await;
+    // The audit log says what it did and leads back to it.
+    browser.goto("/console/audit").await;
+    assert!(browser.text("#audit").await.contains("Replayed 5 of 5 matching failed tasks."), "{}", browser.text("#audit").await);
+    browser.screenshot(shot("audit-log.png")).await;
+    browser.click("#audit a.follow").await;
+    assert_eq!(browser.current_url().await, operation);
     browser.goto("/console/tasks?biz_type=orders&status=succeeded").await;
     assert_eq!(browser.texts("#tasks tr.task").await.len(), 5);
 
@@ -423,5 +447,39 @@ async fn an_admin_tests_a_biz_types_callback_from_its_page() {
     assert_eq!(receiver.received().len(), 1);
     browser.client().refresh().await.expect("reloading the biz type's page");
     assert_eq!(receiver.received().len(), 1, "a reload sends no second test");
+    browser.close().await;
+}
+
+/// A bulk cancel from the task list lands on the operation's page, which says its tasks
+/// are cancelled and has nothing to wait for; each task's history links back to it.
+/// Before, it landed on the list, with nothing saying what the operation did.
+#[tokio::test]
+async fn a_bulk_cancel_lands_on_its_operation_and_its_tasks_link_back() {
+    let app = crate::helpers::spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let mut ids = Vec::new();
+    for i in 1..=3 {
+        let task = app.create_task(&token, json!({"biz_type": "orders", "key": format!("late-{i}"), "delay_ms": 3_600_000})).await;
+        ids.push(task["id"].as_str().unwrap().to_string());
+    }
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    browser.goto("/console/tasks?biz_type=orders&status=pending").await;
+    browser.fill("#bulk-cancel input[name=key_prefix]", "late-").await;
+    browser.submit("#bulk-cancel").await;
+    assert_eq!(browser.text("#bulk-scope").await, "Filter: pending tasks of biz type orders, keys starting late-, due at any time.");
+    assert_eq!(browser.texts("#bulk-samples li").await, ["late-1", "late-2", "late-3"]);
+    browser.submit("#confirm-bulk-cancel").await;
+    assert_eq!(browser.text(".flash").await, "Cancelled 3 pending tasks.");
+    let operation = browser.current_url().await;
+    assert!(operation.starts_with(&format!("{}/console/audit/", app.address)), "{operation}");
+    assert!(browser.exists("#operation-live[data-done]").await, "a cancel has nothing to follow");
+    assert_eq!(browser.text("#progress").await, "3 cancelled, 0 since replayed or rescheduled");
+    assert_eq!(browser.texts("#operation-tasks tr.task .badge").await, ["cancelled", "cancelled", "cancelled"]);
+    // From a task it cancelled, back to it.
+    browser.click("#operation-tasks tr.task a").await;
+    assert_eq!(browser.current_url().await, format!("{}/console/tasks/{}", app.address, ids[0]));
+    browser.click(&format!("#attempts tr.mark a[href='{}']", operation.trim_start_matches(&app.address))).await;
+    assert_eq!(browser.current_url().await, operation);
     browser.close().await;
 }

@@ -20,6 +20,7 @@ mod capacity;
 mod cli;
 mod console;
 mod console_a11y;
+mod console_audit;
 mod console_browser;
 mod console_context;
 mod console_dashboard;

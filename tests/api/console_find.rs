@@ -495,6 +495,10 @@ async fn finding_tasks_among_a_large_table() {
         ("key prefix, all, 10,000+ match", "/console/tasks?q=orders-".to_string()),
         ("id prefix (12 digits)", format!("/console/tasks?q={}", &some_id[..13])),
         ("payload contains, one biz type", format!("/console/tasks?biz_type={biz_type}&payload={}", urlencoding(&format!("order_id = {target}")))),
+        ("payload contains, all biz types", format!("/console/tasks?payload={}", urlencoding(&format!("order_id = {target}")))),
+        // Failed tasks are task n with n % 20 == 5, all of billing (slot 2).
+        ("key prefix + failed, all biz types", "/console/tasks?q=billing-1&status=failed".to_string()),
+        ("key prefix + failed, none match", format!("/console/tasks?q={biz_type}-1&status=failed")),
     ];
     let mut pages = vec![];
     for (name, path) in &searches {
@@ -523,6 +527,13 @@ async fn finding_tasks_among_a_large_table() {
     assert!(keys(&pages[7]).iter().all(|k| k.starts_with("orders-")) && count(&pages[7]) == "10,000+");
     assert!(ids(&pages[8]).contains(&some_id) && ids(&pages[8]).iter().all(|id| id.starts_with(&some_id[..13])));
     assert_eq!(keys(&pages[9]), [format!("{biz_type}-{target}")]);
+    assert_eq!(keys(&pages[10]), [format!("{biz_type}-{target}")]);
+    let failed = keys(&pages[11]);
+    assert!(
+        failed.len() == 50 && failed.iter().all(|k| k.starts_with("billing-1") && k.rsplit('-').next().unwrap().parse::<i64>().unwrap() % 20 == 5),
+        "{failed:?}"
+    );
+    assert!(biz_type == "billing" || keys(&pages[12]).is_empty(), "{biz_type} has no failed task");
 }
 
 /// What the search indexes cost at insert: 100,000 keyed tasks with a payload created

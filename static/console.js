@@ -1,10 +1,30 @@
-// The console works without this file; it only asks before destructive actions.
+// The console works without this file; it only asks before destructive actions. The
+// question is the button's, else the form's; `{n}` in it is how many rows are ticked for
+// that form.
 document.addEventListener("submit", (event) => {
-  const question = event.target.getAttribute("data-confirm");
-  if (question && !window.confirm(question)) {
+  const question = (event.submitter && event.submitter.getAttribute("data-confirm")) || event.target.getAttribute("data-confirm");
+  if (!question) return;
+  // getAttribute: the form's `id` property is its controls named "id" (the row boxes).
+  const ticked = document.querySelectorAll(`input[name=id][form="${event.target.getAttribute("id")}"]:checked`).length;
+  if (question.includes("{n}") && ticked === 0) return; // the server says nothing was selected
+  if (!window.confirm(question.replace("{n}", ticked))) {
     event.preventDefault();
   }
 });
+
+// The task list's "select every row on this page" box, shown only with this script.
+const selectAll = document.getElementById("select-all");
+if (selectAll) {
+  const boxes = () => [...document.querySelectorAll('input[name=id][form="selected"]')];
+  selectAll.hidden = false;
+  selectAll.addEventListener("change", () => boxes().forEach((box) => (box.checked = selectAll.checked)));
+  document.addEventListener("change", (event) => {
+    if (event.target.getAttribute("form") !== "selected") return;
+    const ticked = boxes().filter((box) => box.checked).length;
+    selectAll.checked = ticked > 0 && ticked === boxes().length;
+    selectAll.indeterminate = ticked > 0 && ticked < boxes().length;
+  });
+}
 
 // The task page's reschedule form: offer the browser's own zone (the server reads times in
 // the zone the form names; without this script the form stays in the zone it shows).

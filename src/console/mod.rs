@@ -264,6 +264,8 @@ pub struct Ctx {
     pub csrf: String,
     pub active: &'static str,
     pub flash: Option<String>,
+    /// The flash is a warning (`done_warning`): shown in warning colours.
+    pub flash_warning: bool,
     pub css: String,
     pub js: String,
     pub icon: String,
@@ -274,12 +276,20 @@ pub struct Ctx {
 impl Ctx {
     pub fn new(session: &Session, req: &HttpRequest, active: &'static str) -> Ctx {
         let flash = req.cookie(FLASH_COOKIE).and_then(|c| URL_SAFE_NO_PAD.decode(c.value()).ok()).and_then(|bytes| String::from_utf8(bytes).ok());
+        let (flash, flash_warning) = match flash {
+            Some(message) => match message.strip_prefix(WARNING) {
+                Some(warning) => (Some(warning.to_string()), true),
+                None => (Some(message), false),
+            },
+            None => (None, false),
+        };
         Ctx {
             user: session.user.username.clone(),
             admin: session.is_admin(),
             csrf: session.csrf.clone(),
             active,
             flash,
+            flash_warning,
             css: assets::url("console.css"),
             js: assets::url("console.js"),
             icon: assets::url("favicon.svg"),
@@ -330,6 +340,33 @@ pub fn done(location: &str, message: &str) -> HttpResponse {
     let mut response = see_other(location);
     let _ = response.add_cookie(&cookie);
     response
+}
+
+/// What starts a flash message that warns (no message a person writes starts with it).
+const WARNING: char = '\u{1}';
+
+/// As `done`, with a message that warns: some of what was asked was not done.
+pub fn done_warning(location: &str, message: &str) -> HttpResponse {
+    done(location, &format!("{WARNING}{message}"))
+}
+
+/// A message as HTML: escaped, with each `quoted` part as code, as the messages write names
+/// and values (the API's messages are read as text, where the backticks show the quoting).
+/// Templates write it unescaped: `{{ crate::console::marked(message)|safe }}`.
+pub fn marked(message: &str) -> String {
+    let escaped = message.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;");
+    let mut html = String::with_capacity(escaped.len() + 16);
+    let parts: Vec<&str> = escaped.split('`').collect();
+    // An odd backtick out (an unmatched one) stays as typed.
+    let paired = parts.len() % 2 == 1;
+    for (i, part) in parts.iter().enumerate() {
+        match (i % 2 == 1, paired || i + 1 < parts.len()) {
+            (true, true) => html.push_str(&format!("<code>{part}</code>")),
+            (true, false) => html.push_str(&format!("`{part}")),
+            (false, _) => html.push_str(part),
+        }
+    }
+    html
 }
 
 /// A count with thousands separators, as every page writes counts: "1,346". Templates
@@ -421,6 +458,15 @@ pub fn parse_local_time(field: &str, raw: &str) -> Result<Option<DateTime<Utc>>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_parts_of_a_message_show_as_code_and_the_rest_escaped() {
+        assert_eq!(marked("`-4714-01-01` is not a time"), "<code>-4714-01-01</code> is not a time");
+        assert_eq!(marked("no biz type named `<b>` & `x`"), "no biz type named <code>&lt;b&gt;</code> &amp; <code>x</code>");
+        assert_eq!(marked("one ` alone"), "one ` alone");
+        assert_eq!(marked("`a` and ` b"), "<code>a</code> and ` b");
+        assert_eq!(marked("\"'"), "&quot;&#39;");
+    }
 
     #[test]
     fn the_first_field_that_is_not_utf8_is_named() {

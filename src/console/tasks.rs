@@ -4,6 +4,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -33,10 +34,11 @@ pub struct Filter {
     pub from: String,
     #[serde(default)]
     pub to: String,
-    /// A key's start, or an id's (8 hex digits or more).
+    /// A key's start, or an id's (8 hex digits or more); combined with every other field.
     #[serde(default)]
     pub q: String,
-    /// "Payload contains": JSON or `field = value` (`tasks::containment`); needs a biz type.
+    /// "Payload contains": JSON or `field = value` (`tasks::containment`); across biz types
+    /// bounded as `tasks::list` says.
     #[serde(default)]
     pub payload: String,
     /// A timer's id: only its occurrences; needs a biz type.
@@ -102,6 +104,13 @@ struct ListPage {
     count: String,
     /// What the box was read as: "key" (a key prefix), "id" (an id prefix), or "" (none).
     searched: &'static str,
+    /// Whether filters other than the box and the biz type narrow the search.
+    narrowed: bool,
+    /// How a payload search across biz types was bounded, when it was one.
+    bound: Option<String>,
+    /// Searches that may find what this one did not: what each finds, and its link (empty:
+    /// advice without a link).
+    hints: Vec<(String, String)>,
     /// Each field a refused filter is refused for, and why.
     errors: Vec<(String, String)>,
 }
@@ -110,10 +119,18 @@ impl ListPage {
     fn invalid(&self, field: &str) -> String {
         super::invalid(&self.errors, field)
     }
+
+    /// The biz type the filter names, when no biz type has that name (kept in the form,
+    /// marked, rather than dropped).
+    fn unknown_biz_type(&self) -> Option<&str> {
+        let name = self.filter.biz_type.as_str();
+        (!name.is_empty() && !self.biz_types.iter().any(|b| b.name == name)).then_some(name)
+    }
 }
 
 /// One page of a search: its tasks, the links to the pages after and before, the count, and
 /// what the box was read as.
+#[derive(Default)]
 struct Found {
     tasks: Vec<Task>,
     next: Option<String>,
@@ -121,6 +138,10 @@ struct Found {
     /// As `ListPage::count`.
     count: String,
     searched: &'static str,
+    /// As `ListPage::bound`.
+    bound: Option<String>,
+    /// As `ListPage::hints`.
+    hints: Vec<(String, String)>,
 }
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>, filter: web::Query<Filter>) -> Result<HttpResponse, ConsoleError> {
@@ -132,11 +153,20 @@ pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>
         return Ok(see_other(&format!("/console/tasks/{id}")));
     }
     match search(&state, &filter).await {
-        Ok(found) => list_page(&req, &session, &state, filter, found, vec![]).await,
-        Err(problems) => {
-            let none = Found { tasks: vec![], next: None, prev: None, count: String::new(), searched: "" };
-            list_page(&req, &session, &state, filter, none, problems.by_field()?).await
+        Ok(found) => {
+            // A whole key that only one task matches: that task, not a list of one.
+            let q = filter.q.trim();
+            if let [task] = found.tasks.as_slice()
+                && found.searched == "key"
+                && filter.cursor.is_empty()
+                && filter.before.is_empty()
+                && task.key.as_deref() == Some(q)
+            {
+                return Ok(done(&format!("/console/tasks/{}", task.id), &format!("Opened the one task the search for `{q}` matches.")));
+            }
+            list_page(&req, &session, &state, filter, found, vec![]).await
         }
+        Err(problems) => list_page(&req, &session, &state, filter, Found::default(), problems.by_field()?).await,
     }
 }
 
@@ -200,81 +230,203 @@ fn parse_order(raw: &str) -> Result<bool, Error> {
     }
 }
 
+/// The biz type the filter names: its id, None for all, or a problem with the field (not a
+/// page of its own: the list says it beside the field, with the search kept).
+async fn parse_biz_type(state: &AppState, filter: &Filter) -> Result<Result<Option<i32>, Error>, Error> {
+    match filter.biz_type_id(state).await {
+        Ok(id) => Ok(Ok(id)),
+        Err(Error::NotFound(_)) => {
+            Ok(Err(Error::invalid("biz_type", format!("no biz type is named `{}`; choose one from the list", filter.biz_type.escape_debug()))))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A due window that ends where or before it starts matches nothing: said, not searched.
+fn check_window(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Result<(), Error> {
+    match (from, to) {
+        (Some(from), Some(to)) if from >= to => Err(Error::invalid(
+            "to",
+            format!(
+                "is not after from (`{}` to `{}` UTC): nothing is due in that window; swap them or widen it",
+                from.format("%Y-%m-%d %H:%M"),
+                to.format("%Y-%m-%d %H:%M")
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A page of the tasks whose id or key starts with the box's text, or of those matching the
-/// filter; every field checked by the API's rules, every problem at once.
+/// filter, the box and every other field combined; every field checked by the API's rules,
+/// every problem at once.
 async fn search(state: &AppState, filter: &Filter) -> Result<Found, Problems> {
     let q = filter.q.trim();
     let payload = filter.payload.trim();
     let status = parse_state(&filter.status);
     let order = parse_order(&filter.order);
     let (from, to) = (parse_local_time("from", &filter.from), parse_local_time("to", &filter.to));
+    let window = match (&from, &to) {
+        (Ok(from), Ok(to)) => check_window(*from, *to),
+        _ => Ok(()),
+    };
     let id_prefix = tasks::id_prefix(q);
     let key = (!q.is_empty() && id_prefix.is_none()).then(|| tasks::validate_key(q));
-    let payload = (!payload.is_empty()).then(|| {
-        tasks::containment(payload).and_then(|json| {
-            // Unbounded, a payload search would read every task of every biz type.
-            if filter.biz_type.is_empty() {
-                Err(Error::invalid("payload", "choose a biz type too: a payload search reads one biz type's tasks"))
-            } else {
-                Ok(json)
-            }
-        })
-    });
+    // Across biz types a payload search reads the payload index, bounded (`tasks::list`).
+    let payload = (!payload.is_empty()).then(|| tasks::containment(payload));
     let timer = parse_timer(filter);
     let priority = parse_priority(filter);
     let flow_key = parse_flow_key(filter);
-    let (status, newest_first, from, to, payload, timer_id, priority, flow_key) =
-        match (status, order, from, to, payload.transpose(), key.transpose(), timer, priority, flow_key) {
-            (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_), Ok(timer), Ok(priority), Ok(flow_key)) => {
-                (status, order, from, to, payload, timer, priority, flow_key)
+    let biz_type = parse_biz_type(state, filter).await?;
+    let (status, newest_first, from, to, payload, timer_id, priority, flow_key, biz_type_id) =
+        match (status, order, from, to, payload.transpose(), key.transpose(), timer, priority, flow_key, biz_type, window) {
+            (Ok(status), Ok(order), Ok(from), Ok(to), Ok(payload), Ok(_), Ok(timer), Ok(priority), Ok(flow_key), Ok(biz_type), Ok(())) => {
+                (status, order, from, to, payload, timer, priority, flow_key, biz_type)
             }
-            (status, order, from, to, payload, key, timer, priority, flow_key) => {
-                let problems =
-                    [status.err(), order.err(), key.err(), from.err(), to.err(), payload.err(), timer.err(), priority.err(), flow_key.err()];
+            (status, order, from, to, payload, key, timer, priority, flow_key, biz_type, window) => {
+                let problems = [
+                    biz_type.err(),
+                    status.err(),
+                    order.err(),
+                    key.err(),
+                    from.err(),
+                    to.err(),
+                    window.err(),
+                    payload.err(),
+                    timer.err(),
+                    priority.err(),
+                    flow_key.err(),
+                ];
                 return Err(Problems(problems.into_iter().flatten().collect()));
             }
         };
-    let biz_type_id = filter.biz_type_id(state).await?;
     let position = |c: &str| Some(c.to_string()).filter(|c| !c.is_empty());
     let (cursor, backward) = match position(&filter.before) {
         Some(before) => (Some(before), true),
         None => (position(&filter.cursor), false),
     };
     let link = |name: &str, c: String| format!("/console/tasks?{}&{name}={c}", filter.query());
+    let (status, retrying) = status;
+    let list = ListFilter { status, retrying, from, to, payload, timer_id, priority, flow_key, cursor, backward, newest_first, limit: PAGE_SIZE };
     if let Some(range) = id_prefix {
         // Ids are copied from somewhere, not guessed: the first page of them is enough, and
         // "50+" says to type more of the id.
-        let mut tasks: Vec<Task> = tasks::by_id_prefix(&state.pool, range, PAGE_SIZE + 1).await?;
+        let mut tasks: Vec<Task> = tasks::by_id_prefix(&state.pool, range, biz_type_id, &list, PAGE_SIZE + 1).await?;
         if !tasks.is_empty() {
             let count = if tasks.len() as i64 > PAGE_SIZE { format!("{PAGE_SIZE}+") } else { tasks.len().to_string() };
             tasks.truncate(PAGE_SIZE as usize);
-            return Ok(Found { tasks, next: None, prev: None, count, searched: "id" });
+            return Ok(Found { tasks, count, searched: "id", ..Found::default() });
         }
     }
     if !q.is_empty() {
         tasks::validate_key(q)?;
-        let search = tasks::KeySearch { prefix: q, biz_type_id, cursor, backward, limit: PAGE_SIZE };
+        let search = tasks::KeySearch { prefix: q, biz_type_id, cursor: list.cursor.clone(), backward, limit: PAGE_SIZE, filter: Some(&list) };
         let page = tasks::search_keys(&state.pool, &search).await?;
         let count = tasks::count_keys(&state.pool, &search).await?;
+        let hints = if count == 0 { key_hints(state, filter, &search).await? } else { vec![] };
         return Ok(Found {
             tasks: page.items,
             next: page.next_cursor.map(|c| link("cursor", c)),
             prev: page.prev_cursor.map(|c| link("before", c)),
             count: shown_count(count),
             searched: "key",
+            hints,
+            ..Found::default()
         });
     }
-    let (status, retrying) = status;
-    let list = ListFilter { status, retrying, from, to, payload, timer_id, priority, flow_key, cursor, backward, newest_first, limit: PAGE_SIZE };
     let page = tasks::list(&state.pool, biz_type_id, &list).await?;
     let count = tasks::count(&state.pool, biz_type_id, &list).await?;
+    let bound = match (biz_type_id, &list.payload) {
+        (None, Some(_)) => {
+            let horizon = crate::partitions::horizon(&state.pool).await.map_err(Error::from)?;
+            Some(format!(
+                "Across every biz type a payload search reads the payload index, which holds the tasks due before {} UTC (the hot \
+                 partitions), at most {} matches a page; choose a biz type to search all of its tasks, later ones too, in due order.",
+                horizon.format("%Y-%m-%d %H:%M"),
+                super::grouped(tasks::COUNT_CAP)
+            ))
+        }
+        _ => None,
+    };
     Ok(Found {
         tasks: page.items,
         next: page.next_cursor.map(|c| link("cursor", c)),
         prev: page.prev_cursor.map(|c| link("before", c)),
         count: shown_count(count),
-        searched: "",
+        bound,
+        ..Found::default()
     })
+}
+
+/// Most fields the "no key starts with it" hint offers to search payloads by.
+const PAYLOAD_FIELDS: usize = 4;
+/// How many of the newest tasks the payload fields offered are read from.
+const PAYLOAD_SAMPLES: i64 = 20;
+
+/// Searches to try when no key starts with the box's text: the same text in another case
+/// (keys are case-sensitive), the keys without the other filters, and the payloads' fields
+/// for the text (the fields of the newest tasks' payloads, in the biz type or all).
+async fn key_hints(state: &AppState, filter: &Filter, search: &tasks::KeySearch<'_>) -> Result<Vec<(String, String)>, Error> {
+    let q = search.prefix;
+    let mut hints = vec![];
+    let with = |change: &dyn Fn(&mut Filter)| {
+        let mut changed = filter.clone();
+        change(&mut changed);
+        format!("/console/tasks?{}", changed.query())
+    };
+    let mut cases = vec![q.to_lowercase(), q.to_uppercase()];
+    cases.dedup();
+    for other in cases.into_iter().filter(|c| c != q) {
+        let n = tasks::count_keys(&state.pool, &tasks::KeySearch { prefix: &other, cursor: None, backward: false, ..*search }).await?;
+        if n > 0 {
+            hints.push((
+                format!("`{other}`: {} (keys are case-sensitive)", super::counted(n.min(tasks::COUNT_CAP), "key", "keys")),
+                with(&|f| f.q.clone_from(&other)),
+            ));
+        }
+    }
+    if search.filter.is_some_and(|_| filter_narrows(filter)) {
+        let n = tasks::count_keys(&state.pool, &tasks::KeySearch { cursor: None, backward: false, filter: None, ..*search }).await?;
+        if n > 0 {
+            let keys = super::counted(n.min(tasks::COUNT_CAP), "key starts", "keys start");
+            hints.push((
+                format!("{keys} with `{q}` when the state, due and other filters are left out"),
+                with(&|f| *f = Filter { biz_type: f.biz_type.clone(), q: f.q.clone(), order: f.order.clone(), ..Filter::default() }),
+            ));
+        }
+    }
+    // The payload's fields, from the newest tasks: a number typed is offered as a number
+    // where the field held one, as text where it held text.
+    let newest = ListFilter { newest_first: true, limit: PAYLOAD_SAMPLES, ..ListFilter::default() };
+    let sample = tasks::list(&state.pool, search.biz_type_id, &newest).await?;
+    let mut offered: Vec<String> = vec![];
+    for task in &sample.items {
+        let Ok(serde_json::Value::Object(fields)) = serde_json::from_str::<serde_json::Value>(task.payload.get()) else { continue };
+        for (field, value) in fields {
+            let typed = match value {
+                serde_json::Value::Number(_) if q.parse::<serde_json::Number>().is_ok() => format!("{field} = {q}"),
+                serde_json::Value::String(_) => format!("{field} = {}", serde_json::Value::String(q.to_string())),
+                _ => continue,
+            };
+            if offered.len() < PAYLOAD_FIELDS && !offered.contains(&typed) && !field.contains(['.', '=']) {
+                offered.push(typed);
+            }
+        }
+    }
+    for typed in &offered {
+        hints.push((format!("payloads with `{typed}`"), with(&|f| (f.q, f.payload) = (String::new(), typed.clone()))));
+    }
+    if offered.is_empty() {
+        hints.push((format!("To search payloads for it, write `field = {q}` in Payload contains."), String::new()));
+    }
+    Ok(hints)
+}
+
+/// Whether the filter names more than a biz type and the box.
+fn filter_narrows(filter: &Filter) -> bool {
+    [&filter.status, &filter.from, &filter.to, &filter.payload, &filter.timer, &filter.priority, &filter.flow_key]
+        .iter()
+        .any(|f| !f.trim().is_empty())
 }
 
 /// "1,234", or "10,000+" past the count's cap (the dashboard's counts too).
@@ -295,11 +447,19 @@ async fn list_page(
     found: Found,
     errors: Vec<(String, String)>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
+    // A biz type that does not exist is not found (the page still shows, with the search).
+    let status = match errors.is_empty() {
+        true => StatusCode::OK,
+        false if errors.iter().any(|(field, _)| field == "biz_type") => StatusCode::NOT_FOUND,
+        false => StatusCode::UNPROCESSABLE_ENTITY,
+    };
     let page = ListPage {
         ctx: Ctx::new(session, req, "tasks"),
         count: found.count,
         searched: found.searched,
+        narrowed: filter_narrows(&filter),
+        bound: found.bound,
+        hints: found.hints,
         filter,
         biz_types: biz_types::list(&state.pool).await?,
         statuses: &Status::ALL,
@@ -759,7 +919,9 @@ impl Recent {
 
 impl BulkForm {
     fn filter(&self) -> Filter {
-        Filter { biz_type: self.biz_type.clone(), from: self.from.clone(), to: self.to.clone(), ..Filter::default() }
+        // The key prefix is the list's box: the list's one key field.
+        let q = self.key_prefix.clone();
+        Filter { biz_type: self.biz_type.clone(), from: self.from.clone(), to: self.to.clone(), q, ..Filter::default() }
     }
 
     /// A replay form's state: failed unless it says expired.
@@ -800,8 +962,7 @@ impl BulkForm {
             Err(problems) => {
                 let errors = problems.by_field()?;
                 let filter = Filter { status: bulk.status().to_string(), ..self.filter() };
-                let none = Found { tasks: vec![], next: None, prev: None, count: String::new(), searched: "" };
-                list_page(req, session, state, filter, none, errors).await.map(Err)
+                list_page(req, session, state, filter, Found::default(), errors).await.map(Err)
             }
         }
     }

@@ -191,6 +191,27 @@ fn walks(filter: &ListFilter) -> Vec<String> {
     }
 }
 
+/// `filter`'s status condition on the task row `t` as one condition (written out, as in
+/// `walks`), or None without one.
+fn status_condition(filter: &ListFilter) -> Option<String> {
+    match (filter.retrying, filter.status) {
+        (true, _) => Some(super::RETRYING_SQL.to_string()),
+        (false, Some(status)) => Some(format!("t.status = '{status}'")),
+        (false, None) => None,
+    }
+}
+
+/// Whether `filter` says anything of a task beyond where the list starts.
+fn narrows(filter: &ListFilter) -> bool {
+    status_condition(filter).is_some()
+        || filter.from.is_some()
+        || filter.to.is_some()
+        || filter.payload.is_some()
+        || filter.timer_id.is_some()
+        || filter.priority.is_some()
+        || filter.flow_key.is_some()
+}
+
 /// The conditions of `filter` other than status and cursor, for the task row `t`.
 fn push_conditions(q: &mut QueryBuilder<Postgres>, filter: &ListFilter) {
     if let Some(from) = filter.from {
@@ -225,6 +246,9 @@ const ROW_BYTES: usize = 512;
 /// row's, going backward), so pages stay stable while tasks are added (keyset pagination).
 pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<Page, Error> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
+    if biz_type_id.is_none() && filter.payload.is_some() {
+        return list_by_payload(pool, filter, after).await;
+    }
     // Built per call rather than with `$n IS NULL OR …` so that each filter combination
     // gets a plan that walks an index in (run_at, id) order: tasks_claim_idx holds a biz
     // type's pending tasks, tasks_finished_list_idx the others but running ones. Without a status filter, each walk
@@ -293,17 +317,65 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     Ok(Page { items, next_cursor, prev_cursor })
 }
 
+/// Across every biz type, a payload search can no longer walk a biz type's tasks in due
+/// order and filter them (that would read every task of every biz type): it reads the
+/// matches from the payload index instead (tasks_payload_resting_idx, on the hot partitions: tasks
+/// due before the hot horizon), at most `COUNT_CAP + 1` of them per walk past the cursor, and shows
+/// those in due order. Up to `COUNT_CAP` matches the pages are exact; beyond, each page is
+/// the earliest due of the matches read, and the count says "10,000+".
+async fn list_by_payload(pool: &Pool, filter: &ListFilter, after: Option<(DateTime<Utc>, Uuid)>) -> Result<Page, Error> {
+    let descending = filter.newest_first != filter.backward;
+    let (beyond, dir) = if descending { ("<", " DESC") } else { (">", "") };
+    // One read per walk (`walks`): the payload index leaves running tasks out, which
+    // their own walk finds among the few running.
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT t.*, b.name AS biz_type FROM (");
+    for (i, status) in walks(filter).iter().enumerate() {
+        if i > 0 {
+            q.push(" UNION ALL ");
+        }
+        q.push("(SELECT t.* FROM tasks t WHERE ").push(status);
+        push_conditions(&mut q, filter);
+        if let Some((run_at, id)) = after {
+            q.push(format_args!(" AND (t.run_at, t.id) {beyond} (")).push_bind(run_at).push(", ").push_bind(id).push(")");
+        }
+        q.push(" LIMIT ").push_bind(COUNT_CAP + 1).push(")");
+    }
+    q.push(format_args!(") t JOIN biz_types b ON b.id = t.biz_type_id ORDER BY t.run_at{dir}, t.id{dir} LIMIT ")).push_bind(filter.limit + 1);
+    let mut items: Vec<Task> = q.build_query_as().fetch_all(pool).await?;
+    let more = items.len() as i64 > filter.limit;
+    items.truncate(filter.limit as usize);
+    Ok(paged(items, more, filter.backward, after.is_some(), |t| encode_cursor(t.run_at, t.id)))
+}
+
+/// A page's rows in the order shown and its links: `items` as read (backward: last shown
+/// first), `more` when a row beyond them was read, `from_cursor` when the read started at
+/// a cursor.
+fn paged(mut items: Vec<Task>, more: bool, backward: bool, from_cursor: bool, cursor_of: impl Fn(&Task) -> String) -> Page {
+    if backward {
+        items.reverse();
+    }
+    let (next_cursor, prev_cursor) = if backward {
+        (items.last().map(&cursor_of), if more { items.first().map(&cursor_of) } else { None })
+    } else {
+        (if more { items.last().map(&cursor_of) } else { None }, if from_cursor { items.first().map(&cursor_of) } else { None })
+    };
+    Page { items, next_cursor, prev_cursor }
+}
+
 /// How many tasks `filter` matches (its cursor aside), counting at most `COUNT_CAP + 1`:
 /// more than `COUNT_CAP` means "more than that". Reads the rows it counts through the same
 /// indexes as `list` (or the partitions in any order, unfiltered), walk after walk, stopping
 /// at the cap.
 pub async fn count(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -> Result<i64, Error> {
+    // Across biz types a payload search reads the payload index, which the hot partitions
+    // have and cold storage has not (`list_by_payload`).
+    let table = if biz_type_id.is_none() && filter.payload.is_some() { "tasks" } else { "all_tasks" };
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT count(*) FROM (");
     for (i, status) in walks(filter).iter().enumerate() {
         if i > 0 {
             q.push(" UNION ALL ");
         }
-        q.push("SELECT 1 FROM all_tasks t WHERE ").push(status);
+        q.push(format_args!("SELECT 1 FROM {table} t WHERE ")).push(status);
         if let Some(id) = biz_type_id {
             q.push(" AND t.biz_type_id = ").push_bind(id);
         }
@@ -314,14 +386,27 @@ pub async fn count(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) -
 }
 
 /// The tasks whose id starts with the range `super::id_prefix` made, in id order, at most
-/// `limit`: one range probe of each partition's primary key (id first).
-pub async fn by_id_prefix(pool: &Pool, (low, high): (Uuid, Uuid), limit: i64) -> Result<Vec<Task>, Error> {
-    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id BETWEEN $1 AND $2 ORDER BY t.id LIMIT $3")))
-        .bind(low)
-        .bind(high)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+/// `limit`, in one biz type or all, that `filter` matches too (its cursor and order aside):
+/// one range probe of each partition's primary key (id first), the rest checked on each
+/// task found.
+pub async fn by_id_prefix(
+    pool: &Pool,
+    (low, high): (Uuid, Uuid),
+    biz_type_id: Option<i32>,
+    filter: &ListFilter,
+    limit: i64,
+) -> Result<Vec<Task>, Error> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(SELECT_TASK);
+    q.push(" WHERE t.id BETWEEN ").push_bind(low).push(" AND ").push_bind(high);
+    if let Some(id) = biz_type_id {
+        q.push(" AND t.biz_type_id = ").push_bind(id);
+    }
+    if let Some(status) = status_condition(filter) {
+        q.push(" AND ").push(status);
+    }
+    push_conditions(&mut q, filter);
+    q.push(" ORDER BY t.id LIMIT ").push_bind(limit);
+    Ok(q.build_query_as().fetch_all(pool).await?)
 }
 
 /// A search of client keys by prefix: in one biz type or all, in key order, a page at a time.
@@ -334,6 +419,21 @@ pub struct KeySearch<'a> {
     /// The cursor is a page's first row, and the page before it is wanted.
     pub backward: bool,
     pub limit: i64,
+    /// Only keys whose task this matches too (its cursor and order aside): each key's task
+    /// is read as the keys are walked, so the walk is bounded by the prefix's keys.
+    pub filter: Option<&'a ListFilter>,
+}
+
+/// The key search's join to each key's task and `filter`'s conditions on it, when it
+/// narrows anything (without, no task is read until the page's).
+fn push_key_filter(q: &mut QueryBuilder<Postgres>, filter: Option<&ListFilter>) {
+    let Some(filter) = filter.filter(|f| narrows(f)) else { return };
+    q.push(" AND EXISTS (SELECT 1 FROM all_tasks t WHERE t.id = k.task_id AND t.biz_type_id = k.biz_type_id");
+    if let Some(status) = status_condition(filter) {
+        q.push(" AND ").push(status);
+    }
+    push_conditions(q, filter);
+    q.push(")");
 }
 
 /// The first string after every string that starts with `prefix`, in code point order (the
@@ -361,8 +461,8 @@ fn push_key_range(q: &mut QueryBuilder<Postgres>, prefix: &str) {
     }
 }
 
-/// The tasks holding keys that start with `search.prefix` (a key's current task), ordered
-/// by key and then biz type. Each biz type's keys are a range of task_keys_prefix_idx, walked
+/// The tasks holding keys that start with `search.prefix` (a key's current task) that
+/// `search.filter` matches, ordered by key and then biz type. Each biz type's keys are a range of task_keys_prefix_idx, walked
 /// from the cursor for a page and merged; each task is then read by id (a probe of each
 /// partition's primary key, as `read`).
 pub async fn search_keys(pool: &Pool, search: &KeySearch<'_>) -> Result<Page, Error> {
@@ -376,6 +476,7 @@ pub async fn search_keys(pool: &Pool, search: &KeySearch<'_>) -> Result<Page, Er
                  SELECT k.biz_type_id, k.key, k.task_id FROM task_keys k WHERE k.biz_type_id = bt.id",
     );
     push_key_range(&mut q, search.prefix);
+    push_key_filter(&mut q, search.filter);
     if let Some((biz_type_id, key)) = &after {
         q.push(format_args!(" AND k.key COLLATE \"C\" {beyond}= ")).push_bind(key.clone());
         q.push(format_args!(" AND (k.key COLLATE \"C\" {beyond} ")).push_bind(key.clone());
@@ -403,12 +504,14 @@ pub async fn search_keys(pool: &Pool, search: &KeySearch<'_>) -> Result<Page, Er
     Ok(Page { items, next_cursor, prev_cursor })
 }
 
-/// How many keys start with `search.prefix` (in its biz type, or all), at most
-/// `COUNT_CAP + 1`: a range of task_keys_prefix_idx per biz type.
+/// How many keys start with `search.prefix` (in its biz type, or all) whose task
+/// `search.filter` matches, at most `COUNT_CAP + 1`: a range of task_keys_prefix_idx per
+/// biz type, each key's task read when there is a filter.
 pub async fn count_keys(pool: &Pool, search: &KeySearch<'_>) -> Result<i64, Error> {
     let mut q: QueryBuilder<Postgres> =
         QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM biz_types bt JOIN task_keys k ON k.biz_type_id = bt.id WHERE true");
     push_key_range(&mut q, search.prefix);
+    push_key_filter(&mut q, search.filter);
     if let Some(id) = search.biz_type_id {
         q.push(" AND bt.id = ").push_bind(id);
     }

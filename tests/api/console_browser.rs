@@ -288,8 +288,8 @@ async fn a_tasks_history_after_two_replays_reads_in_order_and_reloads_repeat_not
 }
 
 /// Finding one task among thousands by the start of its key, as a support person would:
-/// type the start, narrow to its biz type, page on and back, then open the one wanted. The
-/// search stays in the address, to be shared.
+/// type the start, narrow to its biz type, page on and back, then type the whole key wanted,
+/// which opens its task. The search stays in the address, to be shared.
 #[tokio::test]
 async fn a_task_is_found_by_its_key_prefix_among_thousands() {
     let app = crate::helpers::spawn_app().await;
@@ -323,10 +323,9 @@ async fn a_task_is_found_by_its_key_prefix_among_thousands() {
     assert_eq!(browser.texts("#tasks tbody tr td code").await[0], "order-1200");
     browser.screenshot(shot("find-by-key.png")).await;
 
+    // A whole key one task holds opens that task.
     browser.fill("#filter input[name=q]", "order-1234").await;
     browser.submit("#filter").await;
-    assert_eq!(browser.texts("#tasks tbody tr td code").await, ["order-1234"]);
-    browser.click("#tasks tbody tr a").await;
     assert!(browser.current_url().await.contains("/console/tasks/0"), "{}", browser.current_url().await);
     assert!(browser.source().await.contains("order-1234"));
     browser.close().await;
@@ -481,5 +480,76 @@ async fn a_bulk_cancel_lands_on_its_operation_and_its_tasks_link_back() {
     assert_eq!(browser.current_url().await, format!("{}/console/tasks/{}", app.address, ids[0]));
     browser.click(&format!("#attempts tr.mark a[href='{}']", operation.trim_start_matches(&app.address))).await;
     assert_eq!(browser.current_url().await, operation);
+    browser.close().await;
+}
+
+/// The support scenario with the combined search, as a support person walks it: a customer
+/// quotes order 10042; typed in the key box it finds no key, and the page offers the
+/// payloads holding it (across biz types, saying how that search is bounded); the task
+/// found failed against a broken receiver, as its page says; the receiver is fixed, the
+/// task replayed from its page, and its page then says it was delivered. Then the other
+/// failed tasks of that key prefix are found with the box and the state together, all
+/// selected with one box; "Cancel selected" asks first (declined: nothing changes), and
+/// "Replay selected" delivers them.
+#[tokio::test]
+async fn support_finds_reads_fixes_replays_and_confirms_delivery_with_the_combined_search() {
+    let app = spawn_node().await;
+    let receiver = Receiver::start(vec![], Answer::status(500)).await;
+    let settings = chime::biz_types::Settings { callback_url: Some(receiver.url.clone()), max_attempts: Some(1), ..Default::default() };
+    chime::biz_types::create(&app.pool, "payments", &settings, chime::callback_hosts::CallbackHosts::Any).await.unwrap();
+    let payments = chime::biz_types::create_token(&app.pool, "payments").await.unwrap();
+    let invoices = app.biz_type("invoices").await;
+    let mut ids = vec![];
+    for i in 0..4 {
+        let task = app.create_task(&payments, json!({"biz_type": "payments", "key": format!("pay-{i}"), "payload": {"order_id": 10040 + i}})).await;
+        ids.push(task["id"].as_str().unwrap().to_string());
+    }
+    app.create_task(&invoices, json!({"biz_type": "invoices", "key": "inv-1", "delay_ms": 3_600_000, "payload": {"order_id": 7}})).await;
+    wait_count(&app, "failed", 4).await;
+    chime::users::create(&app.pool, "helen", "support", "support-password").await.unwrap();
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "helen", "support-password").await;
+
+    // Find: the number is no key; the page offers the payloads holding it.
+    browser.goto("/console/tasks").await;
+    browser.fill("#filter input[name=q]", "10042").await;
+    browser.submit("#filter").await;
+    assert_eq!(browser.text("p.empty").await, "No task matches.");
+    assert!(browser.text("#hints").await.contains("payloads with order_id = 10042"), "{}", browser.text("#hints").await);
+    browser.click("#hints a").await;
+    assert_eq!(browser.texts("#tasks tbody tr td code").await, ["pay-2"]);
+    assert!(browser.text("#bound").await.starts_with("Across every biz type a payload search reads the payload index"));
+    // Read: why it failed.
+    browser.click("#tasks tbody tr a").await;
+    assert!(browser.current_url().await.ends_with(&format!("/console/tasks/{}", ids[2])), "{}", browser.current_url().await);
+    assert!(browser.text("#attempts").await.contains("500"), "{}", browser.text("#attempts").await);
+    // Fix, replay, confirm delivered.
+    receiver.answer_with(Answer::status(200));
+    browser.submit("#replay").await;
+    assert!(browser.text(".flash").await.contains("Task replayed"));
+    crate::helpers::wait_until("pay-2 delivered", Duration::from_secs(30), || async { task_status(&app, &ids[2]).await == "succeeded" }).await;
+    browser.goto(&format!("/console/tasks/{}", ids[2])).await;
+    assert_eq!(browser.text("#status").await, "succeeded");
+
+    // The rest of that prefix's failed tasks: the box and the state together.
+    browser.goto("/console/tasks").await;
+    browser.fill("#filter input[name=q]", "pay-").await;
+    browser.select("#filter select[name=status]", "failed").await;
+    browser.submit("#filter").await;
+    assert_eq!(browser.texts("#tasks tbody tr td code").await, ["pay-0", "pay-1", "pay-3"]);
+    assert!(browser.text("#count").await.starts_with("3 keys start with pay- and match the filters"), "{}", browser.text("#count").await);
+    browser.check("#select-all", true).await;
+    let ticked = "return document.querySelectorAll('input[name=id][form=selected]:checked').length";
+    assert_eq!(browser.execute(ticked).await, json!(3), "one box selects every row");
+    // Cancel asks first; declined, nothing changes.
+    browser.execute("window.confirm = (q) => { window.asked = q; return false; }").await;
+    browser.click("#selected button[value=cancel]").await;
+    assert_eq!(browser.execute("return window.asked").await, json!("Cancel the 3 selected tasks? They will not be delivered."));
+    assert_eq!(count(&app, "failed").await, 3);
+    browser.click("#selected button[value=replay]").await;
+    assert_eq!(browser.text(".flash").await, "Replayed 3 of 3 selected tasks.");
+    wait_count(&app, "succeeded", 4).await;
+    browser.goto("/console/tasks?q=pay-&status=succeeded").await;
+    assert_eq!(browser.texts("#tasks tbody tr td code").await, ["pay-0", "pay-1", "pay-2", "pay-3"]);
     browser.close().await;
 }

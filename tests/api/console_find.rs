@@ -106,7 +106,10 @@ async fn a_key_prefix_finds_its_keys_in_one_biz_type_or_all_paging_both_ways() {
     let billing_only = ok(&admin, "/console/tasks?biz_type=billing&q=order").await;
     assert_eq!(keys(&billing_only), ["order-050", "orders-x"]);
     assert!(billing_only.body.contains("name=\"q\" value=\"order\""));
-    assert_eq!(keys(&ok(&admin, "/console/tasks?q=order-119").await), ["order-119"]);
+    // A whole key that one task holds opens it (see `an_exact_key_opens…`).
+    let exact = admin.get("/console/tasks?q=order-119").await;
+    assert_eq!(exact.status, 303, "{}", exact.body);
+    assert!(exact.location().starts_with("/console/tasks/0"), "{}", exact.location());
     assert!(ok(&admin, "/console/tasks?q=order-2").await.body.contains("No task matches."));
     // `_` and `%` are characters, not patterns.
     assert!(ok(&admin, "/console/tasks?q=order_").await.body.contains("No task matches."));
@@ -140,7 +143,8 @@ async fn an_id_prefix_finds_the_task_and_a_whole_id_opens_it() {
     assert!(page.body.contains("keys start with") && page.body.contains("No task matches."), "{}", page.body);
 }
 
-/// "Payload contains" takes JSON or `field = value` (nested with dots), within a biz type.
+/// "Payload contains" takes JSON or `field = value` (nested with dots), within a biz type or
+/// across every biz type (there bounded, and the page says how).
 #[tokio::test]
 async fn a_payload_search_finds_what_the_payload_contains_within_a_biz_type() {
     let app = spawn_app().await;
@@ -163,10 +167,166 @@ async fn a_payload_search_finds_what_the_payload_contains_within_a_biz_type() {
     assert!(keys(&page).iter().all(|k| k[1..].parse::<u32>().unwrap() % 3 == 1));
     let page = ok(&admin, &format!("/console/tasks?biz_type=orders&payload={}", urlencoding(r#"order_id = "7""#))).await;
     assert!(page.body.contains("No task matches."), "a string is not a number");
-    // Across every biz type it would read every task: refused, with what to do.
-    let page = admin.get(&format!("/console/tasks?payload={}", urlencoding("order_id = 7"))).await;
-    assert_eq!(page.status, 422);
-    assert!(page.body.contains("payload: choose a biz type too"), "{}", page.body);
+    // Across every biz type: from the payload index, bounded, and the page says how.
+    let page = ok(&admin, &format!("/console/tasks?payload={}", urlencoding("order_id = 7"))).await;
+    let mut found = keys(&page);
+    found.sort();
+    assert_eq!(found, ["b", "o07"]);
+    assert_eq!(count(&page), "2");
+    let bound = page.body.split("<p id=\"bound\" class=\"muted\">").nth(1).unwrap_or_else(|| panic!("no bound: {}", page.body));
+    assert!(
+        bound.starts_with("Across every biz type a payload search reads the payload index") && bound.contains("at most 10,000 matches"),
+        "{bound}"
+    );
+    // With a state, a window and the box too.
+    let page = ok(&admin, &format!("/console/tasks?payload={}&status=pending&q=o0", urlencoding("order_id = 7"))).await;
+    assert_eq!(keys(&page), ["o07"]);
+    assert!(ok(&admin, &format!("/console/tasks?payload={}&status=failed", urlencoding("order_id = 7"))).await.body.contains("No task matches."));
+}
+
+/// The box combines with every other field: a key's start (or an id's) with the state, the
+/// due window and the payload, in one biz type or all; the count says that both matched.
+#[tokio::test]
+async fn the_key_box_combines_with_state_due_time_and_payload() {
+    let app = spawn_app().await;
+    let orders = app.biz_type("orders").await;
+    let billing = app.biz_type("billing").await;
+    let base = Utc::now() + Duration::hours(1);
+    let items: Vec<Value> = (0..8)
+        .map(|i| {
+            let shop = if i % 2 == 0 { "north" } else { "south" };
+            json!({"biz_type": "orders", "key": format!("order-{i}"), "run_at": (base + Duration::minutes(i)).to_rfc3339(),
+                   "payload": {"order_id": 10040 + i, "shop": shop}})
+        })
+        .collect();
+    let made = create(&app, &orders, items).await;
+    create(&app, &billing, vec![json!({"biz_type": "billing", "key": "order-9", "payload": {"order_id": 10042}})]).await;
+    for i in [1, 3, 5] {
+        app.force_status(&made[i], "failed").await;
+    }
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let page = ok(&admin, "/console/tasks?q=order-&status=failed").await;
+    assert_eq!(keys(&page), ["order-1", "order-3", "order-5"]);
+    assert!(page.body.contains("3 keys start with <code>order-</code> and match the filters (in key order)"), "{}", page.body);
+    let (from, to) = (
+        (base + Duration::minutes(2)).format("%Y-%m-%d %H:%M:%S").to_string(),
+        (base + Duration::minutes(5)).format("%Y-%m-%d %H:%M:%S").to_string(),
+    );
+    let window = format!("from={}&to={}", urlencoding(&from), urlencoding(&to));
+    assert_eq!(keys(&ok(&admin, &format!("/console/tasks?q=order-&{window}")).await), ["order-2", "order-3", "order-4"]);
+    assert_eq!(keys(&ok(&admin, &format!("/console/tasks?q=order-&{window}&status=failed")).await), ["order-3"]);
+    let south = format!("payload={}", urlencoding("shop = south"));
+    assert_eq!(keys(&ok(&admin, &format!("/console/tasks?q=order-&{south}")).await), ["order-1", "order-3", "order-5", "order-7"]);
+    assert_eq!(keys(&ok(&admin, &format!("/console/tasks?q=order-&{south}&status=pending&order=newest")).await), ["order-7"]);
+    let page = ok(&admin, &format!("/console/tasks?q=order&payload={}", urlencoding("order_id = 10042"))).await;
+    assert_eq!(keys(&page), ["order-2", "order-9"], "in either biz type");
+    assert_eq!(keys(&ok(&admin, &format!("/console/tasks?q=order&biz_type=billing&payload={}", urlencoding("order_id = 10042"))).await), ["order-9"]);
+    // The count is the filtered one, and pages keep every filter.
+    assert_eq!(count(&ok(&admin, "/console/tasks?q=order-&status=pending").await), "6", "order-9 of billing too");
+
+    // An id's start with a state and a biz type: the failed ones among those made together.
+    let page = ok(&admin, &format!("/console/tasks?q={}&status=failed&biz_type=orders", &made[3][..8])).await;
+    let mut failed = vec![made[1].clone(), made[3].clone(), made[5].clone()];
+    failed.sort();
+    assert_eq!(ids(&page), failed);
+    assert!(page.body.contains("3 task ids start with") && page.body.contains("and match the filters"), "{}", page.body);
+}
+
+/// The link of the hint whose text holds `text` (HTML-unescaped).
+fn hint_link(page: &Page, text: &str) -> String {
+    let at = page.body.find(text).unwrap_or_else(|| panic!("no hint {text}: {}", page.body));
+    let start = page.body[..at].rfind("<a href=\"").unwrap() + 9;
+    page.body[start..].split('"').next().unwrap().replace("&amp;", "&").replace("&#38;", "&")
+}
+
+/// A whole key that one task holds opens that task; a key that nothing starts with says
+/// what may find it instead: the same text in the other case (keys are case-sensitive),
+/// the key without the other filters, and the payloads' fields holding the text typed.
+#[tokio::test]
+async fn an_exact_key_opens_its_task_and_a_miss_says_what_to_try() {
+    let app = spawn_app().await;
+    let orders = app.biz_type("orders").await;
+    let made = create(
+        &app,
+        &orders,
+        vec![
+            json!({"biz_type": "orders", "key": "order-7", "payload": {"order_id": 10042, "ref": "A-1", "lines": [1]}}),
+            json!({"biz_type": "orders", "key": "order-70", "payload": {"order_id": 10070, "ref": "A-2"}}),
+        ],
+    )
+    .await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let page = admin.get("/console/tasks?q=order-70").await;
+    assert_eq!((page.status, page.location()), (303, format!("/console/tasks/{}", made[1]).as_str()));
+    let flash = page.headers.get("set-cookie").map(|c| c.to_str().unwrap().to_string());
+    assert!(flash.is_some_and(|c| c.starts_with("chime_flash=")), "the task page says why it opened");
+    // A whole key that starts others too lists them all.
+    assert_eq!(keys(&ok(&admin, "/console/tasks?q=order-7").await), ["order-7", "order-70"]);
+    assert_eq!(admin.get("/console/tasks?q=order-7&status=pending&biz_type=orders").await.status, 200, "two still match");
+
+    // The other case.
+    let page = ok(&admin, "/console/tasks?q=ORDER-7").await;
+    assert!(page.body.contains("No task matches."), "{}", page.body);
+    assert!(page.body.contains("<code>order-7</code>: 2 keys (keys are case-sensitive)"), "{}", page.body);
+    assert_eq!(keys(&ok(&admin, &hint_link(&page, "<code>order-7</code>: 2 keys")).await), ["order-7", "order-70"]);
+    // The key without the other filters.
+    let page = ok(&admin, "/console/tasks?q=order-7&status=failed&biz_type=orders").await;
+    assert!(page.body.contains("2 keys start with <code>order-7</code> when the state, due and other filters are left out"), "{}", page.body);
+    let link = hint_link(&page, "when the state, due and other filters");
+    assert!(link.contains("biz_type=orders") && !link.contains("status=failed"), "{link}");
+    // A number no key starts with: the payloads' fields holding it, as a number where the
+    // field held numbers, as text where it held text; following one finds the task.
+    let page = ok(&admin, "/console/tasks?q=10042").await;
+    assert!(page.body.contains("payloads with <code>order_id = 10042</code>"), "{}", page.body);
+    assert!(page.body.contains("payloads with <code>ref = &quot;10042&quot;</code>"), "{}", page.body);
+    assert!(!page.body.contains("lines = "), "a list is not offered");
+    let found = ok(&admin, &hint_link(&page, "payloads with <code>order_id = 10042</code>")).await;
+    assert_eq!(keys(&found), ["order-7"]);
+    assert!(found.body.contains("name=\"payload\" value=\"order_id = 10042\"") && found.body.contains("name=\"q\" value=\"\""), "{}", found.body);
+    // No payload to learn fields from: the advice, without a link.
+    let empty = spawn_app().await;
+    empty.biz_type("orders").await;
+    let admin = sign_in(&empty, "admin", ADMIN_PASSWORD).await;
+    let page = ok(&admin, "/console/tasks?q=10042").await;
+    assert!(page.body.contains("To search payloads for it, write <code>field = 10042</code> in Payload contains."), "{}", page.body);
+}
+
+/// A filter the list cannot take keeps the list page: an unknown biz type is not found
+/// (404) on the list itself, with the menu, the search as typed and the error beside the
+/// field; a due window that ends where or before it starts is refused at `to`; the page
+/// then says nothing was searched, not that nothing matches; quoted names show as code;
+/// times are typed as text in UTC (no browser picker with its locale's 12-hour clock).
+#[tokio::test]
+async fn a_refused_filter_keeps_the_page_and_the_search_and_says_why() {
+    let app = spawn_app().await;
+    app.biz_type("orders").await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let page = admin.get("/console/tasks?biz_type=nope&q=order&status=failed").await;
+    assert_eq!(page.status, 404, "{}", page.body);
+    assert!(page.body.contains("<nav>") && page.body.contains("href=\"/console/audit\""), "the menu: {}", page.body);
+    assert!(page.body.contains("data-field=\"biz_type\">biz_type: no biz type is named <code>nope</code>"), "{}", page.body);
+    assert!(page.body.contains("<option value=\"nope\" selected>nope (no such biz type)</option>"), "{}", page.body);
+    assert!(page.body.contains("name=\"q\" value=\"order\"") && page.body.contains("<option value=\"failed\" selected>"), "{}", page.body);
+    assert!(page.body.contains("Nothing was searched: correct the field marked above.") && !page.body.contains("No task matches"), "{}", page.body);
+
+    for (from, to) in [("2026-11-22T10:00", "2026-11-22+09:00"), ("2026-11-22+10:00", "2026-11-22T10:00")] {
+        let page = admin.get(&format!("/console/tasks?status=failed&from={from}&to={to}")).await;
+        assert_eq!(page.status, 422, "{}", page.body);
+        assert!(
+            page.body.contains("data-field=\"to\">to: is not after from (<code>2026-11-22 10:00</code> to <code>2026-11-22 ")
+                && page.body.contains("nothing is due in that window; swap them or widen it"),
+            "{}",
+            page.body
+        );
+        assert!(page.body.contains("Nothing was searched") && !page.body.contains("No task matches"), "{}", page.body);
+        assert!(!page.body.contains("id=\"bulk-replay\""), "no bulk action on a refused filter");
+    }
+    let page = ok(&admin, "/console/tasks").await;
+    assert!(!page.body.contains("datetime-local"), "no locale picker");
+    assert!(page.body.contains("placeholder=\"2026-11-22 09:30\""), "{}", page.body);
 }
 
 /// Writes tasks `first ..= last` straight into the partitions, as the years would leave
@@ -335,6 +495,10 @@ async fn finding_tasks_among_a_large_table() {
         ("key prefix, all, 10,000+ match", "/console/tasks?q=orders-".to_string()),
         ("id prefix (12 digits)", format!("/console/tasks?q={}", &some_id[..13])),
         ("payload contains, one biz type", format!("/console/tasks?biz_type={biz_type}&payload={}", urlencoding(&format!("order_id = {target}")))),
+        ("payload contains, all biz types", format!("/console/tasks?payload={}", urlencoding(&format!("order_id = {target}")))),
+        // Failed tasks are task n with n % 20 == 5, all of billing (slot 2).
+        ("key prefix + failed, all biz types", "/console/tasks?q=billing-1&status=failed".to_string()),
+        ("key prefix + failed, none match", format!("/console/tasks?q={biz_type}-1&status=failed")),
     ];
     let mut pages = vec![];
     for (name, path) in &searches {
@@ -363,6 +527,13 @@ async fn finding_tasks_among_a_large_table() {
     assert!(keys(&pages[7]).iter().all(|k| k.starts_with("orders-")) && count(&pages[7]) == "10,000+");
     assert!(ids(&pages[8]).contains(&some_id) && ids(&pages[8]).iter().all(|id| id.starts_with(&some_id[..13])));
     assert_eq!(keys(&pages[9]), [format!("{biz_type}-{target}")]);
+    assert_eq!(keys(&pages[10]), [format!("{biz_type}-{target}")]);
+    let failed = keys(&pages[11]);
+    assert!(
+        failed.len() == 50 && failed.iter().all(|k| k.starts_with("billing-1") && k.rsplit('-').next().unwrap().parse::<i64>().unwrap() % 20 == 5),
+        "{failed:?}"
+    );
+    assert!(biz_type == "billing" || keys(&pages[12]).is_empty(), "{biz_type} has no failed task");
 }
 
 /// What the search indexes cost at insert: 100,000 keyed tasks with a payload created

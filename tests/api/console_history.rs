@@ -238,6 +238,44 @@ async fn selected_rows_are_changed_by_the_single_actions_rules() {
     assert_eq!(page.status, 403, "no CSRF token: {}", page.body);
 }
 
+/// The skip report groups tasks by why they were skipped and names them by key, as a
+/// warning: twelve succeeded tasks replayed by support read as one reason with the first
+/// ten keys and a count, in warning colours, not a green list of twelve ids; a report with
+/// nothing skipped stays a plain message. The list offers a box that selects every row,
+/// and "Cancel selected" asks first (console.js, as the single cancel does).
+#[tokio::test]
+async fn skipped_rows_are_grouped_by_reason_named_by_key_and_warned() {
+    let app = spawn_app().await;
+    let token = app.biz_type("orders").await;
+    let support = support_user(&app).await;
+    let mut ids = vec![];
+    for i in 0..13 {
+        let t = app.create_task(&token, json!({"biz_type": "orders", "key": format!("inv-{i:02}"), "delay_ms": 600000})).await;
+        let id = t["id"].as_str().unwrap().to_string();
+        app.force_status(&id, if i < 12 { "succeeded" } else { "failed" }).await;
+        ids.push(id);
+    }
+    let list = support.get("/console/tasks").await;
+    assert!(list.body.contains(r#"id="select-all" aria-label="select every row on this page" hidden"#), "{}", list.body);
+    assert!(list.body.contains(r#"value="cancel" class="danger" data-confirm="Cancel the {n} selected tasks?"#), "{}", list.body);
+
+    let mut form = vec![("action", "replay")];
+    form.extend(ids.iter().map(|id| ("id", id.as_str())));
+    let (page, _) = support.post_and_follow("/console/tasks/selected", &form).await;
+    let flash = page.body.split("<p class=\"flash warning\" role=\"status\">").nth(1).unwrap_or_else(|| panic!("no warning: {}", page.body));
+    let flash = flash.split("</p>").next().unwrap();
+    let keys: Vec<String> = (0..10).map(|i| format!("<code>inv-{i:02}</code>")).collect();
+    assert!(
+        flash.starts_with(&format!("Replayed 1 of 13 selected tasks. Skipped 12: {} and 2 more (this task succeeded", keys.join(", "))),
+        "{flash}"
+    );
+    assert_eq!(flash.matches("this task succeeded").count(), 1, "one reason, said once: {flash}");
+    assert!(!flash.contains(&ids[0]), "named by key, not id: {flash}");
+
+    let (page, _) = support.post_and_follow("/console/tasks/selected", &[("action", "cancel"), ("id", &ids[12])]).await;
+    assert!(page.body.contains("<p class=\"flash\" role=\"status\">Cancelled 1 of 1 selected task.</p>"), "{}", page.body);
+}
+
 /// A running pull task shows the receipt holding it and its lease end; an admin can
 /// release it (pending again at once, the lost attempt recorded, audited) only while
 /// that receipt still holds it; the consumer's late ack is then refused; support cannot.

@@ -56,6 +56,9 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         breaker_probe_ms: flags.breaker_probe_ms,
         paused,
         failure_url: flags.failure_url,
+        chat_platform: flags.chat_platform,
+        chat_url: flags.chat_url,
+        chat_secret: flags.chat_secret,
     }
 }
 
@@ -92,7 +95,7 @@ fn describe(b: &BizType) -> String {
             n => format!("breaker {n} failures in {}ms, probe every {}ms", b.breaker_window_ms, b.breaker_probe_ms),
         },
         failure = b.failure_url.as_deref().unwrap_or("nowhere"),
-    )
+    ) + &b.chat_platform.as_ref().map(|p| format!(", chat notices to {p}")).unwrap_or_default()
 }
 
 pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {

@@ -257,6 +257,26 @@ pub struct ServeArgs {
     /// never migrate.
     #[arg(long, env = "CHIME_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub auto_migrate: bool,
+
+    /// The console's base URL as its users reach it (`https://chime.example.com`, or with a
+    /// path prefix behind a proxy), for the links in chat notices [default: unset: chat
+    /// notices carry no link]. An http:// or https:// URL with a host, without a query or
+    /// fragment.
+    #[arg(long, env = "CHIME_PUBLIC_URL", value_parser = parse_public_url)]
+    pub public_url: Option<String>,
+}
+
+/// `--public-url`: an http(s) URL with a host and neither query nor fragment, kept without
+/// its trailing `/` so that paths can be appended.
+pub fn parse_public_url(raw: &str) -> Result<String, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("not a URL ({e}): give the console's base URL, e.g. https://chime.example.com"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err("must be an http:// or https:// URL with a host".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() || url.password().is_some() {
+        return Err("must have no query, fragment or credentials: the console's base URL, e.g. https://chime.example.com".into());
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
 /// The defaults without reading the environment (tests build settings from this).
@@ -288,6 +308,7 @@ impl Default for ServeArgs {
             engine: true,
             deny_private_callbacks: false,
             auto_migrate: true,
+            public_url: None,
         }
     }
 }
@@ -408,6 +429,17 @@ pub struct BizTypeFlags {
     /// across the cluster [default: 5000].
     #[arg(long)]
     pub breaker_probe_ms: Option<i32>,
+    /// Also send notices to a chat tool, in its own format: `dingtalk`, `feishu`, `wecom` or
+    /// `slack`; "" stops them [default: none].
+    #[arg(long)]
+    pub chat_platform: Option<String>,
+    /// The chat tool's incoming webhook URL (http or https), with --chat-platform.
+    #[arg(long)]
+    pub chat_url: Option<String>,
+    /// The robot's signing secret (DingTalk's starts with `SEC`; Feishu), if it signs; ""
+    /// removes it. Prefer the environment to the flag, which others on the machine can see.
+    #[arg(long, env = "CHIME_CHAT_SECRET", hide_env_values = true)]
+    pub chat_secret: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -63,6 +63,17 @@ pub struct Form {
     pub breaker_window_ms: String,
     #[serde(default)]
     pub breaker_probe_ms: String,
+    /// `dingtalk`, `feishu`, `wecom`, `slack`, or empty: none.
+    #[serde(default)]
+    pub chat_platform: String,
+    #[serde(default)]
+    pub chat_url: String,
+    /// Never shown back: empty keeps the secret set.
+    #[serde(default)]
+    pub chat_secret: String,
+    /// A checkbox: present ("on") to remove the secret set.
+    #[serde(default)]
+    pub chat_secret_remove: String,
 }
 
 impl Form {
@@ -92,6 +103,11 @@ impl Form {
             breaker_threshold: b.breaker_threshold.to_string(),
             breaker_window_ms: b.breaker_window_ms.to_string(),
             breaker_probe_ms: b.breaker_probe_ms.to_string(),
+            chat_platform: b.chat_platform.clone().unwrap_or_default(),
+            // Its key is in the URL (WeCom, DingTalk, Slack): only admins see more than the host.
+            chat_url: b.chat_url.as_deref().map(|u| if admin { u.to_string() } else { chat_host(u) }).unwrap_or_default(),
+            chat_secret: String::new(),
+            chat_secret_remove: String::new(),
         }
     }
 
@@ -159,8 +175,25 @@ impl Form {
             paused: None,
             // Empty: no failure notices.
             failure_url: Some(self.failure_url.trim().to_string()),
+            // Empty: no chat notices.
+            chat_platform: Some(self.chat_platform.trim().to_string()),
+            chat_url: Some(self.chat_url.trim().to_string()),
+            chat_secret: match self.chat_secret.trim() {
+                _ if !self.chat_secret_remove.is_empty() => Some(String::new()),
+                "" => None,
+                secret => Some(secret.to_string()),
+            },
         };
         (settings, problems)
+    }
+}
+
+/// A chat webhook URL as support staff see it: its scheme and host, not the key in its path
+/// or query.
+fn chat_host(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => format!("{}://{}/…", u.scheme(), u.host_str().unwrap_or("")),
+        Err(_) => "…".into(),
     }
 }
 

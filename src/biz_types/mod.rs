@@ -206,7 +206,7 @@ impl Settings {
         if let Some(platform) = self.chat_platform.as_deref().filter(|p| !p.is_empty())
             && !CHAT_PLATFORMS.iter().any(|(p, _)| *p == platform)
         {
-            problems.push(Error::invalid("chat_platform", "must be `dingtalk`, `feishu`, `wecom` or `slack` (or \"\" for none)"));
+            problems.push(Error::invalid("chat_platform", "must be `dingtalk`, `feishu`, `wecom` or `slack` (or empty: none)"));
         }
         if let Some(url) = self.chat_url.as_deref().filter(|u| !u.is_empty()) {
             problems.extend(validate_url("chat_url", url, hosts).err());
@@ -439,7 +439,7 @@ impl BizType {
         }
         match (&self.chat_platform, &self.chat_url) {
             (Some(_), None) => {
-                problems.push(Error::invalid("chat_url", "is required with a chat_platform (\"\" as chat_platform stops chat notices)"))
+                problems.push(Error::invalid("chat_url", "is required with a chat_platform (an empty chat_platform stops chat notices)"))
             }
             (None, Some(_)) => {
                 problems.push(Error::invalid("chat_platform", "is required with a chat_url: `dingtalk`, `feishu`, `wecom` or `slack`"))

@@ -580,7 +580,18 @@ mod tests {
         assert_eq!(vars, ["CHIME_DATA_DIR", "CHIME_LOG_FORMAT", "CHIME_NODE_CAPACITY", "CHIME_SECRET_KEY_FILE"]);
         let keys = file_keys();
         assert!(keys.iter().all(|(key, var)| !key.contains('-') && !var.is_empty()), "{keys:?}");
-        assert_eq!(keys.len(), 30, "{keys:?}");
+        assert_eq!(keys.len(), 31, "{keys:?}");
+    }
+
+    #[test]
+    fn the_public_url_is_an_http_base_url_kept_without_its_trailing_slash() {
+        assert_eq!(parse_public_url("https://chime.example.com/").unwrap(), "https://chime.example.com");
+        assert_eq!(parse_public_url("http://10.0.0.1:8080/ops/").unwrap(), "http://10.0.0.1:8080/ops");
+        for bad in ["chime.example.com", "ftp://h.test/", "https://h.test/?a=1", "https://h.test/#x", "https://u:p@h.test/"] {
+            assert!(parse_public_url(bad).is_err(), "{bad}");
+        }
+        let refused = Cli::try_parse_from(["chime", "serve", "--public-url", "console.example.com"]).unwrap_err().to_string();
+        assert!(refused.contains("--public-url") && refused.contains("not a URL"), "{refused}");
     }
 
     #[test]

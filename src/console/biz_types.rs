@@ -105,7 +105,7 @@ impl Form {
             breaker_probe_ms: b.breaker_probe_ms.to_string(),
             chat_platform: b.chat_platform.clone().unwrap_or_default(),
             // Its key is in the URL (WeCom, DingTalk, Slack): only admins see more than the host.
-            chat_url: b.chat_url.as_deref().map(|u| if admin { u.to_string() } else { chat_host(u) }).unwrap_or_default(),
+            chat_url: b.chat_url.as_deref().map(|u| if admin { u.to_string() } else { audit::masked_webhook(u) }).unwrap_or_default(),
             chat_secret: String::new(),
             chat_secret_remove: String::new(),
         }
@@ -185,15 +185,6 @@ impl Form {
             },
         };
         (settings, problems)
-    }
-}
-
-/// A chat webhook URL as support staff see it: its scheme and host, not the key in its path
-/// or query.
-fn chat_host(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(u) => format!("{}://{}/…", u.scheme(), u.host_str().unwrap_or("")),
-        Err(_) => "…".into(),
     }
 }
 

@@ -257,6 +257,21 @@ async fn release(pool: &Pool, channel: &Channel) -> Result<(), sqlx::Error> {
         .map(drop)
 }
 
+/// Deletes the rows made before `before` that no message will tell of: their biz type's chat
+/// tool was removed, or the biz type archived (retention: their tasks are retired by then).
+/// Returns how many.
+pub async fn forget_unsendable(pool: &Pool, before: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+    // Locks the rows it deletes; no sender takes a row of a biz type without a chat tool.
+    Ok(crate::db::query(
+        "DELETE FROM chat_notices n USING biz_types b
+          WHERE b.id = n.biz_type_id AND (b.chat_url IS NULL OR b.archived_at IS NOT NULL) AND n.created_at < $1",
+    )
+    .bind(before)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
 /// What a message needs besides its news: where the console is.
 pub struct Context<'a> {
     pub client: &'a reqwest::Client,

@@ -391,3 +391,23 @@ async fn bad_chat_settings_are_refused_naming_the_field() {
     let stopped = app.patch("/api/v1/admin/biz-types/alerts", &admin, json!({"chat_platform": ""})).await;
     assert_eq!((stopped.body["chat_platform"].clone(), stopped.body["chat_url"].clone()), (Value::Null, Value::Null), "{}", stopped.body);
 }
+
+/// Rows no message will tell of (the biz type's chat tool removed) are deleted with
+/// retention; a biz type that still has one keeps its rows.
+#[tokio::test]
+async fn rows_of_a_removed_chat_tool_go_with_retention() {
+    let app = spawn_app().await;
+    let callback = Receiver::start(vec![], Answer::status(500)).await;
+    for name in ["kept", "removed"] {
+        let token = chat_biz_type(&app, name, &callback, "slack", "https://hooks.slack.test/services/x", None).await;
+        fail_tasks(&app, &token, name, 1).await;
+    }
+    biz_types::update(&app.pool, "removed", &Settings { chat_platform: Some(String::new()), ..Default::default() }, CallbackHosts::Any)
+        .await
+        .unwrap();
+    let later = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
+    assert_eq!(chime::chat_notices::forget_unsendable(&app.pool, later).await.unwrap(), 1);
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT b.name FROM chat_notices n JOIN biz_types b ON b.id = n.biz_type_id").fetch_all(&app.pool).await.unwrap();
+    assert_eq!(left, ["kept"]);
+}

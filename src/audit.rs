@@ -45,8 +45,18 @@ pub fn masked_urls(text: &str) -> String {
     out
 }
 
-/// `before` and `after` with their URL fields masked (`masked_url`). A change of the
-/// password alone would mask to the same text, and vanish from the diff: it is marked.
+/// A chat webhook URL (`chat_url`) as the audit log and support staff see it: its scheme and
+/// host, not the robot's key in its path or query (Slack, WeCom, DingTalk).
+pub fn masked_webhook(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => format!("{}://{}/…", u.scheme(), u.host_str().unwrap_or("")),
+        Err(_) => "…".into(),
+    }
+}
+
+/// `before` and `after` with their URL fields masked (`masked_url`, `masked_webhook`). A
+/// change of the password (or the webhook's key) alone would mask to the same text, and
+/// vanish from the diff: it is marked.
 fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option<Value>) {
     let (raw_before, raw_after) = (before.clone(), after.clone());
     let mask = |value: Option<Value>| {
@@ -56,6 +66,9 @@ fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option
                     if let Some(Value::String(url)) = fields.get_mut(field) {
                         *url = masked_url(url);
                     }
+                }
+                if let Some(Value::String(url)) = fields.get_mut("chat_url") {
+                    *url = masked_webhook(url);
                 }
             }
             value
@@ -70,6 +83,14 @@ fn masked(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option
             if password_changed && let Some(Value::String(url)) = a.get_mut(field) {
                 url.push_str(" (password changed)");
             }
+        }
+        let field = "chat_url";
+        if b.get(field) == a.get(field)
+            && raw_before.get(field) != raw_after.get(field)
+            && a.get(field).is_some_and(|u| !u.is_null())
+            && let Some(Value::String(url)) = a.get_mut(field)
+        {
+            url.push_str(" (changed)");
         }
     }
     (before, after)
@@ -507,5 +528,16 @@ mod tests {
         assert_eq!(after["callback_url"], "https://a:•••@h/x (password changed)");
         assert_eq!(after["failure_url"], "https://a:•••@h/f", "unchanged: not marked");
         assert!(!after.to_string().contains("one") && !after.to_string().contains("two"));
+    }
+
+    #[test]
+    fn records_keep_a_chat_webhooks_key_out_and_mark_its_change() {
+        let before = json!({"chat_url": "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=k-one", "name": "n"});
+        let after = json!({"chat_url": "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=k-two", "name": "n"});
+        let (before, after) = masked(Some(before), Some(after));
+        assert_eq!(before.unwrap()["chat_url"], "https://qyapi.weixin.qq.com/…");
+        assert_eq!(after.unwrap()["chat_url"], "https://qyapi.weixin.qq.com/… (changed)");
+        let (_, none) = masked(Some(json!({"chat_url": null})), Some(json!({"chat_url": null})));
+        assert_eq!(none.unwrap()["chat_url"], Value::Null);
     }
 }

@@ -57,6 +57,9 @@ fn settings(flags: BizTypeFlags, paused: Option<bool>) -> Settings {
         paused,
         failure_url: flags.failure_url,
         signing_scheme: flags.signing_scheme,
+        chat_platform: flags.chat_platform,
+        chat_url: flags.chat_url,
+        chat_secret: flags.chat_secret,
     }
 }
 
@@ -94,7 +97,7 @@ fn describe(b: &BizType) -> String {
         },
         failure = b.failure_url.as_deref().unwrap_or("nowhere"),
         signing = if b.signing_scheme == "chime" { String::new() } else { format!(", signed {}", b.signing_scheme) },
-    )
+    ) + &b.chat_platform.as_ref().map(|p| format!(", chat notices to {p}")).unwrap_or_default()
 }
 
 pub async fn migrate(pool: &Pool, args: MigrateArgs) -> anyhow::Result<()> {

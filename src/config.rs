@@ -257,6 +257,26 @@ pub struct ServeArgs {
     /// never migrate.
     #[arg(long, env = "CHIME_AUTO_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub auto_migrate: bool,
+
+    /// The console's base URL as its users reach it (`https://chime.example.com`, or with a
+    /// path prefix behind a proxy), for the links in chat notices [default: unset: chat
+    /// notices carry no link]. An http:// or https:// URL with a host, without a query or
+    /// fragment.
+    #[arg(long, env = "CHIME_PUBLIC_URL", value_parser = parse_public_url)]
+    pub public_url: Option<String>,
+}
+
+/// `--public-url`: an http(s) URL with a host and neither query nor fragment, kept without
+/// its trailing `/` so that paths can be appended.
+pub fn parse_public_url(raw: &str) -> Result<String, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("not a URL ({e}): give the console's base URL, e.g. https://chime.example.com"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err("must be an http:// or https:// URL with a host".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() || url.password().is_some() {
+        return Err("must have no query, fragment or credentials: the console's base URL, e.g. https://chime.example.com".into());
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
 /// The defaults without reading the environment (tests build settings from this).
@@ -288,6 +308,7 @@ impl Default for ServeArgs {
             engine: true,
             deny_private_callbacks: false,
             auto_migrate: true,
+            public_url: None,
         }
     }
 }
@@ -413,6 +434,17 @@ pub struct BizTypeFlags {
     /// across the cluster [default: 5000].
     #[arg(long)]
     pub breaker_probe_ms: Option<i32>,
+    /// Also send notices to a chat tool, in its own format: `dingtalk`, `feishu`, `wecom` or
+    /// `slack`; "" stops them [default: none].
+    #[arg(long)]
+    pub chat_platform: Option<String>,
+    /// The chat tool's incoming webhook URL (http or https), with --chat-platform.
+    #[arg(long)]
+    pub chat_url: Option<String>,
+    /// The robot's signing secret (DingTalk's starts with `SEC`; Feishu), if it signs; ""
+    /// removes it. Prefer the environment to the flag, which others on the machine can see.
+    #[arg(long, env = "CHIME_CHAT_SECRET", hide_env_values = true)]
+    pub chat_secret: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -553,7 +585,18 @@ mod tests {
         assert_eq!(vars, ["CHIME_DATA_DIR", "CHIME_LOG_FORMAT", "CHIME_NODE_CAPACITY", "CHIME_SECRET_KEY_FILE"]);
         let keys = file_keys();
         assert!(keys.iter().all(|(key, var)| !key.contains('-') && !var.is_empty()), "{keys:?}");
-        assert_eq!(keys.len(), 30, "{keys:?}");
+        assert_eq!(keys.len(), 31, "{keys:?}");
+    }
+
+    #[test]
+    fn the_public_url_is_an_http_base_url_kept_without_its_trailing_slash() {
+        assert_eq!(parse_public_url("https://chime.example.com/").unwrap(), "https://chime.example.com");
+        assert_eq!(parse_public_url("http://10.0.0.1:8080/ops/").unwrap(), "http://10.0.0.1:8080/ops");
+        for bad in ["chime.example.com", "ftp://h.test/", "https://h.test/?a=1", "https://h.test/#x", "https://u:p@h.test/"] {
+            assert!(parse_public_url(bad).is_err(), "{bad}");
+        }
+        let refused = Cli::try_parse_from(["chime", "serve", "--public-url", "console.example.com"]).unwrap_err().to_string();
+        assert!(refused.contains("--public-url") && refused.contains("not a URL"), "{refused}");
     }
 
     #[test]

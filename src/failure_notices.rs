@@ -39,6 +39,11 @@
 //! body is `{"event", "biz_type", "breaker"}` (`detail`, written with the row) and they carry
 //! no `Chime-Task-Id`. It is sent by the callback's own code (`engine::deliver::post`): the same
 //! signature (both `v1` during a rotation's overlap), redirects, deny list and answers.
+//!
+//! The sender also sends the biz types' chat notices (`chat_notices`): each poll claims the
+//! chat channels with a message due and sends each as a task of its own, not counted
+//! against `PER_BIZ_TYPE`, so that a chat webhook that hangs holds neither a failure notice
+//! nor another biz type's message.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,6 +55,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use crate::callback_hosts::CallbackHosts;
+use crate::chat_notices::{self, Pace};
 use crate::db::{Health, Pool};
 use crate::engine::BizTypeConfig;
 use crate::engine::deliver;
@@ -240,11 +246,16 @@ pub struct Sender {
     hosts: CallbackHosts,
     client: reqwest::Client,
     stop: Signal,
+    /// How often chat tools hear of failed tasks.
+    chat_pace: Pace,
+    /// The console's base URL as users reach it, for the links in chat notices.
+    public_url: Option<String>,
 }
 
-/// Runs a sender until the node stops (see `Sender::run`).
-pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, stop: Signal) {
-    Sender::start(health, node_id, hosts, stop).run().await
+/// Runs a sender until the node stops (see `Sender::run`); `public_url` is the console's
+/// base URL as users reach it (`--public-url`), for the links in chat notices.
+pub async fn run(health: Health, node_id: Uuid, hosts: CallbackHosts, public_url: Option<String>, stop: Signal) {
+    Sender::start(health, node_id, hosts, stop).with_public_url(public_url).run().await
 }
 
 impl Sender {
@@ -253,7 +264,17 @@ impl Sender {
         // Its own sessions, so that notices never wait behind the API's statements.
         let pool = health.statements_pool(POOL_SIZE);
         let client = hosts.http_client().build().expect("an HTTP client with the ring TLS provider");
-        Sender { pool, health, node_id, hosts, client, stop }
+        Sender { pool, health, node_id, hosts, client, stop, chat_pace: Pace::default(), public_url: None }
+    }
+
+    /// Links chat notices to the console at `url` (without a trailing `/`).
+    pub fn with_public_url(self, url: Option<String>) -> Sender {
+        Sender { public_url: url.map(|u| u.trim_end_matches('/').to_string()), ..self }
+    }
+
+    /// Paces chat notices otherwise than `Pace::default()` (tests).
+    pub fn with_chat_pace(self, chat_pace: Pace) -> Sender {
+        Sender { chat_pace, ..self }
     }
 
     /// Takes turns until the node stops, without waiting for the notices of one turn to be
@@ -282,6 +303,11 @@ impl Sender {
                     let sender = this.clone();
                     let task = sending.spawn(async move { sender.deliver(notice).await });
                     owner.insert(task.id(), biz_type_id);
+                }
+                // Not in `owner`: a chat message counts against no biz type's failure notices.
+                for channel in this.claim_chat().await {
+                    let sender = this.clone();
+                    sending.spawn(async move { sender.deliver_chat(channel).await });
                 }
             }
             // A full claim may leave more due at once; otherwise wait for the poll (or the
@@ -329,6 +355,37 @@ impl Sender {
                 vec![]
             }
         }
+    }
+
+    /// Claims the chat channels with a message due (see `chat_notices::claim`), or none when
+    /// the database cannot be reached.
+    async fn claim_chat(&self) -> Vec<chat_notices::Channel> {
+        if self.stop.is_stopping() {
+            return vec![];
+        }
+        match chat_notices::claim(&self.pool, self.node_id, &self.chat_pace).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                if !self.health.saw(&e) {
+                    tracing::warn!(error = %e, "could not claim chat notices; retrying");
+                }
+                vec![]
+            }
+        }
+    }
+
+    async fn deliver_chat(&self, channel: chat_notices::Channel) {
+        let cx = chat_notices::Context { client: &self.client, hosts: self.hosts, pace: &self.chat_pace, public_url: self.public_url.as_deref() };
+        chat_notices::deliver(&self.pool, &cx, channel).await;
+    }
+
+    /// One turn of chat notices, for a test: claims the channels with a message due, sends
+    /// each and records it. Returns how many it sent.
+    pub async fn chat_turn(&self) -> usize {
+        let claimed = self.claim_chat().await;
+        let count = claimed.len();
+        futures_util::future::join_all(claimed.into_iter().map(|channel| self.deliver_chat(channel))).await;
+        count
     }
 
     /// One turn, for a test: claims the due notices, sends them all at once and records

@@ -32,6 +32,9 @@ pub mod audit;
 pub mod biz_types;
 /// Which addresses callbacks may go to: the optional deny list for private ranges.
 pub mod callback_hosts;
+/// Notices in a chat tool (DingTalk, Feishu/Lark, WeCom, Slack): summaries of failed tasks
+/// and a receiver going down or up (tables `chat_notices`, `chat_channels`).
+pub mod chat_notices;
 /// Which client a request comes from, behind trusted reverse proxies.
 pub mod client_address;
 /// The delivery engine: claim due tasks, call back, retry, record; receiver breakers (table

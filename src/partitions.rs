@@ -314,6 +314,8 @@ pub async fn retire(pool: &Pool, layout: &Layout) -> Result<Vec<String>, sqlx::E
     // Failure notices go with their tasks: finished before the cutoff, their tasks ended
     // before it too.
     crate::failure_notices::forget_finished(pool, cutoff).await?;
+    // So do chat notices that can no longer be sent (their biz type's chat tool removed).
+    crate::chat_notices::forget_unsendable(pool, cutoff).await?;
     drop_detached(pool).await
 }
 

@@ -253,7 +253,9 @@ impl Application {
             .engine
             .then(|| tokio::spawn(engine::run(health.clone(), node_id, settings.callback_hosts(), settings.node_capacity, signal.clone())));
         // Nodes that deliver callbacks send failure notices too.
-        let notices = settings.engine.then(|| tokio::spawn(failure_notices::run(health.clone(), node_id, settings.callback_hosts(), signal.clone())));
+        let notices = settings.engine.then(|| {
+            tokio::spawn(failure_notices::run(health.clone(), node_id, settings.callback_hosts(), settings.public_url.clone(), signal.clone()))
+        });
 
         let mut signals = Box::pin(signals);
         let name = signals.next().await.unwrap_or("the end of the signals");

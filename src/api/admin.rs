@@ -124,6 +124,22 @@ pub(super) struct BizTypeRequest {
     /// older than that form is refused the switch (422): rotate its secret first.
     #[schema(value_type = Option<SigningScheme>)]
     signing_scheme: Option<String>,
+    /// The chat tool the notices also go to, in its own message format: `dingtalk` (a
+    /// custom robot), `feishu` (a Feishu/Lark custom bot), `wecom` (a group robot) or `slack`
+    /// (an incoming webhook). Failed and expired tasks are summarised, at most one message
+    /// every few minutes; the receiver going down or up is sent as it happens. `""` stops
+    /// chat notices (and clears `chat_url` and `chat_secret`).
+    #[schema(example = "dingtalk")]
+    chat_platform: Option<String>,
+    /// The chat tool's incoming webhook URL (http:// or https://, the rules of `callback_url`);
+    /// required with `chat_platform`.
+    chat_url: Option<String>,
+    /// The robot's signing secret, for `dingtalk` (it starts with `SEC`) and `feishu` robots
+    /// that have signing turned on; refused for the others. Never shown (`chat_signed` says
+    /// whether one is set); dropped when `chat_platform` changes unless given again; `""`
+    /// removes it.
+    #[schema(max_length = 256)]
+    chat_secret: Option<String>,
 }
 
 /// How a biz type's callbacks are signed. Only the document uses this type; `biz_types`
@@ -183,6 +199,9 @@ impl BizTypeRequest {
             paused: self.paused,
             failure_url: self.failure_url.clone(),
             signing_scheme: self.signing_scheme.clone(),
+            chat_platform: self.chat_platform.clone(),
+            chat_url: self.chat_url.clone(),
+            chat_secret: self.chat_secret.clone(),
         }
     }
 }

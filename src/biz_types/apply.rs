@@ -66,6 +66,10 @@ struct Entry {
     failure_url: Option<String>,
     signing_scheme: Option<String>,
     signing_secret: Option<SecretRef>,
+    chat_platform: Option<String>,
+    chat_url: Option<String>,
+    /// Read as `signing_secret` is, never written in the file.
+    chat_secret: Option<SecretRef>,
 }
 
 /// Where a secret is read from: `{ env = "VAR" }` or `{ file = "PATH" }`.
@@ -114,6 +118,7 @@ pub struct Desired {
     name: String,
     settings: Settings,
     secret: Option<Secret>,
+    chat_secret: Option<Secret>,
 }
 
 #[derive(Clone)]
@@ -138,7 +143,7 @@ pub fn load(text: &str, dir: &Path) -> Result<Vec<Desired>, String> {
 
 impl Entry {
     fn desired(self, name: String, dir: &Path) -> Desired {
-        let secret = self.signing_secret.map(|r| match r {
+        let read = |r: SecretRef| match r {
             SecretRef::Env(var) => Secret {
                 value: std::env::var(&var).map_err(|e| match e {
                     std::env::VarError::NotPresent => format!("environment variable {var} is not set"),
@@ -150,7 +155,9 @@ impl Entry {
                 let path = dir.join(path);
                 Secret { value: read_secret_file(&path), source: format!("file {}", path.display()) }
             }
-        });
+        };
+        let secret = self.signing_secret.map(read);
+        let chat_secret = self.chat_secret.map(read);
         let settings = Settings {
             description: self.description,
             callback_url: self.callback_url,
@@ -173,8 +180,12 @@ impl Entry {
             paused: self.paused,
             failure_url: self.failure_url,
             signing_scheme: self.signing_scheme,
+            chat_platform: self.chat_platform,
+            chat_url: self.chat_url,
+            // Set by `plan` where the file's differs from the one stored.
+            chat_secret: None,
         };
-        Desired { name, settings, secret }
+        Desired { name, settings, secret, chat_secret }
     }
 }
 
@@ -293,7 +304,7 @@ fn problems_text(problems: &[Problem]) -> String {
 /// The settings as the plan shows them, in the file's terms: text quoted, a rate of 0 as
 /// "unlimited". Floats print exactly (shortest round-trip form), so two lists are equal
 /// exactly when the settings are.
-fn shown(b: &BizType) -> [(&'static str, String); 21] {
+fn shown(b: &BizType) -> [(&'static str, String); 23] {
     let rate = |r: Option<f64>| r.map_or_else(|| "unlimited".to_string(), |r| r.to_string());
     [
         ("mode", b.mode.clone()),
@@ -317,6 +328,8 @@ fn shown(b: &BizType) -> [(&'static str, String); 21] {
         ("paused", b.paused.to_string()),
         ("failure_url", b.failure_url.as_ref().map_or_else(|| "none".to_string(), |u| format!("{u:?}"))),
         ("signing_scheme", b.signing_scheme.clone()),
+        ("chat_platform", b.chat_platform.clone().unwrap_or_else(|| "none".to_string())),
+        ("chat_url", b.chat_url.as_ref().map_or_else(|| "none".to_string(), |u| format!("{u:?}"))),
     ]
 }
 
@@ -335,8 +348,27 @@ fn diff(before: &BizType, after: &BizType) -> Vec<String> {
 pub fn plan(desired: Vec<Desired>, current: &[BizType], hosts: CallbackHosts) -> Result<Plan, Failure> {
     let mut steps = Vec::new();
     let mut problems = Vec::new();
-    for d in desired {
+    for mut d in desired {
+        let existing = current.iter().find(|b| b.name == d.name);
+        // The chat secret, where the file gives one that is not the one stored: a setting
+        // (`Settings::chat_secret`), shown by where it comes from.
+        let mut chat_secret_change = None;
+        let mut chat_secret_problem = None;
+        match &d.chat_secret {
+            None => {}
+            Some(Secret { value: Err(why), .. }) => chat_secret_problem = Some(Error::invalid("chat_secret", why.clone())),
+            Some(Secret { value: Ok(value), source }) => {
+                let stored = existing.and_then(|b| b.chat_secret.secret.as_ref()).and_then(|s| s.expose().ok());
+                let platform_kept =
+                    d.settings.chat_platform.as_ref().is_none_or(|p| Some(p.as_str()) == existing.and_then(|b| b.chat_platform.as_deref()));
+                if stored != Some(value.as_str()) || !platform_kept {
+                    d.settings.chat_secret = Some(value.clone());
+                    chat_secret_change = Some(format!("chat_secret: {} (from {source})", if existing.is_some() { "changed" } else { "set" }));
+                }
+            }
+        }
         let mut errors: Vec<Error> = validate_name(&d.name).err().into_iter().collect();
+        errors.extend(chat_secret_problem);
         errors.extend(d.settings.problems(hosts));
         let secret = match &d.secret {
             None => None,
@@ -349,7 +381,6 @@ pub fn plan(desired: Vec<Desired>, current: &[BizType], hosts: CallbackHosts) ->
                 Some((value.clone(), source.clone()))
             }
         };
-        let existing = current.iter().find(|b| b.name == d.name);
         let mut planned = existing.map_or_else(|| BizType::planned(&d.name, &d.settings), |b| b.merged(&d.settings));
         // The secret the file gives is the one the biz type signs with, in its scheme.
         if let Some((value, _)) = &secret {
@@ -374,11 +405,17 @@ pub fn plan(desired: Vec<Desired>, current: &[BizType], hosts: CallbackHosts) ->
                     Some((_, source)) => format!("signing_secret: from {source}"),
                     None => "signing_secret: generated (not shown; to know it, reference one from the environment or a file)".into(),
                 });
+                changes.extend(chat_secret_change);
                 let secret = secret.map(|s| s.0);
                 Step { name: d.name, action: Action::Create, changes, settings: d.settings, settings_changed: true, planned, secret }
             }
             Some(before) => {
                 let mut changes = diff(before, &planned);
+                // A chat secret dropped by a change of platform is a change too.
+                if chat_secret_change.is_none() && before.chat_secret.secret.is_some() && planned.chat_secret.secret.is_none() {
+                    chat_secret_change = Some("chat_secret: removed (the chat_platform changed)".into());
+                }
+                changes.extend(chat_secret_change);
                 let settings_changed = !changes.is_empty();
                 // A secret this process cannot open is replaced: it could not sign anyway.
                 let secret = secret.filter(|(value, _)| before.signing_secret.expose().ok() != Some(value.as_str()));

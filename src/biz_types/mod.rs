@@ -8,7 +8,7 @@ pub mod secrets;
 mod tokens;
 
 pub use create_limits::CreateLimiter;
-pub use secrets::{PreviousSecret, SigningSecret};
+pub use secrets::{ChatSecret, PreviousSecret, SigningSecret};
 use tokens::set_signing_secret;
 pub use tokens::{
     DEFAULT_OVERLAP_SECS, MAX_OVERLAP_SECS, MAX_SIGNING_SECRET_BYTES, Rotated, TokenAuth, TokenCache, TokenInfo, authenticate, create_token,
@@ -108,6 +108,17 @@ pub struct BizType {
     /// by a `whsec_<base64>` secret).
     #[schema(example = "chime")]
     pub signing_scheme: String,
+    /// The chat tool its notices also go to (`chat_notices`): `dingtalk`, `feishu`, `wecom`
+    /// or `slack`; null: none.
+    pub chat_platform: Option<String>,
+    /// The chat tool's incoming webhook URL (null exactly when `chat_platform` is).
+    pub chat_url: Option<String>,
+    /// Whether the chat robot signs with a secret (DingTalk, Feishu); the secret is never
+    /// shown.
+    #[serde(rename = "chat_signed")]
+    #[schema(value_type = bool)]
+    #[sqlx(flatten)]
+    pub chat_secret: ChatSecret,
     /// Opened with this process's keys as the row is read (`secrets`).
     #[serde(skip)]
     #[sqlx(flatten)]
@@ -153,6 +164,24 @@ pub struct Settings {
     pub failure_url: Option<String>,
     /// `chime` or `standard-webhooks` (`SIGNING_SCHEMES`).
     pub signing_scheme: Option<String>,
+    /// `dingtalk`, `feishu`, `wecom` or `slack`; empty: no chat notices (the URL and the
+    /// secret are cleared with it).
+    pub chat_platform: Option<String>,
+    pub chat_url: Option<String>,
+    /// The chat robot's signing secret; empty: none. Dropped when the platform changes,
+    /// unless given again.
+    pub chat_secret: Option<String>,
+}
+
+/// The chat tools a biz type's notices can go to (`chat_notices`), and whether each signs
+/// its robot's messages with a secret.
+pub const CHAT_PLATFORMS: [(&str, bool); 4] = [("dingtalk", true), ("feishu", true), ("wecom", false), ("slack", false)];
+
+/// Longest chat robot secret, in bytes.
+pub const MAX_CHAT_SECRET_BYTES: usize = 256;
+
+fn chat_signs(platform: &str) -> bool {
+    CHAT_PLATFORMS.iter().any(|(p, signs)| *p == platform && *signs)
 }
 
 /// The signing schemes a biz type may have: chime's own, the default, and Standard Webhooks.
@@ -186,6 +215,17 @@ impl Settings {
         }
         if let Some(url) = self.failure_url.as_deref().filter(|u| !u.is_empty()) {
             problems.extend(validate_url("failure_url", url, hosts).err());
+        }
+        if let Some(platform) = self.chat_platform.as_deref().filter(|p| !p.is_empty())
+            && !CHAT_PLATFORMS.iter().any(|(p, _)| *p == platform)
+        {
+            problems.push(Error::invalid("chat_platform", "must be `dingtalk`, `feishu`, `wecom` or `slack` (or empty: none)"));
+        }
+        if let Some(url) = self.chat_url.as_deref().filter(|u| !u.is_empty()) {
+            problems.extend(validate_url("chat_url", url, hosts).err());
+        }
+        if let Some(secret) = self.chat_secret.as_deref().filter(|s| !s.is_empty()) {
+            problems.extend(validate_chat_secret(secret).err());
         }
         if let Some(mode) = &self.mode
             && mode != "callback"
@@ -243,6 +283,22 @@ pub fn problems(name: &str, current: Option<&BizType>, settings: &Settings, host
     };
     problems.extend(merged.problems());
     problems
+}
+
+/// The rules of a chat robot's secret on its own; which platforms take one is checked
+/// against the merged biz type.
+fn validate_chat_secret(secret: &str) -> Result<(), Error> {
+    if secret.len() > MAX_CHAT_SECRET_BYTES {
+        return Err(Error::invalid("chat_secret", format!("must be at most {MAX_CHAT_SECRET_BYTES} bytes long, not {}", secret.len())));
+    }
+    if secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(Error::invalid("chat_secret", "must not contain spaces or control characters"));
+    }
+    // The mark of a sealed value, in this one-column form (`secrets.rs`).
+    if secrets::is_sealed(secret) {
+        return Err(Error::invalid("chat_secret", "must not begin with `enc:v1:` (chime's mark of an encrypted value)"));
+    }
+    Ok(())
 }
 
 fn range(field: &str, value: Option<i32>, min: i32, max: i32) -> Result<(), Error> {
@@ -317,6 +373,9 @@ impl BizType {
             breaker_probe_ms: DEFAULT_BREAKER_PROBE_MS,
             paused: false,
             failure_url: None,
+            chat_platform: None,
+            chat_url: None,
+            chat_secret: ChatSecret::default(),
             signing_scheme: "chime".into(),
             // None yet: `create_in` makes one for the scheme, or checks the one given.
             signing_secret: SigningSecret::Open(String::new()),
@@ -369,6 +428,23 @@ impl BizType {
                 None => self.failure_url.clone(),
             },
             signing_scheme: s.signing_scheme.clone().unwrap_or_else(|| self.signing_scheme.clone()),
+            chat_platform: match s.chat_platform.as_deref() {
+                Some("") => None,
+                Some(platform) => Some(platform.to_string()),
+                None => self.chat_platform.clone(),
+            },
+            // Stopping chat notices (`chat_platform` "") clears the URL too, unless one is given
+            // with it (refused: a URL needs a platform).
+            chat_url: match (s.chat_platform.as_deref(), s.chat_url.as_deref()) {
+                (Some(""), None) | (_, Some("")) => None,
+                (_, Some(url)) => Some(url.to_string()),
+                (_, None) => self.chat_url.clone(),
+            },
+            chat_secret: match s.chat_secret_change(self) {
+                Some(Some(secret)) => ChatSecret::open(secret),
+                Some(None) => ChatSecret::default(),
+                None => self.chat_secret.clone(),
+            },
             ..self.clone()
         }
     }
@@ -383,6 +459,28 @@ impl BizType {
             problems.push(Error::invalid("callback_url", "is required for a biz type in callback mode"));
         }
         problems.extend(self.scheme_problem());
+        match (&self.chat_platform, &self.chat_url) {
+            (Some(_), None) => {
+                problems.push(Error::invalid("chat_url", "is required with a chat_platform (an empty chat_platform stops chat notices)"))
+            }
+            (None, Some(_)) => {
+                problems.push(Error::invalid("chat_platform", "is required with a chat_url: `dingtalk`, `feishu`, `wecom` or `slack`"))
+            }
+            _ => {}
+        }
+        if let Some(secret) = &self.chat_secret.secret {
+            match self.chat_platform.as_deref() {
+                Some(platform) if !chat_signs(platform) => problems.push(Error::invalid(
+                    "chat_secret",
+                    format!("{platform} robots are not signed (their key is in the webhook URL): give no chat_secret"),
+                )),
+                None => problems.push(Error::invalid("chat_secret", "needs a chat_platform that signs: `dingtalk` or `feishu`")),
+                // One given now is open; one stored was checked when given.
+                Some("dingtalk") if secret.expose().is_ok_and(|s| !s.starts_with("SEC")) => problems
+                    .push(Error::invalid("chat_secret", "a DingTalk robot's secret starts with `SEC`: copy it whole from the robot's settings")),
+                _ => {}
+            }
+        }
         problems
     }
 }
@@ -466,13 +564,28 @@ pub async fn create_in(
             _ => Error::key_conflict(format!("biz type `{name}` already exists")),
         });
     };
-    store(conn, &inserted.with(&settings.for_create())?).await
+    let chat_secret = settings.chat_secret_change(&inserted).flatten();
+    store(conn, &inserted.with(&settings.for_create())?, Some(chat_secret)).await
 }
 
 impl Settings {
     /// A new biz type delivers by callback unless told otherwise.
     fn for_create(&self) -> Settings {
         Settings { mode: Some(self.mode.clone().unwrap_or_else(|| "callback".into())), ..self.clone() }
+    }
+
+    /// What these settings do to `current`'s chat secret: None keeps it, `Some(None)` clears
+    /// it, `Some(Some(secret))` sets it. A secret belongs to one robot, so a change of platform
+    /// drops it unless one is given with it.
+    fn chat_secret_change(&self, current: &BizType) -> Option<Option<&str>> {
+        match self.chat_secret.as_deref() {
+            Some("") => Some(None),
+            Some(secret) => Some(Some(secret)),
+            None => {
+                let platform = self.chat_platform.as_deref().map(|p| Some(p).filter(|p| !p.is_empty()));
+                platform.filter(|p| *p != current.chat_platform.as_deref()).map(|_| None)
+            }
+        }
     }
 }
 
@@ -511,17 +624,22 @@ pub async fn update_in(conn: &mut PgConnection, name: &str, settings: &Settings,
         .fetch_optional(&mut *conn)
         .await?
         .ok_or_else(|| Error::NotFound(format!("no biz type named `{name}`")))?;
-    let after = store(conn, &before.with(settings)?).await?;
+    let after = store(conn, &before.with(settings)?, settings.chat_secret_change(&before)).await?;
     Ok((before, after))
 }
 
 /// Writes a biz type's settings: every create and update ends here, so an archived biz type
-/// is refused here.
-async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
+/// is refused here. `chat_secret`: None keeps the stored one, else the one to store (or none).
+async fn store(conn: &mut PgConnection, b: &BizType, chat_secret: Option<Option<&str>>) -> Result<BizType, Error> {
     if b.archived_at.is_some() {
         return Err(archived(&b.name));
     }
     notify_settings_changed(&mut *conn).await?;
+    let chat_secret = match chat_secret {
+        Some(Some(secret)) => Some(Some(secrets::to_store_one(conn, &b.name, secret).await?)),
+        Some(None) => Some(None),
+        None => None,
+    };
     Ok(crate::db::query_as::<BizType>(
         "UPDATE biz_types SET description = $2, callback_url = $3, mode = $4, timeout_ms = $5,
                 max_attempts = $6, backoff_initial_ms = $7, backoff_max_ms = $8, rate_limit = $9,
@@ -529,6 +647,8 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
                 breaker_threshold = $15, breaker_window_ms = $16, breaker_probe_ms = $17,
                 flow_max_in_flight = $18, ordered = $19, flow_rate_limit = $20, weight = $21,
                 signing_scheme = $22,
+                chat_platform = $23, chat_url = $24,
+                chat_secret = CASE WHEN $25 THEN $26 ELSE chat_secret END,
                 updated_at = now()
           WHERE id = $1
           RETURNING *",
@@ -555,6 +675,10 @@ async fn store(conn: &mut PgConnection, b: &BizType) -> Result<BizType, Error> {
     .bind(b.flow_rate_limit)
     .bind(b.weight)
     .bind(&b.signing_scheme)
+    .bind(&b.chat_platform)
+    .bind(&b.chat_url)
+    .bind(chat_secret.is_some())
+    .bind(chat_secret.flatten())
     .fetch_one(&mut *conn)
     .await?)
 }
@@ -642,14 +766,26 @@ pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
         return Err(Error::invalid("CHIME_SECRET_KEY", "is not set: set it (or CHIME_SECRET_KEY_FILE) to the key to encrypt with"));
     }
     let mut tx = pool.begin().await?;
-    // (id, name, secret in clear, sealed, previous secret)
-    type Stored = (i32, String, Option<String>, Option<String>, Option<String>);
-    let rows: Vec<Stored> =
-        crate::db::query_as("SELECT id, name, signing_secret, signing_secret_sealed, previous_secret FROM biz_types ORDER BY id FOR UPDATE")
-            .fetch_all(&mut *tx)
-            .await?;
+    // (id, name, secret in clear, sealed, previous secret, chat robot secret)
+    type Stored = (i32, String, Option<String>, Option<String>, Option<String>, Option<String>);
+    let rows: Vec<Stored> = crate::db::query_as(
+        "SELECT id, name, signing_secret, signing_secret_sealed, previous_secret, chat_secret FROM biz_types ORDER BY id FOR UPDATE",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let mut done = Reencrypted::default();
-    for (id, name, clear, sealed, previous) in rows {
+    for (id, name, clear, sealed, previous, chat) in rows {
+        // The chat robot's secret, in the same one-column form, counted alike.
+        if let Some(chat) = chat {
+            if keyring.is_current(&chat) {
+                done.unchanged += 1;
+            } else {
+                let was_clear = !secrets::is_sealed(&chat);
+                let stored = keyring.store_one(&name, keyring.open_one(&name, &chat).expose()?);
+                crate::db::query("UPDATE biz_types SET chat_secret = $2 WHERE id = $1").bind(id).bind(stored).execute(&mut *tx).await?;
+                if was_clear { done.sealed += 1 } else { done.resealed += 1 }
+            }
+        }
         // The secret a rotation replaced, kept in one column (`secrets.rs`), counted alike.
         if let Some(previous) = previous {
             if keyring.is_current(&previous) {
@@ -681,22 +817,29 @@ pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
 }
 
 /// The signing secrets this process cannot open (sealed under a key it does not have), the
-/// current ones and those still signing after a rotation: a node refuses to start with any.
+/// current ones, those still signing after a rotation and chat robots': a node refuses to
+/// start with any.
 pub async fn unopened_secrets(pool: &Pool) -> Result<Vec<SecretError>, Error> {
     let now = Utc::now();
     let unopened = |b: BizType| {
         let previous = b.previous_secret.signing_at(now).and_then(|p| p.expose().err());
-        b.signing_secret.expose().err().into_iter().chain(previous)
+        let chat = b.chat_secret.secret.as_ref().and_then(|s| s.expose().err());
+        b.signing_secret.expose().err().into_iter().chain(previous).chain(chat)
     };
     Ok(list(pool).await?.into_iter().flat_map(unopened).collect())
 }
 
-/// The biz types whose signing secret (or the one a rotation replaced) is stored in clear,
+/// The biz types whose signing secret (or the one a rotation replaced, or its chat robot's) is stored in clear,
 /// by name: with CHIME_SECRET_KEY set, `chime secrets reencrypt` encrypts them.
 pub async fn secrets_in_clear(pool: &Pool) -> Result<Vec<String>, Error> {
-    Ok(crate::db::query_scalar("SELECT name FROM biz_types WHERE signing_secret IS NOT NULL OR previous_secret NOT LIKE 'enc:v1:%' ORDER BY name")
-        .fetch_all(pool)
-        .await?)
+    Ok(crate::db::query_scalar(
+        "SELECT name FROM biz_types
+          WHERE signing_secret IS NOT NULL OR previous_secret NOT LIKE 'enc:v1:%'
+             OR chat_secret NOT LIKE 'enc:v1:%'
+          ORDER BY name",
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Whether a biz type of this name exists, archived or not (a name that cannot be valid never does).

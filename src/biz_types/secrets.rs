@@ -242,10 +242,13 @@ pub(super) async fn refuse_clear_where_sealed(conn: &mut PgConnection) -> Result
     }
     // Reads only, locking nothing: a key set on one node and not another is an operator's
     // mistake to point out, not a race to close.
-    let sealed: bool =
-        crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM biz_types WHERE signing_secret_sealed IS NOT NULL OR previous_secret LIKE 'enc:v1:%')")
-            .fetch_one(&mut *conn)
-            .await?;
+    let sealed: bool = crate::db::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM biz_types
+                             WHERE signing_secret_sealed IS NOT NULL OR previous_secret LIKE 'enc:v1:%'
+                                OR chat_secret LIKE 'enc:v1:%')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     if sealed {
         return Err(Error::invalid_state(
             "the signing secrets in this database are encrypted and CHIME_SECRET_KEY is not set: set CHIME_SECRET_KEY \
@@ -337,6 +340,35 @@ impl sqlx::FromRow<'_, PgRow> for PreviousSecret {
         let until: Option<chrono::DateTime<chrono::Utc>> = row.try_get("previous_secret_until")?;
         let overlap = stored.zip(until).map(|(stored, until)| (keyring().open_one(&name, &stored), until));
         Ok(PreviousSecret { overlap })
+    }
+}
+
+/// A biz type's chat robot secret (`biz_types.chat_secret`, migration 0047), kept in one
+/// column as `previous_secret` is; None: the robot is not signed. Read from a row of
+/// `biz_types` (`name`, `chat_secret`) with this process's keys. It is shown only as whether
+/// one is set.
+#[derive(Debug, Clone, Default)]
+pub struct ChatSecret {
+    pub secret: Option<SigningSecret>,
+}
+
+impl ChatSecret {
+    pub fn open(secret: &str) -> ChatSecret {
+        ChatSecret { secret: Some(SigningSecret::Open(secret.to_string())) }
+    }
+}
+
+impl serde::Serialize for ChatSecret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bool(self.secret.is_some())
+    }
+}
+
+impl sqlx::FromRow<'_, PgRow> for ChatSecret {
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let name: String = row.try_get("name")?;
+        let stored: Option<String> = row.try_get("chat_secret")?;
+        Ok(ChatSecret { secret: stored.map(|stored| keyring().open_one(&name, &stored)) })
     }
 }
 

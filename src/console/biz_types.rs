@@ -65,6 +65,17 @@ pub struct Form {
     pub breaker_probe_ms: String,
     #[serde(default)]
     pub signing_scheme: String,
+    /// `dingtalk`, `feishu`, `wecom`, `slack`, or empty: none.
+    #[serde(default)]
+    pub chat_platform: String,
+    #[serde(default)]
+    pub chat_url: String,
+    /// Never shown back: empty keeps the secret set.
+    #[serde(default)]
+    pub chat_secret: String,
+    /// A checkbox: present ("on") to remove the secret set.
+    #[serde(default)]
+    pub chat_secret_remove: String,
 }
 
 impl Form {
@@ -95,6 +106,11 @@ impl Form {
             breaker_threshold: b.breaker_threshold.to_string(),
             breaker_window_ms: b.breaker_window_ms.to_string(),
             breaker_probe_ms: b.breaker_probe_ms.to_string(),
+            chat_platform: b.chat_platform.clone().unwrap_or_default(),
+            // Its key is in the URL (WeCom, DingTalk, Slack): only admins see more than the host.
+            chat_url: b.chat_url.as_deref().map(|u| if admin { u.to_string() } else { audit::masked_webhook(u) }).unwrap_or_default(),
+            chat_secret: String::new(),
+            chat_secret_remove: String::new(),
         }
     }
 
@@ -165,6 +181,14 @@ impl Form {
             failure_url: Some(self.failure_url.trim().to_string()),
             // Absent (a form from before the setting): left as it is.
             signing_scheme: Some(self.signing_scheme.clone()).filter(|s| !s.is_empty()),
+            // Empty: no chat notices.
+            chat_platform: Some(self.chat_platform.trim().to_string()),
+            chat_url: Some(self.chat_url.trim().to_string()),
+            chat_secret: match self.chat_secret.trim() {
+                _ if !self.chat_secret_remove.is_empty() => Some(String::new()),
+                "" => None,
+                secret => Some(secret.to_string()),
+            },
         };
         (settings, problems)
     }

@@ -16,7 +16,8 @@
 //! the biz type to wait (below), never on an ordinary callback. The node that opens or
 //! closes it (the `UPDATE ... WHERE open` that changes the row) logs it once, counts it
 //! in `/metrics`, makes the signed `biz_type.receiver_down` or `biz_type.receiver_up`
-//! notice for the failure_url in the same transaction (`failure_notices`), and sends the
+//! notice for the failure_url in the same transaction (`failure_notices`), and its chat
+//! notice for the chat_url (`chat_notices`), and sends the
 //! settings notification (`Wake::Settings`): every engine re-reads its biz types, and this
 //! table with them, at once (and every 2 s in case the notification was lost).
 //!
@@ -381,6 +382,14 @@ impl Breakers {
                                                'probe_ms', b.breaker_probe_ms)
                        FROM opened o, biz_types b
                       WHERE b.id = $1 AND b.failure_url IS NOT NULL
+                 ), chat AS (
+                     INSERT INTO chat_notices (biz_type_id, event, detail)
+                     SELECT b.id, 'biz_type.receiver_down',
+                            jsonb_build_object('state', 'open', 'callback_url', b.callback_url, 'opened_at', o.opened_at,
+                                               'reason', $2::text, 'failures', $3::int, 'window_ms', b.breaker_window_ms,
+                                               'probe_ms', b.breaker_probe_ms)
+                       FROM opened o, biz_types b
+                      WHERE b.id = $1 AND b.chat_url IS NOT NULL
                  )
                  SELECT opened_at, (extract(epoch FROM next_probe_at - now()) * 1000)::bigint FROM opened",
             )
@@ -461,6 +470,14 @@ impl Breakers {
                                                'down_ms', (extract(epoch FROM c.closed_at - c.opened_at) * 1000)::bigint)
                        FROM closed c, biz_types b
                       WHERE b.id = $1 AND b.failure_url IS NOT NULL
+                 ), chat AS (
+                     INSERT INTO chat_notices (biz_type_id, event, detail)
+                     SELECT b.id, 'biz_type.receiver_up',
+                            jsonb_build_object('state', 'closed', 'callback_url', b.callback_url, 'opened_at', c.opened_at,
+                                               'closed_at', c.closed_at, 'probes', c.probes, 'status_code', $3::int,
+                                               'down_ms', (extract(epoch FROM c.closed_at - c.opened_at) * 1000)::bigint)
+                       FROM closed c, biz_types b
+                      WHERE b.id = $1 AND b.chat_url IS NOT NULL
                  )
                  SELECT probes FROM closed",
             )

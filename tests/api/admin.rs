@@ -145,6 +145,8 @@ async fn the_admin_api_refuses_bad_settings_in_the_consoles_words() {
         ("weight", "0", json!(0)),
         ("weight", "-1", json!(-1)),
         ("weight", "101", json!(101)),
+        ("chat_platform", "teams", json!("teams")),
+        ("chat_url", "ftp://example.test/robot", json!("ftp://example.test/robot")),
         ("name", "Bad Name", json!("Bad Name")),
         ("name", "taken", json!("taken")),
     ] {

@@ -333,3 +333,38 @@ async fn weight_is_applied_and_checked() {
 async fn weight(app: &TestApp, name: &str) -> i32 {
     chime::biz_types::by_name(&app.pool, name).await.unwrap().unwrap().weight
 }
+
+/// The chat settings are applied and checked like the others: the secret read from the
+/// environment, never printed, the same secret no change; a secret for WeCom and a DingTalk
+/// secret without `SEC` are refused naming `chat_secret`, and a change of platform without a
+/// secret drops it.
+#[tokio::test]
+async fn chat_settings_are_applied_and_checked() {
+    let app = spawn_app().await;
+    let dir = Dir::new("chat");
+    let secret = "SECd41d8cd98f00b204e9800998ecf8427e";
+    let env = [("DATABASE_URL", app.db_url.as_str()), ("ALERTS_CHAT_SECRET", secret), ("BAD_CHAT_SECRET", "d41d8cd98f00")];
+    let file = "[biz_types.alerts]\nmode = \"pull\"\nchat_platform = \"dingtalk\"\nchat_url = \"https://oapi.dingtalk.test/robot/send?access_token=t\"\nchat_secret = { env = \"ALERTS_CHAT_SECRET\" }\n";
+    let path = dir.write("chime.toml", file);
+    let out = chime(&env, &["apply", "-f", &path], None).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stdout.lines().any(|l| l == "    chat_platform: dingtalk"), "{}", out.stdout);
+    assert!(out.stdout.contains("    chat_secret: set (from environment variable ALERTS_CHAT_SECRET)\n"), "{}", out.stdout);
+    assert!(!out.stdout.contains(secret) && !out.stderr.contains(secret), "the secret is never printed");
+    let stored = chime::biz_types::by_name(&app.pool, "alerts").await.unwrap().unwrap();
+    assert_eq!(stored.chat_secret.secret.unwrap().expose().unwrap(), secret);
+    let again = chime(&env, &["apply", "-f", &path], None).await;
+    assert_eq!(again.last_line(), "no changes", "the same secret is no change: {}", again.stdout);
+
+    let bad = chime(&env, &["apply", "-f", &dir.write("chime.toml", &file.replace("ALERTS_CHAT_SECRET", "BAD_CHAT_SECRET"))], None).await;
+    assert!(!bad.ok && bad.stderr.contains("biz type `alerts`: chat_secret: a DingTalk robot's secret starts with `SEC`"), "{}", bad.stderr);
+    let wecom = file.replace("\"dingtalk\"", "\"wecom\"");
+    let bad = chime(&env, &["apply", "-f", &dir.write("chime.toml", &wecom)], None).await;
+    assert!(!bad.ok && bad.stderr.contains("biz type `alerts`: chat_secret: wecom robots are not signed"), "{}", bad.stderr);
+    let without = wecom.lines().filter(|l| !l.starts_with("chat_secret")).collect::<Vec<_>>().join("\n");
+    let out = chime(&env, &["apply", "-f", &dir.write("chime.toml", &without)], None).await;
+    assert!(out.ok && out.stdout.contains("    chat_platform: dingtalk → wecom\n"), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("    chat_secret: removed (the chat_platform changed)\n"), "{}", out.stdout);
+    let stored = chime::biz_types::by_name(&app.pool, "alerts").await.unwrap().unwrap();
+    assert!(stored.chat_secret.secret.is_none() && stored.chat_platform.as_deref() == Some("wecom"));
+}

@@ -17,6 +17,7 @@ mod bulk;
 mod by_key;
 mod callback_hosts;
 mod capacity;
+mod chat_notices;
 mod cli;
 mod console;
 mod console_a11y;

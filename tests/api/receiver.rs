@@ -15,11 +15,13 @@ pub struct Answer {
     pub location: Option<String>,
     /// More headers to answer with (name, value), e.g. `Chime-Snooze`.
     pub headers: Vec<(String, String)>,
+    /// The body to answer with (JSON); None: `answer <status>`.
+    pub body: Option<String>,
 }
 
 impl Answer {
     pub fn status(status: u16) -> Self {
-        Answer { status, retry_after: None, delay: Duration::ZERO, location: None, headers: Vec::new() }
+        Answer { status, retry_after: None, delay: Duration::ZERO, location: None, headers: Vec::new(), body: None }
     }
 
     /// A 2xx answer asking to be called again later: `Chime-Snooze: <value>`.
@@ -36,6 +38,8 @@ impl Answer {
 pub struct Received {
     pub at: Instant,
     pub method: String,
+    /// The path and query asked for.
+    pub uri: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -123,6 +127,7 @@ async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<S
         s.received.push(Received {
             at: Instant::now(),
             method: req.method().to_string(),
+            uri: req.uri().to_string(),
             headers: req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string())).collect(),
             body: body.to_vec(),
         });
@@ -143,7 +148,10 @@ async fn handle(req: HttpRequest, body: web::Bytes, state: web::Data<Arc<Mutex<S
     for (name, value) in answer.headers {
         response.append_header((name, value));
     }
-    response.body(format!("answer {}", answer.status))
+    match answer.body {
+        Some(body) => response.content_type("application/json").body(body),
+        None => response.body(format!("answer {}", answer.status)),
+    }
 }
 
 /// A request being answered, counted in `State::in_flight` until dropped.

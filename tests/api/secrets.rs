@@ -372,3 +372,50 @@ async fn a_node_with_the_key_warns_once_of_secrets_in_clear() {
     assert_eq!(warnings.len(), 1, "one warning of secrets in clear: {log}");
     assert!(warnings[0].contains("WARN") && warnings[0].contains("`orders`") && warnings[0].contains("chime secrets reencrypt"), "{}", warnings[0]);
 }
+
+/// A chat robot's secret is kept as the signing secrets are: in clear without a key (and
+/// `chime secrets reencrypt` seals it), sealed under CHIME_SECRET_KEY, never the plain text;
+/// and once secrets are sealed, not stored in clear by a command run without the key.
+#[tokio::test]
+async fn a_chat_robot_secret_is_stored_encrypted_with_the_key() {
+    let db_url = fresh_database().await;
+    let pool = chime::db::connect(&db_url, 2).await.unwrap();
+    let db = ("DATABASE_URL", db_url.as_str());
+    let secret = "SEC7c3f0e9a51b24d68a0f1e2d3c4b5a697";
+    let robot = ["--mode", "pull", "--chat-platform", "dingtalk", "--chat-url", "https://oapi.dingtalk.test/robot/send?access_token=t"];
+    let chat_secret = |name: &str| {
+        let pool = pool.clone();
+        let name = name.to_string();
+        async move {
+            sqlx::query_scalar::<_, Option<String>>("SELECT chat_secret FROM biz_types WHERE name = $1")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let out = chime(&[db, ("CHIME_CHAT_SECRET", secret)], &[&["biz-type", "create", "clear"][..], &robot].concat(), None).await;
+    assert!(out.ok && out.stdout.contains("chat notices to dingtalk"), "{}{}", out.stdout, out.stderr);
+    assert_eq!(chat_secret("clear").await, secret, "without a key it is stored in clear");
+
+    let key1 = key(1);
+    let sealed = chime(&[db, ("CHIME_SECRET_KEY", &key1)], &["secrets", "reencrypt"], None).await;
+    assert!(sealed.stdout.contains("2 encrypted (were in clear)"), "the signing secret and the chat secret: {}", sealed.stdout);
+    let stored = chime_secret_sealed(&chat_secret("clear").await, secret);
+    let out =
+        chime(&[db, ("CHIME_SECRET_KEY", &key1), ("CHIME_CHAT_SECRET", secret)], &[&["biz-type", "create", "sealed"][..], &robot].concat(), None)
+            .await;
+    assert!(out.ok, "{}", out.stderr);
+    chime_secret_sealed(&chat_secret("sealed").await, secret);
+    assert_ne!(chat_secret("sealed").await, stored, "a fresh nonce each");
+
+    let refused = chime(&[db, ("CHIME_CHAT_SECRET", secret)], &[&["biz-type", "update", "sealed"][..], &robot].concat(), None).await;
+    assert!(!refused.ok && refused.stderr.contains("CHIME_SECRET_KEY is not set"), "never stored in clear beside sealed ones: {}", refused.stderr);
+}
+
+/// Checks a stored secret is sealed (`enc:v1:…`) and does not show `secret`; returns it.
+fn chime_secret_sealed(stored: &str, secret: &str) -> String {
+    assert!(stored.starts_with("enc:v1:") && !stored.contains(secret) && !stored.contains(&secret[3..]), "{stored}");
+    stored.to_string()
+}

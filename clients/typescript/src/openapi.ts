@@ -799,6 +799,18 @@ export interface components {
             /** @description Where callbacks go (mode `callback`); empty for a pull biz type. */
             callback_url: string;
             /**
+             * @description The chat tool its notices also go to (`chat_notices`): `dingtalk`, `feishu`, `wecom`
+             *     or `slack`; null: none.
+             */
+            chat_platform: string | null;
+            /**
+             * @description Whether the chat robot signs with a secret (DingTalk, Feishu); the secret is never
+             *     shown.
+             */
+            chat_signed: boolean;
+            /** @description The chat tool's incoming webhook URL (null exactly when `chat_platform` is). */
+            chat_url: string | null;
+            /**
              * Format: double
              * @description Create calls per second through the API, per node; None: unlimited.
              */
@@ -1165,6 +1177,27 @@ export interface components {
              */
             callback_url?: string | null;
             /**
+             * @description The chat tool the notices also go to, in its own message format: `dingtalk` (a
+             *     custom robot), `feishu` (a Feishu/Lark custom bot), `wecom` (a group robot) or `slack`
+             *     (an incoming webhook). Failed and expired tasks are summarised, at most one message
+             *     every few minutes; the receiver going down or up is sent as it happens. `""` stops
+             *     chat notices (and clears `chat_url` and `chat_secret`).
+             * @example dingtalk
+             */
+            chat_platform?: string | null;
+            /**
+             * @description The robot's signing secret, for `dingtalk` (it starts with `SEC`) and `feishu` robots
+             *     that have signing turned on; refused for the others. Never shown (`chat_signed` says
+             *     whether one is set); dropped when `chat_platform` changes unless given again; `""`
+             *     removes it.
+             */
+            chat_secret?: string | null;
+            /**
+             * @description The chat tool's incoming webhook URL (http:// or https://, the rules of `callback_url`);
+             *     required with `chat_platform`.
+             */
+            chat_url?: string | null;
+            /**
              * Format: double
              * @description API creates per second; 0: unlimited (the default).
              */
@@ -1433,6 +1466,27 @@ export interface components {
              *     `CHIME_DENY_PRIVATE_CALLBACKS`, private and loopback addresses are refused.
              */
             callback_url?: string | null;
+            /**
+             * @description The chat tool the notices also go to, in its own message format: `dingtalk` (a
+             *     custom robot), `feishu` (a Feishu/Lark custom bot), `wecom` (a group robot) or `slack`
+             *     (an incoming webhook). Failed and expired tasks are summarised, at most one message
+             *     every few minutes; the receiver going down or up is sent as it happens. `""` stops
+             *     chat notices (and clears `chat_url` and `chat_secret`).
+             * @example dingtalk
+             */
+            chat_platform?: string | null;
+            /**
+             * @description The robot's signing secret, for `dingtalk` (it starts with `SEC`) and `feishu` robots
+             *     that have signing turned on; refused for the others. Never shown (`chat_signed` says
+             *     whether one is set); dropped when `chat_platform` changes unless given again; `""`
+             *     removes it.
+             */
+            chat_secret?: string | null;
+            /**
+             * @description The chat tool's incoming webhook URL (http:// or https://, the rules of `callback_url`);
+             *     required with `chat_platform`.
+             */
+            chat_url?: string | null;
             /**
              * Format: double
              * @description API creates per second; 0: unlimited (the default).

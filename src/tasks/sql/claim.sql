@@ -63,6 +63,7 @@
 -- resumes, past every one of them); ended, each claim clears up to $2 of them. It is
 -- returned with `expired` set, never leased, and the engine counts it and sends nothing.
 -- Its failure notice, if the biz type wants them, is queued in the same statement.
+-- So is its chat notice (`chat_notices`).
 -- The deadline is read on the locked row, so it cannot change between pick and update.
 WITH wants AS (
     SELECT * FROM unnest($1::int[], $2::int8[], $3::int8[], $5::int8[], $7::int8[]) AS w(biz_type_id, n, lease_ms, ahead_ms, oldest)
@@ -102,6 +103,10 @@ WITH wants AS (
     INSERT INTO failure_notices (biz_type_id, task_id, event)
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.expired AND b.failure_url IS NOT NULL
+), chat AS (
+    INSERT INTO chat_notices (biz_type_id, task_id, event)
+    SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
+     WHERE l.expired AND b.chat_url IS NOT NULL
 )
 SELECT l.id, l.biz_type_id, l.key, l.flow_key, l.run_at, l.payload, l.attempt_count, l.timer_id, l.expires_at, l.traceparent,
        l.expired, l.db_now, false AS capped, NULL::text AS cursor, g.settings_at

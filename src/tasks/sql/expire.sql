@@ -16,6 +16,7 @@
 -- UPDATE as an array, as in the claim (claim.sql says why).
 --
 -- A biz type with a failure_url gets its `task.expired` notice queued in the same statement.
+-- So does one with a chat_url, its chat notice (`chat_notices`).
 WITH overdue AS (
     SELECT id FROM tasks
      WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()
@@ -35,9 +36,13 @@ WITH overdue AS (
                     ELSE format('due at %s, it was not claimed by then: held back by a backlog or the rate limit', t.run_at) END)
       FROM biz_types b
      WHERE t.id = ANY(ARRAY(SELECT id FROM overdue)) AND b.id = t.biz_type_id
-    RETURNING t.id, t.biz_type_id, b.name, b.failure_url
+    RETURNING t.id, t.biz_type_id, b.name, b.failure_url,
+              b.chat_url
 ), notices AS (
     INSERT INTO failure_notices (biz_type_id, task_id, event)
     SELECT biz_type_id, id, 'task.expired' FROM ended WHERE failure_url IS NOT NULL
+), chat AS (
+    INSERT INTO chat_notices (biz_type_id, task_id, event)
+    SELECT biz_type_id, id, 'task.expired' FROM ended WHERE chat_url IS NOT NULL
 )
 SELECT name FROM ended

@@ -8,6 +8,7 @@
 -- (src/engine/breaker.rs). A task it ends failed or expired in a biz type with a
 -- failure_url gets its failure notice in the same statement, so that none is lost and none
 -- is made for a task that did not end (`failure_notices`).
+-- So does its chat notice, in a biz type with a chat_url (`chat_notices`).
 --
 -- Locks: the rows it updates. Only rows still running under this holder are changed: if a
 -- lease ran out and another holder took the task, its state is that holder's to record.
@@ -41,7 +42,13 @@ WITH settled AS (
            biz_types b
      WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6
        AND b.id = t.biz_type_id
-    RETURNING t.id, t.biz_type_id, t.status, b.failure_url
+    RETURNING t.id, t.biz_type_id, t.status, b.failure_url,
+              b.chat_url
+), chat AS (
+    INSERT INTO chat_notices (biz_type_id, task_id, event)
+    SELECT s.biz_type_id, s.id, 'task.' || s.status
+      FROM settled s
+     WHERE s.status IN ('failed', 'expired') AND s.chat_url IS NOT NULL
 )
 INSERT INTO failure_notices (biz_type_id, task_id, event)
 SELECT s.biz_type_id, s.id, 'task.' || s.status

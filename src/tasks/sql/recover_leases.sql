@@ -10,7 +10,8 @@
 -- once (rows being recovered elsewhere, or settled by their holder right now, are skipped).
 --
 -- A task it ends failed (a reservation that used up its attempts) or expired, in a biz type
--- with a failure_url, gets its failure notice here too (`failure_notices`).
+-- with a failure_url, gets its failure notice here too (`failure_notices`); in one with a
+-- chat_url, its chat notice (`chat_notices`).
 WITH expired AS (
     SELECT t.id, t.biz_type_id, t.run_at, t.attempt_count, t.leased_by, t.updated_at, b.name AS biz_type,
            b.mode = 'pull' AS pull, b.mode = 'pull' AND t.attempt_count >= b.max_attempts AS exhausted,
@@ -45,5 +46,10 @@ WITH expired AS (
     SELECT w.biz_type_id, w.id, CASE WHEN w.exhausted THEN 'task.failed' ELSE 'task.expired' END
       FROM why w JOIN biz_types b ON b.id = w.biz_type_id
      WHERE (w.exhausted OR w.expired) AND b.failure_url IS NOT NULL
+), chat AS (
+    INSERT INTO chat_notices (biz_type_id, task_id, event)
+    SELECT w.biz_type_id, w.id, CASE WHEN w.exhausted THEN 'task.failed' ELSE 'task.expired' END
+      FROM why w JOIN biz_types b ON b.id = w.biz_type_id
+     WHERE (w.exhausted OR w.expired) AND b.chat_url IS NOT NULL
 )
 SELECT biz_type, expired FROM why

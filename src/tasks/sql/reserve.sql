@@ -9,7 +9,8 @@
 -- engine or one consumer at a time.
 --
 -- A picked task whose deadline has passed is ended `expired` instead of reserved, for the
--- claim's reasons (claim.sql), with its failure notice; it comes back with `expired` set,
+-- claim's reasons (claim.sql), with its failure notice and its chat notice
+-- (`chat_notices`); it comes back with `expired` set,
 -- and `lease::reserve` counts it and hands it to no consumer.
 WITH wants AS (
     SELECT $1::int AS biz_type_id, $2::int8 AS n, 0::int8 AS ahead_ms, $5::int8 AS oldest
@@ -33,6 +34,10 @@ WITH wants AS (
     INSERT INTO failure_notices (biz_type_id, task_id, event)
     SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
      WHERE l.status = 'expired' AND b.failure_url IS NOT NULL
+), chat AS (
+    INSERT INTO chat_notices (biz_type_id, task_id, event)
+    SELECT l.biz_type_id, l.id, 'task.expired' FROM leased l JOIN biz_types b ON b.id = l.biz_type_id
+     WHERE l.status = 'expired' AND b.chat_url IS NOT NULL
 )
 SELECT leased.*, $4::text AS biz_type, coalesce(leased.lease_until, now()) AS reserved_until,
        coalesce(leased.leased_by, '00000000-0000-0000-0000-000000000000') AS receipt, leased.status = 'expired' AS expired

@@ -136,6 +136,15 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     browser.goto(&format!("/console/tasks/{}", ids[2])).await;
     browser.submit("#replay").await;
     assert!(browser.text(".flash").await.contains("Task replayed"));
+    // The page of a task not yet finished refreshes itself (issue 4): it turns succeeded
+    // without a reload, its attempt and finish time with it, never one without the others.
+    assert_eq!(browser.execute("return document.getElementById('refresh').hidden").await, json!(false), "the script shows the switch");
+    browser.execute("window.notReloaded = true").await;
+    browser.wait_for("#status.succeeded", Duration::from_secs(20)).await;
+    assert_eq!(browser.execute("return window.notReloaded === true").await, json!(true), "swapped in place");
+    assert_eq!(browser.texts("#attempts tbody tr.attempt").await.len(), 4, "its new attempt beside its new state");
+    assert!(browser.text("#finished").await != "—", "its finish time beside its new state");
+    assert!(browser.text("#refreshed").await.contains("no longer refreshed"), "{}", browser.text("#refreshed").await);
     // Due now, it is delivered again at once (the receiver answers 200 by now).
     for _ in 0..100 {
         if task_status(&app, &ids[2]).await == "succeeded" {

@@ -394,6 +394,7 @@ async fn the_console_fits_a_390_px_wide_screen() {
         format!("/console/tasks/{id}"),
         "/console/biz-types/orders".into(),
         format!("/console/timers/{timer_id}"),
+        "/console/cluster".into(),
     ] {
         browser.goto(&path).await;
         let scroll_width = browser.execute("return document.documentElement.scrollWidth").await;
@@ -410,6 +411,15 @@ async fn the_console_fits_a_390_px_wide_screen() {
     }
     browser.goto("/console/tasks").await;
     browser.screenshot(shot("tasks-390px.png")).await;
+    // Issue 7: a biz type's whole row is in view on the dashboard, not 3 of its columns
+    // with the rest to scroll to: a card, its counts labelled.
+    browser.goto("/console").await;
+    let cells = "[...document.querySelectorAll('#dashboard tr.biz-type td')]";
+    assert_eq!(browser.execute(&format!("return {cells}.length")).await, json!(8));
+    let outside = browser.execute(&format!("return {cells}.filter(e => e.getBoundingClientRect().right > 390).map(e => e.className)")).await;
+    assert_eq!(outside, json!([]), "cells past the screen's edge");
+    assert_eq!(browser.execute("return getComputedStyle(document.querySelector('#dashboard td.pending'), '::before').content").await, json!("\"Pending\""));
+    browser.screenshot(shot("dashboard-390px.png")).await;
     browser.close().await;
 }
 

@@ -801,3 +801,37 @@ async fn a_sign_in_token_the_client_made_up_is_refused() {
     assert_eq!([made_up, unsigned, bad_signature], [403, 403, 403]);
     assert_eq!(handed_out, 303, "the pair another node handed out signs in here");
 }
+
+/// Issue 12: the cluster page names each node by its host name and pid, with its version,
+/// the leader too (the id beside it, small); the dashboard names the leader the same way;
+/// both refresh themselves (the switch is there for the script).
+#[tokio::test]
+async fn the_cluster_page_names_its_nodes() {
+    let app = spawn_app().await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let host = nix::unistd::gethostname().unwrap().to_string_lossy().into_owned();
+    let name = format!("{host} (pid {})", std::process::id());
+    let node: uuid::Uuid = crate::helpers::wait_until("the node's row", std::time::Duration::from_secs(10), || async {
+        sqlx::query_scalar("SELECT id FROM nodes").fetch_optional(&app.pool).await.unwrap()
+    })
+    .await;
+    // The leader is whichever node takes the lock first: this one, the only one.
+    let page = crate::helpers::wait_until("a leader named on the cluster page", std::time::Duration::from_secs(20), || async {
+        let page = admin.get("/console/cluster").await;
+        if page.body.contains("<p id=\"leader\">Leader: <strong>") { Ok(page) } else { Err(page.body) }
+    })
+    .await;
+    assert!(
+        page.body.contains(&format!("<p id=\"leader\">Leader: <strong>{name}</strong> <span class=\"muted small\">(<code>{node}</code>)</span></p>")),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(&format!("<strong class=\"node-name\">{name}</strong> <span class=\"badge leader\">leader</span>")), "{}", page.body);
+    assert!(page.body.contains(&format!("<code class=\"muted small node-id\">{node}</code>")), "the id, small, beside the name");
+    assert!(page.body.contains(&format!("<td class=\"node-version\">{}</td>", env!("CARGO_PKG_VERSION"))), "{}", page.body);
+    assert!(page.body.contains("<input type=\"checkbox\" id=\"auto-refresh\" data-refresh-seconds=\"5\" data-refresh-key=\"cluster\">"));
+    assert!(page.body.contains("<div id=\"live\">"));
+
+    let dashboard = admin.get("/console").await;
+    assert!(dashboard.body.contains(&format!("leader <a href=\"/console/cluster\" id=\"leader\">{name}</a>")), "{}", dashboard.body);
+}

@@ -471,6 +471,23 @@ pub async fn holding<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<Opti
     .await?)
 }
 
+/// Of these timers (of these biz types), how many occurrences each has failed or expired
+/// and not replayed: a timer with any is failing (the console's timer pages). A walk of
+/// `tasks_failed_idx` and `tasks_expired_idx` for the biz types: failed tasks are few.
+/// Timers with none are left out. Locks nothing.
+pub async fn failed_occurrences(pool: &Pool, biz_type_ids: &[i32], timer_ids: &[Uuid]) -> Result<std::collections::HashMap<Uuid, i64>, Error> {
+    let rows: Vec<(Uuid, i64)> = crate::db::query_as(
+        "SELECT t.timer_id, count(*) FROM tasks t
+          WHERE t.status IN ('failed', 'expired') AND t.biz_type_id = ANY($1) AND t.timer_id = ANY($2)
+          GROUP BY t.timer_id",
+    )
+    .bind(biz_type_ids)
+    .bind(timer_ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Tasks holding this client key, in any biz type (the console's search box).
 pub async fn find_by_key(pool: &Pool, key: &str) -> Result<Vec<Task>, Error> {
     Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(

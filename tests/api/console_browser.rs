@@ -418,7 +418,10 @@ async fn the_console_fits_a_390_px_wide_screen() {
     assert_eq!(browser.execute(&format!("return {cells}.length")).await, json!(8));
     let outside = browser.execute(&format!("return {cells}.filter(e => e.getBoundingClientRect().right > 390).map(e => e.className)")).await;
     assert_eq!(outside, json!([]), "cells past the screen's edge");
-    assert_eq!(browser.execute("return getComputedStyle(document.querySelector('#dashboard td.pending'), '::before').content").await, json!("\"Pending\""));
+    assert_eq!(
+        browser.execute("return getComputedStyle(document.querySelector('#dashboard td.pending'), '::before').content").await,
+        json!("\"Pending\"")
+    );
     browser.screenshot(shot("dashboard-390px.png")).await;
     browser.close().await;
 }

@@ -22,12 +22,19 @@ function offerBrowserZone(root) {
 }
 offerBrowserZone(document);
 
-// A form in the live part that a person is filling in: a refresh would throw it away.
+// A form in the live part that a person is filling in: a refresh would throw it away. Each
+// field is compared with what it held when the part was shown (not its defaultValue: the
+// browser rewrites some, "09:30:00" reading "09:30", and a script fills hidden ones).
+const fields = (root) => [...root.querySelectorAll("input:not([type=hidden]), select, textarea")];
+const state = (field) => (field.type === "checkbox" || field.type === "radio" ? field.checked : field.value);
+const shown = new WeakMap();
+function remember(root) {
+  for (const field of fields(root)) shown.set(field, state(field));
+}
 function beingFilled(live) {
   const focused = document.activeElement;
   if (focused && live.contains(focused) && focused.form && focused.matches("input, select, textarea")) return true;
-  return [...live.querySelectorAll("input, select, textarea")].some((field) =>
-    field.type === "checkbox" || field.type === "radio" ? field.checked !== field.defaultChecked : field.value !== field.defaultValue);
+  return fields(live).some((field) => shown.has(field) && shown.get(field) !== state(field));
 }
 
 // Pages that change by themselves (the dashboard, the cluster, a task not yet finished):
@@ -44,6 +51,7 @@ if (refresh) {
   refresh.checked = localStorage.getItem(key) !== "off";
   document.getElementById("refresh").hidden = false;
   refresh.addEventListener("change", () => localStorage.setItem(key, refresh.checked ? "on" : "off"));
+  remember(document.getElementById("live"));
   const every = setInterval(async () => {
     const live = document.getElementById("live");
     if (!refresh.checked || document.hidden || beingFilled(live)) return;
@@ -59,6 +67,7 @@ if (refresh) {
       if (fresh) {
         live.replaceWith(fresh);
         offerBrowserZone(fresh);
+        remember(fresh);
         said.textContent = `updated ${new Date().toLocaleTimeString()}`;
       }
       if (!page.getElementById("auto-refresh")) {

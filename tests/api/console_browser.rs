@@ -207,6 +207,30 @@ async fn a_support_user_created_then_disabled_cannot_sign_in() {
     admin.close().await;
 }
 
+/// Issue 4: an admin's page of a pending task, its reschedule form shown, refreshes itself
+/// too: the form as served is not taken for one being filled in (the browser reads its
+/// due time "10:00:00" as "10:00"), and the page turns succeeded without a reload.
+#[tokio::test]
+async fn a_pending_tasks_page_with_its_forms_refreshes_itself() {
+    let app = crate::helpers::spawn_app().await;
+    let token = app.biz_type("orders").await;
+    // Due in an hour, on the minute (in the hot partitions, where force_status reaches).
+    let due = (chrono::Utc::now() + chrono::Duration::hours(1)).format("%Y-%m-%dT%H:%M:00Z").to_string();
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "o-1", "run_at": due})).await;
+    let id = task["id"].as_str().unwrap().to_string();
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    browser.goto(&format!("/console/tasks/{id}")).await;
+    assert!(browser.exists("#reschedule").await, "the admin's reschedule form");
+    assert_eq!(browser.execute("return document.getElementById('auto-refresh').checked").await, json!(true));
+    browser.execute("window.notReloaded = true").await;
+    app.force_status(&id, "succeeded").await;
+    browser.wait_for("#status.succeeded", Duration::from_secs(20)).await;
+    assert_eq!(browser.execute("return window.notReloaded === true").await, json!(true), "swapped in place");
+    assert!(!browser.exists("#reschedule").await, "a finished task has no reschedule form");
+    browser.close().await;
+}
+
 /// Issue 16, "read its history after two replays, reload after each action without
 /// repeating it": a task that failed once then succeeded is replayed twice by an admin,
 /// each time through the confirm page a succeeded task asks for; reloading the confirm page

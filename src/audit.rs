@@ -433,7 +433,12 @@ pub const TASK_EVENTS: i64 = 500;
 /// until]` (None: no bound), oldest first, at most `TASK_EVENTS`; `at` is when the change
 /// was made to this task (a bulk operation's entry is written at its first batch). A range
 /// of task_events' primary key, then an entry by its own each.
-pub async fn of_task(pool: &Pool, task: Uuid, since: Option<DateTime<Utc>>, until: Option<DateTime<Utc>>) -> Result<Vec<Entry>, sqlx::Error> {
+pub async fn of_task<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    task: Uuid,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+) -> Result<Vec<Entry>, sqlx::Error> {
     crate::db::query_as(
         "SELECT a.id, e.at, a.actor, a.action, a.target_type, a.target, a.before, a.after
            FROM task_events e JOIN audit_log a ON a.id = e.audit_id
@@ -444,7 +449,7 @@ pub async fn of_task(pool: &Pool, task: Uuid, since: Option<DateTime<Utc>>, unti
     .bind(since)
     .bind(until)
     .bind(TASK_EVENTS)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await
 }
 

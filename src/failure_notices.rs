@@ -97,13 +97,13 @@ pub struct Notice {
 }
 
 /// The notices of a task, oldest first (a task replayed and failed again has one per end).
-pub async fn for_task(pool: &Pool, task_id: Uuid) -> Result<Vec<Notice>, Error> {
+pub async fn for_task<'e>(db: impl sqlx::PgExecutor<'e>, task_id: Uuid) -> Result<Vec<Notice>, Error> {
     Ok(crate::db::query_as::<Notice>(
         "SELECT id, event, status, attempt_count, due_at, last_status_code, last_error, created_at, finished_at
            FROM failure_notices WHERE task_id = $1 ORDER BY created_at",
     )
     .bind(task_id)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?)
 }
 

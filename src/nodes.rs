@@ -103,6 +103,19 @@ pub struct Registered {
     pub silent_secs: f64,
 }
 
+impl Registered {
+    /// How a person tells it apart: its host name and pid ("web-1 (pid 4121)").
+    pub fn name(&self) -> String {
+        format!("{} (pid {})", self.hostname, self.pid)
+    }
+}
+
+/// The name of node `id` among `nodes` (`Registered::name`), or its id once it is no
+/// longer registered.
+pub fn name_of(nodes: &[Registered], id: Uuid) -> String {
+    nodes.iter().find(|n| n.id == id).map_or_else(|| id.to_string(), Registered::name)
+}
+
 /// Every registered node, oldest first (dead ones until they age out).
 pub async fn list(pool: &Pool) -> Result<Vec<Registered>, sqlx::Error> {
     crate::db::query_as(

@@ -27,30 +27,54 @@ if (selectAll) {
 }
 
 // The task page's reschedule form: offer the browser's own zone (the server reads times in
-// the zone the form names; without this script the form stays in the zone it shows).
-for (const button of document.querySelectorAll("[data-browser-zone-button]")) {
-  const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
-  const current = document.querySelector("[data-browser-zone]");
-  if (zone && current && current.value !== zone) {
-    button.form.querySelector("[data-browser-zone-value]").value = zone;
-    button.textContent = `Show the time in my zone (${zone})`;
-    button.hidden = false;
+// the zone the form names; without this script the form stays in the zone it shows). Run
+// again on each part a refresh swaps in.
+function offerBrowserZone(root) {
+  for (const button of root.querySelectorAll("[data-browser-zone-button]")) {
+    const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    const current = root.querySelector("[data-browser-zone]");
+    if (zone && current && current.value !== zone) {
+      button.form.querySelector("[data-browser-zone-value]").value = zone;
+      button.textContent = `Show the time in my zone (${zone})`;
+      button.hidden = false;
+    }
   }
 }
+offerBrowserZone(document);
 
-// The dashboard's refresh: every few seconds, while the box is ticked (remembered in this
-// browser), the page is fetched again and its live part swapped in. Without this script the
-// box stays hidden and the page is read as served (reload it to update).
+// A form in the live part that a person is filling in: a refresh would throw it away. Each
+// field is compared with what it held when the part was shown (not its defaultValue: the
+// browser rewrites some, "09:30:00" reading "09:30", and a script fills hidden ones).
+const fields = (root) => [...root.querySelectorAll("input:not([type=hidden]), select, textarea")];
+const state = (field) => (field.type === "checkbox" || field.type === "radio" ? field.checked : field.value);
+const shown = new WeakMap();
+function remember(root) {
+  for (const field of fields(root)) shown.set(field, state(field));
+}
+function beingFilled(live) {
+  const focused = document.activeElement;
+  if (focused && live.contains(focused) && focused.form && focused.matches("input, select, textarea")) return true;
+  return fields(live).some((field) => shown.has(field) && shown.get(field) !== state(field));
+}
+
+// Pages that change by themselves (the dashboard, the cluster, a task not yet finished):
+// every few seconds, while the box is ticked (remembered in this browser, for each kind of
+// page), the page is fetched again and its live part swapped in, unless a form in it is
+// being filled in. A page fetched without the box has stopped changing (its task finished):
+// the refresh stops there. Without this script the box stays hidden and the page is read as
+// served (reload it to update).
 const refresh = document.getElementById("auto-refresh");
 if (refresh) {
-  const key = "chime.dashboard.refresh";
+  const key = `chime.${refresh.dataset.refreshKey || "dashboard"}.refresh`;
   const seconds = Number(refresh.dataset.refreshSeconds) || 10;
   const said = document.getElementById("refreshed");
   refresh.checked = localStorage.getItem(key) !== "off";
   document.getElementById("refresh").hidden = false;
   refresh.addEventListener("change", () => localStorage.setItem(key, refresh.checked ? "on" : "off"));
-  setInterval(async () => {
-    if (!refresh.checked || document.hidden) return;
+  remember(document.getElementById("live"));
+  const every = setInterval(async () => {
+    const live = document.getElementById("live");
+    if (!refresh.checked || document.hidden || beingFilled(live)) return;
     try {
       const response = await fetch(window.location.href, { credentials: "same-origin" });
       if (response.redirected || !response.ok) {
@@ -61,8 +85,15 @@ if (refresh) {
       const page = new DOMParser().parseFromString(await response.text(), "text/html");
       const fresh = page.getElementById("live");
       if (fresh) {
-        document.getElementById("live").replaceWith(fresh);
+        live.replaceWith(fresh);
+        offerBrowserZone(fresh);
+        remember(fresh);
         said.textContent = `updated ${new Date().toLocaleTimeString()}`;
+      }
+      if (!page.getElementById("auto-refresh")) {
+        clearInterval(every);
+        refresh.disabled = true;
+        said.textContent = `updated ${new Date().toLocaleTimeString()}; finished, so no longer refreshed`;
       }
     } catch (e) {
       said.textContent = `not updated (${e.message}); trying again in ${seconds} s`;

@@ -63,7 +63,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
         (status = 408, response = super::error::RequestTimeout),
         (status = 409, description = r#"A timer with this key exists in the biz type."#, body = super::error::Error, example = json!({"error": {"code": "key_conflict", "message": "a timer with key `nightly` already exists in this biz type"}})),
         (status = 413, description = r#"The payload is over the size limit."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "payload is 70000 bytes as stored; the limit is 65536"}})),
-        (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "cron: needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), such as `0 30 9 * * Mon-Fri`; this one has 5"}})),
+        (status = 422, description = r#"A field is invalid; the message names it."#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "cron: needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), such as `0 30 9 * * Mon-Fri`; this one has 5. As a crontab line (minute first), `30 9 * * 1-5` is `0 30 9 * * MON-FRI` here, at second 0"}})),
         (status = 500, response = super::error::Internal),
         (status = 503, response = super::error::Unavailable)
     ),

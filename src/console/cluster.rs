@@ -1,5 +1,6 @@
-//! The cluster page: nodes and their heartbeats, the leader, the database server and its
-//! standbys, partitions and cold storage.
+//! The cluster page: nodes (by host name, pid and version) and their heartbeats, the
+//! leader, the database server and its standbys, partitions and cold storage. It refreshes
+//! itself, as the dashboard does.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -39,6 +40,11 @@ struct Page {
 }
 
 impl Page {
+    /// A node's host name and pid, while it is registered.
+    fn name_of(&self, id: &Uuid) -> Option<String> {
+        self.nodes.iter().find(|n| n.id == *id).map(crate::nodes::Registered::name)
+    }
+
     /// WAL bytes as `pg_size_pretty` would put them.
     fn bytes(&self, n: &i64) -> String {
         let mut size = *n as f64;

@@ -14,7 +14,6 @@
 use chrono::{DateTime, Utc};
 
 use crate::audit::{self, Entry};
-use crate::db::Pool;
 use crate::tasks::{Attempt, Task};
 
 /// One row of the history: an attempt, or an audited change of the task.
@@ -89,8 +88,13 @@ pub struct Audited(pub Vec<Entry>);
 impl Audited {
     /// The events of `task` made within `[since, until]` (None: no bound), at most
     /// `audit::TASK_EVENTS`.
-    pub async fn read(pool: &Pool, task: &Task, since: Option<DateTime<Utc>>, until: Option<DateTime<Utc>>) -> Result<Audited, sqlx::Error> {
-        audit::of_task(pool, task.id, since, until).await.map(Audited)
+    pub async fn read<'e>(
+        db: impl sqlx::PgExecutor<'e>,
+        task: &Task,
+        since: Option<DateTime<Utc>>,
+        until: Option<DateTime<Utc>>,
+    ) -> Result<Audited, sqlx::Error> {
+        audit::of_task(db, task.id, since, until).await.map(Audited)
     }
 }
 

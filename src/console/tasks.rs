@@ -551,38 +551,55 @@ fn due_in(task: &Task, zone: chrono_tz::Tz) -> String {
     task.run_at.with_timezone(&zone).format("%Y-%m-%dT%H:%M:%S").to_string()
 }
 
+/// The reschedule form's time: as typed (sent back with its errors), or the task's due
+/// time in a zone.
+enum RunAt {
+    Typed(String),
+    DueIn(chrono_tz::Tz),
+}
+
 /// The task's page; with errors, answered 422 with the reschedule form as it was typed.
+///
+/// Every read is made in one snapshot (`Pool::snapshot`): read one by one, a task finishing
+/// meanwhile showed "running" beside the 200 attempt that finished it and no finish time.
 #[allow(clippy::too_many_arguments)]
 async fn task_page(
     req: &HttpRequest,
     session: &Session,
     state: &AppState,
-    mut task: Task,
+    id: Uuid,
     from: AttemptsFrom,
     zone: String,
-    run_at: String,
+    run_at: RunAt,
     errors: Vec<(String, String)>,
 ) -> Result<HttpResponse, ConsoleError> {
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
+    let mut tx = state.pool.snapshot().await?;
+    let mut task = tasks::read(&mut *tx, id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {id}")))?;
     // A page of attempts, the newest by default: a task snoozed every second for a day
     // made a page of 35 MB when all were shown.
     let paged = matches!(from, AttemptsFrom::Before(_));
-    let page = tasks::attempts(&state.pool, task.id, &from, tasks::ATTEMPTS_SHOWN).await?;
+    let page = tasks::attempts(&mut *tx, task.id, &from, tasks::ATTEMPTS_SHOWN).await?;
     let mut attempts = page.items;
-    let attempt_total = tasks::attempt_total(&state.pool, task.id).await?;
+    let attempt_total = tasks::attempt_total(&mut *tx, task.id).await?;
     let before_page = match attempts.first() {
-        Some(first) => tasks::attempts_before(&state.pool, task.id, first).await?,
+        Some(first) => tasks::attempts_before(&mut *tx, task.id, first).await?,
         None => 0,
     };
     let payload = super::pretty_json(&task.payload);
-    let others = tasks::others_with_key(&state.pool, &task).await?;
-    let mut notices = failure_notices::for_task(&state.pool, task.id).await?;
-    let holding = tasks::holding(&state.pool, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
+    let others = tasks::others_with_key(&mut *tx, &task).await?;
+    let mut notices = failure_notices::for_task(&mut *tx, task.id).await?;
+    let holding = tasks::holding(&mut *tx, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
     // Only the changes among the attempts shown, when there are more.
     let (first, last) = (attempts.first().map(|a| a.started_at), attempts.last().map(|a| a.started_at));
     let since = first.filter(|_| page.older.is_some());
     let until = last.filter(|_| page.newer.is_some());
-    let audited = history::Audited::read(&state.pool, &task, since, until).await?;
+    let audited = history::Audited::read(&mut *tx, &task, since, until).await?;
+    tx.commit().await?;
+    let run_at = match run_at {
+        RunAt::Typed(typed) => typed,
+        RunAt::DueIn(zone) => due_in(&task, zone),
+    };
     if !session.is_admin() {
         // A redirect's target, in the attempt and its error, may carry `user:pass@`.
         task.last_error = task.last_error.as_deref().map(audit::masked_urls);
@@ -643,7 +660,6 @@ pub async fn show(
     query: web::Query<ShowQuery>,
 ) -> Result<HttpResponse, ConsoleError> {
     let id = parse_id(&id)?;
-    let task = tasks::read(&state.pool, id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {id}")))?;
     let from = match query.attempts_before.as_str() {
         "" => AttemptsFrom::Newest,
         cursor => AttemptsFrom::Before(cursor.to_string()),
@@ -653,9 +669,9 @@ pub async fn show(
         Err(Error::Invalid { field, message }) => (chrono_tz::UTC, vec![(field, message)]),
         Err(e) => return Err(e.into()),
     };
-    let run_at = due_in(&task, zone);
+    let run_at = RunAt::DueIn(zone);
     let zone = if errors.is_empty() { zone.name().to_string() } else { query.into_inner().zone };
-    task_page(&req, &session, &state, task, from, zone, run_at, errors).await
+    task_page(&req, &session, &state, id, from, zone, run_at, errors).await
 }
 
 pub async fn cancel(
@@ -810,7 +826,7 @@ pub async fn reschedule(
     };
     if let Err(problems) = moved {
         let form = form.into_inner();
-        return task_page(&req, &session, &state, task, AttemptsFrom::Newest, form.zone, form.run_at, problems.by_field()?).await;
+        return task_page(&req, &session, &state, task.id, AttemptsFrom::Newest, form.zone, RunAt::Typed(form.run_at), problems.by_field()?).await;
     }
     Ok(done(&format!("/console/tasks/{}", task.id), "Task rescheduled."))
 }

@@ -1,5 +1,7 @@
-//! Timer pages: list, create, edit, activate and deactivate, with the next fire times in
-//! the timer's own zone. Changing timers is for admins.
+//! Timer pages: list, create, edit, activate and deactivate. Each time is shown in UTC, as
+//! everywhere in the console, with the timer's own zone beside it; the cron expression is
+//! read out in words; a timer whose occurrences failed says so. Changing timers is for
+//! admins.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -36,6 +38,9 @@ pub struct Form {
     pub catch_up: Option<String>,
     #[serde(default)]
     pub active: Option<String>,
+    /// The button offering the 6-field form of a refused 5-field cron: used instead of `cron`.
+    #[serde(default)]
+    pub use_cron: Option<String>,
 }
 
 impl Form {
@@ -49,7 +54,13 @@ impl Form {
             payload: super::pretty_json(&t.payload),
             catch_up: t.catch_up.then(|| "on".into()),
             active: t.active.then(|| "on".into()),
+            use_cron: None,
         }
+    }
+
+    /// The cron expression to use: the one offered, where its button was pressed.
+    fn cron(&self) -> String {
+        self.use_cron.as_deref().unwrap_or(&self.cron).trim().to_string()
     }
 
     fn payload(&self) -> Result<Box<serde_json::value::RawValue>, Error> {
@@ -63,16 +74,56 @@ impl Form {
     }
 }
 
-/// A timer with its next fire times, in its zone.
+/// A timer with its next fire times, its schedule in words and its failed occurrences.
 pub struct Listed {
     pub timer: Timer,
-    pub next: Vec<String>,
+    pub next: Vec<chrono::DateTime<Utc>>,
+    tz: chrono_tz::Tz,
+    /// The cron expression in words, in its zone.
+    pub reading: String,
+    /// Its occurrences failed or expired and not replayed.
+    pub failed: i64,
 }
 
-fn listed(timer: Timer) -> Listed {
+impl Listed {
+    /// A time in the timer's zone, to show beside its UTC (empty for a timer in UTC).
+    pub fn local(&self, at: &chrono::DateTime<Utc>) -> String {
+        if self.tz == chrono_tz::UTC {
+            return String::new();
+        }
+        format!("{} {}", at.with_timezone(&self.tz).format("%Y-%m-%d %H:%M:%S %Z"), self.tz.name())
+    }
+
+    /// What the state badge says, and its class: an active timer whose occurrences failed
+    /// is failing, not green.
+    pub fn state(&self) -> (&'static str, &'static str) {
+        match (self.timer.active, self.failed > 0) {
+            (false, _) => ("inactive", "cancelled"),
+            (true, true) => ("failing", "failed"),
+            (true, false) => ("active", "succeeded"),
+        }
+    }
+}
+
+fn listed(timer: Timer, failed: i64) -> Listed {
     let tz: chrono_tz::Tz = timer.timezone.parse().unwrap_or(chrono_tz::UTC);
-    let next = timer.next_fire_times(Utc::now()).iter().map(|t| t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string()).collect();
-    Listed { timer, next }
+    let next = timer.next_fire_times(Utc::now());
+    let reading = format!("{} ({} time)", timers::reading(&timer.cron), tz.name());
+    Listed { timer, next, tz, reading, failed }
+}
+
+/// Each timer of `all` listed, with its failed occurrences (one statement for them all).
+async fn listed_all(state: &AppState, all: Vec<Timer>) -> Result<Vec<Listed>, Error> {
+    let biz_types: Vec<i32> = all.iter().map(|t| t.biz_type_id).collect();
+    let ids: Vec<Uuid> = all.iter().map(|t| t.id).collect();
+    let failed = tasks::failed_occurrences(&state.pool, &biz_types, &ids).await?;
+    Ok(all
+        .into_iter()
+        .map(|t| {
+            let failed = failed.get(&t.id).copied().unwrap_or(0);
+            listed(t, failed)
+        })
+        .collect())
 }
 
 #[derive(Template)]
@@ -94,6 +145,14 @@ struct EditPage {
     zones: Vec<&'static str>,
     /// The timer's latest occurrences due by now, newest first (none on the create form).
     occurrences: Vec<Task>,
+    /// How many of the latest finished occurrences failed or expired, one after another.
+    failed_in_a_row: usize,
+    /// Every finished one of them did (at least one).
+    every_one_failed: bool,
+    /// A refused 5-field cron's 6-field form, offered beside the error.
+    offer: Option<String>,
+    /// The cron expression typed, in words, if it parses.
+    reading: Option<String>,
 }
 
 /// How many occurrences a timer's page lists, and how far back it looks for them: the
@@ -128,7 +187,7 @@ impl EditPage {
 
 pub async fn list(req: HttpRequest, session: Session, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
     let all = timers::list(&state.pool, None, None, 1000).await?;
-    let page = ListPage { ctx: Ctx::new(&session, &req, "timers"), timers: all.into_iter().map(listed).collect() };
+    let page = ListPage { ctx: Ctx::new(&session, &req, "timers"), timers: listed_all(&state, all).await? };
     render(StatusCode::OK, &page.ctx, &page)
 }
 
@@ -145,14 +204,32 @@ async fn edit_page(
         Some(timer) => occurrences(state, timer).await?,
         None => vec![],
     };
+    let failed_in_a_row = occurrences
+        .iter()
+        .filter(|t| t.status.is_finished())
+        .take_while(|t| matches!(t.status, tasks::Status::Failed | tasks::Status::Expired))
+        .count();
+    let every_one_failed = failed_in_a_row > 0 && failed_in_a_row == occurrences.iter().filter(|t| t.status.is_finished()).count();
+    let timer = match timer {
+        Some(timer) => listed_all(state, vec![timer]).await?.pop(),
+        None => None,
+    };
+    let refused_cron = errors.iter().any(|(field, _)| field == "cron");
+    let zone = Some(form.timezone.trim()).filter(|z| !z.is_empty()).unwrap_or("UTC");
+    let offer = timers::six_fields(&form.cron).filter(|six| refused_cron && timers::Schedule::parse(six, "UTC").is_ok());
+    let reading = timers::Schedule::parse(form.cron.trim(), zone).ok().map(|_| format!("{} ({zone} time)", timers::reading(form.cron.trim())));
     let page = EditPage {
         ctx: Ctx::new(session, req, "timers"),
-        timer: timer.map(listed),
+        timer,
         form,
         errors,
         biz_types: biz_types::list(&state.pool).await?,
         zones: chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()).collect(),
         occurrences,
+        failed_in_a_row,
+        every_one_failed,
+        offer,
+        reading,
     };
     render(status, &page.ctx, &page)
 }
@@ -175,7 +252,8 @@ pub async fn new(req: HttpRequest, session: Session, state: web::Data<AppState>)
 
 pub async fn create(req: HttpRequest, session: Session, state: web::Data<AppState>, form: web::Form<Form>) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
-    let form = form.into_inner();
+    let mut form = form.into_inner();
+    form.cron = form.cron();
     // The biz type, the payload's JSON and the API's rules are checked side by side, so
     // that every field's problem is shown at once.
     let biz_type_id = biz_types::id_of(&state.pool, &form.biz_type).await.map_err(|_| Error::invalid("biz_type", "choose a biz type"));
@@ -226,7 +304,8 @@ pub async fn update(
 ) -> Result<HttpResponse, ConsoleError> {
     session.admin_form(&form.csrf)?;
     let timer = found(&state, &id).await?;
-    let form = form.into_inner();
+    let mut form = form.into_inner();
+    form.cron = form.cron();
     let result = match form.payload() {
         Ok(payload) => {
             let changes = TimerChanges {

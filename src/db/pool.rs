@@ -67,6 +67,16 @@ impl Pool {
         self.pg.begin().await
     }
 
+    /// A read-only transaction in one snapshot (REPEATABLE READ): every statement in it
+    /// sees the database as it was at its first, so a page read by several statements
+    /// never mixes two moments. Read only, it takes no lock beyond its statements' own
+    /// ACCESS SHARE. Commit it (or drop it) when done.
+    pub async fn snapshot(&self) -> Result<Transaction<'static, Postgres>, Error> {
+        let mut tx = self.pg.begin().await?;
+        query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
+        Ok(tx)
+    }
+
     /// A session of the pool. Through a pooler, statements on it belong in a transaction
     /// (`begin`); this is for holding sessions, and for what runs on a direct pool.
     pub async fn acquire(&self) -> Result<PoolConnection<Postgres>, Error> {

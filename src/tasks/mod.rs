@@ -63,8 +63,8 @@ pub use occurrences::{Occurrences, insert_occurrences};
 pub use payload::{check_payload, containment};
 pub use queries::{
     ATTEMPTS_SHOWN, AttemptPage, AttemptsFrom, COUNT_CAP, HeldKey, Holding, KeySearch, ListFilter, Page, Reschedule, Target, attempt_total, attempts,
-    attempts_before, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys, find_by_key, get, get_by_key, held_flow_keys, holding,
-    ids_with_key, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target, search_keys,
+    attempts_before, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys, failed_occurrences, find_by_key, get, get_by_key,
+    held_flow_keys, holding, ids_with_key, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target, search_keys,
 };
 pub use replace::OnConflict;
 

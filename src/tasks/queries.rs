@@ -50,7 +50,7 @@ pub struct AttemptPage {
 
 /// Up to `limit` attempts of task `id`, in the order they started (ties by number), from
 /// where `from` says. The cursor is a row's (started_at, number).
-pub async fn attempts(pool: &Pool, id: Uuid, from: &AttemptsFrom, limit: i64) -> Result<AttemptPage, Error> {
+pub async fn attempts<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid, from: &AttemptsFrom, limit: i64) -> Result<AttemptPage, Error> {
     let (cursor, forward) = match from {
         AttemptsFrom::Oldest => (None, true),
         AttemptsFrom::After(c) => (Some(decode_attempt_cursor(c)?), true),
@@ -75,7 +75,7 @@ pub async fn attempts(pool: &Pool, id: Uuid, from: &AttemptsFrom, limit: i64) ->
         Some((at, number)) => query.bind(at).bind(number),
         None => query,
     };
-    let mut items = query.fetch_all(pool).await?;
+    let mut items = query.fetch_all(db).await?;
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
     if !forward {
@@ -91,17 +91,17 @@ pub async fn attempts(pool: &Pool, id: Uuid, from: &AttemptsFrom, limit: i64) ->
 }
 
 /// How many attempts task `id` has had in all (a count over attempts_task_idx).
-pub async fn attempt_total(pool: &Pool, id: Uuid) -> Result<i64, Error> {
-    Ok(crate::db::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1").bind(id).fetch_one(pool).await?)
+pub async fn attempt_total<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<i64, Error> {
+    Ok(crate::db::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1").bind(id).fetch_one(db).await?)
 }
 
 /// How many attempts task `id` had before `attempt` (in the order `attempts` pages them).
-pub async fn attempts_before(pool: &Pool, id: Uuid, attempt: &Attempt) -> Result<i64, Error> {
+pub async fn attempts_before<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid, attempt: &Attempt) -> Result<i64, Error> {
     Ok(crate::db::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1 AND (started_at, number) < ($2, $3)")
         .bind(id)
         .bind(attempt.started_at)
         .bind(attempt.number)
-        .fetch_one(pool)
+        .fetch_one(db)
         .await?)
 }
 
@@ -535,7 +535,7 @@ fn decode_key_cursor(cursor: &str) -> Result<(i32, String), Error> {
 /// it held before (`task_keys.earlier`), newest first, at most 20. Empty without a key. The
 /// ids go in as an array, so each is a probe of a primary key (as `read` does), never a
 /// scan of the view.
-pub async fn others_with_key(pool: &Pool, task: &Task) -> Result<Vec<Task>, Error> {
+pub async fn others_with_key<'e>(db: impl sqlx::PgExecutor<'e>, task: &Task) -> Result<Vec<Task>, Error> {
     let Some(key) = &task.key else { return Ok(vec![]) };
     Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
         "{SELECT_TASK}
@@ -547,7 +547,7 @@ pub async fn others_with_key(pool: &Pool, task: &Task) -> Result<Vec<Task>, Erro
     .bind(task.biz_type_id)
     .bind(key)
     .bind(task.id)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?)
 }
 
@@ -583,15 +583,32 @@ pub struct Holding {
 
 /// The task's `Holding`, or None: a probe of the primary key of each part of `all_tasks`
 /// (as `read`), and of `nodes`.
-pub async fn holding(pool: &Pool, id: Uuid) -> Result<Option<Holding>, Error> {
+pub async fn holding<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<Option<Holding>, Error> {
     Ok(crate::db::query_as::<Holding>(
         "SELECT t.first_run_at, t.leased_by, t.lease_until, n.hostname || ' (pid ' || n.pid || ')' AS node, b.mode = 'pull' AS pull
            FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id LEFT JOIN nodes n ON n.id = t.leased_by
           WHERE t.id = $1",
     )
     .bind(id)
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?)
+}
+
+/// Of these timers (of these biz types), how many occurrences each has failed or expired
+/// and not replayed: a timer with any is failing (the console's timer pages). A walk of
+/// `tasks_failed_idx` and `tasks_expired_idx` for the biz types: failed tasks are few.
+/// Timers with none are left out. Locks nothing.
+pub async fn failed_occurrences(pool: &Pool, biz_type_ids: &[i32], timer_ids: &[Uuid]) -> Result<std::collections::HashMap<Uuid, i64>, Error> {
+    let rows: Vec<(Uuid, i64)> = crate::db::query_as(
+        "SELECT t.timer_id, count(*) FROM tasks t
+          WHERE t.status IN ('failed', 'expired') AND t.biz_type_id = ANY($1) AND t.timer_id = ANY($2)
+          GROUP BY t.timer_id",
+    )
+    .bind(biz_type_ids)
+    .bind(timer_ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// Tasks holding this client key, in any biz type (the console's search box).

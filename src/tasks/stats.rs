@@ -171,6 +171,23 @@ pub async fn lateness_last_hour(pool: &Pool) -> Result<HashMap<i32, (Option<i32>
     Ok(rows.into_iter().map(|(id, p50, p99)| (id, (p50, p99))).collect())
 }
 
+/// The 99th percentile lateness (ms) of the attempts started in the last `minutes`, per biz
+/// type: the dashboard's "late now", which clears minutes after a backlog is gone rather
+/// than an hour. The same walk of the attempts' time index as `lateness_last_hour`,
+/// shorter.
+pub async fn lateness_p99_recent(pool: &Pool, minutes: i32) -> Result<HashMap<i32, i32>, sqlx::Error> {
+    let rows = crate::db::query_as::<(i32, i32)>(
+        "SELECT biz_type_id, percentile_disc(0.99) WITHIN GROUP (ORDER BY lateness_ms)
+           FROM attempts
+          WHERE started_at >= now() - $1 * interval '1 minute' AND lateness_ms IS NOT NULL AND biz_type_id IS NOT NULL
+          GROUP BY 1",
+    )
+    .bind(minutes)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// The oldest due task of each biz type delivered by callback (not paused, not rate
 /// limited, not archived) that is more than a minute overdue: what an engine should have
 /// taken long ago. One index probe per biz type.

@@ -13,8 +13,10 @@
 //! a timer behind the clock (no node ran for a while), the occurrences missed meanwhile
 //! are skipped, or with `catch_up` the latest of them fires once, now.
 
+mod reading;
 mod schedule;
 
+pub use reading::{reading, six_fields};
 pub use schedule::Schedule;
 
 use crate::audit::{self, Action};

@@ -35,11 +35,16 @@ impl Schedule {
     pub fn parse(expression: &str, timezone: &str) -> Result<Schedule, Error> {
         let fields = expression.split_whitespace().count();
         if !(6..=7).contains(&fields) {
+            // A crontab's 5 fields (minute first): say what they mean here.
+            let offer = match super::six_fields(expression) {
+                Some(six) => format!(". As a crontab line (minute first), `{expression}` is `{six}` here, at second 0"),
+                None => String::new(),
+            };
             return Err(Error::invalid(
                 "cron",
                 format!(
                     "needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), \
-                     such as `0 30 9 * * Mon-Fri`; this one has {fields}"
+                     such as `0 30 9 * * Mon-Fri`; this one has {fields}{offer}"
                 ),
             ));
         }

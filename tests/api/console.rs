@@ -801,3 +801,100 @@ async fn a_sign_in_token_the_client_made_up_is_refused() {
     assert_eq!([made_up, unsigned, bad_signature], [403, 403, 403]);
     assert_eq!(handed_out, 303, "the pair another node handed out signs in here");
 }
+
+/// Issue 12: the cluster page names each node by its host name and pid, with its version,
+/// the leader too (the id beside it, small); the dashboard names the leader the same way;
+/// both refresh themselves (the switch is there for the script).
+#[tokio::test]
+async fn the_cluster_page_names_its_nodes() {
+    let app = spawn_app().await;
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+    let host = nix::unistd::gethostname().unwrap().to_string_lossy().into_owned();
+    let name = format!("{host} (pid {})", std::process::id());
+    let node: uuid::Uuid = crate::helpers::wait_until("the node's row", std::time::Duration::from_secs(10), || async {
+        sqlx::query_scalar("SELECT id FROM nodes").fetch_optional(&app.pool).await.unwrap()
+    })
+    .await;
+    // The leader is whichever node takes the lock first: this one, the only one.
+    let page = crate::helpers::wait_until("a leader named on the cluster page", std::time::Duration::from_secs(20), || async {
+        let page = admin.get("/console/cluster").await;
+        if page.body.contains("<p id=\"leader\">Leader: <strong>") { Ok(page) } else { Err(page.body) }
+    })
+    .await;
+    assert!(
+        page.body.contains(&format!("<p id=\"leader\">Leader: <strong>{name}</strong> <span class=\"muted small\">(<code>{node}</code>)</span></p>")),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(&format!("<strong class=\"node-name\">{name}</strong> <span class=\"badge leader\">leader</span>")), "{}", page.body);
+    assert!(page.body.contains(&format!("<code class=\"muted small node-id\">{node}</code>")), "the id, small, beside the name");
+    assert!(page.body.contains(&format!("<td class=\"node-version\">{}</td>", env!("CARGO_PKG_VERSION"))), "{}", page.body);
+    assert!(page.body.contains("<input type=\"checkbox\" id=\"auto-refresh\" data-refresh-seconds=\"5\" data-refresh-key=\"cluster\">"));
+    assert!(page.body.contains("<div id=\"live\">"));
+
+    let dashboard = admin.get("/console").await;
+    assert!(dashboard.body.contains(&format!("leader <a href=\"/console/cluster\" id=\"leader\">{name}</a>")), "{}", dashboard.body);
+}
+
+/// Issue 8: a timer whose occurrences fail is not green, on its page and in the list, and
+/// says how many failed in a row; every time is in UTC with the timer's zone beside it; the
+/// cron is read out in words; a crontab's 5 fields are refused with their 6-field form
+/// offered, one press away.
+#[tokio::test]
+async fn timers_say_when_they_fail_and_read_their_cron() {
+    let app = spawn_app().await;
+    let token = app.biz_type("reports").await;
+    let created = app
+        .post("/api/v1/timers", &token, json!({"biz_type": "reports", "key": "nightly", "cron": "0 30 9 * * Mon-Fri", "timezone": "Europe/Berlin"}))
+        .await;
+    let timer = created.body["id"].as_str().unwrap().to_string();
+    let admin = sign_in(&app, "admin", ADMIN_PASSWORD).await;
+
+    let page = admin.get(&format!("/console/timers/{timer}")).await;
+    assert!(page.body.contains("<span class=\"badge succeeded\" id=\"timer-state\">active</span>"), "{}", page.body);
+    assert!(page.body.contains("<small id=\"cron-reading\">Reads: at 09:30, on Monday to Friday (Europe/Berlin time)</small>"), "{}", page.body);
+    // The next fire times in UTC, as every time in the console, the zone's beside them.
+    let next = page.body.split("<ol id=\"next-fire-times\"><li>").nth(1).unwrap().split("</li>").next().unwrap();
+    assert!(next.contains(" UTC (in ") && next.contains("<span class=\"muted\">· ") && next.contains(" Europe/Berlin</span>"), "{next}");
+    assert!(next.contains(":30:00 CET Europe/Berlin") || next.contains(":30:00 CEST Europe/Berlin"), "{next}");
+    let list = admin.get("/console/timers").await;
+    assert!(list.body.contains("at 09:30, on Monday to Friday (Europe/Berlin time)"), "{}", list.body);
+
+    // Its occurrences fail, one after another (made so here, as failing callbacks leave them).
+    for i in 0..3 {
+        let task = app.create_task(&token, json!({"biz_type": "reports", "key": format!("nightly@{i}"), "run_at": (chrono::Utc::now() - chrono::Duration::hours(3 - i)).to_rfc3339()})).await;
+        let id = task["id"].as_str().unwrap();
+        sqlx::query("UPDATE tasks SET timer_id = $2::uuid WHERE id = $1::uuid").bind(id).bind(&timer).execute(&app.pool).await.unwrap();
+        app.force_status(id, "failed").await;
+    }
+    let page = admin.get(&format!("/console/timers/{timer}")).await;
+    assert!(page.body.contains("<span class=\"badge failed\" id=\"timer-state\">failing</span>"), "not green: {}", page.body);
+    assert!(page.body.contains("Every occurrence of the last 30 days that finished failed (3)."), "{}", page.body);
+    let list = admin.get("/console/timers").await;
+    assert!(list.body.contains("<span class=\"badge failed\">failing</span> <span class=\"small bad\">3 failed</span>"), "{}", list.body);
+    assert!(!list.body.contains("badge succeeded"), "{}", list.body);
+
+    // A crontab line: refused, its 6-field form offered; pressing the offer saves that.
+    let page = admin.post(&format!("/console/timers/{timer}"), &[("cron", "30 9 * * 1-5"), ("timezone", "Europe/Berlin"), ("active", "on")]).await;
+    assert_eq!(page.status, 422, "{}", page.body);
+    assert!(
+        page.body.contains("this one has 5. As a crontab line (minute first), `30 9 * * 1-5` is `0 30 9 * * MON-FRI` here, at second 0"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("<button type=\"submit\" name=\"use_cron\" value=\"0 30 9 * * MON-FRI\">Use <code>0 30 9 * * MON-FRI</code> instead</button>"),
+        "{}",
+        page.body
+    );
+    let saved = admin
+        .post(
+            &format!("/console/timers/{timer}"),
+            &[("cron", "30 9 * * 1-5"), ("use_cron", "0 30 9 * * MON-FRI"), ("timezone", "Europe/Berlin"), ("active", "on")],
+        )
+        .await;
+    assert_eq!(saved.status, 303, "{}", saved.body);
+    let timers = chime::timers::list(&app.pool, None, None, 10).await.unwrap();
+    assert_eq!(timers[0].cron, "0 30 9 * * MON-FRI");
+}

@@ -160,6 +160,15 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     browser.goto(&format!("/console/tasks/{}", ids[2])).await;
     browser.submit("#replay").await;
     assert!(browser.text(".flash").await.contains("Task replayed"));
+    // The page of a task not yet finished refreshes itself (issue 4): it turns succeeded
+    // without a reload, its attempt and finish time with it, never one without the others.
+    assert_eq!(browser.execute("return document.getElementById('refresh').hidden").await, json!(false), "the script shows the switch");
+    browser.execute("window.notReloaded = true").await;
+    browser.wait_for("#status.succeeded", Duration::from_secs(20)).await;
+    assert_eq!(browser.execute("return window.notReloaded === true").await, json!(true), "swapped in place");
+    assert_eq!(browser.texts("#attempts tbody tr.attempt").await.len(), 4, "its new attempt beside its new state");
+    assert!(browser.text("#finished").await != "—", "its finish time beside its new state");
+    assert!(browser.text("#refreshed").await.contains("no longer refreshed"), "{}", browser.text("#refreshed").await);
     // Due now, it is delivered again at once (the receiver answers 200 by now).
     for _ in 0..100 {
         if task_status(&app, &ids[2]).await == "succeeded" {
@@ -220,6 +229,30 @@ async fn a_support_user_created_then_disabled_cannot_sign_in() {
     sign_in(&helen, &app, "helen", "support-password").await;
     helen.close().await;
     admin.close().await;
+}
+
+/// Issue 4: an admin's page of a pending task, its reschedule form shown, refreshes itself
+/// too: the form as served is not taken for one being filled in (the browser reads its
+/// due time "10:00:00" as "10:00"), and the page turns succeeded without a reload.
+#[tokio::test]
+async fn a_pending_tasks_page_with_its_forms_refreshes_itself() {
+    let app = crate::helpers::spawn_app().await;
+    let token = app.biz_type("orders").await;
+    // Due in an hour, on the minute (in the hot partitions, where force_status reaches).
+    let due = (chrono::Utc::now() + chrono::Duration::hours(1)).format("%Y-%m-%dT%H:%M:00Z").to_string();
+    let task = app.create_task(&token, json!({"biz_type": "orders", "key": "o-1", "run_at": due})).await;
+    let id = task["id"].as_str().unwrap().to_string();
+    let browser = Browser::start().await;
+    sign_in(&browser, &app, "admin", "test-admin-password").await;
+    browser.goto(&format!("/console/tasks/{id}")).await;
+    assert!(browser.exists("#reschedule").await, "the admin's reschedule form");
+    assert_eq!(browser.execute("return document.getElementById('auto-refresh').checked").await, json!(true));
+    browser.execute("window.notReloaded = true").await;
+    app.force_status(&id, "succeeded").await;
+    browser.wait_for("#status.succeeded", Duration::from_secs(20)).await;
+    assert_eq!(browser.execute("return window.notReloaded === true").await, json!(true), "swapped in place");
+    assert!(!browser.exists("#reschedule").await, "a finished task has no reschedule form");
+    browser.close().await;
 }
 
 /// Issue 16, "read its history after two replays, reload after each action without
@@ -408,6 +441,7 @@ async fn the_console_fits_a_390_px_wide_screen() {
         format!("/console/tasks/{id}"),
         "/console/biz-types/orders".into(),
         format!("/console/timers/{timer_id}"),
+        "/console/cluster".into(),
     ] {
         browser.goto(&path).await;
         let scroll_width = browser.execute("return document.documentElement.scrollWidth").await;
@@ -424,6 +458,18 @@ async fn the_console_fits_a_390_px_wide_screen() {
     }
     browser.goto("/console/tasks").await;
     browser.screenshot(shot("tasks-390px.png")).await;
+    // Issue 7: a biz type's whole row is in view on the dashboard, not 3 of its columns
+    // with the rest to scroll to: a card, its counts labelled.
+    browser.goto("/console").await;
+    let cells = "[...document.querySelectorAll('#dashboard tr.biz-type td')]";
+    assert_eq!(browser.execute(&format!("return {cells}.length")).await, json!(8));
+    let outside = browser.execute(&format!("return {cells}.filter(e => e.getBoundingClientRect().right > 390).map(e => e.className)")).await;
+    assert_eq!(outside, json!([]), "cells past the screen's edge");
+    assert_eq!(
+        browser.execute("return getComputedStyle(document.querySelector('#dashboard td.pending'), '::before').content").await,
+        json!("\"Pending\"")
+    );
+    browser.screenshot(shot("dashboard-390px.png")).await;
     browser.close().await;
 }
 

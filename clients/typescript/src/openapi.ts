@@ -4999,7 +4999,7 @@ export interface operations {
                      * @example {
                      *       "error": {
                      *         "code": "invalid_argument",
-                     *         "message": "cron: needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), such as `0 30 9 * * Mon-Fri`; this one has 5"
+                     *         "message": "cron: needs 6 or 7 fields (second minute hour day-of-month month day-of-week [year]), such as `0 30 9 * * Mon-Fri`; this one has 5. As a crontab line (minute first), `30 9 * * 1-5` is `0 30 9 * * MON-FRI` here, at second 0"
                      *       }
                      *     }
                      */

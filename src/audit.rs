@@ -329,14 +329,12 @@ const FIRST: [&str; 7] = ["name", "username", "key", "mode", "role", "cron", "ca
 const SHOWN_CHARS: usize = 120;
 
 impl Entry {
-    /// What the log page says the entry did, a line each: a bulk operation's outcome and
-    /// filter (its page has the rest); an update's changes (`changes`); what a create
-    /// recorded, on one line (`name: value · …`, a text without JSON's quotes, a list by
-    /// its length); what a delete removed; nothing where nothing is recorded.
+    /// What the log page says the entry did, a line each: an update's changes (`changes`);
+    /// what a create recorded, on one line (`name: value · …`, a text without JSON's
+    /// quotes, a list by its length); what a delete removed; nothing where nothing is
+    /// recorded. (A bulk operation's entry reads as its outcome and filter: the task store
+    /// knows those, `console::audit_log::summary`.)
     pub fn summary(&self) -> Vec<String> {
-        if let Some(operation) = crate::tasks::bulk::Recorded::of(self) {
-            return vec![operation.outcome(), format!("Filter: {}.", operation.scope())];
-        }
         match (&self.before, &self.after) {
             (Some(Value::Object(_)), Some(Value::Object(_))) => self.changes(),
             (None, Some(after)) => vec![fields(after)],
@@ -484,8 +482,7 @@ mod tests {
     }
 
     /// Every action reads as words: a create by its fields (no JSON quotes, no ids, a list
-    /// by its length), a bulk operation by its outcome and whole filter (never its task
-    /// ids), an update by its changes, a delete by what it removed.
+    /// by its length), an update by its changes, a delete by what it removed.
     #[test]
     fn summaries_read_as_words_not_json() {
         let create = entry(
@@ -494,26 +491,6 @@ mod tests {
             Some(json!({"id": 3, "name": "invoices", "callback_url": "https://h/x", "rate_limit": null, "tags": [1, 2]})),
         );
         assert_eq!(create.summary(), ["name: invoices · callback_url: https://h/x · tags: 2 items"]);
-        let ids: Vec<String> = (0..1000).map(|i| format!("0193{i:028}")).collect();
-        let bulk = entry(
-            "task.bulk_replay",
-            None,
-            Some(json!({"biz_type": "invoices", "status": "failed", "key_prefix": "inv-", "run_at_from": "2026-11-27T10:00:00Z",
-                        "run_at_to": null, "timer_id": null, "matched": 92, "changed": 91, "ids": ids})),
-        );
-        assert_eq!(
-            bulk.summary(),
-            [
-                "Replayed 91 of 92 matching failed tasks.",
-                "Filter: failed tasks of biz type invoices, keys starting inv-, due from 2026-11-27 10:00:00 UTC on."
-            ]
-        );
-        assert!(bulk.is_bulk());
-        let under_way = entry("task.bulk_cancel", None, Some(json!({"biz_type": null, "status": "pending"})));
-        assert_eq!(
-            under_way.summary(),
-            ["Cancelling pending tasks: under way, or cut short (no counts recorded).", "Filter: pending tasks of every biz type, due at any time."]
-        );
         let update = entry("timer.update", Some(json!({"cron": "0 * * * *", "updated_at": 1})), Some(json!({"cron": "5 * * * *", "updated_at": 2})));
         assert_eq!(update.summary(), ["cron: \"0 * * * *\" → \"5 * * * *\""]);
         assert_eq!(entry("user.delete", Some(json!({"name": "helen", "role": "support"})), None).summary(), ["Removed: name: helen · role: support"]);

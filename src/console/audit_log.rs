@@ -224,7 +224,26 @@ impl Followed {
     }
 }
 
+/// What the log says `entry` did, a line each: a bulk operation by its outcome and filter
+/// (its page has the rest), any other entry as `audit::Entry::summary` reads it.
+pub fn summary(entry: &Entry) -> Vec<String> {
+    match crate::tasks::bulk::Recorded::of(entry) {
+        Some(operation) => vec![operation.outcome(), format!("Filter: {}.", operation.scope())],
+        None => entry.summary(),
+    }
+}
+
+impl Page {
+    fn summary(&self, entry: &Entry) -> Vec<String> {
+        summary(entry)
+    }
+}
+
 impl EntryPage {
+    fn summary(&self) -> Vec<String> {
+        summary(&self.entry)
+    }
+
     fn title(&self) -> String {
         match &self.operation {
             Some(op) if op.recorded.replay => format!("Bulk replay {}", self.entry.id),
@@ -273,6 +292,41 @@ pub fn send_time(count: i64, rate_limit: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bulk operation reads as its outcome and whole filter, never its task ids; under
+    /// way, as such.
+    #[test]
+    fn a_bulk_operation_reads_as_its_outcome_and_filter() {
+        let entry = |action: &str, after: serde_json::Value| Entry {
+            id: 7,
+            at: "2026-11-27T12:00:00Z".parse().unwrap(),
+            actor: "user:admin".into(),
+            action: action.into(),
+            target_type: "x".into(),
+            target: "y".into(),
+            before: None,
+            after: Some(after),
+        };
+        let ids: Vec<String> = (0..1000).map(|i| format!("0193{i:028}")).collect();
+        let bulk = entry(
+            "task.bulk_replay",
+            serde_json::json!({"biz_type": "invoices", "status": "failed", "key_prefix": "inv-", "run_at_from": "2026-11-27T10:00:00Z",
+                        "run_at_to": null, "timer_id": null, "matched": 92, "changed": 91, "ids": ids}),
+        );
+        assert_eq!(
+            summary(&bulk),
+            [
+                "Replayed 91 of 92 matching failed tasks.",
+                "Filter: failed tasks of biz type invoices, keys starting inv-, due from 2026-11-27 10:00:00 UTC on."
+            ]
+        );
+        assert!(bulk.is_bulk());
+        let under_way = entry("task.bulk_cancel", serde_json::json!({"biz_type": null, "status": "pending"}));
+        assert_eq!(
+            summary(&under_way),
+            ["Cancelling pending tasks: under way, or cut short (no counts recorded).", "Filter: pending tasks of every biz type, due at any time."]
+        );
+    }
 
     #[test]
     fn filters_postgresql_cannot_take_are_refused() {

@@ -31,6 +31,7 @@ const API: &[(&str, &str, &str, u16, u16)] = &[
     ("GET", "/api/v1/tasks/{task}", "", 200, 403),
     ("GET", "/api/v1/tasks/{task}/attempts", "", 200, 403),
     ("GET", "/api/v1/biz-types/{biz}/tasks/by-key/{key}", "", 200, 403),
+    ("GET", "/api/v1/biz-types/{biz}/stats", "", 200, 403),
     ("PATCH", "/api/v1/tasks/{task}", r#"{"delay_ms": 7200000}"#, 200, 403),
     ("PATCH", "/api/v1/biz-types/{biz}/tasks/by-key/{key}", r#"{"delay_ms": 7200000}"#, 200, 403),
     ("DELETE", "/api/v1/tasks/{task}", "", 200, 403),

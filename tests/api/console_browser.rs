@@ -562,11 +562,14 @@ async fn support_finds_reads_fixes_replays_and_confirms_delivery_with_the_combin
     browser.submit("#filter").await;
     assert_eq!(browser.text("p.empty").await, "No task matches.");
     assert!(browser.text("#hints").await.contains("payloads with order_id = 10042"), "{}", browser.text("#hints").await);
+    // A click does not wait for the page it leads to: wait for what only that page has.
     browser.click("#hints a").await;
+    browser.wait_for("#bound", Duration::from_secs(10)).await;
     assert_eq!(browser.texts("#tasks tbody tr td code").await, ["pay-2"]);
     assert!(browser.text("#bound").await.starts_with("Across every biz type a payload search reads the payload index"));
     // Read: why it failed.
     browser.click("#tasks tbody tr a").await;
+    browser.wait_for("#attempts", Duration::from_secs(10)).await;
     assert!(browser.current_url().await.ends_with(&format!("/console/tasks/{}", ids[2])), "{}", browser.current_url().await);
     assert!(browser.text("#attempts").await.contains("500"), "{}", browser.text("#attempts").await);
     // Fix, replay, confirm delivered.
@@ -593,6 +596,7 @@ async fn support_finds_reads_fixes_replays_and_confirms_delivery_with_the_combin
     assert_eq!(browser.execute("return window.asked").await, json!("Cancel the 3 selected tasks? They will not be delivered."));
     assert_eq!(count(&app, "failed").await, 3);
     browser.click("#selected button[value=replay]").await;
+    browser.wait_for(".flash", Duration::from_secs(10)).await;
     assert_eq!(browser.text(".flash").await, "Replayed 3 of 3 selected tasks.");
     wait_count(&app, "succeeded", 4).await;
     browser.goto("/console/tasks?q=pay-&status=succeeded").await;

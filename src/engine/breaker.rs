@@ -374,22 +374,19 @@ impl Breakers {
                             next_probe_at = excluded.next_probe_at, probes = 0, last_probe_at = NULL, last_probe_error = NULL
                       WHERE NOT r.open
                      RETURNING r.opened_at, r.next_probe_at
+                 ), news AS (
+                     SELECT b.id, b.failure_url, b.chat_url,
+                            jsonb_build_object('state', 'open', 'callback_url', b.callback_url, 'opened_at', o.opened_at,
+                                               'reason', $2::text, 'failures', $3::int, 'window_ms', b.breaker_window_ms,
+                                               'probe_ms', b.breaker_probe_ms) AS detail
+                       FROM opened o, biz_types b
+                      WHERE b.id = $1
                  ), notice AS (
                      INSERT INTO failure_notices (biz_type_id, event, detail)
-                     SELECT b.id, 'biz_type.receiver_down',
-                            jsonb_build_object('state', 'open', 'callback_url', b.callback_url, 'opened_at', o.opened_at,
-                                               'reason', $2::text, 'failures', $3::int, 'window_ms', b.breaker_window_ms,
-                                               'probe_ms', b.breaker_probe_ms)
-                       FROM opened o, biz_types b
-                      WHERE b.id = $1 AND b.failure_url IS NOT NULL
+                     SELECT id, 'biz_type.receiver_down', detail FROM news WHERE failure_url IS NOT NULL
                  ), chat AS (
                      INSERT INTO chat_notices (biz_type_id, event, detail)
-                     SELECT b.id, 'biz_type.receiver_down',
-                            jsonb_build_object('state', 'open', 'callback_url', b.callback_url, 'opened_at', o.opened_at,
-                                               'reason', $2::text, 'failures', $3::int, 'window_ms', b.breaker_window_ms,
-                                               'probe_ms', b.breaker_probe_ms)
-                       FROM opened o, biz_types b
-                      WHERE b.id = $1 AND b.chat_url IS NOT NULL
+                     SELECT id, 'biz_type.receiver_down', detail FROM news WHERE chat_url IS NOT NULL
                  )
                  SELECT opened_at, (extract(epoch FROM next_probe_at - now()) * 1000)::bigint FROM opened",
             )
@@ -462,22 +459,19 @@ impl Breakers {
                         SET open = false, closed_at = now(), next_probe_at = NULL, last_probe_at = now()
                       WHERE biz_type_id = $1 AND open AND opened_at = $2
                      RETURNING opened_at, closed_at, probes
+                 ), news AS (
+                     SELECT b.id, b.failure_url, b.chat_url,
+                            jsonb_build_object('state', 'closed', 'callback_url', b.callback_url, 'opened_at', c.opened_at,
+                                               'closed_at', c.closed_at, 'probes', c.probes, 'status_code', $3::int,
+                                               'down_ms', (extract(epoch FROM c.closed_at - c.opened_at) * 1000)::bigint) AS detail
+                       FROM closed c, biz_types b
+                      WHERE b.id = $1
                  ), notice AS (
                      INSERT INTO failure_notices (biz_type_id, event, detail)
-                     SELECT b.id, 'biz_type.receiver_up',
-                            jsonb_build_object('state', 'closed', 'callback_url', b.callback_url, 'opened_at', c.opened_at,
-                                               'closed_at', c.closed_at, 'probes', c.probes, 'status_code', $3::int,
-                                               'down_ms', (extract(epoch FROM c.closed_at - c.opened_at) * 1000)::bigint)
-                       FROM closed c, biz_types b
-                      WHERE b.id = $1 AND b.failure_url IS NOT NULL
+                     SELECT id, 'biz_type.receiver_up', detail FROM news WHERE failure_url IS NOT NULL
                  ), chat AS (
                      INSERT INTO chat_notices (biz_type_id, event, detail)
-                     SELECT b.id, 'biz_type.receiver_up',
-                            jsonb_build_object('state', 'closed', 'callback_url', b.callback_url, 'opened_at', c.opened_at,
-                                               'closed_at', c.closed_at, 'probes', c.probes, 'status_code', $3::int,
-                                               'down_ms', (extract(epoch FROM c.closed_at - c.opened_at) * 1000)::bigint)
-                       FROM closed c, biz_types b
-                      WHERE b.id = $1 AND b.chat_url IS NOT NULL
+                     SELECT id, 'biz_type.receiver_up', detail FROM news WHERE chat_url IS NOT NULL
                  )
                  SELECT probes FROM closed",
             )

@@ -775,27 +775,23 @@ pub async fn reencrypt(pool: &Pool) -> Result<Reencrypted, Error> {
     .await?;
     let mut done = Reencrypted::default();
     for (id, name, clear, sealed, previous, chat) in rows {
-        // The chat robot's secret, in the same one-column form, counted alike.
-        if let Some(chat) = chat {
-            if keyring.is_current(&chat) {
+        // The chat robot's secret and the one a rotation replaced, each kept in one column
+        // (`secrets.rs`), counted alike.
+        for (column, value) in [("chat_secret", chat), ("previous_secret", previous)] {
+            let Some(value) = value else { continue };
+            if keyring.is_current(&value) {
                 done.unchanged += 1;
-            } else {
-                let was_clear = !secrets::is_sealed(&chat);
-                let stored = keyring.store_one(&name, keyring.open_one(&name, &chat).expose()?);
-                crate::db::query("UPDATE biz_types SET chat_secret = $2 WHERE id = $1").bind(id).bind(stored).execute(&mut *tx).await?;
-                if was_clear { done.sealed += 1 } else { done.resealed += 1 }
+                continue;
             }
-        }
-        // The secret a rotation replaced, kept in one column (`secrets.rs`), counted alike.
-        if let Some(previous) = previous {
-            if keyring.is_current(&previous) {
-                done.unchanged += 1;
-            } else {
-                let was_clear = !secrets::is_sealed(&previous);
-                let stored = keyring.store_one(&name, keyring.open_one(&name, &previous).expose()?);
-                crate::db::query("UPDATE biz_types SET previous_secret = $2 WHERE id = $1").bind(id).bind(stored).execute(&mut *tx).await?;
-                if was_clear { done.sealed += 1 } else { done.resealed += 1 }
-            }
+            let was_clear = !secrets::is_sealed(&value);
+            let stored = keyring.store_one(&name, keyring.open_one(&name, &value).expose()?);
+            // The column is one of the two names above, not a client's.
+            crate::db::query(sqlx::AssertSqlSafe(format!("UPDATE biz_types SET {column} = $2 WHERE id = $1")))
+                .bind(id)
+                .bind(stored)
+                .execute(&mut *tx)
+                .await?;
+            if was_clear { done.sealed += 1 } else { done.resealed += 1 }
         }
         if clear.is_none() && sealed.as_deref().is_some_and(|s| keyring.is_current(s)) {
             done.unchanged += 1;

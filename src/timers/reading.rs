@@ -25,6 +25,14 @@ fn every(field: &str) -> Option<u32> {
     number(n)
 }
 
+/// "every hour" for `*`, "every 3 hours" for `*/3` (`unit` singular); None otherwise.
+fn cadence(field: &str, unit: &str) -> Option<String> {
+    if any(field) {
+        return Some(format!("every {unit}"));
+    }
+    every(field).map(|n| format!("every {n} {unit}s"))
+}
+
 /// "a, b and c".
 fn joined(items: &[String]) -> String {
     match items {
@@ -83,33 +91,24 @@ fn time_of_day(second: &str, minute: &str, hour: &str) -> Option<(String, bool)>
             } else {
                 let past = if s == 0 { format!("{m} minutes past") } else { format!("{m} minutes and {s} seconds past") };
                 let past = if m == 0 && s == 0 { "on the hour,".to_string() } else { past };
-                let hours = if any(hour) {
-                    "every hour".to_string()
-                } else if let Some(n) = every(hour) {
-                    format!("every {n} hours")
-                } else {
-                    format!("the hours {}", listed(hour, &plain)?)
+                let hours = match cadence(hour, "hour") {
+                    Some(each) => each,
+                    None => format!("the hours {}", listed(hour, &plain)?),
                 };
                 (format!("{past} {hours}"), false)
             }
         }
         (Some(0), None) => {
-            let each = if any(minute) {
-                "every minute".to_string()
-            } else if let Some(n) = every(minute) {
-                format!("every {n} minutes")
-            } else {
-                format!("at minutes {} of the hour", listed(minute, &plain)?)
+            let each = match cadence(minute, "minute") {
+                Some(each) => each,
+                None => format!("at minutes {} of the hour", listed(minute, &plain)?),
             };
             if any(hour) { (each, false) } else { (format!("{each}, in the hours {}", listed(hour, &plain)?), false) }
         }
         (None, None) if any(minute) && any(hour) => {
-            let each = if any(second) {
-                "every second".to_string()
-            } else if let Some(n) = every(second) {
-                format!("every {n} seconds")
-            } else {
-                format!("at seconds {} of every minute", listed(second, &plain)?)
+            let each = match cadence(second, "second") {
+                Some(each) => each,
+                None => format!("at seconds {} of every minute", listed(second, &plain)?),
             };
             (each, false)
         }

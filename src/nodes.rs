@@ -70,20 +70,23 @@ async fn leave(pool: &Pool, id: Uuid) -> Result<(), sqlx::Error> {
     crate::db::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(pool).await.map(drop)
 }
 
-/// How many live nodes deliver by callback (at least 1: the one asking).
-pub async fn delivering(pool: &Pool) -> Result<i64, sqlx::Error> {
-    Ok(count_live(pool, true).await?.max(1))
+/// How many live nodes deliver by callback (at least 1), and the place among them of node
+/// `id` by id (0 for the lowest; its claim lanes, `engine::lanes`).
+pub async fn delivering_place(pool: &Pool, id: Uuid) -> Result<(i64, i64), sqlx::Error> {
+    let (count, place): (i64, i64) = crate::db::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE id < $2) FROM nodes WHERE delivers AND heartbeat_at > now() - $1 * interval '1 second'",
+    )
+    .bind(LIVE_WITHIN.as_secs() as i64)
+    .bind(id)
+    .fetch_one(pool)
+    .await?;
+    Ok((count.max(1), place))
 }
 
 /// How many nodes are live (`LIVE_WITHIN`).
 pub async fn live(pool: &Pool) -> Result<i64, sqlx::Error> {
-    count_live(pool, false).await
-}
-
-async fn count_live(pool: &Pool, delivering_only: bool) -> Result<i64, sqlx::Error> {
-    crate::db::query_scalar("SELECT count(*) FROM nodes WHERE (delivers OR NOT $2) AND heartbeat_at > now() - $1 * interval '1 second'")
+    crate::db::query_scalar("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - $1 * interval '1 second'")
         .bind(LIVE_WITHIN.as_secs() as i64)
-        .bind(delivering_only)
         .fetch_one(pool)
         .await
 }

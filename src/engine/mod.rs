@@ -90,6 +90,7 @@ pub mod breaker;
 pub mod capacity;
 pub(crate) mod deliver;
 mod failures;
+mod lanes;
 pub(crate) mod rate;
 mod recorder;
 
@@ -114,6 +115,7 @@ use crate::lifecycle::Signal;
 use crate::tasks::lease::{self, Outcome, Verdict};
 use crate::wake::{self, Wake};
 use crate::{metrics, nodes};
+use lanes::Lanes;
 use recorder::{ClaimLoop, Drained, Report};
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
@@ -322,6 +324,8 @@ struct Claiming {
     free: i64,
     wait: Option<Duration>,
     oldest: i64,
+    /// The lane claimed from, if one (`Lanes`).
+    lane: Option<i32>,
 }
 
 /// What a turn's claim says of the next turn: tasks claimed, whether more is due at once,
@@ -477,6 +481,11 @@ pub struct Engine {
     limiters: rate::Limiters,
     /// Live delivering nodes, re-counted with the settings: a rate limit's divisor.
     delivering_nodes: i64,
+    /// This node's place among them (0 for the lowest id): which lanes are its own.
+    place: i64,
+    /// Biz types whose last claim took all it asked, so that their next one takes a lane
+    /// of this node's (`Lanes`): how many lane claims of each have gone before.
+    lane_turns: HashMap<i32, u32>,
     /// Shared with the callbacks in flight, so that starting one copies no settings.
     biz_types: Vec<Arc<BizTypeConfig>>,
     /// When the settings were last read; `None` until the first turn (or `reread_settings`).
@@ -545,6 +554,8 @@ impl Engine {
             flow_cursors: HashMap::new(),
             limiters: rate::Limiters::default(),
             delivering_nodes: 1,
+            place: 0,
+            lane_turns: HashMap::new(),
             biz_types: Vec::new(),
             refreshed_at: None,
             unopened_reported: HashSet::new(),
@@ -732,8 +743,9 @@ impl Engine {
             let ahead_ms = if share.is_some() || due.probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
             let oldest = (self.owed_oldest.get(&biz.id).copied().unwrap_or(0) + free) / OLDEST_SHARE;
             let flow = biz.flow().map(|(cap, ordered, rate)| lease::FlowWant { cap, ordered, rate, cursor: self.flow_cursors.get(&biz.id).cloned() });
-            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, flow });
-            claiming.push(Claiming { due, free, wait, oldest });
+            let lane = self.lane_turns.get(&biz.id).and_then(|turn| Lanes { nodes: self.delivering_nodes, place: self.place }.lane(*turn));
+            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, lane, flow });
+            claiming.push(Claiming { due, free, wait, oldest, lane });
         }
         (wants, claiming)
     }
@@ -759,7 +771,7 @@ impl Engine {
     /// Takes what the claim gave one biz type: notes in `next` (and in `next_look`) what it
     /// says of the biz type's next claim, and starts a delivery for each task leased.
     fn take(&mut self, claiming: Claiming, claim: lease::Claim, now: tokio::time::Instant, next: &mut Next) {
-        let Claiming { due: Due { biz, counter, slots, probe }, free, wait, oldest } = claiming;
+        let Claiming { due: Due { biz, counter, slots, probe }, free, wait, oldest, lane } = claiming;
         let lease::Claim { leased: claimed, expired, capped, cursor, .. } = claim;
         match cursor {
             Some(cursor) => self.flow_cursors.insert(biz.id, cursor),
@@ -767,6 +779,14 @@ impl Engine {
         };
         // Counted by what was leased: the longest-due came first in it (claim.sql).
         let took = (claimed.len() + expired) as i64;
+        // A claim that took all it asked leaves a backlog: the next takes a lane, then the
+        // next lane, while they come back full. One that came back short goes back to the
+        // whole biz type, which also takes what other nodes' lanes hold (stealing).
+        if took == free && !capped && !probe {
+            *self.lane_turns.entry(biz.id).or_default() += u32::from(lane.is_some());
+        } else {
+            self.lane_turns.remove(&biz.id);
+        }
         let owed = self.owed_oldest.entry(biz.id).or_default();
         *owed = (*owed + took - OLDEST_SHARE * oldest.min(took)).max(0);
         metrics::expired(&biz.name, expired as u64);
@@ -775,7 +795,10 @@ impl Engine {
             // callbacks ends, not when another node's does, so it looks again soon.
             self.next_look.insert(biz.id, now + CAPPED_POLL);
             next.rate_wait = next.rate_wait.min(CAPPED_POLL);
-        } else if ((claimed.len() + expired) as i64) < free {
+        } else if took < free && lane.is_some() {
+            // Only its lane ran short: the next claim reads the whole biz type at once.
+            next.more_due = true;
+        } else if took < free {
             next.caught_up.push(biz.id);
         } else if free == slots {
             next.more_due = true;
@@ -911,8 +934,8 @@ impl Engine {
             }
             Err(e) => tracing::warn!(error = %e, "could not read the receivers' breakers; retrying"),
         }
-        match nodes::delivering(&self.pool).await {
-            Ok(n) => self.delivering_nodes = n,
+        match nodes::delivering_place(&self.pool, self.node_id).await {
+            Ok((count, place)) => (self.delivering_nodes, self.place) = (count, place),
             Err(e) => tracing::warn!(error = %e, "could not count the live nodes"),
         }
     }

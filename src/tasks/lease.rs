@@ -85,6 +85,9 @@ pub struct Want {
     pub lease_ms: i64,
     /// How many of `limit` go to the longest-due tasks, whatever their priority.
     pub oldest: i64,
+    /// Take them from this lane alone (`chime_lane`, 0 to 15; pick.sql), or None: from the
+    /// whole biz type. Not applied with priorities or per-key limits.
+    pub lane: Option<i32>,
     /// The biz type's per-key limits, if it has any (pick_flow.sql picks for it).
     pub flow: Option<FlowWant>,
 }
@@ -132,6 +135,7 @@ async fn claim_some(
     let leases: Vec<i64> = wants.iter().map(|w| w.lease_ms + w.ahead_ms).collect();
     let aheads: Vec<i64> = wants.iter().map(|w| w.ahead_ms).collect();
     let oldest: Vec<i64> = wants.iter().map(|w| w.oldest).collect();
+    let lanes: Vec<Option<i32>> = wants.iter().map(|w| w.lane).collect();
     static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim.sql")));
     static CLAIM_FLOWS: LazyLock<String> = LazyLock::new(|| {
         include_str!("sql/claim.sql")
@@ -140,7 +144,7 @@ async fn claim_some(
     });
     let flows: Vec<&FlowWant> = wants.iter().filter_map(|w| w.flow.as_ref()).collect();
     let query = if flows.is_empty() { crate::db::query_as(CLAIM.as_str()) } else { crate::db::query_as(CLAIM_FLOWS.as_str()) };
-    let mut query = query.bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).bind(floor).bind(&oldest);
+    let mut query = query.bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).bind(floor).bind(&oldest).bind(&lanes);
     if !flows.is_empty() {
         query = query
             .bind(flows.iter().map(|f| f.cap).collect::<Vec<i32>>())

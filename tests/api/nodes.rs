@@ -9,7 +9,9 @@ use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestEngine, chime_process, engine, spawn_app, spawn_app_without_leader, spawn_node, spawn_on, spawn_second_node, wait_until};
+use crate::helpers::{
+    TestEngine, chime_process, engine, node_of, spawn_app, spawn_app_without_leader, spawn_node, spawn_on, spawn_second_node, wait_until,
+};
 use crate::receiver::{Answer, Receiver};
 
 /// A running node registers itself with a heartbeat.
@@ -64,6 +66,47 @@ async fn two_nodes_share_work_without_duplicates() {
     let per_node: Vec<(uuid::Uuid, i64)> =
         sqlx::query_as("SELECT node_id, count(*) FROM attempts GROUP BY node_id").fetch_all(&a.pool).await.unwrap();
     assert_eq!(per_node.len(), 2, "both nodes delivered: {per_node:?}");
+}
+
+/// Two nodes working through one backlog claim apart (docs/design/claim.md, Lanes): once a
+/// node's claim comes back full, its next ones take its own lanes (with two nodes, the
+/// tasks whose `chime_lane` is even, or odd), so that neither reads and locks the rows the
+/// other has just claimed. Nearly all of each node's deliveries come from its own lanes;
+/// claiming at one shared head, each would take about half from each.
+#[tokio::test]
+async fn two_nodes_working_one_backlog_claim_their_own_lanes() {
+    const TASKS: usize = 4000;
+    let app = spawn_app().await; // the API only
+    let receiver = Receiver::start(vec![], Answer::status(200)).await;
+    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(TASKS as i32), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let nodes = [chime_process(&app.db_url, &[]).await, chime_process(&app.db_url, &[]).await];
+    let mut ids = [node_of(&app.pool, &nodes[0]).await, node_of(&app.pool, &nodes[1]).await];
+    ids.sort();
+
+    // Due after each node has counted the other (the settings, the node count with them,
+    // are re-read every 2 s).
+    let due = (chrono::Utc::now() + chrono::Duration::seconds(5)).to_rfc3339();
+    for part in 0..TASKS / 1000 {
+        let items: Vec<Value> = (0..1000).map(|i| json!({"biz_type": "orders", "run_at": due, "payload": part * 1000 + i})).collect();
+        assert_eq!(app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await.status, 200);
+    }
+    let received = receiver.wait_for(TASKS, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), TASKS);
+
+    for (place, id) in ids.iter().enumerate() {
+        let (all, own): (i64, i64) =
+            sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE chime_lane(task_id) % 2 = $2) FROM attempts WHERE node_id = $1")
+                .bind(id)
+                .bind(place as i32)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        println!("node {place}: {all} deliveries, {own} from its own lanes");
+        assert!(all >= 400, "both nodes worked the backlog: node {place} delivered {all}");
+        assert!(own * 10 >= all * 7, "node {place} took {own} of its {all} tasks from its own lanes");
+    }
 }
 
 /// `kill -9` of a node process with callbacks in flight: another node process delivers them

@@ -1,7 +1,7 @@
--- Leases to node $4, for each biz type of $1 (the arrays $1 to $3, $5 and $7 hold one
+-- Leases to node $4, for each biz type of $1 (the arrays $1 to $3, $5, $7 and $8 hold one
 -- entry per biz type): up to $2 of its tasks due now and within the next $5 ms (the engine
 -- holds those until they are due), for $3 ms from now, $7 of them its longest-due
--- (pick.sql).
+-- (pick.sql), from lane $8 alone when not NULL (pick.sql, Lanes).
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, so that claimers on other nodes pass
 -- over rows being taken rather than wait for them, and no two nodes hold one task. When
@@ -66,7 +66,7 @@
 -- So is its chat notice (`chat_notices`).
 -- The deadline is read on the locked row, so it cannot change between pick and update.
 WITH wants AS (
-    SELECT * FROM unnest($1::int[], $2::int8[], $3::int8[], $5::int8[], $7::int8[]) AS w(biz_type_id, n, lease_ms, ahead_ms, oldest)
+    SELECT * FROM unnest($1::int[], $2::int8[], $3::int8[], $5::int8[], $7::int8[], $8::int[]) AS w(biz_type_id, n, lease_ms, ahead_ms, oldest, lane)
 ),
 {pick}, gate AS (
     -- In biz type id order, which every claim follows: two claims never wait for each

@@ -13,6 +13,12 @@
 -- claims, over time), when it has a due task of another priority than 5: a flood of
 -- urgent tasks takes nine tenths of the deliveries and never starves the rest.
 --
+-- Lanes (docs/design/claim.md, Lanes): with `lane` set, a biz type without priorities has
+-- its due tasks taken from that lane alone (chime_lane(id), migration 0051: 16 lanes by
+-- the id's last, random byte), in run_at order, through tasks_lane_idx. Several nodes
+-- working through one biz type's backlog each take their own lanes, so that no claim reads
+-- and locks the rows another node has just claimed at the shared head of the due order.
+--
 picked AS (
     -- Per biz type, in the order it is claimed (`ord`, then run_at). A biz type with no
     -- due task of another priority than 5 (`prioritized`: one probe of
@@ -34,7 +40,14 @@ picked AS (
      CROSS JOIN LATERAL (
         (SELECT id, run_at, 5 AS ord FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
                    AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND NOT x.prioritized
+                   AND w.lane IS NULL
               ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) plain)
+        UNION ALL
+        -- One lane's due tasks (tasks_lane_idx), in run_at order.
+        (SELECT id, run_at, 5 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND chime_lane(id) = w.lane
+                   AND status = 'pending' AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity')
+                   AND NOT x.prioritized AND w.lane IS NOT NULL
+              ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) lane)
         UNION ALL
         (SELECT id, run_at, ord FROM (
             SELECT DISTINCT ON (id) id, run_at, ord FROM (

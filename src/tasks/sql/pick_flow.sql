@@ -1,6 +1,6 @@
 -- The `picked` CTE of claim.sql (`{pick}`, `lease::with_pick`) for biz types with per-key
 -- limits (docs/design/claim.md, Flow keys and order by key): `flow_max_in_flight`, or
--- `ordered` (one at a time per key, in run_at order), or `flow_rate_limit`. $8 to $11
+-- `ordered` (one at a time per key, in run_at order), or `flow_rate_limit`. $9 to $12
 -- hold, per biz type of $1, the key's cap (1 when ordered, 0: none), whether it is ordered,
 -- where the last claim's walk of its keys stopped (NULL: at the start), and the key's rate
 -- (NULL: none).
@@ -23,7 +23,7 @@ flows AS (
     SELECT w.biz_type_id, w.n, w.ahead_ms, f.cap, f.ordered, f.cursor, f.rate,
            now() + w.ahead_ms * interval '1 millisecond' AS due_by
       FROM wants w
-      JOIN unnest($1::int[], $8::int[], $9::bool[], $10::text[], $11::float8[]) AS f(biz_type_id, cap, ordered, cursor, rate)
+      JOIN unnest($1::int[], $9::int[], $10::bool[], $11::text[], $12::float8[]) AS f(biz_type_id, cap, ordered, cursor, rate)
            USING (biz_type_id)
 ), head AS (
     -- The first n due tasks, each numbered within its key.

@@ -13,7 +13,7 @@
 -- (`chat_notices`); it comes back with `expired` set,
 -- and `lease::reserve` counts it and hands it to no consumer.
 WITH wants AS (
-    SELECT $1::int AS biz_type_id, $2::int8 AS n, 0::int8 AS ahead_ms, $5::int8 AS oldest
+    SELECT $1::int AS biz_type_id, $2::int8 AS n, 0::int8 AS ahead_ms, $5::int8 AS oldest, NULL::int AS lane
 ),
 {pick}, leased AS (
     UPDATE tasks t

@@ -225,13 +225,10 @@ async fn claim_each(
     Ok(())
 }
 
-/// claim_citus.sql as the engine runs it (tests/citus EXPLAINs it): with pick.sql's `picked`
-/// CTE, the biz type a constant, $8, which is what Citus routes on.
+/// claim_citus.sql as the engine runs it, with pick.sql's `picked` CTE (tests/citus
+/// EXPLAINs it).
 pub fn citus_claim_sql() -> &'static str {
-    static CLAIM: LazyLock<String> = LazyLock::new(|| {
-        let pick = include_str!("sql/pick.sql").trim_end().replace("biz_type_id = w.biz_type_id", "biz_type_id = $8");
-        include_str!("sql/claim_citus.sql").replace("{pick}", &pick)
-    });
+    static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim_citus.sql")));
     CLAIM.as_str()
 }
 

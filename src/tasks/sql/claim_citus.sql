@@ -7,9 +7,10 @@
 -- tables are co-located and joined on their distribution columns").
 --
 -- Parameters as claim.sql's, each array of one element (the engine's `Want` for $8; $1 is
--- not read), and $8 the biz type itself: every reference to a distributed table names it as a constant
--- (the pick is pick.sql's with `biz_type_id = $8` for `= w.biz_type_id`), which is what
--- Citus routes on.
+-- not read), and $8 the biz type itself. `wants` is one row of constants, not claim.sql's
+-- unnest of arrays: PostgreSQL folds it into pick.sql's `biz_type_id = w.biz_type_id`, so
+-- that every reference to a distributed table names the biz type as a constant, which is
+-- what Citus routes on (with the unnest, it refuses the statement).
 --
 -- Locks: as claim.sql's: the picked rows FOR UPDATE SKIP LOCKED, and the biz type's claim
 -- locks, which the engine takes before this statement in its transaction: `room`, $9, is

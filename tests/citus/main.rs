@@ -2,7 +2,7 @@
 //! started by the tests (`cluster.rs`), chime's real server over HTTP on the coordinator.
 //! `chime migrate` distributes the per-task tables by biz type; tasks created through the
 //! API land on the worker that holds their biz type's shard, and read back by id and by key;
-//! which of the engine's statements Citus routes to one shard, and which it refuses.
+//! the claim is one statement on that worker; a biz type's tasks are delivered end to end.
 //!
 //! Needs PostgreSQL 15 with the citus extension (tests/setup.sh builds and installs it from
 //! ../shared/citus). Without it the tests fail, saying what is missing; they never skip.
@@ -14,7 +14,11 @@
 #[path = "../api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;
+#[path = "../api/receiver.rs"]
+#[allow(dead_code)]
+mod receiver;
 
 mod cluster;
+mod delivery;
 mod placement;
 mod statements;

@@ -56,10 +56,31 @@ for need in "${needs[@]}"; do
 done
 pkg-config --exists openssl || { echo "error: OpenSSL's development files (libssl-dev) still not found by pkg-config" >&2; exit 1; }
 
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+# Citus, for the tests on a Citus cluster (tests/citus): not in the package registries this
+# machine reaches, so built from its release source, which lies beside the checkout in
+# ../shared/citus (its build.sh installs the build dependencies with apt-get and the
+# extension into PostgreSQL 15; a few minutes on 2 cores, once). No copy of Citus goes into
+# the repository. Users install Citus's own packages (docs/book/src/citus.md).
+pg15_config=/usr/lib/postgresql/15/bin/pg_config
+if ! [ -f "$("$pg15_config" --sharedir)/extension/citus.control" ] || ! [ -f "$("$pg15_config" --pkglibdir)/citus.so" ]; then
+    citus_src="$root/../shared/citus"
+    if ! [ -f "$citus_src/build.sh" ]; then
+        echo "error: the citus extension is not installed in PostgreSQL 15, and its source is not at $citus_src (expected $citus_src/build.sh beside the checkout, with the Citus 13.2.2 release); put it there, or install Citus for PostgreSQL 15 yourself" >&2
+        exit 1
+    fi
+    echo "building and installing Citus from $citus_src (a few minutes)" >&2
+    if [ "$(id -u)" -eq 0 ]; then
+        PG_CONFIG="$pg15_config" bash "$citus_src/build.sh" >&2
+    else
+        sudo env PG_CONFIG="$pg15_config" bash "$citus_src/build.sh" >&2
+    fi
+fi
+
 # axe-core, pinned (tests/api/console_a11y.rs checks the version), kept out of the
 # repository: under target/, which git ignores.
 axe_version=4.14.1
-root="$(cd "$(dirname "$0")/.." && pwd)"
 if ! grep -qs "\"version\": \"$axe_version\"" "$root/target/axe/node_modules/axe-core/package.json"; then
     echo "installing axe-core $axe_version into target/axe" >&2
     npm install --no-save --no-audit --no-fund --prefix "$root/target/axe" "axe-core@$axe_version" >&2

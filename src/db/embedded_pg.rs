@@ -334,6 +334,13 @@ impl EmbeddedPg {
         &self.data_dir
     }
 
+    /// The directory of the server's Unix socket: the host another server names to reach
+    /// it (a Citus coordinator its workers, in tests/citus), as libpq reads a host that
+    /// begins with `/`. The port is always 5432.
+    pub fn socket_dir(&self) -> PathBuf {
+        self.run_dir()
+    }
+
     /// Shuts the server down (fast mode: sessions are cut, everything committed is kept)
     /// and releases the data directory.
     pub async fn stop(mut self) {
@@ -701,11 +708,20 @@ pub async fn start_throwaway() -> Result<EmbeddedPg, EmbeddedPgError> {
     start_temporary(THROWAWAY_CONF).await
 }
 
+/// `start_throwaway` with the server binaries of `bin_dir` (those an extension was built
+/// for) and `extra_conf` appended to its `postgresql.conf` (`shared_preload_libraries`).
+pub async fn start_throwaway_with(bin_dir: &Path, extra_conf: &str) -> Result<EmbeddedPg, EmbeddedPgError> {
+    start_temporary_in(find_bin_dir(Some(bin_dir))?, &format!("{THROWAWAY_CONF}{extra_conf}")).await
+}
+
 /// A fresh cluster in a new temp directory, removed when this process ends, with
 /// `extra_conf` appended to its `postgresql.conf` (`chime bench` passes none: the same
 /// durable settings as `chime serve`).
 pub async fn start_temporary(extra_conf: &str) -> Result<EmbeddedPg, EmbeddedPgError> {
-    let bin_dir = find_bin_dir(None)?;
+    start_temporary_in(find_bin_dir(None)?, extra_conf).await
+}
+
+async fn start_temporary_in(bin_dir: PathBuf, extra_conf: &str) -> Result<EmbeddedPg, EmbeddedPgError> {
     let dir = make_temp_dir()?;
     let user = db_user(&dir.join("pgdata"))?;
     if let Some(user) = &user {

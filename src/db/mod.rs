@@ -13,6 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 
+pub mod citus;
 pub mod embedded_pg;
 pub mod hosts;
 mod pool;
@@ -512,15 +513,18 @@ async fn find_at_start(hosts: &Hosts, customize: fn(PgConnectOptions) -> PgConne
     }
 }
 
+/// Also notes whether the database is on a Citus coordinator (`citus::active`).
 async fn check_server_version(pool: &Pool) -> anyhow::Result<()> {
-    let version: i32 = crate::db::query_scalar("SELECT current_setting('server_version_num')::int")
-        .fetch_one(pool)
-        .await
-        .context("asking PostgreSQL for its version")?;
+    let (version, citus): (i32, bool) =
+        crate::db::query_as("SELECT current_setting('server_version_num')::int, EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
+            .fetch_one(pool)
+            .await
+            .context("asking PostgreSQL for its version")?;
     if let Err(e) = check_version_num(version) {
         pool.close().await;
         return Err(e);
     }
+    citus::found(citus);
     Ok(())
 }
 
@@ -602,7 +606,12 @@ pub async fn migrate_on(conn: &mut PgConnection) -> anyhow::Result<()> {
     // wide (a no-transaction migration runs outside any transaction); the session ends here.
     let result = async {
         crate::db::query("SET lock_timeout = '10s'").execute(&mut *conn).await?;
-        MIGRATOR.run(&mut *conn).await.context("applying database migrations")
+        MIGRATOR.run(&mut *conn).await.context("applying database migrations")?;
+        // On a Citus coordinator, the tables the migrations made are placed on the cluster.
+        if citus::installed(&mut *conn).await? {
+            citus::distribute(&mut *conn).await?;
+        }
+        anyhow::Ok(())
     }
     .await;
     conn.unlock().await.context("releasing the migration lock")?;

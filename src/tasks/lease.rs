@@ -112,9 +112,23 @@ pub struct FlowWant {
 /// `floor`: `unfinished_floor()` as last read, or None.
 /// Biz types with per-key limits are claimed in a second statement (pick_flow.sql), so
 /// that the others' claim is what it was.
+/// On a Citus cluster (`db::citus::active`), one statement per biz type: `claim_each`.
 pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<DateTime<Utc>>) -> Result<HashMap<i32, Claim>, sqlx::Error> {
     let (flows, plain): (Vec<&Want>, Vec<&Want>) = wants.iter().partition(|w| w.flow.is_some());
     let mut claims: HashMap<i32, Claim> = HashMap::new();
+    if crate::db::citus::active() {
+        if !flows.is_empty() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "biz types with per-key limits (flow_max_in_flight, flow_rate_limit, ordered) are not delivered on a Citus cluster yet \
+                     (docs/design/citus.md): their claim is not single-shard"
+                );
+            });
+        }
+        claim_each(pool, &plain, node_id, floor, &mut claims).await?;
+        return Ok(claims);
+    }
     for part in [plain, flows] {
         if !part.is_empty() {
             claim_some(pool, &part, node_id, floor, &mut claims).await?;
@@ -153,7 +167,13 @@ async fn claim_some(
             .bind(flows.iter().map(|f| f.rate).collect::<Vec<Option<f64>>>());
     }
     let picked: Vec<ClaimRow> = query.fetch_all(pool).await?;
-    for row in picked {
+    take(picked, claims);
+    Ok(())
+}
+
+/// Sorts a claim's rows into each biz type's `Claim`.
+fn take(rows: Vec<ClaimRow>, claims: &mut HashMap<i32, Claim>) {
+    for row in rows {
         let claim = claims.entry(row.biz_type_id).or_default();
         claim.settings_at = claim.settings_at.max(row.settings_at);
         if row.task.id.is_nil() {
@@ -165,7 +185,62 @@ async fn claim_some(
             claim.leased.push(row.task);
         }
     }
+}
+
+/// The claim on a Citus cluster: claim_citus.sql, one statement per biz type (in id
+/// order, as claim.sql gates them), each routed whole to the worker that holds the biz
+/// type's shard, after the biz type's gate (`chime_claim_room`) in its transaction. The failure and chat notices of the tasks it ended expired follow in the
+/// same transaction (notices_citus.sql), a statement of their own: Citus would split a
+/// statement that inserts into one table what another returned into steps through the
+/// coordinator. Both reach the one worker; the gate is the coordinator's.
+async fn claim_each(
+    pool: &Pool,
+    wants: &[&Want],
+    node_id: Uuid,
+    floor: Option<DateTime<Utc>>,
+    claims: &mut HashMap<i32, Claim>,
+) -> Result<(), sqlx::Error> {
+    let mut wants = wants.to_vec();
+    wants.sort_by_key(|w| w.biz_type_id);
+    for want in wants {
+        let mut tx = pool.begin().await?;
+        // The biz type's claim locks, on the coordinator, until the commit (claim_citus.sql,
+        // Locks). And a plan made for the biz type at each claim, for this transaction:
+        // PostgreSQL's generic plan of a statement run often leaves $8 a parameter, which
+        // Citus cannot route ("could not create distributed plan").
+        let room: i32 = crate::db::query_scalar("SELECT chime_claim_room($1, $2) FROM set_config('plan_cache_mode', 'force_custom_plan', true)")
+            .bind(want.biz_type_id)
+            .bind(want.limit)
+            .fetch_one(&mut *tx)
+            .await?;
+        let rows: Vec<ClaimRow> = crate::db::query_as(citus_claim_sql())
+            .bind(vec![want.biz_type_id])
+            .bind(vec![want.limit])
+            .bind(vec![want.lease_ms + want.ahead_ms])
+            .bind(node_id)
+            .bind(vec![want.ahead_ms])
+            .bind(floor)
+            .bind(vec![want.oldest])
+            .bind(want.biz_type_id)
+            .bind(room)
+            .fetch_all(&mut *tx)
+            .await?;
+        let ended: Vec<Uuid> = rows.iter().filter(|r| r.task.expired).map(|r| r.task.id).collect();
+        if !ended.is_empty() {
+            let events = vec!["task.expired"; ended.len()];
+            crate::db::query(include_str!("sql/notices_citus.sql")).bind(want.biz_type_id).bind(&ended).bind(&events).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        take(rows, claims);
+    }
     Ok(())
+}
+
+/// claim_citus.sql as the engine runs it, with pick.sql's `picked` CTE (tests/citus
+/// EXPLAINs it).
+pub fn citus_claim_sql() -> &'static str {
+    static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim_citus.sql")));
+    CLAIM.as_str()
 }
 
 /// claim.sql or reserve.sql with pick.sql's `picked` CTE, which both take due tasks with,
@@ -202,6 +277,9 @@ pub async fn next_due_each(
     within: Option<Duration>,
     floor: Option<DateTime<Utc>>,
 ) -> Result<Vec<(i32, Option<DateTime<Utc>>)>, sqlx::Error> {
+    if crate::db::citus::active() {
+        return next_due_citus(pool, biz_type_ids, within, floor).await;
+    }
     // Without `within`, the upper bound is infinity: both bounds are computed as the
     // statement starts, so its partitions are pruned then.
     crate::db::query_as(
@@ -218,6 +296,33 @@ pub async fn next_due_each(
     .bind(within.map(|w| w.as_millis() as i64))
     .fetch_all(pool)
     .await
+}
+
+/// `next_due_each` on a Citus cluster: a statement per biz type, each sent to the worker of
+/// its shard. Citus refuses the one statement for all (a LATERAL subquery with a LIMIT over
+/// an array of biz types).
+async fn next_due_citus(
+    pool: &Pool,
+    biz_type_ids: &[i32],
+    within: Option<Duration>,
+    floor: Option<DateTime<Utc>>,
+) -> Result<Vec<(i32, Option<DateTime<Utc>>)>, sqlx::Error> {
+    let mut next = Vec::with_capacity(biz_type_ids.len());
+    for &id in biz_type_ids {
+        let due: Option<DateTime<Utc>> = crate::db::query_scalar(
+            "SELECT run_at FROM tasks
+              WHERE biz_type_id = $1 AND status = 'pending' AND run_at >= coalesce($2, '-infinity')
+                AND run_at <= coalesce(now() + $3 * interval '1 millisecond', 'infinity')
+              ORDER BY run_at LIMIT 1",
+        )
+        .bind(id)
+        .bind(floor)
+        .bind(within.map(|w| w.as_millis() as i64))
+        .fetch_optional(pool)
+        .await?;
+        next.push((id, due));
+    }
+    Ok(next)
 }
 
 /// An instant before which no unfinished task is due, now or later (migration 0036): a
@@ -410,6 +515,16 @@ impl Verdict {
         }
     }
 
+    /// The state the task is left in, and when it is due again if pending.
+    fn settles_as(&self) -> (super::Status, Option<DateTime<Utc>>) {
+        match *self {
+            Verdict::Delivered => (super::Status::Succeeded, None),
+            Verdict::RetryAt(at) | Verdict::Snooze(at) | Verdict::Held(at) => (super::Status::Pending, Some(at)),
+            Verdict::GiveUp => (super::Status::Failed, None),
+            Verdict::Expire { .. } => (super::Status::Expired, None),
+        }
+    }
+
     /// The task's `last_error` this verdict leaves, given the attempt's own error.
     fn task_error(&self, attempt_error: Option<&str>) -> Option<String> {
         let Verdict::Expire { deadline, next, snoozed } = *self else {
@@ -479,12 +594,7 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
     for o in outcomes {
         ids.push(o.task_id);
         run_ats.push(o.run_at);
-        let (status, retry_at) = match o.verdict {
-            Verdict::Delivered => (super::Status::Succeeded, None),
-            Verdict::RetryAt(at) | Verdict::Snooze(at) | Verdict::Held(at) => (super::Status::Pending, Some(at)),
-            Verdict::GiveUp => (super::Status::Failed, None),
-            Verdict::Expire { .. } => (super::Status::Expired, None),
-        };
+        let (status, retry_at) = o.verdict.settles_as();
         statuses.push(status.as_str());
         retry_ats.push(retry_at);
         errors.push(o.error.as_deref());
@@ -503,7 +613,12 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         redirects.push(o.redirected_to.as_deref());
         biz_type_ids.push(o.biz_type_id);
     }
-    if retry_ats.iter().any(Option::is_some) {
+    // On a Citus cluster the hot horizon is read here, on the coordinator, for the statements
+    // that run on the workers; and later_cold.sql, which Citus refuses, runs only for a
+    // retry or snooze that reaches beyond it (docs/design/citus.md, What is left).
+    let citus_horizon = if crate::db::citus::active() { Some(citus_record_session(tx).await?) } else { None };
+    let beyond = |until: DateTime<Utc>| citus_horizon.is_none_or(|horizon| until >= horizon);
+    if retry_ats.iter().any(|at| at.is_some_and(beyond)) {
         let mut later = (vec![], vec![], vec![], vec![], vec![]);
         for (o, error) in outcomes.iter().zip(&task_errors) {
             if let Verdict::RetryAt(until) | Verdict::Snooze(until) = o.verdict {
@@ -524,17 +639,21 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
             .execute(&mut *tx)
             .await?;
     }
-    crate::db::query(include_str!("sql/record_tasks.sql"))
-        .bind(&ids)
-        .bind(&run_ats)
-        .bind(&statuses)
-        .bind(&retry_ats)
-        .bind(&task_errors)
-        .bind(holder)
-        .bind(&snoozed)
-        .bind(&uncounted)
-        .execute(&mut *tx)
-        .await?;
+    if let Some(horizon) = citus_horizon {
+        record_tasks_citus(tx, holder, outcomes, horizon).await?;
+    } else {
+        crate::db::query(include_str!("sql/record_tasks.sql"))
+            .bind(&ids)
+            .bind(&run_ats)
+            .bind(&statuses)
+            .bind(&retry_ats)
+            .bind(&task_errors)
+            .bind(holder)
+            .bind(&snoozed)
+            .bind(&uncounted)
+            .execute(&mut *tx)
+            .await?;
+    }
     crate::db::query(include_str!("sql/record_attempts.sql"))
         .bind(&ids)
         .bind(&numbers)
@@ -557,6 +676,48 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         outcomes.iter().filter(|o| matches!(o.verdict, Verdict::RetryAt(at) | Verdict::Snooze(at) if at <= now)).map(|o| o.biz_type_id).collect();
     for biz_type_id in due_now {
         wake::notify(&mut *tx, wake::Wake::DueFor(biz_type_id)).await?;
+    }
+    Ok(())
+}
+
+/// On a Citus cluster, before a record: the hot horizon, and a plan made for the biz type at
+/// each run of a statement for the rest of the transaction (see `claim_each`).
+async fn citus_record_session(tx: &mut PgConnection) -> Result<DateTime<Utc>, sqlx::Error> {
+    crate::db::query_scalar("SELECT until FROM hot_horizon, set_config('plan_cache_mode', 'force_custom_plan', true)").fetch_one(&mut *tx).await
+}
+
+/// record_tasks.sql's work on a Citus cluster: record_citus.sql per biz type (each on the
+/// worker of its shard), then the failure and chat notices of the tasks it ended failed or
+/// expired (notices_citus.sql), in the caller's transaction. The hot horizon, a coordinator
+/// table, is read by the caller and passed: a worker cannot read it.
+async fn record_tasks_citus(tx: &mut PgConnection, holder: Uuid, outcomes: &[Outcome], horizon: DateTime<Utc>) -> Result<(), sqlx::Error> {
+    let mut by_biz_type: std::collections::BTreeMap<i32, Vec<&Outcome>> = std::collections::BTreeMap::new();
+    for o in outcomes {
+        by_biz_type.entry(o.biz_type_id).or_default().push(o);
+    }
+    for (biz_type_id, group) in by_biz_type {
+        let settled: Vec<(super::Status, Option<DateTime<Utc>>)> = group.iter().map(|o| o.verdict.settles_as()).collect();
+        let ended: Vec<(Uuid, String)> = crate::db::query_as(include_str!("sql/record_citus.sql"))
+            .bind(group.iter().map(|o| o.task_id).collect::<Vec<_>>())
+            .bind(group.iter().map(|o| o.run_at).collect::<Vec<_>>())
+            .bind(settled.iter().map(|(status, _)| status.as_str()).collect::<Vec<_>>())
+            .bind(settled.iter().map(|(_, at)| *at).collect::<Vec<_>>())
+            .bind(group.iter().map(|o| o.verdict.task_error(o.error.as_deref())).collect::<Vec<_>>())
+            .bind(holder)
+            .bind(group.iter().map(|o| matches!(o.verdict, Verdict::Snooze(_))).collect::<Vec<_>>())
+            .bind(group.iter().map(|o| matches!(o.verdict, Verdict::Held(_))).collect::<Vec<_>>())
+            .bind(biz_type_id)
+            .bind(horizon)
+            .fetch_all(&mut *tx)
+            .await?;
+        let (ids, events): (Vec<Uuid>, Vec<String>) = ended
+            .into_iter()
+            .filter(|(_, status)| status == "failed" || status == "expired")
+            .map(|(id, status)| (id, format!("task.{status}")))
+            .unzip();
+        if !ids.is_empty() {
+            crate::db::query(include_str!("sql/notices_citus.sql")).bind(biz_type_id).bind(&ids).bind(&events).execute(&mut *tx).await?;
+        }
     }
     Ok(())
 }

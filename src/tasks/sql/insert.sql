@@ -46,8 +46,9 @@ WITH input AS (
 ), wake AS (
     -- Engines sleep until the next due task, at most a second; one due sooner must wake
     -- them (sent on commit, to every node), and this biz type's waiting reserves only
-    -- (the payload is wake.rs's `Wake::DueFor`).
-    SELECT pg_notify($8, concat('due:', $1::int)) FROM input
+    -- (the payload is wake.rs's `Wake::DueFor`). A boolean rather than pg_notify's void:
+    -- Citus keeps a CTE's rows as an intermediate result, which cannot hold a void.
+    SELECT pg_notify($8, concat('due:', $1::int)) IS NULL AS told FROM input
      WHERE run_at <= now() + interval '1 second' AND (key IS NULL OR id IN (SELECT task_id FROM taken))
      LIMIT 1
 )

@@ -1,0 +1,138 @@
+//! The engine's claim on a Citus cluster: one statement per biz type, routed whole to the
+//! worker of the biz type's shard (claim_citus.sql), which leases due tasks and ends those
+//! past their deadline, as claim.sql does on plain PostgreSQL.
+
+use chime::biz_types::{self, Settings};
+use chime::callback_hosts::CallbackHosts;
+use chime::config::ServeArgs;
+use chime::tasks::lease::{self, Want};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::cluster::migrated_database;
+use crate::helpers::{self, TestApp};
+
+async fn worker_of(app: &TestApp, biz_type_id: i32) -> String {
+    sqlx::query_scalar("SELECT nodename FROM citus_shards WHERE shardid = get_shard_id_for_distribution_column('tasks', $1)")
+        .bind(biz_type_id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+/// A biz type whose failure notices go to a (never reached) failure_url; its id and token.
+async fn orders(app: &TestApp) -> (i32, String) {
+    let settings = Settings {
+        callback_url: Some("http://127.0.0.1:9/callback".into()),
+        failure_url: Some("http://127.0.0.1:9/failed".into()),
+        ..Default::default()
+    };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let id = sqlx::query_scalar("SELECT id FROM biz_types WHERE name = 'orders'").fetch_one(&app.pool).await.unwrap();
+    (id, token)
+}
+
+fn want(biz_type_id: i32, limit: i64) -> Want {
+    Want { biz_type_id, limit, ahead_ms: 0, lease_ms: 60_000, oldest: 1, flow: None }
+}
+
+#[tokio::test]
+async fn the_claim_of_one_biz_type_is_one_statement_on_its_worker() {
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (id, token) = orders(&app).await;
+    app.create_task(&token, json!({"biz_type": "orders", "payload": 1})).await;
+    let worker = worker_of(&app, id).await;
+
+    let explain = format!("EXPLAIN (costs off) {}", lease::citus_claim_sql());
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .bind(vec![id])
+        .bind(vec![10_i64])
+        .bind(vec![60_000_i64])
+        .bind(Uuid::new_v4())
+        .bind(vec![0_i64])
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(vec![1_i64])
+        .bind(id)
+        .bind(10_i32)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    // One task, on the biz type's worker, which locks the rows it picks there: no step
+    // through the coordinator (a "Distributed Subplan").
+    assert!(!plan.contains("Distributed Subplan"), "{plan}");
+    assert_eq!(plan.matches("Task Count: 1").count(), 1, "{plan}");
+    assert!(plan.contains(&format!("Node: host={worker} ")), "on {worker}: {plan}");
+    assert!(plan.contains("LockRows"), "{plan}");
+}
+
+#[tokio::test]
+async fn the_claim_on_citus_leases_due_tasks_and_ends_those_past_their_deadline() {
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (id, token) = orders(&app).await;
+    let mut due = Vec::new();
+    for n in 0..3 {
+        due.push(app.create_task(&token, json!({"biz_type": "orders", "payload": n})).await["id"].as_str().unwrap().to_string());
+    }
+    let later = app.create_task(&token, json!({"biz_type": "orders", "delay_ms": 3_600_000})).await["id"].as_str().unwrap().to_string();
+    // One of the due tasks is past its deadline (which the API would not accept at create).
+    sqlx::query("UPDATE tasks SET expires_at = now() - interval '1 second' WHERE biz_type_id = $1 AND id = $2::uuid")
+        .bind(id)
+        .bind(&due[2])
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let node = Uuid::new_v4();
+    let claims = lease::claim(&app.pool, &[want(id, 10)], node, None).await.expect("the claim on Citus");
+    let claim = &claims[&id];
+    let mut leased: Vec<String> = claim.leased.iter().map(|t| t.id.to_string()).collect();
+    leased.sort();
+    let mut expected = due[..2].to_vec();
+    expected.sort();
+    assert_eq!(leased, expected, "the due tasks within their deadline");
+    assert_eq!(claim.expired, 1);
+    assert!(!claim.capped);
+
+    let states: Vec<(String, String, Option<Uuid>)> =
+        sqlx::query_as("SELECT id::text, status, leased_by FROM tasks WHERE biz_type_id = $1 ORDER BY id")
+            .bind(id)
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    for (task, status, holder) in &states {
+        let (want_status, want_holder) = if *task == due[2] {
+            ("expired", None)
+        } else if *task == later {
+            ("pending", None)
+        } else {
+            ("running", Some(node))
+        };
+        assert_eq!((status.as_str(), *holder), (want_status, want_holder), "{task}: {states:?}");
+    }
+    // Its failure notice came with it, in the claim's transaction.
+    let notices: Vec<(String, String)> =
+        sqlx::query_as("SELECT task_id::text, event FROM failure_notices WHERE biz_type_id = $1").bind(id).fetch_all(&app.pool).await.unwrap();
+    assert_eq!(notices, vec![(due[2].clone(), "task.expired".to_string())]);
+
+    // Nothing is left due: a second node's claim takes nothing, and is not capped.
+    let again = lease::claim(&app.pool, &[want(id, 10)], Uuid::new_v4(), None).await.unwrap();
+    assert!(again.get(&id).is_none_or(|c| c.leased.is_empty() && !c.capped), "{again:?}");
+}
+
+#[tokio::test]
+async fn the_cap_holds_on_citus() {
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (id, token) = orders(&app).await;
+    sqlx::query("UPDATE biz_types SET max_in_flight = 2 WHERE id = $1").bind(id).execute(&app.pool).await.unwrap();
+    for n in 0..5 {
+        app.create_task(&token, json!({"biz_type": "orders", "payload": n})).await;
+    }
+    let first = lease::claim(&app.pool, &[want(id, 10)], Uuid::new_v4(), None).await.unwrap();
+    assert_eq!(first[&id].leased.len(), 2, "max_in_flight 2");
+    assert!(first[&id].capped, "the cap held the rest back");
+    let second = lease::claim(&app.pool, &[want(id, 10)], Uuid::new_v4(), None).await.unwrap();
+    assert!(second[&id].leased.is_empty(), "two running already, on another node's claim");
+    assert!(second[&id].capped);
+}

@@ -37,7 +37,7 @@
 --  * `db_now` is read by the last SELECT, not by RETURNING (which may hold no such
 --    function either).
 WITH wants AS (
-    SELECT $8::int AS biz_type_id, $2[1]::int8 AS n, $5[1]::int8 AS ahead_ms, $7[1]::int8 AS oldest
+    SELECT $8::int AS biz_type_id, $2[1]::int8 AS n, $5[1]::int8 AS ahead_ms, $7[1]::int8 AS oldest, NULL::int AS lane
 ),
 {pick}, gate AS (
     -- Nothing picked: no row (and no `capped` row), as in claim.sql.

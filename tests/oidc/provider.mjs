@@ -5,7 +5,7 @@
 // (pinned) under target/oidc-provider; tests/api/oidc.rs starts this script.
 //
 // Environment: OIDC_PROVIDER_MODULE (the package's directory), CHIME_CALLBACK (chime's
-// redirect URI). It listens on a free port of 127.0.0.1 and prints its issuer URL as its
+// redirect URI), OIDC_PROVIDER_KEY_FILE (optional: where its signing key is kept). It listens on a free port of 127.0.0.1 and prints its issuer URL as its
 // first line.
 //
 // For the tests, beside the provider's own endpoints: POST /test/mode?set=… makes the
@@ -16,6 +16,7 @@
 // redirect to chime that the provider made (with its code and state), for a replay.
 
 import crypto from 'node:crypto';
+import fs from 'node:fs';
 import http from 'node:http';
 import { pathToFileURL } from 'node:url';
 
@@ -33,9 +34,19 @@ const accounts = {
 const subject = (login) => `employee-${Buffer.from(login).toString('hex')}`;
 const bySubject = Object.fromEntries(Object.keys(accounts).map((login) => [subject(login), login]));
 
-// Its own signing key, made at each start, as a provider's is its own.
-const key = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ format: 'jwk' });
-const jwks = { keys: [{ ...key, kid: crypto.randomUUID(), use: 'sig', alg: 'RS256' }] };
+// A signing key of its own (RS256, as most providers sign), kept in OIDC_PROVIDER_KEY_FILE
+// when given: making an RSA key takes seconds on a loaded machine, once is enough.
+function signingKey() {
+  const file = process.env.OIDC_PROVIDER_KEY_FILE;
+  if (file && fs.existsSync(file)) return JSON.parse(fs.readFileSync(file, 'utf8'));
+  const made = { ...crypto.generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ format: 'jwk' }), kid: crypto.randomUUID() };
+  if (file) {
+    fs.writeFileSync(`${file}.${process.pid}`, JSON.stringify(made), { mode: 0o600 });
+    fs.renameSync(`${file}.${process.pid}`, file);
+  }
+  return made;
+}
+const jwks = { keys: [{ ...signingKey(), use: 'sig', alg: 'RS256' }] };
 
 let mode = 'normal';
 let lastCallback = '';

@@ -62,12 +62,12 @@ pub struct OidcArgs {
 
     /// Groups whose members are chime admins, comma-separated [default: none]. A user in
     /// none of these and none of CHIME_OIDC_SUPPORT_GROUPS is refused.
-    #[arg(long, env = "CHIME_OIDC_ADMIN_GROUPS", default_value = "")]
+    #[arg(long, env = "CHIME_OIDC_ADMIN_GROUPS", default_value = "", hide_default_value = true)]
     pub oidc_admin_groups: String,
 
     /// Groups whose members are chime support staff (browse, replay, cancel),
     /// comma-separated [default: none]; admin wins for a user in both.
-    #[arg(long, env = "CHIME_OIDC_SUPPORT_GROUPS", default_value = "")]
+    #[arg(long, env = "CHIME_OIDC_SUPPORT_GROUPS", default_value = "", hide_default_value = true)]
     pub oidc_support_groups: String,
 
     /// The ID token claim whose value names a user made at their first sign-in

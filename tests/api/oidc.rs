@@ -190,7 +190,7 @@ async fn staff_sign_in_with_the_role_their_groups_give_and_others_are_refused() 
 }
 
 /// The provider's ID token for another client (a wrong audience), one that expired on its
-/// way, an edited state, a callback brought back twice and a code used twice sign nobody
+/// way, one for another sign-in (its nonce), one changed after signing, an edited state, a callback brought back twice and a code used twice sign nobody
 /// in; the genuine callback, held back while the edited one was tried, still does.
 #[tokio::test]
 async fn wrong_audiences_expired_tokens_edited_states_and_replays_are_refused() {
@@ -219,6 +219,18 @@ async fn wrong_audiences_expired_tokens_edited_states_and_replays_are_refused() 
     browser.wait_for("#refusal", Duration::from_secs(15)).await;
     assert_eq!(browser.text("#refusal").await, "the ID token has expired");
     assert_eq!(signed_in("alice").await, 0);
+
+    // Signed by the provider for another sign-in (its nonce), or changed after signing.
+    for (mode, refusal) in [
+        ("other-nonce", "the ID token's nonce is not this sign-in's: it was made for another one"),
+        ("tampered", "the ID token's signature is not the provider's"),
+    ] {
+        idp.mode(mode).await;
+        browser.goto(&format!("{}/console/login", app.address)).await;
+        browser.click("#oidc-sign-in").await;
+        assert_eq!(browser.text("#refusal").await, refusal, "{mode}");
+        assert_eq!(signed_in("alice").await, 0, "{mode}");
+    }
 
     // The provider's redirect held on a page: its link, with the state edited, is refused;
     // the link as it is still signs in.
@@ -260,8 +272,10 @@ async fn wrong_audiences_expired_tokens_edited_states_and_replays_are_refused() 
 
     let reasons: Vec<String> =
         audit(&app, "user.sign_in_failed").await.into_iter().map(|(_, _, after)| after["reason"].as_str().unwrap_or_default().to_string()).collect();
-    assert_eq!(reasons.len(), 3, "{reasons:?}");
-    assert!(reasons[0].contains("wrong audience") && reasons[1].contains("expired") && reasons[2].contains("invalid_grant"), "{reasons:?}");
+    assert_eq!(reasons.len(), 5, "{reasons:?}");
+    for (reason, expected) in reasons.iter().zip(["wrong audience", "expired", "nonce", "signature", "invalid_grant"]) {
+        assert!(reason.contains(expected), "{reasons:?}");
+    }
 }
 
 /// With CHIME_LOCAL_PASSWORDS=false the sign-in page offers the provider alone, and a

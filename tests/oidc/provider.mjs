@@ -11,7 +11,8 @@
 // For the tests, beside the provider's own endpoints: POST /test/mode?set=… makes the
 // token endpoint misbehave as a test needs (`wrong-audience`: the ID token is the one the
 // provider issues to another client, `other-app`; `expired`: an ID token that lives one
-// second, sent two seconds late; `hold`: the redirect back to chime is a page with a link,
+// second, sent two seconds late; `other-nonce`: an ID token it signed with another sign-in's
+// nonce; `tampered`: its ID token with a group added after signing; `hold`: the redirect back to chime is a page with a link,
 // `#continue`, for the test to read and edit; `normal`), and GET /test/last-callback answers the last
 // redirect to chime that the provider made (with its code and state), for a replay.
 
@@ -118,6 +119,20 @@ provider.use(async (ctx, next) => {
       ctx.body.id_token = await token.issue({ use: 'idtoken' });
     } else if (mode === 'expired') {
       await new Promise((resolve) => { setTimeout(resolve, 2000); });
+    } else if (mode === 'other-nonce' || mode === 'tampered') {
+      const [header, payload, signature] = ctx.body.id_token.split('.');
+      const claims = JSON.parse(Buffer.from(payload, 'base64url'));
+      if (mode === 'other-nonce') {
+        // Signed by the provider, for another sign-in of chime's.
+        claims.nonce = 'the-nonce-of-another-sign-in';
+        const signed = `${header}.${Buffer.from(JSON.stringify(claims)).toString('base64url')}`;
+        const key = crypto.createPrivateKey({ key: jwks.keys[0], format: 'jwk' });
+        ctx.body.id_token = `${signed}.${crypto.sign('sha256', Buffer.from(signed), key).toString('base64url')}`;
+      } else {
+        // Changed after the provider signed it: a group added.
+        claims.groups = [...(claims.groups || []), 'chime-admins'];
+        ctx.body.id_token = `${header}.${Buffer.from(JSON.stringify(claims)).toString('base64url')}.${signature}`;
+      }
     }
   }
 });

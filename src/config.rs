@@ -264,6 +264,16 @@ pub struct ServeArgs {
     /// fragment.
     #[arg(long, env = "CHIME_PUBLIC_URL", value_parser = parse_public_url)]
     pub public_url: Option<String>,
+
+    /// Sign-in to the console through an OpenID Provider (CHIME_OIDC_*).
+    #[command(flatten)]
+    pub oidc: crate::oidc::OidcArgs,
+
+    /// Whether console users may sign in with a chime password. `false` leaves only the
+    /// OpenID Provider (CHIME_OIDC_ISSUER), and is refused at start without one; the admin
+    /// API's tokens and the `chime user` commands are not affected.
+    #[arg(long, env = "CHIME_LOCAL_PASSWORDS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub local_passwords: bool,
 }
 
 /// `--public-url`: an http(s) URL with a host and neither query nor fragment, kept without
@@ -309,6 +319,8 @@ impl Default for ServeArgs {
             deny_private_callbacks: false,
             auto_migrate: true,
             public_url: None,
+            oidc: crate::oidc::OidcArgs::defaults(),
+            local_passwords: true,
         }
     }
 }
@@ -585,7 +597,7 @@ mod tests {
         assert_eq!(vars, ["CHIME_DATA_DIR", "CHIME_LOG_FORMAT", "CHIME_NODE_CAPACITY", "CHIME_SECRET_KEY_FILE"]);
         let keys = file_keys();
         assert!(keys.iter().all(|(key, var)| !key.contains('-') && !var.is_empty()), "{keys:?}");
-        assert_eq!(keys.len(), 31, "{keys:?}");
+        assert_eq!(keys.len(), 43, "{keys:?}");
     }
 
     #[test]

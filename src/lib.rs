@@ -54,6 +54,9 @@ pub mod logs;
 pub mod metrics;
 /// Node registration and heartbeats (table `nodes`), and which nodes are live.
 pub mod nodes;
+/// Console sign-in through an OpenID Provider: its settings, metadata and keys, the code's
+/// exchange and the ID token's checks.
+pub mod oidc;
 /// Partitions of `tasks` and `attempts`, the hot horizon (table `hot_horizon`), retention.
 pub mod partitions;
 /// Pull delivery: consumers reserve due tasks and ack or nack them.
@@ -69,7 +72,8 @@ pub mod state;
 pub mod tasks;
 /// Timers: cron schedules whose occurrences become tasks (table `timers`).
 pub mod timers;
-/// Console users and their sign-in sessions (tables `users`, `sessions`).
+/// Console users, their sign-in sessions and sign-ins through an OpenID Provider under way
+/// (tables `users`, `sessions`, `oidc_sign_ins`).
 pub mod users;
 /// Wake-ups between nodes: the `chime_wake` notifications that tasks, biz types and the
 /// engine send, and the LISTEN loop every node runs.

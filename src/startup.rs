@@ -28,6 +28,22 @@ use crate::partitions::{self, Layout};
 use crate::state::AppState;
 use crate::{biz_types, console, demo, engine, failure_notices, leader, metrics, nodes, users};
 
+/// How the console's users sign in: the OpenID Provider the settings name, read now (its
+/// metadata and keys: a provider that does not answer stops the start), and whether chime
+/// passwords are allowed besides. Refuses settings that would leave no way in.
+async fn sign_in_methods(settings: &ServeArgs) -> anyhow::Result<console::SignInMethods> {
+    let provider = crate::oidc::Provider::discover(&settings.oidc, settings.public_url.as_deref()).await?;
+    if !settings.local_passwords && provider.is_none() {
+        anyhow::bail!(
+            "CHIME_LOCAL_PASSWORDS=false with no OpenID Provider would leave no way to sign in to the console: set CHIME_OIDC_ISSUER (and its client), or leave CHIME_LOCAL_PASSWORDS on"
+        );
+    }
+    if let Some(provider) = &provider {
+        tracing::info!(issuer = provider.issuer(), passwords = settings.local_passwords, "console: sign-in through the OpenID Provider");
+    }
+    Ok(console::SignInMethods { provider: provider.map(Arc::new), passwords: settings.local_passwords })
+}
+
 /// How long a client has to send a request's headers (actix-web's default, made explicit:
 /// its body is bounded by CHIME_BODY_TIMEOUT_SECS).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -80,6 +96,7 @@ impl Application {
     /// everything else 503 until `prepare` is done. Port 0 picks a free port (tests).
     pub async fn bind(settings: &ServeArgs, pool: Pool, health: Health) -> anyhow::Result<Application> {
         let layout = Layout::new(settings.partition_hours, settings.hot_days, settings.retention_days).map_err(anyhow::Error::msg)?;
+        let sign_in = web::Data::new(sign_in_methods(settings).await?);
         if u64::from(settings.timer_window_secs) >= u64::from(settings.hot_days) * 86_400 {
             anyhow::bail!("CHIME_TIMER_WINDOW_SECS must be shorter than CHIME_HOT_DAYS");
         }
@@ -113,6 +130,7 @@ impl Application {
                 .app_data(state.clone())
                 .app_data(login_limiter.clone())
                 .app_data(login_key.clone())
+                .app_data(sign_in.clone())
                 .app_data(app_metrics.clone())
                 .app_data(proxies.clone())
                 .wrap(from_fn(api::by_phase))

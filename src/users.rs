@@ -2,6 +2,7 @@
 //! threads of `hashing`.
 
 mod hashing;
+pub mod oidc;
 pub mod sessions;
 
 use crate::db::Pool;

@@ -86,6 +86,15 @@ if ! grep -qs "\"version\": \"$axe_version\"" "$root/target/axe/node_modules/axe
     npm install --no-save --no-audit --no-fund --prefix "$root/target/axe" "axe-core@$axe_version" >&2
 fi
 
+# The OpenID Provider the console's sign-in tests run (tests/oidc/provider.mjs, started by
+# tests/api/oidc.rs): the OpenID Certified npm package oidc-provider, pinned, under target/
+# as axe-core is. (It warns that it prefers Node.js 22; it runs on Debian's 20.)
+oidc_provider_version=9.13.3
+if ! grep -qs "\"version\": \"$oidc_provider_version\"" "$root/target/oidc-provider/node_modules/oidc-provider/package.json"; then
+    echo "installing oidc-provider $oidc_provider_version into target/oidc-provider" >&2
+    npm install --no-save --no-audit --no-fund --prefix "$root/target/oidc-provider" "oidc-provider@$oidc_provider_version" >&2
+fi
+
 # The Standard Webhooks specification's own libraries, pinned (tests/api/standard_webhooks.rs
 # verifies real callbacks with them), under target/ as axe-core is: PyPI's in a venv, npm's
 # beside it.

@@ -16,6 +16,7 @@ mod cluster;
 mod dashboard;
 mod history;
 mod login_limits;
+mod oidc;
 mod reveal;
 mod selected;
 mod session;
@@ -25,6 +26,7 @@ mod users;
 mod when;
 
 pub use login_limits::LoginLimiter;
+pub use oidc::SignInMethods;
 pub use session::{COOKIE as SESSION_COOKIE, LoginKey, Session};
 
 use actix_web::body::{EitherBody, MessageBody};
@@ -62,6 +64,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/login", web::get().to(session::login_form))
             .route("/login", web::post().to(session::login))
             .route("/logout", web::post().to(session::logout))
+            .route("/oidc/start", web::get().to(oidc::start))
+            .route("/oidc/callback", web::get().to(oidc::callback))
             .route("/biz-types", web::get().to(biz_types::list))
             .route("/biz-types", web::post().to(biz_types::create))
             .route("/biz-types/new", web::get().to(biz_types::new))

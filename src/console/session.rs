@@ -26,6 +26,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::login_limits::LoginLimiter;
+use super::oidc::SignInMethods;
 use super::{ConsoleError, assets, see_other};
 use crate::audit::{self, Action};
 use crate::client_address::TrustedProxies;
@@ -122,6 +123,12 @@ impl FromRequest for Session {
 struct LoginPage {
     csrf: String,
     next: String,
+    /// `next` as a query string's value, for the provider's link.
+    next_encoded: String,
+    /// "Sign in with …": the provider's name, when there is one.
+    provider: Option<String>,
+    /// Whether the password form is offered (CHIME_LOCAL_PASSWORDS).
+    passwords: bool,
     username: String,
     error: Option<String>,
     css: String,
@@ -130,13 +137,13 @@ struct LoginPage {
 
 #[derive(Deserialize)]
 pub struct LoginQuery {
-    next: Option<String>,
+    pub(super) next: Option<String>,
 }
 
 /// Only a console path may be the page to return to after signing in, and only in visible
 /// ASCII (as a browser sends it): it goes into a Location header, where CR, LF or other
 /// bytes are refused.
-fn safe_next(next: Option<&str>) -> String {
+pub(super) fn safe_next(next: Option<&str>) -> String {
     match next {
         Some(n) if n.starts_with("/console") && !n.contains("//") && !n.contains('\\') && n.bytes().all(|b| b.is_ascii_graphic()) => n.to_string(),
         _ => "/console".into(),
@@ -198,9 +205,28 @@ fn login_token_ok(key: &[u8; 32], cookie: &str, form: &str) -> bool {
     constant_time_eq(cookie.as_bytes(), form.as_bytes()) && constant_time_eq(&mac, &login_mac(key, random))
 }
 
-fn login_page(req: &HttpRequest, key: &[u8; 32], status: StatusCode, next: String, username: String, error: Option<String>) -> HttpResponse {
+fn login_page(
+    req: &HttpRequest,
+    methods: &SignInMethods,
+    key: &[u8; 32],
+    status: StatusCode,
+    next: String,
+    username: String,
+    error: Option<String>,
+) -> HttpResponse {
     let csrf = signed_token(key);
-    let page = LoginPage { csrf: csrf.clone(), next, username, error, css: assets::url("console.css"), icon: assets::url("favicon.svg") };
+    let next_encoded = url::form_urlencoded::byte_serialize(next.as_bytes()).collect();
+    let page = LoginPage {
+        csrf: csrf.clone(),
+        next,
+        next_encoded,
+        provider: methods.provider.as_ref().map(|p| p.display_name.clone()),
+        passwords: methods.passwords,
+        username,
+        error,
+        css: assets::url("console.css"),
+        icon: assets::url("favicon.svg"),
+    };
     let cookie = Cookie::build(LOGIN_COOKIE, csrf).path("/console/login").http_only(true).secure(secure(req)).same_site(SameSite::Strict).finish();
     HttpResponse::build(status).content_type("text/html; charset=utf-8").cookie(cookie).body(page.render().unwrap_or_default())
 }
@@ -219,9 +245,10 @@ pub async fn login_form(
     req: HttpRequest,
     state: web::Data<AppState>,
     key: web::Data<LoginKey>,
+    methods: web::Data<SignInMethods>,
     query: web::Query<LoginQuery>,
 ) -> Result<HttpResponse, ConsoleError> {
-    Ok(login_page(&req, key.get(&state).await?, StatusCode::OK, safe_next(query.next.as_deref()), String::new(), None))
+    Ok(login_page(&req, &methods, key.get(&state).await?, StatusCode::OK, safe_next(query.next.as_deref()), String::new(), None))
 }
 
 #[derive(Deserialize)]
@@ -242,15 +269,21 @@ pub async fn login(
     limiter: web::Data<LoginLimiter>,
     proxies: web::Data<TrustedProxies>,
     key: web::Data<LoginKey>,
+    methods: web::Data<SignInMethods>,
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, ConsoleError> {
+    if !methods.passwords {
+        return Err(ConsoleError::Forbidden(
+            "chime passwords are turned off here (CHIME_LOCAL_PASSWORDS=false): sign in through the provider".into(),
+        ));
+    }
     let form = form.into_inner();
     let next = safe_next(Some(&form.next));
     let cookie = req.cookie(LOGIN_COOKIE).map(|c| c.value().to_string()).unwrap_or_default();
     let key = key.get(&state).await?;
     if !login_token_ok(key, &cookie, &form.csrf) {
         let error = "the sign-in form expired; please sign in again".to_string();
-        return Ok(login_page(&req, key, StatusCode::FORBIDDEN, next, form.username, Some(error)));
+        return Ok(login_page(&req, &methods, key, StatusCode::FORBIDDEN, next, form.username, Some(error)));
     }
     let address = proxies.client(&req);
     let failures = match limiter.begin(address, &form.username, Instant::now()) {
@@ -260,7 +293,7 @@ pub async fn login(
             tracing::debug!(user = %shown_name(&form.username), %address, "console: sign-in refused while waiting");
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             let error = format!("too many failed sign-ins; try again in {}", in_words(secs));
-            let page = login_page(&req, key, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(error));
+            let page = login_page(&req, &methods, key, StatusCode::TOO_MANY_REQUESTS, next, form.username, Some(error));
             return Ok(come_back(page, secs));
         }
     };
@@ -271,7 +304,7 @@ pub async fn login(
             limiter.not_tried(address, &form.username);
             tracing::debug!(user = %shown_name(&form.username), %address, "console: sign-in refused, too many being checked");
             let error = "too many sign-ins are being checked at once; try again in a second".to_string();
-            let page = login_page(&req, key, StatusCode::SERVICE_UNAVAILABLE, next, form.username, Some(error));
+            let page = login_page(&req, &methods, key, StatusCode::SERVICE_UNAVAILABLE, next, form.username, Some(error));
             return Ok(come_back(page, 1));
         }
         users::Verdict::Wrong => {
@@ -280,31 +313,38 @@ pub async fn login(
             let after = serde_json::json!({"address": address.to_string(), "failures": failures});
             audit::record_alone(&state.pool, &format!("address:{address}"), Action::UserSignInFailed, &name, None, Some(after)).await?;
             let error = "wrong user name or password".to_string();
-            return Ok(login_page(&req, key, StatusCode::UNAUTHORIZED, next, form.username, Some(error)));
+            return Ok(login_page(&req, &methods, key, StatusCode::UNAUTHORIZED, next, form.username, Some(error)));
         }
     };
     limiter.succeeded(address, &form.username);
-    // A fresh session on every sign-in; expired ones are cleared on the way.
+    users::record_sign_in(&state.pool, user.id).await?;
+    audit::record_alone(&state.pool, &format!("user:{}", user.username), Action::UserSignIn, &user.username, None, None).await?;
+    tracing::info!(user = %user.username, %address, "console: signed in");
+    let mut response = start_session(&req, &state, &user, &next).await?;
+    let mut used = Cookie::build(LOGIN_COOKIE, "").path("/console/login").finish();
+    used.make_removal();
+    let _ = response.add_cookie(&used);
+    Ok(response)
+}
+
+/// A new session for a user who just signed in (with a password, or through the
+/// provider), and the redirect to `next` that sets its cookie. A fresh session on every
+/// sign-in (expired ones are cleared on the way); the browser's previous one ends.
+pub(super) async fn start_session(req: &HttpRequest, state: &AppState, user: &User, next: &str) -> Result<HttpResponse, ConsoleError> {
     let token = random_token();
     sessions::start(&state.pool, &hash(&token), user.id, &random_token(), SESSION_HOURS).await?;
     if let Some(old) = req.cookie(COOKIE) {
         sessions::end(&state.pool, &hash(old.value())).await?;
     }
-    users::record_sign_in(&state.pool, user.id).await?;
-    audit::record_alone(&state.pool, &format!("user:{}", user.username), Action::UserSignIn, &user.username, None, None).await?;
-    tracing::info!(user = %user.username, %address, "console: signed in");
     let session = Cookie::build(COOKIE, token)
         .path("/")
         .http_only(true)
-        .secure(secure(&req))
+        .secure(secure(req))
         .same_site(SameSite::Lax)
         .max_age(actix_web::cookie::time::Duration::hours(SESSION_HOURS))
         .finish();
-    let mut used = Cookie::build(LOGIN_COOKIE, "").path("/console/login").finish();
-    used.make_removal();
-    let mut response = see_other(&next);
+    let mut response = see_other(next);
     let _ = response.add_cookie(&session);
-    let _ = response.add_cookie(&used);
     Ok(response)
 }
 

@@ -279,7 +279,8 @@ enum Who {
 }
 use Who::{Admin, Staff};
 
-/// Every console route but the public sign-in page and assets: (method, path, form, who
+/// Every console route but the public sign-in pages (the password form, and the OpenID
+/// Provider's start and callback, tests/api/oidc.rs) and assets: (method, path, form, who
 /// may, status when allowed). Placeholders are filled per user, so that support staff and
 /// admins each act on objects of their own. Keep in sync with `src/console/mod.rs`; logout
 /// stays last.

@@ -248,6 +248,11 @@ async fn help_documents_settings() {
     for needle in ["CHIME_LOG", "added to the default `info,chime::http=warn,sqlx=warn`", "CHIME_LOG_FORMAT", "json"] {
         assert!(out.stdout.contains(needle), "serve --help lacks {needle}:\n{}", out.stdout);
     }
+    // Sign-in through an OpenID Provider: each setting, and where the redirect URI comes from.
+    for needle in ["CHIME_OIDC_ISSUER", "CHIME_OIDC_CLIENT_SECRET_FILE", "CHIME_OIDC_ADMIN_GROUPS", "CHIME_LOCAL_PASSWORDS", "/console/oidc/callback"]
+    {
+        assert!(out.stdout.contains(needle), "serve --help lacks {needle}:\n{}", out.stdout);
+    }
 }
 
 /// `chime bench` and `chime soak` hand their command line to chime-bench, the binary built

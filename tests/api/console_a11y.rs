@@ -247,6 +247,28 @@ async fn every_console_page_passes_wcag_2_aa() {
     assert!(problems.is_empty(), "{} accessibility problems:\n{}", problems.len(), problems.join("\n"));
 }
 
+/// The sign-in page with a provider's button (and with it alone, local passwords off) and
+/// the page that refuses a sign-in through the provider pass the same checks.
+#[tokio::test]
+async fn the_sign_in_pages_of_an_openid_provider_pass_wcag_2_aa() {
+    let axe = axe_source();
+    let (app, _idp) = crate::oidc::spawn_with_idp(|_| {}).await;
+    let browser = Browser::start().await;
+    let mut problems = Vec::new();
+    browser.goto(&format!("{}/console/login", app.address)).await;
+    check_page(&browser, &axe, "the sign-in page with a provider", &mut problems).await;
+    crate::oidc::sign_in_at_idp(&browser, &app, "nora", "nora-password").await;
+    assert!(browser.exists("#refusal").await, "{}", browser.current_url().await);
+    check_page(&browser, &axe, "a sign-in through the provider, refused", &mut problems).await;
+    browser.close().await;
+    let (app, _idp) = crate::oidc::spawn_with_idp(|s| s.local_passwords = false).await;
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/console/login", app.address)).await;
+    check_page(&browser, &axe, "the sign-in page with the provider alone", &mut problems).await;
+    browser.close().await;
+    assert!(problems.is_empty(), "{} accessibility problems:\n{}", problems.len(), problems.join("\n"));
+}
+
 /// The small things a reader meets: counts with thousands separators and their nouns
 /// singular for one, a task's key as its page's heading (its id under it), a finished
 /// task's due time read as its last, row checkboxes named by key, and a favicon.

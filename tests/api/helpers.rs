@@ -178,8 +178,14 @@ pub async fn spawn_second_node(app: &TestApp) -> TestApp {
 
 /// The app on the database at `db_url` (another role or another server than the harness's).
 pub async fn spawn_on(db_url: String, mut settings: ServeArgs) -> TestApp {
-    let pool = chime::db::connect(&db_url, 8).await.unwrap();
     settings.listen = "127.0.0.1:0".parse().unwrap();
+    serve_on(db_url, settings).await
+}
+
+/// As `spawn_on`, listening where `settings.listen` says (a test that must tell others
+/// chime's address before it starts: an OpenID Provider, its redirect URI).
+pub async fn serve_on(db_url: String, mut settings: ServeArgs) -> TestApp {
+    let pool = chime::db::connect(&db_url, 8).await.unwrap();
     settings.http_workers = Some(1);
     settings.admin_password.get_or_insert_with(|| "test-admin-password".into());
     let app = Application::build(&settings, pool.clone(), chime::db::Health::new(&pool)).await.expect("building the app");

@@ -41,6 +41,7 @@ mod helpers;
 mod leader;
 mod metrics;
 mod nodes;
+mod oidc;
 mod operating;
 mod pooler;
 mod priority;

@@ -245,6 +245,42 @@ async fn a_dead_node_s_leases_hold_their_slots_until_recovered() {
 /// it, each claim in a transaction of its own: far from the cap, three claims of 200 pass
 /// at once, each setting aside what the two others may take, and a fourth waits for a
 /// lane; near the cap, a claim waits for the one before it to commit and then counts its
+/// A biz type with a cap of 4,000 or more has eight gate lanes (migration 0053): eight
+/// claims of 200 pass at once, each left what the cap leaves once the seven others' 200
+/// are set aside, and a ninth waits for a lane.
+#[tokio::test]
+async fn the_cap_s_gate_lets_eight_claims_through_at_once_under_a_large_cap() {
+    use sqlx::{Connection, PgConnection};
+    let app = spawn_app().await;
+    let settings = Settings { callback_url: Some("http://127.0.0.1:9/".into()), max_in_flight: Some(10_000), ..Default::default() };
+    let biz = biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap().id;
+    async fn claim(url: String, biz: i32) -> (PgConnection, i32) {
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        let room = sqlx::query_scalar("SELECT chime_claim_room($1, 200)").bind(biz).fetch_one(&mut conn).await.unwrap();
+        (conn, room)
+    }
+    let mut open = Vec::new();
+    for _ in 0..8 {
+        let (conn, room) =
+            tokio::time::timeout(Duration::from_secs(10), claim(app.db_url.clone(), biz)).await.expect("a claim far from the cap waited");
+        assert_eq!(room, 10_000 - 7 * 200);
+        open.push(conn);
+    }
+    let ninth = tokio::spawn(claim(app.db_url.clone(), biz));
+    wait_until("the ninth claim waits for a lane", Duration::from_secs(10), || async {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").fetch_one(&app.pool).await.unwrap();
+        if waiting == 1 { Ok(()) } else { Err(format!("{waiting} waiting")) }
+    })
+    .await;
+    for mut conn in open {
+        sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
+    }
+    let (_, room) = tokio::time::timeout(Duration::from_secs(10), ninth).await.expect("the ninth claim went on").unwrap();
+    assert_eq!(room, 10_000 - 7 * 200);
+}
+
 /// leases.
 #[tokio::test]
 async fn the_cap_s_gate_lets_three_claims_through_at_once_far_from_the_cap() {
@@ -282,7 +318,7 @@ async fn the_cap_s_gate_lets_three_claims_through_at_once_far_from_the_cap() {
         async move {
             for _ in 0..200 {
                 let waiting: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetch_one(&pool).await.unwrap();
+                    sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").fetch_one(&pool).await.unwrap();
                 if waiting == 1 {
                     return;
                 }
@@ -309,8 +345,9 @@ async fn the_cap_s_gate_lets_three_claims_through_at_once_far_from_the_cap() {
     let fourth = tokio::spawn(claim(app.db_url.clone(), biz, 200));
     one_waiting("the fourth claim").await;
     let holder: i32 = sqlx::query_scalar(
-        "SELECT h.pid FROM pg_locks w JOIN pg_locks h ON (h.classid, h.objid, h.objsubid) = (w.classid, w.objid, w.objsubid)
-          WHERE w.locktype = 'advisory' AND NOT w.granted AND h.locktype = 'advisory' AND h.granted",
+        "SELECT h.pid FROM pg_locks w JOIN pg_locks h ON (h.database, h.classid, h.objid, h.objsubid) = (w.database, w.classid, w.objid, w.objsubid)
+          WHERE w.locktype = 'advisory' AND NOT w.granted AND h.locktype = 'advisory' AND h.granted
+            AND w.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
     )
     .fetch_one(&app.pool)
     .await

@@ -743,7 +743,11 @@ impl Engine {
             let ahead_ms = if share.is_some() || due.probe { 0 } else { CLAIM_AHEAD.as_millis() as i64 };
             let oldest = (self.owed_oldest.get(&biz.id).copied().unwrap_or(0) + free) / OLDEST_SHARE;
             let flow = biz.flow().map(|(cap, ordered, rate)| lease::FlowWant { cap, ordered, rate, cursor: self.flow_cursors.get(&biz.id).cloned() });
-            let lane = self.lane_turns.get(&biz.id).and_then(|turn| Lanes { nodes: self.delivering_nodes, place: self.place }.lane(*turn));
+            // Per-key limits pick by key (pick_flow.sql), in no lane.
+            let lane = match flow {
+                Some(_) => None,
+                None => self.lane_turns.get(&biz.id).and_then(|turn| Lanes { nodes: self.delivering_nodes, place: self.place }.lane(*turn)),
+            };
             wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, lane, flow });
             claiming.push(Claiming { due, free, wait, oldest, lane });
         }

@@ -264,6 +264,10 @@ pub struct ServeArgs {
     /// fragment.
     #[arg(long, env = "CHIME_PUBLIC_URL", value_parser = parse_public_url)]
     pub public_url: Option<String>,
+
+    /// OpenTelemetry traces (`OTEL_*`), off by default.
+    #[command(flatten)]
+    pub traces: crate::traces::TraceArgs,
 }
 
 /// `--public-url`: an http(s) URL with a host and neither query nor fragment, kept without
@@ -309,6 +313,7 @@ impl Default for ServeArgs {
             deny_private_callbacks: false,
             auto_migrate: true,
             public_url: None,
+            traces: crate::traces::TraceArgs::default(),
         }
     }
 }
@@ -585,7 +590,7 @@ mod tests {
         assert_eq!(vars, ["CHIME_DATA_DIR", "CHIME_LOG_FORMAT", "CHIME_NODE_CAPACITY", "CHIME_SECRET_KEY_FILE"]);
         let keys = file_keys();
         assert!(keys.iter().all(|(key, var)| !key.contains('-') && !var.is_empty()), "{keys:?}");
-        assert_eq!(keys.len(), 31, "{keys:?}");
+        assert_eq!(keys.len(), 38, "{keys:?}");
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub mod state;
 pub mod tasks;
 /// Timers: cron schedules whose occurrences become tasks (table `timers`).
 pub mod timers;
+/// OpenTelemetry traces over OTLP, off unless an endpoint is set: the settings, the
+/// process's tracer, and the W3C trace context read from and written to headers.
+pub mod traces;
 /// Console users and their sign-in sessions (tables `users`, `sessions`).
 pub mod users;
 /// Wake-ups between nodes: the `chime_wake` notifications that tasks, biz types and the

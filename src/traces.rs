@@ -172,7 +172,7 @@ pub fn start(args: &TraceArgs) -> anyhow::Result<Option<Tracing>> {
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(&export.endpoint)
         .build()
-        .map_err(|e| anyhow::anyhow!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot export traces to {}: {e}", export.endpoint))?;
+        .map_err(|e| anyhow::anyhow!("OpenTelemetry: cannot export traces to {} (OTEL_EXPORTER_OTLP_*): {e}", export.endpoint))?;
     let mut resource = Resource::builder();
     // OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES' service.name, else chime.
     let detected = Resource::builder().build();

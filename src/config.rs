@@ -274,6 +274,10 @@ pub struct ServeArgs {
     /// API's tokens and the `chime user` commands are not affected.
     #[arg(long, env = "CHIME_LOCAL_PASSWORDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub local_passwords: bool,
+
+    /// OpenTelemetry traces (`OTEL_*`), off by default.
+    #[command(flatten)]
+    pub traces: crate::traces::TraceArgs,
 }
 
 /// `--public-url`: an http(s) URL with a host and neither query nor fragment, kept without
@@ -321,6 +325,7 @@ impl Default for ServeArgs {
             public_url: None,
             oidc: crate::oidc::OidcArgs::defaults(),
             local_passwords: true,
+            traces: crate::traces::TraceArgs::default(),
         }
     }
 }
@@ -597,7 +602,7 @@ mod tests {
         assert_eq!(vars, ["CHIME_DATA_DIR", "CHIME_LOG_FORMAT", "CHIME_NODE_CAPACITY", "CHIME_SECRET_KEY_FILE"]);
         let keys = file_keys();
         assert!(keys.iter().all(|(key, var)| !key.contains('-') && !var.is_empty()), "{keys:?}");
-        assert_eq!(keys.len(), 43, "{keys:?}");
+        assert_eq!(keys.len(), 50, "{keys:?}");
     }
 
     #[test]

@@ -72,6 +72,9 @@ pub mod state;
 pub mod tasks;
 /// Timers: cron schedules whose occurrences become tasks (table `timers`).
 pub mod timers;
+/// OpenTelemetry traces over OTLP, off unless an endpoint is set: the settings, the
+/// process's tracer, and the W3C trace context read from and written to headers.
+pub mod traces;
 /// Console users, their sign-in sessions and sign-ins through an OpenID Provider under way
 /// (tables `users`, `sessions`, `oidc_sign_ins`).
 pub mod users;

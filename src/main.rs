@@ -65,6 +65,11 @@ async fn run() -> anyhow::Result<i32> {
         println!("{:#}", chime::api::openapi_document());
         return Ok(0);
     }
+    // Checked before the database is opened: a bad OTEL_* setting stops a node at once.
+    let traces = match &command {
+        Command::Serve(settings) => chime::traces::start(&settings.traces)?,
+        _ => None,
+    };
     let mut exit_code = 0;
     let attach = !matches!(command, Command::Serve(_));
     let database = Database::open(&args.db, attach).await?;
@@ -100,6 +105,9 @@ async fn run() -> anyhow::Result<i32> {
     }
     .await;
     database.close().await;
+    if let Some(traces) = traces {
+        traces.stop().await;
+    }
     result.map(|()| exit_code)
 }
 

@@ -113,6 +113,16 @@ if [ "$("$swh_venv/bin/python" -c 'import importlib.metadata as m; print(m.versi
     python3 -m venv --clear "$swh_venv"
     "$swh_venv/bin/pip" install --quiet --disable-pip-version-check "standardwebhooks==$swh_version" >&2
 fi
+# The OpenTelemetry project's protobuf definitions, pinned, for the OTLP receiver of
+# tests/api/traces.rs (tests/otlp/receiver.py), in a venv of its own.
+otlp_version=1.45.2
+otlp_protobuf_version=7.36.2
+otlp_venv="$root/target/otlp-venv"
+if [ "$("$otlp_venv/bin/python" -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"), m.version("protobuf"))' 2>/dev/null)" != "$otlp_version $otlp_protobuf_version" ]; then
+    echo "installing Python's opentelemetry-proto $otlp_version into target/otlp-venv" >&2
+    python3 -m venv --clear "$otlp_venv"
+    "$otlp_venv/bin/pip" install --quiet --disable-pip-version-check "opentelemetry-proto==$otlp_version" "protobuf==$otlp_protobuf_version" >&2
+fi
 swh_npm_version=1.1.1
 if ! grep -qs "\"version\": \"$swh_npm_version\"" "$root/target/standard-webhooks/node_modules/standardwebhooks/package.json"; then
     echo "installing npm's standardwebhooks $swh_npm_version into target/standard-webhooks" >&2

@@ -15,6 +15,9 @@ use super::{ApiError, from_raw, parse_id, parse_limit, parse_query, parse_time, 
 use crate::biz_types;
 use crate::state::AppState;
 use crate::tasks::{self, CreateOutcome, CreateTask, ListFilter, NewTask, When};
+use crate::traces;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
 
 /// Most tasks in one batch create.
 pub const MAX_BATCH: usize = 1000;
@@ -76,6 +79,59 @@ struct BatchItemFailed {
 /// The request's W3C trace context, if it carries a well-formed one.
 fn traceparent(req: &HttpRequest) -> Option<String> {
     req.headers().get("traceparent").and_then(|v| v.to_str().ok()).and_then(tasks::traceparent)
+}
+
+/// A create request's server span while traces are on (`traces`): a child of the caller's
+/// `traceparent`, beside the spans of the tasks it creates (docs/book/src/traces.md).
+struct CreateSpan(Option<traces::Span>);
+
+impl CreateSpan {
+    fn start(req: &HttpRequest, route: &'static str, caller: &Caller) -> CreateSpan {
+        let Some(tracer) = traces::tracer() else { return CreateSpan(None) };
+        let parent = traces::remote_parent(traceparent(req).as_deref()).unwrap_or_default();
+        let attributes = vec![
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("http.route", route),
+            KeyValue::new("url.path", route),
+            KeyValue::new("chime.biz_type", caller.0.biz_type.clone()),
+        ];
+        let span =
+            tracer.span_builder(format!("POST {route}")).with_kind(SpanKind::Server).with_attributes(attributes).start_with_context(tracer, &parent);
+        CreateSpan(Some(span))
+    }
+
+    /// Notes the task a single create answers with.
+    fn task(&mut self, task: tasks::Task) -> tasks::Task {
+        if let Some(span) = &mut self.0 {
+            span.set_attribute(KeyValue::new("chime.task.id", task.id.to_string()));
+            if let Some(key) = &task.key {
+                span.set_attribute(KeyValue::new("chime.task.key", key.clone()));
+            }
+        }
+        task
+    }
+
+    /// Notes how many tasks of a batch were created or found.
+    fn tasks(&mut self, count: usize) {
+        if let Some(span) = &mut self.0 {
+            span.set_attribute(KeyValue::new("chime.tasks", count as i64));
+        }
+    }
+
+    /// Ends the span with the answer's status (an error status for a 5xx, as the HTTP
+    /// conventions say of a server span).
+    fn answered(self, answer: &Result<HttpResponse, ApiError>) {
+        let Some(mut span) = self.0 else { return };
+        let status = match answer {
+            Ok(response) => response.status(),
+            Err(e) => actix_web::ResponseError::status_code(e),
+        };
+        span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status.as_u16())));
+        if status.is_server_error() {
+            span.set_status(Status::error(status.to_string()));
+        }
+        span.end();
+    }
 }
 
 /// Why a create request was refused.
@@ -170,6 +226,19 @@ fn check_rate(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
     security(("bearerAuth" = []))
 )]
 pub async fn create(caller: Caller, state: web::Data<AppState>, req: HttpRequest, body: web::Payload) -> Result<HttpResponse, ApiError> {
+    let mut span = CreateSpan::start(&req, "/api/v1/tasks", &caller);
+    let answer = create_one(caller, state, req, body, &mut span).await;
+    span.answered(&answer);
+    answer
+}
+
+async fn create_one(
+    caller: Caller,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+    span: &mut CreateSpan,
+) -> Result<HttpResponse, ApiError> {
     let body = read_raw_body(body, state.max_payload_bytes + ENVELOPE_BYTES).await?;
     let item = raw_json(&body)?;
     let item = match validate_item(&caller, &state, item, Utc::now(), traceparent(&req).as_deref()) {
@@ -178,8 +247,8 @@ pub async fn create(caller: Caller, state: web::Data<AppState>, req: HttpRequest
     };
     check_rate(&caller, &state)?;
     match state.creates.create(caller.0.biz_type_id, &caller.0.biz_type, item).await? {
-        CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(task)),
-        CreateOutcome::Existing(task) | CreateOutcome::Replaced(task) => Ok(HttpResponse::Ok().json(task)),
+        CreateOutcome::Created(task) => Ok(HttpResponse::Created().json(span.task(task))),
+        CreateOutcome::Existing(task) | CreateOutcome::Replaced(task) => Ok(HttpResponse::Ok().json(span.task(task))),
         CreateOutcome::Failed(e) => Err(e.into()),
     }
 }
@@ -275,6 +344,19 @@ pub(super) struct BatchAnswer<'a> {
     security(("bearerAuth" = []))
 )]
 pub async fn create_batch(caller: Caller, state: web::Data<AppState>, req: HttpRequest, body: web::Payload) -> Result<HttpResponse, ApiError> {
+    let mut span = CreateSpan::start(&req, "/api/v1/tasks/batch", &caller);
+    let answer = create_many(caller, state, req, body, &mut span).await;
+    span.answered(&answer);
+    answer
+}
+
+async fn create_many(
+    caller: Caller,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+    span: &mut CreateSpan,
+) -> Result<HttpResponse, ApiError> {
     // Whatever the payload limit, the body need not hold more than a thousand of them (and
     // memory follows the body: payloads stay text).
     let limit = MAX_BATCH_BODY.min(MAX_BATCH * (state.max_payload_bytes + ENVELOPE_BYTES));
@@ -321,6 +403,7 @@ pub async fn create_batch(caller: Caller, state: web::Data<AppState>, req: HttpR
             },
         })
         .collect();
+    span.tasks(outcomes.iter().filter(|o| o.is_ok()).count());
     let results: Vec<ItemResult> = outcomes
         .iter()
         .enumerate()

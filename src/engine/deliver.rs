@@ -13,10 +13,13 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
 use super::BizTypeConfig;
+use super::spans::{self, TaskTrace};
 use crate::biz_types::{STANDARD_WEBHOOKS, whsec_key};
 use crate::callback_hosts::CallbackHosts;
 use crate::error::SecretError;
 use crate::tasks::lease::{Claimed, Outcome, RetryPolicy, Verdict};
+use crate::traces;
+use opentelemetry::trace::Span as _;
 
 /// How much of a receiver's answer is kept with the attempt.
 const EXCERPT_BYTES: usize = 512;
@@ -118,7 +121,16 @@ impl Answer {
     }
 }
 
-pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTypeConfig, task: Claimed) -> (Outcome, Answer) {
+/// Calls back about `task`, and says what came of it. With traces on (`trace`), the attempt
+/// is a client span whose id the callback's `traceparent` carries; off, the `traceparent`
+/// is a child of the creator's with a random span id, as it always was.
+pub async fn deliver(
+    client: &reqwest::Client,
+    hosts: CallbackHosts,
+    biz: &BizTypeConfig,
+    task: Claimed,
+    trace: Option<&TaskTrace>,
+) -> (Outcome, Answer) {
     let fired_at = Utc::now();
     // The payload comes from a jsonb column, so it is valid JSON; moved, not copied.
     let payload = RawValue::from_string(task.payload).unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap());
@@ -135,7 +147,12 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
     })
     .expect("a callback body serializes");
     let mut headers = vec![("Chime-Task-Id", task.id.to_string()), ("Chime-Attempt", task.attempt_count.to_string())];
-    if let Some(traceparent) = task.traceparent.as_deref().and_then(child_traceparent) {
+    let mut span = trace.and_then(|trace| trace.attempt(&biz.callback_url));
+    let traceparent = match &span {
+        Some(span) => Some(traces::traceparent_of(span.span_context())),
+        None => task.traceparent.as_deref().and_then(child_traceparent),
+    };
+    if let Some(traceparent) = traceparent {
         headers.push(("traceparent", traceparent));
     }
     // The task's id is the message's: a receiver deduplicates retries on it.
@@ -156,6 +173,10 @@ pub async fn deliver(client: &reqwest::Client, hosts: CallbackHosts, biz: &BizTy
         },
         _ => verdict(biz, task.attempt_count, &sent, deadline),
     };
+    if let Some(span) = &mut span {
+        let ok = sent.status_code.is_some_and(|code| (200..300).contains(&code)) && error.is_none();
+        spans::answered(span, sent.status_code, error.as_deref(), ok);
+    }
     let answer = Answer::of(&sent);
     let outcome = Outcome {
         task_id: task.id,
@@ -604,7 +625,7 @@ mod tests {
             expired: false,
             db_now: now,
         };
-        deliver(&client, hosts, biz, task).await.0
+        deliver(&client, hosts, biz, task, None).await.0
     }
 
     /// With the deny list on, a receiver's redirect into a denied range, to an IP literal or

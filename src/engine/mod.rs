@@ -93,13 +93,14 @@ mod failures;
 mod lanes;
 pub(crate) mod rate;
 mod recorder;
+mod spans;
 
 pub use deliver::signature;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::db::Pool;
 use sqlx::postgres::PgConnectOptions;
@@ -117,6 +118,7 @@ use crate::wake::{self, Wake};
 use crate::{metrics, nodes};
 use lanes::Lanes;
 use recorder::{ClaimLoop, Drained, Report};
+use spans::TaskTrace;
 
 /// Longest sleep without looking at the database, in case a wake-up was missed.
 const IDLE_POLL: Duration = Duration::from_millis(1000);
@@ -347,9 +349,9 @@ struct Courier {
     hosts: CallbackHosts,
     breakers: Arc<breaker::Breakers>,
     /// To the recorder, with the task's place in the node's capacity, which the recorder
-    /// gives up once the outcome is written; each delivery holds a clone until it has
-    /// reported.
-    outcomes_tx: mpsc::UnboundedSender<(Report, capacity::Hold)>,
+    /// gives up once the outcome is written, and its trace (traces on); each delivery holds
+    /// a clone until it has reported.
+    outcomes_tx: mpsc::UnboundedSender<(Report, capacity::Hold, Option<TaskTrace>)>,
     /// The claim loop's, woken when a delivery has reported.
     wake: Arc<Notify>,
     failures: Arc<failures::FailureLog>,
@@ -371,6 +373,8 @@ struct Delivery {
     due_at: tokio::time::Instant,
     /// It tests the receiver of an open breaker.
     probe: bool,
+    /// Where its spans go; None while traces are off.
+    trace: Option<TaskTrace>,
 }
 
 impl Delivery {
@@ -382,7 +386,7 @@ impl Delivery {
 
     /// Waits for the task's due time, then calls back and hands the outcome to the recorder.
     async fn run(self) {
-        let Delivery { courier, biz, in_flight, hold, task, due_at, probe } = self;
+        let Delivery { courier, biz, in_flight, hold, task, due_at, probe, trace } = self;
         let Courier { client, hosts, breakers, outcomes_tx, wake, failures, mut stop } = courier;
         let waited = tokio::select! {
             biased;
@@ -401,7 +405,7 @@ impl Delivery {
             let (task_id, run_at, attempt) = (task.id, task.run_at, task.attempt_count);
             let (started_at, started) = (chrono::Utc::now(), std::time::Instant::now());
             let delivered = async {
-                let (mut outcome, answer) = deliver::deliver(&client, hosts, &biz, task).await;
+                let (mut outcome, answer) = deliver::deliver(&client, hosts, &biz, task, trace.as_ref()).await;
                 breakers.after(&biz, probe, answer, &mut outcome).await;
                 outcome
             };
@@ -414,7 +418,7 @@ impl Delivery {
                 _ = stop.leaving() => Report::CutOff(deliver::cut_off(&biz, task_id, run_at, attempt, started_at, started)),
             }
         };
-        let _ = outcomes_tx.send((report, hold));
+        let _ = outcomes_tx.send((report, hold, trace));
         in_flight.fetch_sub(1, Ordering::Relaxed);
         wake.notify_one();
     }
@@ -631,6 +635,8 @@ impl Engine {
         let given = self.share(room, &due);
         let mut next = Next { claimed: 0, more_due: false, caught_up: Vec::new(), rate_wait: IDLE_POLL };
         let (wants, claiming) = self.wants(due, given, now, &mut next.rate_wait);
+        // Read only while traces are on: with them off a claim costs nothing more per task.
+        let claim_started = crate::traces::tracer().map(|_| SystemTime::now());
         let Some(mut claims) = self.claim(&wants).await else {
             return Turn { claimed: 0, sleep: Some(CAPPED_POLL) };
         };
@@ -649,7 +655,7 @@ impl Engine {
                 claiming.due.biz = biz.clone();
             }
             let claim = claims.remove(&claiming.due.biz.id).unwrap_or_default();
-            self.take(claiming, claim, now, &mut next);
+            self.take(claiming, claim, now, claim_started, &mut next);
         }
         self.ask_next_due(&next.caught_up).await;
         if next.more_due {
@@ -774,7 +780,9 @@ impl Engine {
 
     /// Takes what the claim gave one biz type: notes in `next` (and in `next_look`) what it
     /// says of the biz type's next claim, and starts a delivery for each task leased.
-    fn take(&mut self, claiming: Claiming, claim: lease::Claim, now: tokio::time::Instant, next: &mut Next) {
+    /// `claim_started`: when the claim statement started, while traces are on (each task's
+    /// claim span).
+    fn take(&mut self, claiming: Claiming, claim: lease::Claim, now: tokio::time::Instant, claim_started: Option<SystemTime>, next: &mut Next) {
         let Claiming { due: Due { biz, counter, slots, probe }, free, wait, oldest, lane } = claiming;
         let lease::Claim { leased: claimed, expired, capped, cursor, .. } = claim;
         match cursor {
@@ -820,7 +828,8 @@ impl Engine {
         for task in claimed {
             let due_at = received + (task.run_at - task.db_now).to_std().unwrap_or_default();
             let hold = capacity::Hold::take(&held, &self.held_total);
-            Delivery { courier: self.courier.clone(), biz: biz.clone(), in_flight: counter.clone(), hold, task, due_at, probe }.start();
+            let trace = claim_started.and_then(|at| TaskTrace::claimed(&biz, &task, at));
+            Delivery { courier: self.courier.clone(), biz: biz.clone(), in_flight: counter.clone(), hold, task, due_at, probe, trace }.start();
         }
     }
 

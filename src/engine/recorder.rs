@@ -7,11 +7,12 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
+use super::spans::TaskTrace;
 use super::{Looks, capacity};
 use crate::db::{Health, Pool};
 use crate::lifecycle::Signal;
@@ -48,7 +49,7 @@ pub(super) async fn record_outcomes(
     pool: Pool,
     health: Health,
     node_id: Uuid,
-    mut rx: mpsc::UnboundedReceiver<(Report, capacity::Hold)>,
+    mut rx: mpsc::UnboundedReceiver<(Report, capacity::Hold, Option<TaskTrace>)>,
     claims: ClaimLoop,
     stop: Signal,
 ) -> Drained {
@@ -60,11 +61,16 @@ pub(super) async fn record_outcomes(
         // Given up once the batch is written.
         let mut holds = Vec::with_capacity(reports.len());
         let mut unstarted = Vec::new();
+        // The outcomes with a trace (traces on): each index in `batch`, and its trace.
+        let mut traced = Vec::new();
         let mut again = HashSet::new();
         let mut settled = HashSet::new();
         let (mut finished, mut cut_off) = (0, 0);
-        for (report, hold) in reports.drain(..) {
+        for (report, hold, trace) in reports.drain(..) {
             holds.push(hold);
+            if let (Some(trace), Report::Finished(_) | Report::CutOff(_)) = (trace, &report) {
+                traced.push((batch.len(), trace));
+            }
             match report {
                 Report::Finished(outcome) => {
                     finished += 1;
@@ -89,9 +95,14 @@ pub(super) async fn record_outcomes(
         }
         let count = batch.len() + unstarted.len();
         loop {
+            // Read only while traces are on, for the record spans.
+            let started = (!traced.is_empty()).then(SystemTime::now);
             let written = async {
                 if !batch.is_empty() {
                     lease::record(&pool, node_id, &batch).await?;
+                    for (i, trace) in traced.drain(..) {
+                        trace.recorded(&batch[i], started.unwrap_or_else(SystemTime::now));
+                    }
                     batch.clear();
                 }
                 if !unstarted.is_empty() {

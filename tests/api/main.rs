@@ -58,4 +58,5 @@ mod task_storage;
 mod tasks;
 mod timers;
 mod tls;
+mod traces;
 mod upgrades;

@@ -75,10 +75,12 @@ async fn two_nodes_share_work_without_duplicates() {
 /// claiming at one shared head, each would take about half from each.
 #[tokio::test]
 async fn two_nodes_working_one_backlog_claim_their_own_lanes() {
-    const TASKS: usize = 4000;
+    const TASKS: usize = 8000;
     let app = spawn_app().await; // the API only
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
-    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(TASKS as i32), ..Default::default() };
+    // A cap far above what two nodes hold (2 x 2,000), so that the cap's gate never cuts a
+    // claim short: a capped claim, like a short one, sends the next back to the whole biz type.
+    let settings = Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(10 * TASKS as i32), ..Default::default() };
     biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
     let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
     let nodes = [chime_process(&app.db_url, &[]).await, chime_process(&app.db_url, &[]).await];
@@ -94,6 +96,11 @@ async fn two_nodes_working_one_backlog_claim_their_own_lanes() {
     }
     let received = receiver.wait_for(TASKS, Duration::from_secs(60)).await;
     assert_eq!(received.len(), TASKS);
+    wait_until("every attempt recorded", Duration::from_secs(30), || async {
+        let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts").fetch_one(&app.pool).await.unwrap();
+        if recorded == TASKS as i64 { Ok(()) } else { Err(format!("{recorded} recorded")) }
+    })
+    .await;
 
     for (place, id) in ids.iter().enumerate() {
         let (all, own): (i64, i64) =

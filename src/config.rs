@@ -267,7 +267,7 @@ pub struct ServeArgs {
 
     /// Sign-in to the console through an OpenID Provider (CHIME_OIDC_*).
     #[command(flatten)]
-    pub oidc: crate::oidc::OidcArgs,
+    pub oidc: Box<crate::oidc::OidcArgs>,
 
     /// Whether console users may sign in with a chime password. `false` leaves only the
     /// OpenID Provider (CHIME_OIDC_ISSUER), and is refused at start without one; the admin
@@ -323,7 +323,7 @@ impl Default for ServeArgs {
             deny_private_callbacks: false,
             auto_migrate: true,
             public_url: None,
-            oidc: crate::oidc::OidcArgs::defaults(),
+            oidc: Box::new(crate::oidc::OidcArgs::defaults()),
             local_passwords: true,
             traces: crate::traces::TraceArgs::default(),
         }

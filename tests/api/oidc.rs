@@ -85,7 +85,7 @@ pub fn settings(idp: &IdP, public_url: &str) -> ServeArgs {
     ServeArgs {
         engine: false,
         public_url: Some(public_url.to_string()),
-        oidc: OidcArgs {
+        oidc: Box::new(OidcArgs {
             oidc_issuer: Some(idp.issuer.clone()),
             oidc_client_id: Some("chime".into()),
             oidc_client_secret: Some("chime-client-secret".into()),
@@ -95,7 +95,7 @@ pub fn settings(idp: &IdP, public_url: &str) -> ServeArgs {
             oidc_display_name: "Example Corp".into(),
             oidc_leeway_secs: 0,
             ..OidcArgs::defaults()
-        },
+        }),
         ..ServeArgs::default()
     }
 }
@@ -316,17 +316,19 @@ async fn bad_settings_are_refused_at_start_naming_the_setting() {
     let good = settings(&idp, &format!("http://127.0.0.1:{port}"));
 
     let silent = format!("http://127.0.0.1:{}", free_port());
-    let error = refused_at_start(ServeArgs { oidc: OidcArgs { oidc_issuer: Some(silent.clone()), ..good.oidc.clone() }, ..good.clone() }).await;
+    let error =
+        refused_at_start(ServeArgs { oidc: Box::new(OidcArgs { oidc_issuer: Some(silent.clone()), ..*good.oidc.clone() }), ..good.clone() }).await;
     assert!(error.starts_with(&format!("CHIME_OIDC_ISSUER `{silent}`: cannot read the provider's discovery document")), "{error}");
 
     let slash = format!("{}/", idp.issuer);
-    let error = refused_at_start(ServeArgs { oidc: OidcArgs { oidc_issuer: Some(slash.clone()), ..good.oidc.clone() }, ..good.clone() }).await;
+    let error =
+        refused_at_start(ServeArgs { oidc: Box::new(OidcArgs { oidc_issuer: Some(slash.clone()), ..*good.oidc.clone() }), ..good.clone() }).await;
     assert!(error.contains(&format!("CHIME_OIDC_ISSUER `{slash}` is not the issuer its discovery document names (`{}`)", idp.issuer)), "{error}");
 
     let error = refused_at_start(ServeArgs { public_url: None, ..good.clone() }).await;
     assert!(error.starts_with("CHIME_OIDC_ISSUER is set but CHIME_PUBLIC_URL is not"), "{error}");
 
-    let error = refused_at_start(ServeArgs { oidc: OidcArgs { oidc_client_id: None, ..good.oidc.clone() }, ..good.clone() }).await;
+    let error = refused_at_start(ServeArgs { oidc: Box::new(OidcArgs { oidc_client_id: None, ..*good.oidc.clone() }), ..good.clone() }).await;
     assert!(error.starts_with("CHIME_OIDC_ISSUER is set but CHIME_OIDC_CLIENT_ID is not"), "{error}");
 
     let error = refused_at_start(ServeArgs { local_passwords: false, engine: false, ..ServeArgs::default() }).await;

@@ -35,6 +35,9 @@ command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v podman-compose >/dev/null || missing+=(podman-compose)
+# compose.yaml's services reach each other by name (chime's DATABASE_URL names `postgres`):
+# on podman's CNI networks that takes the dnsname plugin, which Debian's podman only suggests.
+[ -x /usr/lib/cni/dnsname ] || missing+=(golang-github-containernetworking-plugin-dnsname)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing: ${missing[*]}"
     apt-get update

@@ -931,6 +931,7 @@ impl Engine {
                 self.next_look.retain(|id, _| listed.contains(id));
                 self.owed_oldest.retain(|id, _| listed.contains(id));
                 self.flow_cursors.retain(|id, _| listed.contains(id));
+                self.lane_turns.retain(|id, _| listed.contains(id));
                 *self.looks.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                     list.iter().filter(|b| b.flow().is_some()).map(|b| b.id).collect();
                 self.biz_types = list.into_iter().map(Arc::new).collect();

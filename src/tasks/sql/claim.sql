@@ -5,9 +5,10 @@
 --
 -- Locks: the picked rows, FOR UPDATE SKIP LOCKED, so that claimers on other nodes pass
 -- over rows being taken rather than wait for them, and no two nodes hold one task. When
--- something is due, also the biz type's claim locks (`chime_claim_room`, migrations 0033
--- and 0039) until the statement commits: up to three claims of a biz type run at once
--- while the cap is far off; near it, claims of one biz type wait for each other, a few ms.
+-- something is due, also the biz type's claim locks (`chime_claim_room`, migrations 0033,
+-- 0039 and 0053) until the statement commits: up to three claims of a biz type run at once
+-- while the cap is far off (eight under a cap of 4,000 or more); near it, claims of one biz
+-- type wait for each other, a few ms.
 -- Rows picked beyond what the cap leaves stay locked, unchanged, until then.
 --
 -- The cap (max_in_flight) is the biz type's, across the cluster: a receiver sized for 50

@@ -85,5 +85,14 @@ BEGIN
             PERFORM create_distributed_table(rel, 'biz_type_id', colocate_with => 'tasks');
         END IF;
     END LOOP;
+
+    -- An existing install's rows were copied into the shards (docs/book/src/citus.md,
+    -- Moving an existing install); Citus keeps the local copy on the coordinator's disk,
+    -- unread, until told to drop it. Only tables that hold such a copy: a truncate locks.
+    FOR rel IN SELECT c.oid FROM pg_class c JOIN pg_dist_partition p ON p.logicalrelid = c.oid
+                WHERE p.partmethod = 'h' AND c.relkind = 'r' AND pg_relation_size(c.oid) > 0
+    LOOP
+        PERFORM truncate_local_data_after_distributing_table(rel);
+    END LOOP;
 END
 $$;

@@ -55,20 +55,44 @@ async fn start() -> EmbeddedPg {
 /// extension, and the workers registered on the coordinator. Returns its URL on the
 /// coordinator, which is where chime connects.
 pub async fn citus_database() -> String {
+    let name = database_name("citus");
+    make_database(&cluster().await.coordinator, &name).await;
+    make_cluster_of(&name).await
+}
+
+/// A fresh database on the coordinator alone, without Citus: as a plain primary's.
+pub async fn plain_database() -> String {
+    let name = database_name("plain");
+    let coordinator = &cluster().await.coordinator;
+    make_database(coordinator, &name).await;
+    coordinator.url(&name)
+}
+
+fn database_name(kind: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
+    format!("chime_{kind}_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn make_database(node: &EmbeddedPg, name: &str) {
+    let mut conn = PgConnection::connect(&node.url("postgres")).await.unwrap();
+    conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.unwrap();
+    conn.close().await.unwrap();
+}
+
+/// Makes `name`, a database on the coordinator, a Citus cluster's, as an operator does
+/// (docs/book/src/citus.md, Setting up): the database made on each worker, the extension
+/// created on every node, the workers registered on the coordinator. Returns its URL there.
+pub async fn make_cluster_of(name: &str) -> String {
     let cluster = cluster().await;
-    let name = format!("chime_citus_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+    futures_util::future::join_all(cluster.workers.iter().map(|worker| make_database(worker, name))).await;
     let nodes = std::iter::once(&cluster.coordinator).chain(&cluster.workers);
     futures_util::future::join_all(nodes.map(|node| async {
-        let mut conn = PgConnection::connect(&node.url("postgres")).await.unwrap();
-        conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.unwrap();
-        conn.close().await.unwrap();
-        let mut conn = PgConnection::connect(&node.url(&name)).await.unwrap();
+        let mut conn = PgConnection::connect(&node.url(name)).await.unwrap();
         conn.execute("CREATE EXTENSION citus").await.unwrap();
         conn.close().await.unwrap();
     }))
     .await;
-    let url = cluster.coordinator.url(&name);
+    let url = cluster.coordinator.url(name);
     let mut conn = PgConnection::connect(&url).await.unwrap();
     sqlx::query("SELECT citus_set_coordinator_host($1, 5432)")
         .bind(cluster.coordinator.socket_dir().to_str().unwrap())

@@ -20,5 +20,6 @@ mod receiver;
 
 mod cluster;
 mod delivery;
+mod moving;
 mod placement;
 mod statements;

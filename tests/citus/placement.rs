@@ -76,11 +76,7 @@ async fn migrate_distributes_the_per_task_tables_by_biz_type() {
 /// plain one, whatever the server has preloaded.
 #[tokio::test]
 async fn a_database_without_citus_keeps_the_plain_schema() {
-    let cluster = cluster::cluster().await;
-    let name = format!("chime_plain_{}", std::process::id());
-    let mut admin = PgConnection::connect(&cluster.coordinator.url("postgres")).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-    let mut conn = PgConnection::connect(&cluster.coordinator.url(&name)).await.unwrap();
+    let mut conn = PgConnection::connect(&cluster::plain_database().await).await.unwrap();
     chime::db::migrate_on(&mut conn).await.expect("chime migrate on plain PostgreSQL");
     let citus: bool = sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')").fetch_one(&mut conn).await.unwrap();
     assert!(!citus);

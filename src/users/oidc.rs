@@ -73,16 +73,29 @@ pub async fn sign_in(pool: &Pool, issuer: &str, subject: &str, username: &str, r
             .bind(subject)
             .fetch_optional(&mut *tx)
             .await?;
-    let (user, created) = match found {
+    let (user, created, role) = match found {
         Some((_, name, _, true)) => return Ok(Outcome::Disabled(name)),
         Some((id, name, old_role, false)) => {
+            // The groups would take away the last enabled admin: nobody could then manage
+            // the console (as `users::update` refuses). The user stays an admin until
+            // another is made one. Locks every enabled admin, as `users::lock_user` does.
+            let role = if old_role == "admin" && role != "admin" && !another_admin(&mut tx, id).await? {
+                tracing::warn!(
+                    user = %name,
+                    groups_role = role,
+                    "the provider's groups no longer make this user an admin, but they are the last enabled admin:                      they stay an admin until another user is made one"
+                );
+                "admin"
+            } else {
+                role
+            };
             if old_role != role {
                 crate::db::query("UPDATE users SET role = $2 WHERE id = $1").bind(id).bind(role).execute(&mut *tx).await?;
                 let before = serde_json::json!({"name": name, "role": old_role});
                 let after = serde_json::json!({"name": name, "role": role, "oidc_subject": subject, "why": "the provider's groups"});
                 crate::audit::record(&mut tx, &format!("user:{name}"), Action::UserUpdate, &name, Some(before), Some(after)).await?;
             }
-            (User { id, username: name, role: role.to_string() }, false)
+            (User { id, username: name, role: role.to_string() }, false, role)
         }
         None => {
             super::validate_username(username)?;
@@ -102,7 +115,7 @@ pub async fn sign_in(pool: &Pool, issuer: &str, subject: &str, username: &str, r
             let mut after = serde_json::json!({"name": username, "role": role, "password": "none: signs in through the provider"});
             after.as_object_mut().expect("an object").extend(identity.as_object().expect("an object").clone());
             crate::audit::record(&mut tx, &format!("user:{username}"), Action::UserCreate, username, None, Some(after)).await?;
-            (User { id, username: username.to_string(), role: role.to_string() }, true)
+            (User { id, username: username.to_string(), role: role.to_string() }, true, role)
         }
     };
     crate::db::query("UPDATE users SET last_sign_in_at = now() WHERE id = $1").bind(user.id).execute(&mut *tx).await?;
@@ -111,4 +124,12 @@ pub async fn sign_in(pool: &Pool, issuer: &str, subject: &str, username: &str, r
     crate::audit::record(&mut tx, &format!("user:{}", user.username), Action::UserSignIn, &user.username, None, Some(after)).await?;
     tx.commit().await?;
     Ok(Outcome::SignedIn { user, created })
+}
+
+/// Whether an enabled admin other than user `id` remains; locks every enabled admin until
+/// the commit, so that two demotions cannot both take away the last one.
+async fn another_admin(tx: &mut sqlx::PgConnection, id: i32) -> Result<bool, Error> {
+    let admins: Vec<i32> =
+        crate::db::query_scalar("SELECT id FROM users WHERE role = 'admin' AND NOT disabled ORDER BY id FOR UPDATE").fetch_all(&mut *tx).await?;
+    Ok(admins.iter().any(|admin| *admin != id))
 }

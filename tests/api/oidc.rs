@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use chime::config::ServeArgs;
 use chime::oidc::{CALLBACK_PATH, OidcArgs};
+use chime::users::UserChanges;
 use tokio::io::AsyncBufReadExt;
 
 use crate::browser::Browser;
-use crate::helpers::{TestApp, free_port, fresh_database, serve_on};
+use crate::helpers::{TestApp, free_port, fresh_database, serve_on, spawn_app};
 
 /// The pinned version tests/setup.sh installs.
 const OIDC_PROVIDER_VERSION: &str = "9.13.3";
@@ -333,4 +334,27 @@ async fn bad_settings_are_refused_at_start_naming_the_setting() {
 
     let error = refused_at_start(ServeArgs { local_passwords: false, engine: false, ..ServeArgs::default() }).await;
     assert!(error.starts_with("CHIME_LOCAL_PASSWORDS=false with no OpenID Provider"), "{error}");
+}
+
+/// The provider's groups set an identity's role at each sign-in, but never take away the
+/// last enabled admin (as a person's change through the console or API cannot): that
+/// user stays an admin, and is demoted once another admin is enabled.
+#[tokio::test]
+async fn the_groups_never_demote_the_last_enabled_admin() {
+    let app = spawn_app().await;
+    let issuer = "https://idp.example.com";
+    let sign_in = |role: &'static str| chime::users::oidc::sign_in(&app.pool, issuer, "employee-1", "alice", role);
+    let role_of = |outcome: chime::users::oidc::Outcome| match outcome {
+        chime::users::oidc::Outcome::SignedIn { user, .. } => user.role,
+        other => panic!("not signed in: {other:?}"),
+    };
+    assert_eq!(role_of(sign_in("admin").await.unwrap()), "admin");
+    // The first admin, made at the start, is disabled: alice is the last enabled admin.
+    chime::users::update(&app.pool, "admin", &UserChanges { disabled: Some(true), ..Default::default() }).await.unwrap();
+    assert_eq!(role_of(sign_in("support").await.unwrap()), "admin", "the last enabled admin stays one");
+    let stored: String = sqlx::query_scalar("SELECT role FROM users WHERE username = 'alice'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(stored, "admin");
+    // Another admin: the groups demote her at her next sign-in.
+    chime::users::update(&app.pool, "admin", &UserChanges { disabled: Some(false), ..Default::default() }).await.unwrap();
+    assert_eq!(role_of(sign_in("support").await.unwrap()), "support");
 }

@@ -263,6 +263,21 @@ async fn keep_an_admin(tx: &mut sqlx::PgConnection, username: &str) -> Result<()
     Ok(())
 }
 
+/// A user who signs in through the OpenID Provider (`users::oidc`) gets no password: one
+/// would let them in with it after the provider stopped letting them in.
+async fn refuse_a_password_to_a_provider_user(tx: &mut sqlx::PgConnection, username: &str) -> Result<(), Error> {
+    let provider: bool = crate::db::query_scalar("SELECT oidc_issuer IS NOT NULL FROM users WHERE lower(username) = lower($1)")
+        .bind(username)
+        .fetch_one(&mut *tx)
+        .await?;
+    if provider {
+        return Err(Error::invalid_state(format!(
+            "`{username}` signs in through the OpenID Provider and has no chime password; their access is the provider's to change"
+        )));
+    }
+    Ok(())
+}
+
 /// Changes a user's role, password or disabled flag; returns the user before and after. A
 /// new password or disabling signs the user out everywhere. Not audited: for setups
 /// (tests); a person's change is `update_audited`.
@@ -296,6 +311,9 @@ async fn update_recording(
     }
     let mut tx = pool.begin().await?;
     let before = lock_user(&mut tx, username).await?;
+    if changes.password.is_some() {
+        refuse_a_password_to_a_provider_user(&mut tx, username).await?;
+    }
     let hash = match changes.password.as_deref() {
         Some(password) => Some(hash_password(password).await),
         None => None,

@@ -358,3 +358,22 @@ async fn the_groups_never_demote_the_last_enabled_admin() {
     chime::users::update(&app.pool, "admin", &UserChanges { disabled: Some(false), ..Default::default() }).await.unwrap();
     assert_eq!(role_of(sign_in("support").await.unwrap()), "support");
 }
+
+/// A user who signs in through the provider gets no chime password, from the admin API or
+/// the command line's path alike: one would let them in after the provider stopped doing so.
+#[tokio::test]
+async fn a_provider_user_gets_no_password() {
+    let app = spawn_app().await;
+    chime::users::oidc::sign_in(&app.pool, "https://idp.example.com", "employee-2", "sam", "support").await.unwrap();
+    let admin = crate::admin::admin_token(&app).await;
+    let refused = app.patch("/api/v1/admin/users/sam", &admin, serde_json::json!({"password": "a-new-password"})).await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(refused.message().contains("signs in through the OpenID Provider"), "{}", refused.body);
+    let direct = chime::users::update(&app.pool, "sam", &UserChanges { password: Some("a-new-password".into()), ..Default::default() }).await;
+    assert!(direct.is_err(), "{direct:?}");
+    let hash: String = sqlx::query_scalar("SELECT password_hash FROM users WHERE username = 'sam'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(hash, chime::users::oidc::NO_PASSWORD);
+    // Their other changes are made as for anyone.
+    let disabled = app.patch("/api/v1/admin/users/sam", &admin, serde_json::json!({"disabled": true})).await;
+    assert_eq!(disabled.status, 200, "{}", disabled.body);
+}

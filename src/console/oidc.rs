@@ -73,7 +73,9 @@ pub async fn start(
     let provider = provider(&methods)?;
     let sign_in_state = oidc::random_value();
     let pending = Pending { nonce: oidc::random_value(), pkce_verifier: oidc::random_value(), next: session::safe_next(query.next.as_deref()) };
-    oidc_users::begin(&state.pool, &sign_in_state, &pending, SIGN_IN_MINUTES).await?;
+    if !oidc_users::begin(&state.pool, &sign_in_state, &pending, SIGN_IN_MINUTES).await? {
+        return Err(ConsoleError::TooMany("too many sign-ins are under way at once; try again in a few minutes".into()));
+    }
     let location = provider.authorization_url(&sign_in_state, &pending.nonce, &pending.pkce_verifier);
     // Lax: the provider's redirect back is a top-level GET from another site, which a
     // Strict cookie would not come with.

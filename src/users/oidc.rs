@@ -22,20 +22,28 @@ pub struct Pending {
     pub next: String,
 }
 
-/// Records a sign-in sent to the provider, for `minutes`; expired ones are cleared on the way.
-pub async fn begin(pool: &Pool, state: &str, pending: &Pending, minutes: i32) -> Result<(), Error> {
+/// At most this many sign-ins under way at once: anyone may start one, and each is a row
+/// until it expires, so the table is bounded (a few MB) however fast they come.
+const MOST_UNDER_WAY: i64 = 10_000;
+
+/// Records a sign-in sent to the provider, for `minutes`; expired ones are cleared on the
+/// way. False, recording nothing, when `MOST_UNDER_WAY` are already under way (two
+/// starting at once may both pass the count: the bound is loose by that much).
+pub async fn begin(pool: &Pool, state: &str, pending: &Pending, minutes: i32) -> Result<bool, Error> {
     crate::db::query("DELETE FROM oidc_sign_ins WHERE expires_at < now()").execute(pool).await?;
-    crate::db::query(
-        "INSERT INTO oidc_sign_ins (state, nonce, pkce_verifier, next, expires_at) VALUES ($1, $2, $3, $4, now() + $5 * interval '1 minute')",
+    let recorded = crate::db::query(
+        "INSERT INTO oidc_sign_ins (state, nonce, pkce_verifier, next, expires_at)
+         SELECT $1, $2, $3, $4, now() + $5 * interval '1 minute' WHERE (SELECT count(*) FROM oidc_sign_ins) < $6",
     )
     .bind(state)
     .bind(&pending.nonce)
     .bind(&pending.pkce_verifier)
     .bind(&pending.next)
     .bind(minutes)
+    .bind(MOST_UNDER_WAY)
     .execute(pool)
     .await?;
-    Ok(())
+    Ok(recorded.rows_affected() == 1)
 }
 
 /// Takes the sign-in under `state` back, once: the row is deleted, so a second callback

@@ -377,3 +377,26 @@ async fn a_provider_user_gets_no_password() {
     let disabled = app.patch("/api/v1/admin/users/sam", &admin, serde_json::json!({"disabled": true})).await;
     assert_eq!(disabled.status, 200, "{}", disabled.body);
 }
+
+/// Anyone may start a sign-in, and each is a row until it expires: at most 10,000 are
+/// under way at once, so a flood of starts cannot fill the database; the next is refused
+/// (429) until some expire, and then starts again.
+#[tokio::test]
+async fn sign_ins_under_way_are_bounded() {
+    let (app, _idp) = spawn_with_idp(|_| {}).await;
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let start = || async { client.get(format!("{}/console/oidc/start", app.address)).send().await.unwrap().status().as_u16() };
+    assert_eq!(start().await, 303, "a sign-in starts");
+    sqlx::query(
+        "INSERT INTO oidc_sign_ins (state, nonce, pkce_verifier, next, expires_at)
+         SELECT 'flood-' || n, 'n', 'v', '/console', now() + interval '10 minutes' FROM generate_series(2, 10000) n",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(start().await, 429, "the 10,001st is refused");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM oidc_sign_ins").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(rows, 10_000);
+    sqlx::query("UPDATE oidc_sign_ins SET expires_at = now() - interval '1 second' WHERE state LIKE 'flood-%'").execute(&app.pool).await.unwrap();
+    assert_eq!(start().await, 303, "once they expire, sign-ins start again");
+}

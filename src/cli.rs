@@ -157,7 +157,8 @@ pub async fn biz_type(pool: &Pool, command: BizTypeCommand, hosts: CallbackHosts
         }
         BizTypeCommand::Archive { name } => {
             let (_, _, cancelled) = biz_types::archive(pool, &name, "cli").await?;
-            say!("archived biz type {name}: its tokens no longer work, {cancelled} pending tasks cancelled");
+            let tasks = if cancelled == 1 { "task" } else { "tasks" };
+            say!("archived biz type {name}: its tokens no longer work, {cancelled} pending {tasks} cancelled");
         }
         BizTypeCommand::RotateSecret { name, overlap_secs } => {
             let id = biz_types::id_of(pool, &name).await?;

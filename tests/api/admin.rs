@@ -301,7 +301,7 @@ async fn archiving_from_the_command_line_refuses_tokens_on_running_nodes_at_once
 
     let out = chime(&env, &["biz-type", "archive", "orders"], None).await;
     assert!(out.ok, "{}", out.stderr);
-    assert!(out.stdout.contains("1 pending tasks cancelled"), "{}", out.stdout);
+    assert!(out.stdout.contains("1 pending task cancelled"), "{}", out.stdout);
     let refused = loop {
         let reply = app.get("/api/v1/tasks", &token).await;
         if reply.status != 200 || cached_at.elapsed() > Duration::from_secs(10) {

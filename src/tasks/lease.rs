@@ -357,6 +357,9 @@ pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, 
     // hold no count between reserves, so a reserve of n < 10 takes one with chance n / 10.
     let oldest = limit / 10 + i64::from(rand::random_range(0..10) < limit % 10);
     let floor: Option<DateTime<Utc>> = None;
+    if crate::db::citus::active() {
+        return reserve_citus(pool, biz_type_id, biz_type, limit, ttr_ms, oldest).await;
+    }
     let picked: Vec<Reserved> = crate::db::query_as(RESERVE.as_str())
         .bind(biz_type_id)
         .bind(limit)
@@ -368,6 +371,48 @@ pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, 
         .await?;
     let (expired, reserved): (Vec<Reserved>, Vec<Reserved>) = picked.into_iter().partition(|r| r.expired);
     Ok((reserved, expired.len() as u64))
+}
+
+/// `reserve` on a Citus cluster: reserve_citus.sql, routed whole to the worker holding the
+/// biz type's shard, then the failure and chat notices of the tasks it ended expired
+/// (notices_citus.sql), in one transaction planned with the values
+/// (`db::citus::begin_routed`). The receipts are made here: Citus refuses
+/// `gen_random_uuid()` in an UPDATE.
+async fn reserve_citus(
+    pool: &Pool,
+    biz_type_id: i32,
+    biz_type: &str,
+    limit: i64,
+    ttr_ms: i64,
+    oldest: i64,
+) -> Result<(Vec<Reserved>, u64), sqlx::Error> {
+    let receipts: Vec<Uuid> = (0..limit.max(0)).map(|_| Uuid::new_v4()).collect();
+    let mut tx = crate::db::citus::begin_routed(pool).await?;
+    let picked: Vec<Reserved> = crate::db::query_as(citus_reserve_sql())
+        .bind(biz_type_id)
+        .bind(limit)
+        .bind(ttr_ms)
+        .bind(biz_type)
+        .bind(oldest)
+        .bind(None::<DateTime<Utc>>)
+        .bind(&receipts)
+        .fetch_all(&mut *tx)
+        .await?;
+    let (expired, reserved): (Vec<Reserved>, Vec<Reserved>) = picked.into_iter().partition(|r| r.expired);
+    if !expired.is_empty() {
+        let ended: Vec<Uuid> = expired.iter().map(|r| r.task.id).collect();
+        let events = vec!["task.expired"; ended.len()];
+        crate::db::query(include_str!("sql/notices_citus.sql")).bind(biz_type_id).bind(&ended).bind(&events).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok((reserved, expired.len() as u64))
+}
+
+/// reserve_citus.sql as `reserve` runs it on Citus, with pick.sql's `picked` CTE (tests/citus
+/// EXPLAINs it).
+pub fn citus_reserve_sql() -> &'static str {
+    static RESERVE: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/reserve_citus.sql")));
+    RESERVE.as_str()
 }
 
 /// How many tasks of the biz type are due, counting no further than `up_to`.

@@ -21,4 +21,5 @@ mod receiver;
 mod cluster;
 mod delivery;
 mod placement;
+mod senders;
 mod statements;

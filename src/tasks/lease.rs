@@ -32,6 +32,8 @@ use super::Task;
 use crate::db::Pool;
 use crate::wake;
 
+pub mod flows_citus;
+
 /// A task this node holds a lease on.
 #[derive(Debug, sqlx::FromRow)]
 pub struct Claimed {
@@ -112,21 +114,16 @@ pub struct FlowWant {
 /// `floor`: `unfinished_floor()` as last read, or None.
 /// Biz types with per-key limits are claimed in a second statement (pick_flow.sql), so
 /// that the others' claim is what it was.
-/// On a Citus cluster (`db::citus::active`), one statement per biz type: `claim_each`.
+/// On a Citus cluster (`db::citus::active`), one statement per biz type (`claim_each`), and
+/// for a biz type with per-key limits a few (`flows_citus`).
 pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<DateTime<Utc>>) -> Result<HashMap<i32, Claim>, sqlx::Error> {
     let (flows, plain): (Vec<&Want>, Vec<&Want>) = wants.iter().partition(|w| w.flow.is_some());
     let mut claims: HashMap<i32, Claim> = HashMap::new();
     if crate::db::citus::active() {
-        if !flows.is_empty() {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                tracing::warn!(
-                    "biz types with per-key limits (flow_max_in_flight, flow_rate_limit, ordered) are not delivered on a Citus cluster yet \
-                     (docs/design/citus.md): their claim is not single-shard"
-                );
-            });
-        }
         claim_each(pool, &plain, node_id, floor, &mut claims).await?;
+        for want in flows {
+            flows_citus::claim(pool, want, node_id, floor, &mut claims).await?;
+        }
         return Ok(claims);
     }
     for part in [plain, flows] {

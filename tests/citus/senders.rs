@@ -204,3 +204,57 @@ async fn pull_reserves_acks_and_nacks_on_citus() {
         "{attempts:?}"
     );
 }
+
+/// A cap of 2 per key (`flow_max_in_flight`) on Citus, a receiver that holds each request
+/// 300 ms, a biz type that takes 10 at once: a herd of 30 tasks of key `hot`, due first,
+/// fills a claim's first look (its first 10 due tasks) whole; five tasks of other keys are
+/// due just after it. The receiver never has more than 2 of `hot` at once, the other keys
+/// are found past the herd (the walk of the keys) and delivered at once, and every task is
+/// delivered.
+#[tokio::test]
+async fn a_flow_keyed_biz_type_delivers_within_its_per_key_limit_on_citus() {
+    const CAP: usize = 2;
+    const HOLD: Duration = Duration::from_millis(300);
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs::default()).await;
+    let receiver = Receiver::start(vec![], Answer { delay: HOLD, ..Answer::status(200) }).await;
+    let settings =
+        Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(10), flow_max_in_flight: Some(CAP as i32), ..Default::default() };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let due = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let later = due + chrono::Duration::milliseconds(50);
+    let mut tasks: Vec<serde_json::Value> =
+        (0..30).map(|i| json!({"biz_type": "orders", "run_at": due.to_rfc3339(), "flow_key": "hot", "payload": {"key": "hot", "i": i}})).collect();
+    tasks.extend(
+        (0..5).map(|i| json!({"biz_type": "orders", "run_at": later.to_rfc3339(), "flow_key": format!("k{i}"), "payload": {"key": format!("k{i}")}})),
+    );
+    let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": tasks})).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+
+    let received = receiver.wait_for(35, Duration::from_secs(60)).await;
+    let first = received.iter().map(|r| r.at).min().unwrap();
+    let others: Vec<Duration> = received.iter().filter(|r| r.json()["payload"]["key"] != "hot").map(|r| r.at - first).collect();
+    // Arrivals of one key closer together than a request's hold overlapped at the receiver.
+    let mut by_key: std::collections::HashMap<String, Vec<std::time::Instant>> = std::collections::HashMap::new();
+    for r in &received {
+        by_key.entry(r.json()["payload"]["key"].as_str().unwrap().to_string()).or_default().push(r.at);
+    }
+    let mut peak = 0;
+    for ats in by_key.values_mut() {
+        ats.sort();
+        for (i, at) in ats.iter().enumerate() {
+            peak = peak.max(ats[..i].iter().filter(|earlier| *at - **earlier < HOLD - Duration::from_millis(30)).count() + 1);
+        }
+    }
+    println!("the other keys arrived {others:?} after the first callback; peak per key {peak}");
+    assert!(peak <= CAP, "{peak} callbacks of one key at once, over its cap of {CAP}");
+    assert_eq!(peak, CAP, "the key's cap is used whole");
+    assert_eq!(others.len(), 5, "{others:?}");
+    assert!(others.iter().all(|d| *d < Duration::from_secs(3)), "the other keys waited behind the herd: {others:?}");
+    wait_until("every task succeeded", Duration::from_secs(10), || async {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status <> 'succeeded'").fetch_one(&app.pool).await.unwrap();
+        if left == 0 { Ok(()) } else { Err(format!("{left} not succeeded")) }
+    })
+    .await;
+    assert_eq!(receiver.received().len(), 35, "each delivered once");
+}

@@ -187,3 +187,38 @@ async fn the_pull_reserve_and_the_notice_senders_claims_are_one_statement_on_the
     .await;
     assert!(plan.contains("LockRows"), "{plan}");
 }
+
+#[tokio::test]
+async fn the_flow_keyed_claims_statements_are_each_one_statement_on_the_worker() {
+    use chime::tasks::lease::flows_citus;
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (id, token) = orders(&app).await;
+    sqlx::query("UPDATE biz_types SET flow_max_in_flight = 1 WHERE id = $1").bind(id).execute(&app.pool).await.unwrap();
+    let task = app.create_task(&token, json!({"biz_type": "orders", "flow_key": "a", "payload": 1})).await;
+    let run_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT run_at FROM tasks WHERE biz_type_id = $1").bind(id).fetch_one(&app.pool).await.unwrap();
+    let worker = worker_of(&app, id).await;
+    let floor = None::<chrono::DateTime<chrono::Utc>>;
+    let keys = vec!["a".to_string(), "b".to_string()];
+
+    let plan = assert_single_shard(&app, &worker, flows_citus::HEAD, |q| q.bind(id).bind(0_i64).bind(floor).bind(10_i64)).await;
+    assert!(plan.contains("LockRows"), "{plan}");
+    assert_single_shard(&app, &worker, flows_citus::HEADS, |q| q.bind(id).bind(keys.clone()).bind(floor).bind(0_i64)).await;
+    assert_single_shard(&app, &worker, flows_citus::WALK, |q| q.bind(id).bind(None::<String>).bind(0_i64).bind(floor)).await;
+    assert_single_shard(&app, &worker, flows_citus::KEY_TASKS, |q| q.bind(id).bind(keys.clone()).bind(vec![1_i32, 1]).bind(0_i64).bind(floor)).await;
+    let plan = assert_single_shard(&app, &worker, flows_citus::lease_sql(), |q| {
+        q.bind(vec![id])
+            .bind(vec![10_i64])
+            .bind(vec![60_000_i64])
+            .bind(Uuid::new_v4())
+            .bind(vec![0_i64])
+            .bind(floor)
+            .bind(vec![1_i64])
+            .bind(id)
+            .bind(10_i32)
+            .bind(vec![task["id"].as_str().unwrap().parse::<Uuid>().unwrap()])
+            .bind(vec![run_at])
+    })
+    .await;
+    assert!(plan.contains("LockRows"), "{plan}");
+}

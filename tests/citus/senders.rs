@@ -136,7 +136,7 @@ async fn reserve(app: &TestApp, token: &str, max: i64) -> Vec<serde_json::Value>
 }
 
 #[tokio::test]
-async fn pull_reserves_acks_and_nacks_on_citus() {
+async fn pull_reserves_acks_nacks_and_touches_on_citus() {
     let app = helpers::spawn_on(migrated_database().await, ServeArgs::default()).await;
     let settings = Settings { mode: Some("pull".into()), failure_url: Some("http://127.0.0.1:9/failed".into()), ..Default::default() };
     biz_types::create(&app.pool, "jobs", &settings, CallbackHosts::Any).await.unwrap();
@@ -192,6 +192,12 @@ async fn pull_reserves_acks_and_nacks_on_citus() {
     assert_eq!(again[0]["id"], first[1]["id"]);
     assert_ne!(again[0]["receipt"], first[1]["receipt"]);
     assert_eq!(again[0]["attempt_count"], 2, "{}", again[0]);
+    // Touched: held ten minutes from now rather than one.
+    let touch = json!({"receipt": again[0]["receipt"], "ttr_ms": 600_000});
+    let touched = app.post(&format!("/api/v1/tasks/{}/touch", again[0]["id"].as_str().unwrap()), &token, touch).await;
+    assert_eq!(touched.status, 200, "{}", touched.body);
+    let until: chrono::DateTime<chrono::Utc> = touched.body["reserved_until"].as_str().unwrap().parse().unwrap();
+    assert!(until > chrono::Utc::now() + chrono::Duration::seconds(500), "{until}");
     let attempts: Vec<(String, Option<String>)> =
         sqlx::query_as("SELECT task_id::text, error FROM attempts WHERE biz_type_id = $1 ORDER BY started_at")
             .bind(biz_type_id)

@@ -264,3 +264,44 @@ async fn a_flow_keyed_biz_type_delivers_within_its_per_key_limit_on_citus() {
     .await;
     assert_eq!(receiver.received().len(), 35, "each delivered once");
 }
+
+/// Ordered on Citus: key `a`'s tasks reach the receiver one at a time in run_at order, the
+/// first failing once (500) and holding the key through its retry (the key's head, found
+/// by the claim's own probes rather than `chime_flow_head`); key `b` is not held back.
+#[tokio::test]
+async fn an_ordered_key_is_delivered_one_at_a_time_in_order_on_citus() {
+    const HOLD: Duration = Duration::from_millis(100);
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs::default()).await;
+    let receiver = Receiver::start(vec![Answer { delay: HOLD, ..Answer::status(500) }], Answer { delay: HOLD, ..Answer::status(200) }).await;
+    let settings = Settings {
+        callback_url: Some(receiver.url.clone()),
+        ordered: Some(true),
+        backoff_initial_ms: Some(200),
+        backoff_max_ms: Some(200),
+        ..Default::default()
+    };
+    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let due = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let at = |ms: i64| (due + chrono::Duration::milliseconds(ms)).to_rfc3339();
+    let mut tasks: Vec<serde_json::Value> =
+        (0..3).map(|i| json!({"biz_type": "orders", "run_at": at(i * 10), "flow_key": "a", "payload": {"key": "a", "i": i}})).collect();
+    tasks.push(json!({"biz_type": "orders", "run_at": at(5), "flow_key": "b", "payload": {"key": "b", "i": 0}}));
+    let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": tasks})).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+
+    let received = receiver.wait_for(5, Duration::from_secs(30)).await;
+    let a: Vec<&Received> = received.iter().filter(|r| r.json()["payload"]["key"] == "a").collect();
+    let order: Vec<i64> = a.iter().map(|r| r.json()["payload"]["i"].as_i64().unwrap()).collect();
+    assert_eq!(order, [0, 0, 1, 2], "in run_at order, the first again after its retry");
+    for pair in a.windows(2) {
+        assert!(pair[1].at - pair[0].at >= HOLD - Duration::from_millis(20), "one at a time: {:?}", pair[1].at - pair[0].at);
+    }
+    let b = received.iter().find(|r| r.json()["payload"]["key"] == "b").expect("key b delivered");
+    assert!(b.at < a[1].at, "key b did not wait for key a's retry");
+    wait_until("every task succeeded", Duration::from_secs(10), || async {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status <> 'succeeded'").fetch_one(&app.pool).await.unwrap();
+        if left == 0 { Ok(()) } else { Err(format!("{left} not succeeded")) }
+    })
+    .await;
+}

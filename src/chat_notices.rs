@@ -98,6 +98,9 @@ pub struct Channel {
 /// waiting, or task rows whose summary is due (the oldest `gather` old, the last summary
 /// `window` ago), and not waiting out a retry's backoff.
 pub async fn claim(pool: &Pool, node_id: Uuid, pace: &Pace) -> Result<Vec<Channel>, sqlx::Error> {
+    if crate::db::citus::active() {
+        return claim_citus(pool, node_id, pace).await;
+    }
     // Locks: the channel rows it makes, one for each biz type given a chat tool since the
     // last poll (an anti-join over biz_types, whose rows are few); a row another node made
     // meanwhile is left as it is.
@@ -147,6 +150,89 @@ pub async fn claim(pool: &Pool, node_id: Uuid, pace: &Pace) -> Result<Vec<Channe
     .await
 }
 
+/// One channel's claim on a Citus cluster (`claim_citus`): $1 the biz type, $2 the node,
+/// $3 the claim's id, $4 the hold, $5 and $6 the pace's gather and window, in ms. Routed
+/// whole to the worker holding the biz type's shard (tests/citus/statements.rs EXPLAINs it).
+pub const CITUS_CLAIM: &str = "WITH ready AS (
+         SELECT c.biz_type_id FROM chat_channels c
+          WHERE c.biz_type_id = $1
+            AND EXISTS (SELECT 1 FROM biz_types b WHERE b.id = $1 AND b.archived_at IS NULL AND b.chat_url IS NOT NULL)
+            AND (c.held_until IS NULL OR c.held_until <= now())
+            AND (c.next_at IS NULL OR c.next_at <= now())
+            AND (EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = $1 AND n.task_id IS NULL)
+                 OR ((c.summarised_at IS NULL OR c.summarised_at <= now() - $6 * interval '1 millisecond')
+                     AND EXISTS (SELECT 1 FROM chat_notices n
+                                  WHERE n.biz_type_id = $1 AND n.task_id IS NOT NULL
+                                    AND n.created_at <= now() - $5 * interval '1 millisecond')))
+            FOR UPDATE OF c SKIP LOCKED
+     ), mine AS (
+         UPDATE chat_channels c
+            SET claim = $3, held_by = $2, held_until = now() + $4 * interval '1 millisecond'
+          WHERE c.biz_type_id = $1 AND EXISTS (SELECT 1 FROM ready)
+         RETURNING c.biz_type_id, c.claim, c.tries
+     )
+     SELECT m.biz_type_id, m.claim, m.tries, b.name, b.chat_platform AS platform, b.chat_url AS url, b.chat_secret,
+            EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = $1 AND n.task_id IS NULL) AS receiver_waiting
+       FROM mine m JOIN biz_types b ON b.id = $1";
+
+/// `claim` on a Citus cluster (docs/design/citus.md, The notice senders), which refuses the
+/// one statement for every channel ("correlated subqueries are not supported when the FROM
+/// clause contains a reference table") and the insert of the missing channels (the same).
+/// First every channel and whether it has a message due: a read of every shard that locks
+/// nothing (one row per biz type with a chat tool). Then the channel of each biz type given
+/// a chat tool since (its row made on its worker), and, in a random order, each ready one's
+/// claim: a statement that names the biz type as a constant, so that Citus routes it whole
+/// to the worker holding its shard, in a transaction of its own (`db::citus::begin_routed`).
+async fn claim_citus(pool: &Pool, node_id: Uuid, pace: &Pace) -> Result<Vec<Channel>, sqlx::Error> {
+    use rand::seq::SliceRandom;
+    let chatty: Vec<i32> =
+        crate::db::query_scalar("SELECT id FROM biz_types WHERE chat_url IS NOT NULL AND archived_at IS NULL").fetch_all(pool).await?;
+    if chatty.is_empty() {
+        return Ok(vec![]);
+    }
+    let channels: Vec<(i32, bool)> = crate::db::query_as(
+        "SELECT c.biz_type_id,
+                (c.held_until IS NULL OR c.held_until <= now())
+                AND (c.next_at IS NULL OR c.next_at <= now())
+                AND (EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NULL)
+                     OR ((c.summarised_at IS NULL OR c.summarised_at <= now() - $2 * interval '1 millisecond')
+                         AND EXISTS (SELECT 1 FROM chat_notices n
+                                      WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NOT NULL
+                                        AND n.created_at <= now() - $1 * interval '1 millisecond')))
+           FROM chat_channels c",
+    )
+    .bind(pace.gather.as_millis() as i64)
+    .bind(pace.window.as_millis() as i64)
+    .fetch_all(pool)
+    .await?;
+    let mut ready: Vec<i32> = channels.iter().filter(|(id, ready)| *ready && chatty.contains(id)).map(|(id, _)| *id).collect();
+    for &id in chatty.iter().filter(|id| !channels.iter().any(|(c, _)| c == *id)) {
+        // Locks the new row; one another node made meanwhile is left as it is.
+        crate::db::query("INSERT INTO chat_channels (biz_type_id) VALUES ($1) ON CONFLICT (biz_type_id) DO NOTHING").bind(id).execute(pool).await?;
+        ready.push(id);
+    }
+    ready.shuffle(&mut rand::rng());
+    let mut claimed = Vec::new();
+    for biz_type_id in ready.into_iter().take(CLAIM_BATCH as usize) {
+        // Locks: the channel, FOR UPDATE SKIP LOCKED, as `claim`'s, and only if it still has
+        // a message due and its biz type a chat tool, as this statement sees them.
+        let mut tx = crate::db::citus::begin_routed(pool).await?;
+        let channel: Option<Channel> = crate::db::query_as(CITUS_CLAIM)
+            .bind(biz_type_id)
+            .bind(node_id)
+            // The claim's id: made here, as Citus refuses gen_random_uuid() (VOLATILE) in an UPDATE.
+            .bind(Uuid::new_v4())
+            .bind(HOLD.as_millis() as i64)
+            .bind(pace.gather.as_millis() as i64)
+            .bind(pace.window.as_millis() as i64)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        claimed.extend(channel);
+    }
+    Ok(claimed)
+}
+
 /// What a message tells.
 #[derive(Debug, Clone, PartialEq)]
 pub enum News {
@@ -161,19 +247,44 @@ pub enum News {
 /// receiver row if one waits, else every task row. None: nothing left to tell (another
 /// node's message, sent after its hold ran out, told of them).
 async fn take(pool: &Pool, channel: &Channel) -> Result<Option<News>, sqlx::Error> {
+    // On Citus, planned with the values (`db::citus::begin_routed`): the biz type is what
+    // Citus routes the statement by.
+    let taken = if crate::db::citus::active() {
+        let mut tx = crate::db::citus::begin_routed(pool).await?;
+        let taken = take_rows(&mut tx, channel).await?;
+        tx.commit().await?;
+        taken
+    } else {
+        take_rows(&mut *pool.acquire().await?, channel).await?
+    };
+    let Some((mut news, last_task)) = taken else { return Ok(None) };
+    // The last error of the latest task told of; a task retired since has none to show.
+    if let (News::Tasks { last_error, .. }, Some(id)) = (&mut news, last_task) {
+        *last_error = crate::tasks::get(pool, id).await.ok().flatten().and_then(|(task, _)| task.last_error);
+    }
+    Ok(Some(news))
+}
+
+/// `take`'s statements: the news without the last error, and the latest task told of.
+async fn take_rows(conn: &mut sqlx::PgConnection, channel: &Channel) -> Result<Option<(News, Option<Uuid>)>, sqlx::Error> {
     if channel.receiver_waiting {
         // Locks the one row it takes; rows are only inserted by others, and taken by the
-        // channel's holder.
-        let row: Option<(String, Option<Value>)> = crate::db::query_as(
+        // channel's holder. On Citus, with the biz type, so that the UPDATE is routed to the
+        // worker holding its shard.
+        let row: Option<(String, Option<Value>)> = crate::db::query_as(if crate::db::citus::active() {
+            "UPDATE chat_notices SET taken_by = $2
+              WHERE biz_type_id = $1 AND id = (SELECT id FROM chat_notices WHERE biz_type_id = $1 AND task_id IS NULL ORDER BY id LIMIT 1)
+             RETURNING event, detail"
+        } else {
             "UPDATE chat_notices SET taken_by = $2
               WHERE id = (SELECT id FROM chat_notices WHERE biz_type_id = $1 AND task_id IS NULL ORDER BY id LIMIT 1)
-             RETURNING event, detail",
-        )
+             RETURNING event, detail"
+        })
         .bind(channel.biz_type_id)
         .bind(channel.claim)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await?;
-        return Ok(row.map(|(event, breaker)| News::Receiver { event, breaker: breaker.unwrap_or_default() }));
+        return Ok(row.map(|(event, breaker)| (News::Receiver { event, breaker: breaker.unwrap_or_default() }, None)));
     }
     // Locks the task rows it takes: every one the biz type has, those a failed try took
     // before included (the summary retried tells of them and of those since).
@@ -188,15 +299,9 @@ async fn take(pool: &Pool, channel: &Channel) -> Result<Option<News>, sqlx::Erro
     )
     .bind(channel.biz_type_id)
     .bind(channel.claim)
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await?;
-    let Some(since) = since else { return Ok(None) };
-    // The last error of the latest task told of; a task retired since has none to show.
-    let last_error = match last_task {
-        Some(id) => crate::tasks::get(pool, id).await.ok().flatten().and_then(|(task, _)| task.last_error),
-        None => None,
-    };
-    Ok(Some(News::Tasks { failed, expired, since, last_error }))
+    Ok(since.map(|since| (News::Tasks { failed, expired, since, last_error: None }, last_task)))
 }
 
 /// How one try of a message came out.
@@ -221,6 +326,9 @@ async fn record(pool: &Pool, channel: &Channel, summary: bool, tried: &Tried) ->
         Tried::Retry { after, error } => (false, *after, Some(error.as_str())),
         Tried::GiveUp { error } => (true, Duration::ZERO, Some(error.as_str())),
     };
+    if crate::db::citus::active() {
+        return record_citus(pool, channel, summary, done, after, error).await;
+    }
     // Locks the channel's row, only while this claim holds it, then the rows the message took.
     crate::db::query(
         "WITH mine AS (
@@ -244,6 +352,37 @@ async fn record(pool: &Pool, channel: &Channel, summary: bool, tried: &Tried) ->
     .execute(pool)
     .await
     .map(drop)
+}
+
+/// `record` on a Citus cluster: the same statement with the biz type in the DELETE, so
+/// that Citus routes both parts to the worker holding its shard; planned with the values
+/// (`db::citus::begin_routed`), which fold the CASEs holding `now()` that Citus refuses in
+/// an UPDATE otherwise.
+async fn record_citus(pool: &Pool, channel: &Channel, summary: bool, done: bool, after: Duration, error: Option<&str>) -> Result<(), sqlx::Error> {
+    let mut tx = crate::db::citus::begin_routed(pool).await?;
+    // Locks the channel's row, only while this claim holds it, then the rows the message took.
+    crate::db::query(
+        "WITH mine AS (
+             UPDATE chat_channels
+                SET claim = NULL, held_by = NULL, held_until = NULL,
+                    tries = CASE WHEN $4 THEN 0 ELSE tries + 1 END,
+                    next_at = CASE WHEN $4 THEN NULL ELSE now() + $5 * interval '1 millisecond' END,
+                    summarised_at = CASE WHEN $4 AND $3 THEN now() ELSE summarised_at END,
+                    last_error = $6
+              WHERE biz_type_id = $1 AND claim = $2
+             RETURNING biz_type_id
+         )
+         DELETE FROM chat_notices WHERE biz_type_id = $1 AND $4 AND taken_by = $2 AND EXISTS (SELECT 1 FROM mine)",
+    )
+    .bind(channel.biz_type_id)
+    .bind(channel.claim)
+    .bind(summary)
+    .bind(done)
+    .bind(after.as_millis() as i64)
+    .bind(error)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
 }
 
 /// Lets go of a channel whose message had nothing left to tell.

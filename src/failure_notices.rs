@@ -137,6 +137,9 @@ struct Claimed {
 /// running ones whose sender's hold ran out; of each biz type no more than `PER_BIZ_TYPE`
 /// less what this node is sending of it already (`sending`: biz type id, count).
 async fn claim(pool: &Pool, node_id: Uuid, limit: i64, sending: &HashMap<i32, i64>) -> Result<Vec<Claimed>, sqlx::Error> {
+    if crate::db::citus::active() {
+        return claim_citus(pool, node_id, limit, sending).await;
+    }
     let (busy_ids, busy_counts): (Vec<i32>, Vec<i64>) = sending.iter().map(|(id, n)| (*id, *n)).unzip();
     // Locks: the notices it takes, FOR UPDATE SKIP LOCKED, so that the senders of every
     // node claim at once without waiting for, or taking, one another's. The biz types are
@@ -184,6 +187,75 @@ async fn claim(pool: &Pool, node_id: Uuid, limit: i64, sending: &HashMap<i32, i6
     .await
 }
 
+/// One biz type's claim on a Citus cluster (`claim_citus`): $1 the biz type, $2 how many
+/// notices at most, $3 the node, $4 the hold in ms. Routed whole to the worker holding the
+/// biz type's shard (tests/citus/statements.rs EXPLAINs it).
+pub const CITUS_CLAIM: &str = "WITH due AS (
+         SELECT n.id FROM failure_notices n
+          WHERE n.biz_type_id = $1 AND n.status IN ('pending', 'running') AND n.due_at <= now()
+          ORDER BY n.due_at LIMIT $2
+            FOR UPDATE SKIP LOCKED
+     ), held AS (
+         UPDATE failure_notices n
+            SET status = 'running', held_by = $3, attempt_count = n.attempt_count + 1,
+                due_at = now() + $4 * interval '1 millisecond'
+          WHERE n.biz_type_id = $1 AND n.id = ANY(ARRAY(SELECT id FROM due))
+         RETURNING n.id, n.task_id, n.event, n.detail, n.attempt_count
+     )
+     SELECT h.id AS notice_id, h.task_id, h.event, h.detail, h.attempt_count AS attempt,
+            b.id, b.name, b.callback_url, b.timeout_ms, b.max_attempts, b.backoff_initial_ms, b.backoff_max_ms,
+            b.max_in_flight, b.rate_limit, b.signing_secret, b.signing_secret_sealed, b.failure_url, b.signing_scheme,
+            CASE WHEN b.previous_secret_until > now() THEN b.previous_secret END AS previous_secret,
+            CASE WHEN b.previous_secret_until > now() THEN b.previous_secret_until END AS previous_secret_until
+       FROM held h CROSS JOIN biz_types b
+      WHERE b.id = $1";
+
+/// `claim` on a Citus cluster (docs/design/citus.md, The notice senders), which refuses
+/// the one statement for every biz type ("cannot push down this subquery": a LATERAL
+/// subquery with a LIMIT per biz type). First the biz types with notices due: a read of
+/// every shard, through failure_notices_due_idx on each, that locks nothing. Then, in a
+/// random order (as `claim`'s), each one's claim: a statement that names the biz type as a
+/// constant, so that Citus routes it whole to the worker holding its shard, in a
+/// transaction of its own (`db::citus::begin_routed`).
+async fn claim_citus(pool: &Pool, node_id: Uuid, limit: i64, sending: &HashMap<i32, i64>) -> Result<Vec<Claimed>, sqlx::Error> {
+    use rand::seq::SliceRandom;
+    // The biz types with notices due and not archived, each with its timeout (the hold is
+    // made of it: Citus refuses a STABLE function of a joined column in an UPDATE).
+    let mut due: Vec<(i32, i32)> = crate::db::query_as(
+        "SELECT DISTINCT b.id, b.timeout_ms FROM failure_notices n JOIN biz_types b ON b.id = n.biz_type_id
+          WHERE n.status IN ('pending', 'running') AND n.due_at <= now() AND b.archived_at IS NULL",
+    )
+    .fetch_all(pool)
+    .await?;
+    due.shuffle(&mut rand::rng());
+    let mut claimed: Vec<Claimed> = Vec::new();
+    for (biz_type_id, timeout_ms) in due {
+        let left = limit - claimed.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let room = left.min(PER_BIZ_TYPE - sending.get(&biz_type_id).copied().unwrap_or(0));
+        if room <= 0 {
+            continue;
+        }
+        // Locks: the biz type's notices it takes, FOR UPDATE SKIP LOCKED, as `claim`'s; the
+        // biz type is read, not locked. The due notices are a probe of
+        // failure_notices_biz_type_due_idx; the held ones are found again through the primary
+        // key, as an array (claim_citus.sql's way: no join for the planner to misjudge).
+        let mut tx = crate::db::citus::begin_routed(pool).await?;
+        let rows: Vec<Claimed> = crate::db::query_as(CITUS_CLAIM)
+            .bind(biz_type_id)
+            .bind(room)
+            .bind(node_id)
+            .bind(i64::from(timeout_ms) + HOLD_MARGIN_MS)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        claimed.extend(rows);
+    }
+    Ok(claimed)
+}
+
 /// What one send of a notice came to.
 struct Attempted {
     verdict: Verdict,
@@ -193,13 +265,16 @@ struct Attempted {
 
 /// Records the result of a notice `node_id` holds; a notice it no longer holds (its hold ran
 /// out and another node took it) is left to that node.
-async fn record(pool: &Pool, node_id: Uuid, notice_id: Uuid, result: &Attempted) -> Result<(), sqlx::Error> {
+async fn record(pool: &Pool, node_id: Uuid, biz_type_id: i32, notice_id: Uuid, result: &Attempted) -> Result<(), sqlx::Error> {
     let (status, due_at) = match result.verdict {
         Verdict::Delivered => ("delivered", None),
         Verdict::RetryAt(at) | Verdict::Held(at) => ("pending", Some(at)),
         // Snoozes and deadlines are a task's; `send` makes neither for a notice.
         Verdict::GiveUp | Verdict::Snooze(_) | Verdict::Expire { .. } => ("failed", None),
     };
+    if crate::db::citus::active() {
+        return record_citus(pool, node_id, biz_type_id, notice_id, status, due_at, result).await;
+    }
     // Locks the notice's row; only its holder's result is written.
     crate::db::query(
         "UPDATE failure_notices
@@ -216,6 +291,38 @@ async fn record(pool: &Pool, node_id: Uuid, notice_id: Uuid, result: &Attempted)
     .execute(pool)
     .await
     .map(drop)
+}
+
+/// `record` on a Citus cluster: the same UPDATE with the notice's biz type, so that Citus
+/// routes it to the worker holding its shard rather than ask every shard, and without
+/// `now()` in a CASE, which Citus refuses in an UPDATE (NULL plus `now()` is NULL).
+async fn record_citus(
+    pool: &Pool,
+    node_id: Uuid,
+    biz_type_id: i32,
+    notice_id: Uuid,
+    status: &str,
+    due_at: Option<DateTime<Utc>>,
+    result: &Attempted,
+) -> Result<(), sqlx::Error> {
+    let mut tx = crate::db::citus::begin_routed(pool).await?;
+    // Locks the notice's row; only its holder's result is written.
+    crate::db::query(
+        "UPDATE failure_notices
+            SET status = $3, due_at = coalesce($4, due_at), last_status_code = $5, last_error = $6, held_by = NULL,
+                finished_at = now() + CASE WHEN $3 IN ('delivered', 'failed') THEN interval '0' END
+          WHERE biz_type_id = $7 AND id = $1 AND status = 'running' AND held_by = $2",
+    )
+    .bind(notice_id)
+    .bind(node_id)
+    .bind(status)
+    .bind(due_at)
+    .bind(result.status_code)
+    .bind(&result.error)
+    .bind(biz_type_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
 }
 
 #[derive(Serialize)]
@@ -414,7 +521,7 @@ impl Sender {
                 "failure notice not delivered; check the biz type's failure_url and its receiver"
             );
         }
-        while let Err(e) = record(&self.pool, self.node_id, notice.notice_id, &result).await {
+        while let Err(e) = record(&self.pool, self.node_id, notice.biz.id, notice.notice_id, &result).await {
             if !self.health.saw(&e) {
                 tracing::warn!(error = %e, "could not record a failure notice's result; retrying in 1 s");
             }

@@ -57,3 +57,16 @@ pub async fn distribute(conn: &mut PgConnection) -> anyhow::Result<()> {
         .context("distributing chime's tables on the Citus cluster (src/db/citus.sql)")?;
     Ok(())
 }
+
+/// Begins a transaction for statements routed by a biz type given as a parameter: each is
+/// planned with its parameters' values (`plan_cache_mode = force_custom_plan`, for this
+/// transaction only). PostgreSQL runs a statement prepared and run often with a generic
+/// plan, in which the biz type stays a parameter: Citus cannot route such a plan to one
+/// shard, and refuses it ("could not create distributed plan") or, with `now()` in a
+/// CASE, refuses what the values would have folded away. The notice senders and the pull
+/// reserve run their Citus statements in one (docs/design/citus.md).
+pub async fn begin_routed(pool: &crate::db::Pool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    crate::db::query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)").execute(&mut *tx).await?;
+    Ok(tx)
+}

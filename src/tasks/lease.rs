@@ -32,6 +32,8 @@ use super::Task;
 use crate::db::Pool;
 use crate::wake;
 
+pub mod flows_citus;
+
 /// A task this node holds a lease on.
 #[derive(Debug, sqlx::FromRow)]
 pub struct Claimed {
@@ -112,21 +114,16 @@ pub struct FlowWant {
 /// `floor`: `unfinished_floor()` as last read, or None.
 /// Biz types with per-key limits are claimed in a second statement (pick_flow.sql), so
 /// that the others' claim is what it was.
-/// On a Citus cluster (`db::citus::active`), one statement per biz type: `claim_each`.
+/// On a Citus cluster (`db::citus::active`), one statement per biz type (`claim_each`), and
+/// for a biz type with per-key limits a few (`flows_citus`).
 pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<DateTime<Utc>>) -> Result<HashMap<i32, Claim>, sqlx::Error> {
     let (flows, plain): (Vec<&Want>, Vec<&Want>) = wants.iter().partition(|w| w.flow.is_some());
     let mut claims: HashMap<i32, Claim> = HashMap::new();
     if crate::db::citus::active() {
-        if !flows.is_empty() {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                tracing::warn!(
-                    "biz types with per-key limits (flow_max_in_flight, flow_rate_limit, ordered) are not delivered on a Citus cluster yet \
-                     (docs/design/citus.md): their claim is not single-shard"
-                );
-            });
-        }
         claim_each(pool, &plain, node_id, floor, &mut claims).await?;
+        for want in flows {
+            flows_citus::claim(pool, want, node_id, floor, &mut claims).await?;
+        }
         return Ok(claims);
     }
     for part in [plain, flows] {
@@ -357,6 +354,9 @@ pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, 
     // hold no count between reserves, so a reserve of n < 10 takes one with chance n / 10.
     let oldest = limit / 10 + i64::from(rand::random_range(0..10) < limit % 10);
     let floor: Option<DateTime<Utc>> = None;
+    if crate::db::citus::active() {
+        return reserve_citus(pool, biz_type_id, biz_type, limit, ttr_ms, oldest).await;
+    }
     let picked: Vec<Reserved> = crate::db::query_as(RESERVE.as_str())
         .bind(biz_type_id)
         .bind(limit)
@@ -368,6 +368,48 @@ pub async fn reserve(pool: &Pool, biz_type_id: i32, biz_type: &str, limit: i64, 
         .await?;
     let (expired, reserved): (Vec<Reserved>, Vec<Reserved>) = picked.into_iter().partition(|r| r.expired);
     Ok((reserved, expired.len() as u64))
+}
+
+/// `reserve` on a Citus cluster: reserve_citus.sql, routed whole to the worker holding the
+/// biz type's shard, then the failure and chat notices of the tasks it ended expired
+/// (notices_citus.sql), in one transaction planned with the values
+/// (`db::citus::begin_routed`). The receipts are made here: Citus refuses
+/// `gen_random_uuid()` in an UPDATE.
+async fn reserve_citus(
+    pool: &Pool,
+    biz_type_id: i32,
+    biz_type: &str,
+    limit: i64,
+    ttr_ms: i64,
+    oldest: i64,
+) -> Result<(Vec<Reserved>, u64), sqlx::Error> {
+    let receipts: Vec<Uuid> = (0..limit.max(0)).map(|_| Uuid::new_v4()).collect();
+    let mut tx = crate::db::citus::begin_routed(pool).await?;
+    let picked: Vec<Reserved> = crate::db::query_as(citus_reserve_sql())
+        .bind(biz_type_id)
+        .bind(limit)
+        .bind(ttr_ms)
+        .bind(biz_type)
+        .bind(oldest)
+        .bind(None::<DateTime<Utc>>)
+        .bind(&receipts)
+        .fetch_all(&mut *tx)
+        .await?;
+    let (expired, reserved): (Vec<Reserved>, Vec<Reserved>) = picked.into_iter().partition(|r| r.expired);
+    if !expired.is_empty() {
+        let ended: Vec<Uuid> = expired.iter().map(|r| r.task.id).collect();
+        let events = vec!["task.expired"; ended.len()];
+        crate::db::query(include_str!("sql/notices_citus.sql")).bind(biz_type_id).bind(&ended).bind(&events).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok((reserved, expired.len() as u64))
+}
+
+/// reserve_citus.sql as `reserve` runs it on Citus, with pick.sql's `picked` CTE (tests/citus
+/// EXPLAINs it).
+pub fn citus_reserve_sql() -> &'static str {
+    static RESERVE: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/reserve_citus.sql")));
+    RESERVE.as_str()
 }
 
 /// How many tasks of the biz type are due, counting no further than `up_to`.

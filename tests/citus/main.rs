@@ -22,4 +22,5 @@ mod cluster;
 mod delivery;
 mod moving;
 mod placement;
+mod senders;
 mod statements;

@@ -136,3 +136,89 @@ async fn the_cap_holds_on_citus() {
     assert!(second[&id].leased.is_empty(), "two running already, on another node's claim");
     assert!(second[&id].capped);
 }
+
+/// The plan of `sql` on the coordinator, run with the arguments `bind` gives, as EXPLAIN
+/// shows it: asserted one task on `worker`, with no step through the coordinator.
+async fn assert_single_shard<'q>(app: &TestApp, worker: &str, sql: &str, bind: impl FnOnce(Explain<'q>) -> Explain<'q>) -> String {
+    let plan: Vec<String> = bind(sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN (costs off) {sql}")))).fetch_all(&app.pool).await.unwrap();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Distributed Subplan"), "{plan}");
+    assert_eq!(plan.matches("Task Count: ").count(), 1, "{plan}");
+    assert!(plan.contains("Task Count: 1\n"), "{plan}");
+    assert!(plan.contains(&format!("Node: host={worker} ")), "on {worker}: {plan}");
+    plan
+}
+
+type Explain<'q> = sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments>;
+
+#[tokio::test]
+async fn the_pull_reserve_and_the_notice_senders_claims_are_one_statement_on_the_worker() {
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let settings = Settings {
+        mode: Some("pull".into()),
+        chat_platform: Some("slack".into()),
+        chat_url: Some("http://127.0.0.1:9/chat".into()),
+        ..Default::default()
+    };
+    biz_types::create(&app.pool, "jobs", &settings, CallbackHosts::Any).await.unwrap();
+    let token = biz_types::create_token(&app.pool, "jobs").await.unwrap();
+    app.create_task(&token, json!({"biz_type": "jobs", "payload": 1})).await;
+    let id: i32 = sqlx::query_scalar("SELECT id FROM biz_types WHERE name = 'jobs'").fetch_one(&app.pool).await.unwrap();
+    let worker = worker_of(&app, id).await;
+
+    let plan = assert_single_shard(&app, &worker, lease::citus_reserve_sql(), |q| {
+        q.bind(id)
+            .bind(10_i64)
+            .bind(60_000_i64)
+            .bind("jobs")
+            .bind(1_i64)
+            .bind(None::<chrono::DateTime<chrono::Utc>>)
+            .bind((0..10).map(|_| Uuid::new_v4()).collect::<Vec<_>>())
+    })
+    .await;
+    assert!(plan.contains("LockRows"), "{plan}");
+    let plan =
+        assert_single_shard(&app, &worker, chime::failure_notices::CITUS_CLAIM, |q| q.bind(id).bind(10_i64).bind(Uuid::new_v4()).bind(15_000_i64))
+            .await;
+    assert!(plan.contains("LockRows"), "{plan}");
+    let plan = assert_single_shard(&app, &worker, chime::chat_notices::CITUS_CLAIM, |q| {
+        q.bind(id).bind(Uuid::new_v4()).bind(Uuid::new_v4()).bind(15_000_i64).bind(0_i64).bind(0_i64)
+    })
+    .await;
+    assert!(plan.contains("LockRows"), "{plan}");
+}
+
+#[tokio::test]
+async fn the_flow_keyed_claims_statements_are_each_one_statement_on_the_worker() {
+    use chime::tasks::lease::flows_citus;
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (id, token) = orders(&app).await;
+    sqlx::query("UPDATE biz_types SET flow_max_in_flight = 1 WHERE id = $1").bind(id).execute(&app.pool).await.unwrap();
+    let task = app.create_task(&token, json!({"biz_type": "orders", "flow_key": "a", "payload": 1})).await;
+    let run_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT run_at FROM tasks WHERE biz_type_id = $1").bind(id).fetch_one(&app.pool).await.unwrap();
+    let worker = worker_of(&app, id).await;
+    let floor = None::<chrono::DateTime<chrono::Utc>>;
+    let keys = vec!["a".to_string(), "b".to_string()];
+
+    let plan = assert_single_shard(&app, &worker, flows_citus::HEAD, |q| q.bind(id).bind(0_i64).bind(floor).bind(10_i64)).await;
+    assert!(plan.contains("LockRows"), "{plan}");
+    assert_single_shard(&app, &worker, flows_citus::HEADS, |q| q.bind(id).bind(keys.clone()).bind(floor).bind(0_i64)).await;
+    assert_single_shard(&app, &worker, flows_citus::WALK, |q| q.bind(id).bind(None::<String>).bind(0_i64).bind(floor)).await;
+    assert_single_shard(&app, &worker, flows_citus::KEY_TASKS, |q| q.bind(id).bind(keys.clone()).bind(vec![1_i32, 1]).bind(0_i64).bind(floor)).await;
+    let plan = assert_single_shard(&app, &worker, flows_citus::lease_sql(), |q| {
+        q.bind(vec![id])
+            .bind(vec![10_i64])
+            .bind(vec![60_000_i64])
+            .bind(Uuid::new_v4())
+            .bind(vec![0_i64])
+            .bind(floor)
+            .bind(vec![1_i64])
+            .bind(id)
+            .bind(10_i32)
+            .bind(vec![task["id"].as_str().unwrap().parse::<Uuid>().unwrap()])
+            .bind(vec![run_at])
+    })
+    .await;
+    assert!(plan.contains("LockRows"), "{plan}");
+}

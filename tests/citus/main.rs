@@ -24,3 +24,4 @@ mod moving;
 mod placement;
 mod senders;
 mod statements;
+mod timers;

@@ -33,8 +33,9 @@ WITH input AS (
     RETURNING timer_id
 ), wake AS (
     -- Engines sleep until the next due task, at most a second; one due sooner must wake
-    -- them (sent on commit, to every node).
-    SELECT pg_notify($7, '') FROM fresh
+    -- them (sent on commit, to every node). A boolean rather than pg_notify's void, as in
+    -- insert.sql: Citus keeps a CTE's rows as an intermediate result, which cannot hold a void.
+    SELECT pg_notify($7, '') IS NULL AS told FROM fresh
      WHERE run_at <= now() + interval '1 second' LIMIT 1
 )
 -- The join only makes the wake CTE run (see insert.sql).

@@ -20,5 +20,7 @@ mod receiver;
 
 mod cluster;
 mod delivery;
+mod kill;
+mod leader;
 mod placement;
 mod statements;

@@ -681,6 +681,22 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
     Ok(())
 }
 
+/// later_cold_citus.sql's first step: locks the rows to move, tasks $1 (run_at $2, $3
+/// whether a snooze) of biz type $4 still running under holder $5, and not a snooze past
+/// max_snoozes (left to record_citus.sql, which fails it). One task on the biz type's
+/// worker (tests/citus/statements.rs).
+pub const LATER_COLD_LOCK_CITUS: &str = "SELECT t.id, t.run_at
+   FROM unnest($1::uuid[], $2::timestamptz[], $3::boolean[]) AS l(id, run_at, snoozed)
+   JOIN tasks t ON t.biz_type_id = $4 AND t.id = l.id AND t.run_at = l.run_at
+   JOIN biz_types b ON b.id = $4
+  WHERE t.status = 'running' AND t.leased_by = $5 AND NOT (l.snoozed AND t.snoozes >= b.max_snoozes)
+    FOR UPDATE OF t";
+
+/// later_cold_citus.sql's last step: deletes from `tasks` the rows of biz type $1 it copied
+/// ($2, run_at $3), which the first step locked.
+pub const LATER_COLD_DELETE_CITUS: &str = "DELETE FROM tasks t USING unnest($2::uuid[], $3::timestamptz[]) AS l(id, run_at)
+  WHERE t.biz_type_id = $1 AND t.id = l.id AND t.run_at = l.run_at";
+
 /// later_cold.sql's work on a Citus cluster: per biz type of the batch with a retry or
 /// snooze due at or beyond the hot `horizon`, the three statements of later_cold_citus.sql
 /// (lock, copy, delete), each on the worker of the biz type's shard, in the record's
@@ -702,23 +718,14 @@ async fn later_cold_citus(
         }
     }
     for (biz_type_id, later) in by_biz_type {
-        // Locks the rows to move: still running under this holder, and not a snooze past
-        // max_snoozes (left to record_citus.sql, which fails it).
-        let locked: Vec<(Uuid, DateTime<Utc>)> = crate::db::query_as(
-            "SELECT t.id, t.run_at
-               FROM unnest($1::uuid[], $2::timestamptz[], $3::boolean[]) AS l(id, run_at, snoozed)
-               JOIN tasks t ON t.biz_type_id = $4 AND t.id = l.id AND t.run_at = l.run_at
-               JOIN biz_types b ON b.id = $4
-              WHERE t.status = 'running' AND t.leased_by = $5 AND NOT (l.snoozed AND t.snoozes >= b.max_snoozes)
-                FOR UPDATE OF t",
-        )
-        .bind(later.iter().map(|(o, _, _)| o.task_id).collect::<Vec<_>>())
-        .bind(later.iter().map(|(o, _, _)| o.run_at).collect::<Vec<_>>())
-        .bind(later.iter().map(|(o, _, _)| matches!(o.verdict, Verdict::Snooze(_))).collect::<Vec<_>>())
-        .bind(biz_type_id)
-        .bind(holder)
-        .fetch_all(&mut *tx)
-        .await?;
+        let locked: Vec<(Uuid, DateTime<Utc>)> = crate::db::query_as(LATER_COLD_LOCK_CITUS)
+            .bind(later.iter().map(|(o, _, _)| o.task_id).collect::<Vec<_>>())
+            .bind(later.iter().map(|(o, _, _)| o.run_at).collect::<Vec<_>>())
+            .bind(later.iter().map(|(o, _, _)| matches!(o.verdict, Verdict::Snooze(_))).collect::<Vec<_>>())
+            .bind(biz_type_id)
+            .bind(holder)
+            .fetch_all(&mut *tx)
+            .await?;
         let moving: Vec<_> = later.iter().filter(|(o, _, _)| locked.contains(&(o.task_id, o.run_at))).collect();
         if moving.is_empty() {
             continue;
@@ -733,16 +740,7 @@ async fn later_cold_citus(
             .bind(biz_type_id)
             .execute(&mut *tx)
             .await?;
-        // The rows just copied, locked above.
-        crate::db::query(
-            "DELETE FROM tasks t USING unnest($2::uuid[], $3::timestamptz[]) AS l(id, run_at)
-              WHERE t.biz_type_id = $1 AND t.id = l.id AND t.run_at = l.run_at",
-        )
-        .bind(biz_type_id)
-        .bind(&ids)
-        .bind(&run_ats)
-        .execute(&mut *tx)
-        .await?;
+        crate::db::query(LATER_COLD_DELETE_CITUS).bind(biz_type_id).bind(&ids).bind(&run_ats).execute(&mut *tx).await?;
     }
     Ok(())
 }
@@ -792,9 +790,14 @@ async fn record_tasks_citus(tx: &mut PgConnection, holder: Uuid, outcomes: &[Out
 /// Gives back tasks this node claimed ahead of their due time but never called back,
 /// because it is stopping: pending again as if never claimed (their attempt is not
 /// counted), so that another node, woken now, takes them without waiting for the lease to
-/// run out. Only tasks still leased to this node are touched; returns how many.
-pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>)]) -> Result<u64, sqlx::Error> {
-    let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().copied().unzip();
+/// run out. Only tasks still leased to this node are touched; returns how many. `tasks`:
+/// each one's id, run_at and biz type. On a Citus cluster, a statement per biz type
+/// (`give_back_citus`).
+pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>, i32)]) -> Result<u64, sqlx::Error> {
+    if crate::db::citus::active() {
+        return give_back_citus(pool, node_id, tasks).await;
+    }
+    let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().map(|(id, run_at, _)| (*id, *run_at)).unzip();
     // Locks the given rows still leased to this node: no other holder wants them until
     // they are pending again.
     let given = crate::db::query(
@@ -813,6 +816,37 @@ pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>
     if given > 0 {
         wake::notify(pool, wake::Wake::Due).await?;
     }
+    Ok(given)
+}
+
+/// `give_back`'s UPDATE for the tasks $2 (run_at $3) of biz type $1 on a Citus cluster: the
+/// biz type names the UPDATE, which Citus then sends to the one worker of its shard (the
+/// plain statement, joined by id alone, goes to every shard). One task on the biz type's
+/// worker (tests/citus/statements.rs). Locks the given rows still leased to node $4.
+pub const GIVE_BACK_CITUS: &str = "UPDATE tasks t
+    SET status = 'pending', lease_until = NULL, leased_by = NULL, attempt_count = t.attempt_count - 1, updated_at = now()
+   FROM unnest($2::uuid[], $3::timestamptz[]) AS g(id, run_at)
+  WHERE t.biz_type_id = $1 AND t.id = g.id AND t.run_at = g.run_at AND t.status = 'running' AND t.leased_by = $4";
+
+/// `give_back` on a Citus cluster: GIVE_BACK_CITUS per biz type, in one transaction; the
+/// other nodes are woken per biz type given back.
+async fn give_back_citus(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>, i32)]) -> Result<u64, sqlx::Error> {
+    let mut by_biz_type: std::collections::BTreeMap<i32, (Vec<Uuid>, Vec<DateTime<Utc>>)> = std::collections::BTreeMap::new();
+    for (id, run_at, biz_type_id) in tasks {
+        let (ids, run_ats) = by_biz_type.entry(*biz_type_id).or_default();
+        ids.push(*id);
+        run_ats.push(*run_at);
+    }
+    let mut tx = citus_begin(pool).await?;
+    let mut given = 0;
+    for (biz_type_id, (ids, run_ats)) in by_biz_type {
+        let n = crate::db::query(GIVE_BACK_CITUS).bind(biz_type_id).bind(&ids).bind(&run_ats).bind(node_id).execute(&mut *tx).await?.rows_affected();
+        if n > 0 {
+            wake::notify(&mut *tx, wake::Wake::DueFor(biz_type_id)).await?;
+        }
+        given += n;
+    }
+    tx.commit().await?;
     Ok(given)
 }
 
@@ -926,8 +960,13 @@ pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, rea
 /// many it released (0 or 1).
 async fn release_citus(tx: &mut PgConnection, biz_type_id: i32, id: Uuid, receipt: Uuid, reason: &str) -> Result<i64, sqlx::Error> {
     crate::db::query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)").execute(&mut *tx).await?;
-    let held: Option<(Uuid, i32, DateTime<Utc>, i32)> =
-        crate::db::query_as(include_str!("sql/release_citus.sql")).bind(id).bind(biz_type_id).bind(receipt).bind(reason).fetch_optional(&mut *tx).await?;
+    let held: Option<(Uuid, i32, DateTime<Utc>, i32)> = crate::db::query_as(include_str!("sql/release_citus.sql"))
+        .bind(id)
+        .bind(biz_type_id)
+        .bind(receipt)
+        .bind(reason)
+        .fetch_optional(&mut *tx)
+        .await?;
     let Some((id, attempt_count, started_at, duration_ms)) = held else {
         return Ok(0);
     };
@@ -977,7 +1016,8 @@ async fn expire_overdue_citus(pool: &Pool, limit: i64) -> Result<Swept, sqlx::Er
             break;
         }
         let mut tx = citus_begin(pool).await?;
-        let ended: Vec<(Uuid, String)> = crate::db::query_as(include_str!("sql/expire_citus.sql")).bind(left).bind(biz_type_id).fetch_all(&mut *tx).await?;
+        let ended: Vec<(Uuid, String)> =
+            crate::db::query_as(include_str!("sql/expire_citus.sql")).bind(left).bind(biz_type_id).fetch_all(&mut *tx).await?;
         if !ended.is_empty() {
             let ids: Vec<Uuid> = ended.iter().map(|(id, _)| *id).collect();
             let events = vec!["task.expired"; ids.len()];

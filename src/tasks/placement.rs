@@ -19,6 +19,16 @@ pub async fn move_cold(pool: &Pool, batch: i64) -> Result<u64, sqlx::Error> {
     Ok(crate::db::query(include_str!("sql/move_cold.sql")).bind(batch).execute(pool).await?.rows_affected())
 }
 
+/// move_cold_citus.sql's first step: locks up to $3 of biz type $1's cold tasks due before
+/// the hot horizon $2, oldest first; those a second mover, a reschedule or a cancel holds
+/// are passed by. One task on the biz type's worker (tests/citus/statements.rs).
+pub const MOVE_COLD_LOCK_CITUS: &str =
+    "SELECT id FROM tasks_cold WHERE biz_type_id = $1 AND run_at < $2 ORDER BY run_at LIMIT $3 FOR UPDATE SKIP LOCKED";
+
+/// move_cold_citus.sql's last step: deletes from cold storage the tasks $2 of biz type $1
+/// it copied, which the first step locked.
+pub const MOVE_COLD_DELETE_CITUS: &str = "DELETE FROM tasks_cold WHERE biz_type_id = $1 AND id = ANY($2)";
+
 /// `move_cold` on a Citus cluster: the hot horizon read on the coordinator, the biz types
 /// with a cold task due before it found by one statement over every shard (no lock), then
 /// per biz type, until `batch` tasks are moved in all, one transaction of the three
@@ -37,22 +47,12 @@ async fn move_cold_citus(pool: &Pool, batch: i64) -> Result<u64, sqlx::Error> {
         let mut tx = pool.begin().await?;
         // A plan made for the biz type at each run (see `tasks::lease::claim_each`).
         crate::db::query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)").execute(&mut *tx).await?;
-        // Locks the biz type's oldest cold tasks inside the horizon; those a second mover,
-        // a reschedule or a cancel holds are passed by (move_cold_citus.sql, step 1).
-        let ids: Vec<Uuid> = crate::db::query_scalar(
-            "SELECT id FROM tasks_cold WHERE biz_type_id = $1 AND run_at < $2 ORDER BY run_at LIMIT $3 FOR UPDATE SKIP LOCKED",
-        )
-        .bind(biz_type_id)
-        .bind(horizon)
-        .bind(left)
-        .fetch_all(&mut *tx)
-        .await?;
+        let ids: Vec<Uuid> = crate::db::query_scalar(MOVE_COLD_LOCK_CITUS).bind(biz_type_id).bind(horizon).bind(left).fetch_all(&mut *tx).await?;
         if ids.is_empty() {
             continue;
         }
         crate::db::query(include_str!("sql/move_cold_citus.sql")).bind(biz_type_id).bind(&ids).execute(&mut *tx).await?;
-        // The rows just copied, locked above.
-        crate::db::query("DELETE FROM tasks_cold WHERE biz_type_id = $1 AND id = ANY($2)").bind(biz_type_id).bind(&ids).execute(&mut *tx).await?;
+        crate::db::query(MOVE_COLD_DELETE_CITUS).bind(biz_type_id).bind(&ids).execute(&mut *tx).await?;
         tx.commit().await?;
         moved += ids.len() as u64;
     }

@@ -89,8 +89,12 @@ async fn a_node_killed_under_load_loses_nothing_on_citus() {
     assert!(arrived_at_kill < total && in_flight > 0, "the kill came mid-delivery: {arrived_at_kill} arrived, {in_flight} in flight");
 
     let statuses = wait_until("every task finished", BOUND, || async {
-        let statuses: HashMap<String, i64> =
-            sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status").fetch_all(&pool).await.unwrap().into_iter().collect();
+        let statuses: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM tasks GROUP BY status")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
         if !statuses.contains_key("pending") && !statuses.contains_key("running") { Ok(statuses) } else { Err(format!("{statuses:?}")) }
     })
     .await;
@@ -117,10 +121,8 @@ async fn a_node_killed_under_load_loses_nothing_on_citus() {
 
     // Recorded once: one delivered attempt per task, and every task the database calls
     // delivered is one the receiver answered.
-    let recorded: Vec<(String, i64)> = sqlx::query_as("SELECT task_id::text, count(*) FROM attempts WHERE status_code = 200 GROUP BY task_id")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let recorded: Vec<(String, i64)> =
+        sqlx::query_as("SELECT task_id::text, count(*) FROM attempts WHERE status_code = 200 GROUP BY task_id").fetch_all(&pool).await.unwrap();
     assert_eq!(recorded.len(), total);
     assert!(recorded.iter().all(|(_, n)| *n == 1), "a task recorded delivered twice");
     let succeeded: HashSet<String> =

@@ -213,7 +213,8 @@ async fn a_retry_or_snooze_beyond_the_horizon_goes_cold_and_comes_back_on_citus(
     let task = app.get(&format!("/api/v1/tasks/{retried}"), &retried_token).await.body;
     assert_eq!((&task["status"], &task["attempt_count"], &task["last_error"]), (&json!("pending"), &json!(1), &json!("HTTP 503")), "{task}");
     assert_eq!(state(&app, &retried).await.0, "tasks_cold");
-    let cold_at: DateTime<Utc> = sqlx::query_scalar("SELECT run_at FROM tasks_cold WHERE id = $1::uuid").bind(&retried).fetch_one(&app.pool).await.unwrap();
+    let cold_at: DateTime<Utc> =
+        sqlx::query_scalar("SELECT run_at FROM tasks_cold WHERE id = $1::uuid").bind(&retried).fetch_one(&app.pool).await.unwrap();
     assert_eq!(cold_at.timestamp_micros(), until.timestamp_micros(), "due when the retry is");
     assert!(cold_at > horizon);
 
@@ -299,7 +300,8 @@ async fn partitions_are_made_indexed_and_dropped_on_the_workers() {
     sqlx::query("CREATE INDEX tasks_citus_test_idx ON ONLY tasks (biz_type_id, created_at)").execute(&app.pool).await.unwrap();
     let built = chime::leader::complete_indexes(&chime::db::Pool::direct(sqlx::PgPool::connect(&app.db_url).await.unwrap())).await;
     assert_eq!(built as usize, made.len(), "one build per partition");
-    let valid: bool = sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = 'tasks_citus_test_idx'::regclass").fetch_one(&app.pool).await.unwrap();
+    let valid: bool =
+        sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = 'tasks_citus_test_idx'::regclass").fetch_one(&app.pool).await.unwrap();
     assert!(valid, "the partitioned index is valid once every partition's is attached");
     let (worker, shard) = &placed[0];
     let shard_index = format!("{newest}_tasks_citus_test_idx_{}", shard.rsplit('_').next().unwrap());
@@ -345,4 +347,29 @@ async fn partitions_are_made_indexed_and_dropped_on_the_workers() {
     assert_eq!(keys, 0, "the dropped task's key is gone with it");
     let by_key = app.get("/api/v1/biz-types/orders/tasks/by-key/old-key", &token).await;
     assert_eq!(by_key.status, 404, "{}", by_key.body);
+}
+
+/// A stopping node gives back the tasks it claimed ahead and never started
+/// (`lease::give_back`), per biz type on Citus: pending again, as if never claimed, and
+/// only those it still holds.
+#[tokio::test]
+async fn a_stopping_node_gives_back_what_it_claimed_ahead_on_citus() {
+    let (app, _leader) = app_without_leader(false).await;
+    let settings = Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() };
+    let node = Uuid::new_v4();
+    let mut claimed = Vec::new();
+    for (name, id, token) in on_both_workers(&app, "ahead", &settings).await {
+        app.create_task(&token, json!({"biz_type": name, "delay_ms": 2_000})).await;
+        let want = Want { biz_type_id: id, limit: 10, ahead_ms: 60_000, lease_ms: 60_000, oldest: 1, lane: None, flow: None };
+        let claims = lease::claim(&app.pool, &[want], node, None).await.unwrap();
+        let task = &claims[&id].leased[0];
+        claimed.push((task.id, task.run_at, id));
+    }
+    // Another node's lease is not this node's to give back.
+    assert_eq!(lease::give_back(&app.pool, Uuid::new_v4(), &claimed).await.unwrap(), 0);
+    assert_eq!(lease::give_back(&app.pool, node, &claimed).await.unwrap(), 2);
+    for (id, _, _) in &claimed {
+        let (_, status, attempts, _) = state(&app, &id.to_string()).await;
+        assert_eq!((status.as_str(), attempts), ("pending", 0), "{id}");
+    }
 }

@@ -139,6 +139,12 @@ async fn the_leaders_duties_run_per_biz_type_on_citus() {
         assert!(error.as_deref().is_some_and(|e| e.starts_with("expired at") && e.contains("after its deadline")), "{error:?}");
         assert_eq!(notices(&app, &overdue).await, ["task.expired"]);
 
+        // The fallback sweep's probe finds a task more than a minute overdue.
+        let late = Utc::now() - chrono::TimeDelta::minutes(2);
+        create(json!({"biz_type": name, "run_at": late})).await;
+        let found = chime::tasks::stats::overdue(&app.pool).await.expect("the sweep's probe on Citus");
+        assert!(found.iter().any(|(biz_type, at)| *biz_type == name && (*at - late).num_milliseconds().abs() < 1), "{name}: {found:?}");
+
         assert_eq!(chime::leader::move_cold(&app.pool, 100).await, 1, "{name}");
         let (table, status, _, _) = state(&app, &cold).await;
         assert!(table.starts_with("tasks_p"), "{name}: moved into a partition: {table}");

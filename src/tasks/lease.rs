@@ -709,7 +709,9 @@ async fn later_cold_citus(
     task_errors: &[Option<String>],
     horizon: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    let mut by_biz_type: std::collections::BTreeMap<i32, Vec<(&Outcome, DateTime<Utc>, Option<&str>)>> = std::collections::BTreeMap::new();
+    // Per biz type: each outcome to move, when it is due again, and the task's new error.
+    type Later<'a> = Vec<(&'a Outcome, DateTime<Utc>, Option<&'a str>)>;
+    let mut by_biz_type: std::collections::BTreeMap<i32, Later> = std::collections::BTreeMap::new();
     for (o, error) in outcomes.iter().zip(task_errors) {
         if let Verdict::RetryAt(until) | Verdict::Snooze(until) = o.verdict
             && until >= horizon

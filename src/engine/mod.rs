@@ -395,7 +395,7 @@ impl Delivery {
         };
         let report = if !waited || stop.is_stopping() {
             // No callback starts once the node is stopping.
-            Report::Unstarted { task_id: task.id, run_at: task.run_at }
+            Report::Unstarted { task_id: task.id, run_at: task.run_at, biz_type_id: biz.id }
         } else if let Some(deadline) = task.expires_at.filter(|d| *d <= chrono::Utc::now()) {
             // Claimed ahead, and its deadline came before its due time: no
             // callback starts at or after the deadline (docs/design/contract.md, Tasks by key).

@@ -25,7 +25,7 @@ pub(super) enum Report {
     /// A callback still in flight when the grace ran out, cut off.
     CutOff(Outcome),
     /// A task claimed ahead whose due time had not come when the node began to stop.
-    Unstarted { task_id: Uuid, run_at: chrono::DateTime<chrono::Utc> },
+    Unstarted { task_id: Uuid, run_at: chrono::DateTime<chrono::Utc>, biz_type_id: i32 },
 }
 
 /// What the recorder wrote once the node was stopping, for the engine's last log line.
@@ -85,7 +85,7 @@ pub(super) async fn record_outcomes(
                     cut_off += 1;
                     batch.push(outcome);
                 }
-                Report::Unstarted { task_id, run_at } => unstarted.push((task_id, run_at)),
+                Report::Unstarted { task_id, run_at, biz_type_id } => unstarted.push((task_id, run_at, biz_type_id)),
             }
         }
         if stop.is_stopping() {

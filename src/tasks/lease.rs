@@ -656,11 +656,12 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
         biz_type_ids.push(o.biz_type_id);
     }
     // On a Citus cluster the hot horizon is read here, on the coordinator, for the statements
-    // that run on the workers; and later_cold.sql, which Citus refuses, runs only for a
-    // retry or snooze that reaches beyond it (docs/design/citus.md, What is left).
+    // that run on the workers, and a retry or snooze beyond it moves per biz type
+    // (later_cold_citus.sql).
     let citus_horizon = if crate::db::citus::active() { Some(citus_record_session(tx).await?) } else { None };
-    let beyond = |until: DateTime<Utc>| citus_horizon.is_none_or(|horizon| until >= horizon);
-    if retry_ats.iter().any(|at| at.is_some_and(beyond)) {
+    if let Some(horizon) = citus_horizon {
+        later_cold_citus(tx, holder, outcomes, &task_errors, horizon).await?;
+    } else if retry_ats.iter().any(Option::is_some) {
         let mut later = (vec![], vec![], vec![], vec![], vec![]);
         for (o, error) in outcomes.iter().zip(&task_errors) {
             if let Verdict::RetryAt(until) | Verdict::Snooze(until) = o.verdict {
@@ -722,6 +723,72 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
     Ok(())
 }
 
+/// later_cold_citus.sql's first step: locks the rows to move, tasks $1 (run_at $2, $3
+/// whether a snooze) of biz type $4 still running under holder $5, and not a snooze past
+/// max_snoozes (left to record_citus.sql, which fails it). One task on the biz type's
+/// worker (tests/citus/statements.rs).
+pub const LATER_COLD_LOCK_CITUS: &str = "SELECT t.id, t.run_at
+   FROM unnest($1::uuid[], $2::timestamptz[], $3::boolean[]) AS l(id, run_at, snoozed)
+   JOIN tasks t ON t.biz_type_id = $4 AND t.id = l.id AND t.run_at = l.run_at
+   JOIN biz_types b ON b.id = $4
+  WHERE t.status = 'running' AND t.leased_by = $5 AND NOT (l.snoozed AND t.snoozes >= b.max_snoozes)
+    FOR UPDATE OF t";
+
+/// later_cold_citus.sql's last step: deletes from `tasks` the rows of biz type $1 it copied
+/// ($2, run_at $3), which the first step locked.
+pub const LATER_COLD_DELETE_CITUS: &str = "DELETE FROM tasks t USING unnest($2::uuid[], $3::timestamptz[]) AS l(id, run_at)
+  WHERE t.biz_type_id = $1 AND t.id = l.id AND t.run_at = l.run_at";
+
+/// later_cold.sql's work on a Citus cluster: per biz type of the batch with a retry or
+/// snooze due at or beyond the hot `horizon`, the three statements of later_cold_citus.sql
+/// (lock, copy, delete), each on the worker of the biz type's shard, in the record's
+/// transaction. A row moved is gone from `tasks`: record_citus.sql then finds nothing to
+/// change for it. `task_errors` are the tasks' new last errors, as `outcomes`.
+async fn later_cold_citus(
+    tx: &mut PgConnection,
+    holder: Uuid,
+    outcomes: &[Outcome],
+    task_errors: &[Option<String>],
+    horizon: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    // Per biz type: each outcome to move, when it is due again, and the task's new error.
+    type Later<'a> = Vec<(&'a Outcome, DateTime<Utc>, Option<&'a str>)>;
+    let mut by_biz_type: std::collections::BTreeMap<i32, Later> = std::collections::BTreeMap::new();
+    for (o, error) in outcomes.iter().zip(task_errors) {
+        if let Verdict::RetryAt(until) | Verdict::Snooze(until) = o.verdict
+            && until >= horizon
+        {
+            by_biz_type.entry(o.biz_type_id).or_default().push((o, until, error.as_deref()));
+        }
+    }
+    for (biz_type_id, later) in by_biz_type {
+        let locked: Vec<(Uuid, DateTime<Utc>)> = crate::db::query_as(LATER_COLD_LOCK_CITUS)
+            .bind(later.iter().map(|(o, _, _)| o.task_id).collect::<Vec<_>>())
+            .bind(later.iter().map(|(o, _, _)| o.run_at).collect::<Vec<_>>())
+            .bind(later.iter().map(|(o, _, _)| matches!(o.verdict, Verdict::Snooze(_))).collect::<Vec<_>>())
+            .bind(biz_type_id)
+            .bind(holder)
+            .fetch_all(&mut *tx)
+            .await?;
+        let moving: Vec<_> = later.iter().filter(|(o, _, _)| locked.contains(&(o.task_id, o.run_at))).collect();
+        if moving.is_empty() {
+            continue;
+        }
+        let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = moving.iter().map(|(o, _, _)| (o.task_id, o.run_at)).unzip();
+        crate::db::query(include_str!("sql/later_cold_citus.sql"))
+            .bind(&ids)
+            .bind(&run_ats)
+            .bind(moving.iter().map(|(_, until, _)| *until).collect::<Vec<_>>())
+            .bind(moving.iter().map(|(o, _, _)| matches!(o.verdict, Verdict::Snooze(_))).collect::<Vec<_>>())
+            .bind(moving.iter().map(|(_, _, error)| *error).collect::<Vec<_>>())
+            .bind(biz_type_id)
+            .execute(&mut *tx)
+            .await?;
+        crate::db::query(LATER_COLD_DELETE_CITUS).bind(biz_type_id).bind(&ids).bind(&run_ats).execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
 /// On a Citus cluster, before a record: the hot horizon, and a plan made for the biz type at
 /// each run of a statement for the rest of the transaction (see `claim_each`).
 async fn citus_record_session(tx: &mut PgConnection) -> Result<DateTime<Utc>, sqlx::Error> {
@@ -767,9 +834,14 @@ async fn record_tasks_citus(tx: &mut PgConnection, holder: Uuid, outcomes: &[Out
 /// Gives back tasks this node claimed ahead of their due time but never called back,
 /// because it is stopping: pending again as if never claimed (their attempt is not
 /// counted), so that another node, woken now, takes them without waiting for the lease to
-/// run out. Only tasks still leased to this node are touched; returns how many.
-pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>)]) -> Result<u64, sqlx::Error> {
-    let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().copied().unzip();
+/// run out. Only tasks still leased to this node are touched; returns how many. `tasks`:
+/// each one's id, run_at and biz type. On a Citus cluster, a statement per biz type
+/// (`give_back_citus`).
+pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>, i32)]) -> Result<u64, sqlx::Error> {
+    if crate::db::citus::active() {
+        return give_back_citus(pool, node_id, tasks).await;
+    }
+    let (ids, run_ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = tasks.iter().map(|(id, run_at, _)| (*id, *run_at)).unzip();
     // Locks the given rows still leased to this node: no other holder wants them until
     // they are pending again.
     let given = crate::db::query(
@@ -791,16 +863,119 @@ pub async fn give_back(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>
     Ok(given)
 }
 
+/// `give_back`'s UPDATE for the tasks $2 (run_at $3) of biz type $1 on a Citus cluster: the
+/// biz type names the UPDATE, which Citus then sends to the one worker of its shard (the
+/// plain statement, joined by id alone, goes to every shard). One task on the biz type's
+/// worker (tests/citus/statements.rs). Locks the given rows still leased to node $4.
+pub const GIVE_BACK_CITUS: &str = "UPDATE tasks t
+    SET status = 'pending', lease_until = NULL, leased_by = NULL, attempt_count = t.attempt_count - 1, updated_at = now()
+   FROM unnest($2::uuid[], $3::timestamptz[]) AS g(id, run_at)
+  WHERE t.biz_type_id = $1 AND t.id = g.id AND t.run_at = g.run_at AND t.status = 'running' AND t.leased_by = $4";
+
+/// `give_back` on a Citus cluster: GIVE_BACK_CITUS per biz type, in one transaction; the
+/// other nodes are woken per biz type given back.
+async fn give_back_citus(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Utc>, i32)]) -> Result<u64, sqlx::Error> {
+    let mut by_biz_type: std::collections::BTreeMap<i32, (Vec<Uuid>, Vec<DateTime<Utc>>)> = std::collections::BTreeMap::new();
+    for (id, run_at, biz_type_id) in tasks {
+        let (ids, run_ats) = by_biz_type.entry(*biz_type_id).or_default();
+        ids.push(*id);
+        run_ats.push(*run_at);
+    }
+    let mut tx = citus_begin(pool).await?;
+    let mut given = 0;
+    for (biz_type_id, (ids, run_ats)) in by_biz_type {
+        let n = crate::db::query(GIVE_BACK_CITUS).bind(biz_type_id).bind(&ids).bind(&run_ats).bind(node_id).execute(&mut *tx).await?.rows_affected();
+        if n > 0 {
+            wake::notify(&mut *tx, wake::Wake::DueFor(biz_type_id)).await?;
+        }
+        given += n;
+    }
+    tx.commit().await?;
+    Ok(given)
+}
+
 /// Puts back to pending the tasks whose lease ran out (their holder died, lost the
 /// database, or a consumer let its time to run pass), recording the lost attempt; a task
 /// whose deadline has passed ends `expired` instead. Safe on every node at once. At most
 /// 1,000 tasks a call.
+/// On a Citus cluster, 1,000 a biz type (`recover_expired_leases_citus`).
 pub async fn recover_expired_leases(pool: &Pool) -> Result<Swept, sqlx::Error> {
+    if crate::db::citus::active() {
+        return recover_expired_leases_citus(pool).await;
+    }
     let recovered: Vec<(String, bool)> = crate::db::query_as(include_str!("sql/recover_leases.sql")).fetch_all(pool).await?;
     Ok(Swept {
         tasks: recovered.len() as u64,
         expired: recovered.into_iter().filter(|(_, expired)| *expired).map(|(biz_type, _)| biz_type).collect(),
     })
+}
+
+/// The biz types whose tasks a leader statement on a Citus cluster has work for: one
+/// statement over every shard (no lock: Citus allows a multi-shard read), through the
+/// index the plain statement walks, so that the leader runs its per-biz-type statement only
+/// where it finds something rather than for every biz type at every tick. `which` is the
+/// condition on `tasks` (a constant of this module, never a client's text).
+async fn citus_biz_types_with(pool: &Pool, which: &'static str) -> Result<Vec<i32>, sqlx::Error> {
+    crate::db::query_scalar(sqlx::AssertSqlSafe(format!("SELECT DISTINCT biz_type_id FROM tasks WHERE {which} ORDER BY 1"))).fetch_all(pool).await
+}
+
+/// A transaction for statements routed per biz type: a plan made for the biz type at each
+/// run (see `claim_each`).
+async fn citus_begin(pool: &Pool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    crate::db::query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)").execute(&mut *tx).await?;
+    Ok(tx)
+}
+
+/// A task recover_leases_citus.sql put back or ended, and its lost attempt.
+#[derive(sqlx::FromRow)]
+struct Recovered {
+    id: Uuid,
+    biz_type: String,
+    status: String,
+    attempt_count: i32,
+    started_at: DateTime<Utc>,
+    duration_ms: i32,
+    error: String,
+    node_id: Option<Uuid>,
+}
+
+/// `recover_expired_leases` on a Citus cluster: per biz type with a lease run out, one
+/// transaction on the worker of its shard: recover_leases_citus.sql, then the lost attempts
+/// (lost_attempts_citus.sql) and the notices of the tasks it ended (notices_citus.sql).
+async fn recover_expired_leases_citus(pool: &Pool) -> Result<Swept, sqlx::Error> {
+    let mut swept = Swept::default();
+    for biz_type_id in citus_biz_types_with(pool, "status = 'running' AND lease_until < now()").await? {
+        let mut tx = citus_begin(pool).await?;
+        let rows: Vec<Recovered> = crate::db::query_as(include_str!("sql/recover_leases_citus.sql")).bind(biz_type_id).fetch_all(&mut *tx).await?;
+        if !rows.is_empty() {
+            lost_attempts_citus(&mut tx, biz_type_id, &rows).await?;
+        }
+        let (ended, events): (Vec<Uuid>, Vec<String>) =
+            rows.iter().filter(|r| r.status != "pending").map(|r| (r.id, format!("task.{}", r.status))).unzip();
+        if !ended.is_empty() {
+            crate::db::query(include_str!("sql/notices_citus.sql")).bind(biz_type_id).bind(&ended).bind(&events).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        swept.tasks += rows.len() as u64;
+        swept.expired.extend(rows.into_iter().filter(|r| r.status == "expired").map(|r| r.biz_type));
+    }
+    Ok(swept)
+}
+
+/// The lost attempts of `rows`, tasks of `biz_type_id` (lost_attempts_citus.sql).
+async fn lost_attempts_citus(tx: &mut PgConnection, biz_type_id: i32, rows: &[Recovered]) -> Result<(), sqlx::Error> {
+    crate::db::query(include_str!("sql/lost_attempts_citus.sql"))
+        .bind(biz_type_id)
+        .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.attempt_count).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.started_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.duration_ms).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.error.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.node_id).collect::<Vec<_>>())
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 /// Puts a task held by a pull consumer that a person judged dead back to pending now, as
@@ -810,8 +985,11 @@ pub async fn recover_expired_leases(pool: &Pool) -> Result<Swept, sqlx::Error> {
 /// log as `actor`'s (`task.release`) in the same transaction.
 pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, reason: &str, actor: &str) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let released: i64 =
-        crate::db::query_scalar(include_str!("sql/release.sql")).bind(id).bind(biz_type_id).bind(receipt).bind(reason).fetch_one(&mut *tx).await?;
+    let released: i64 = if crate::db::citus::active() {
+        release_citus(&mut tx, biz_type_id, id, receipt, reason).await?
+    } else {
+        crate::db::query_scalar(include_str!("sql/release.sql")).bind(id).bind(biz_type_id).bind(receipt).bind(reason).fetch_one(&mut *tx).await?
+    };
     if released > 0 {
         wake::notify(&mut *tx, wake::Wake::DueFor(biz_type_id)).await?;
         let (before, after) = (serde_json::json!({"status": "running", "receipt": receipt}), serde_json::json!({"status": "pending"}));
@@ -819,6 +997,35 @@ pub async fn release(pool: &Pool, biz_type_id: i32, id: Uuid, receipt: Uuid, rea
     }
     tx.commit().await?;
     Ok(released > 0)
+}
+
+/// release.sql on a Citus cluster: release_citus.sql on the worker of the biz type's shard,
+/// then the lost attempt (lost_attempts_citus.sql), in the caller's transaction. Returns how
+/// many it released (0 or 1).
+async fn release_citus(tx: &mut PgConnection, biz_type_id: i32, id: Uuid, receipt: Uuid, reason: &str) -> Result<i64, sqlx::Error> {
+    crate::db::query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)").execute(&mut *tx).await?;
+    let held: Option<(Uuid, i32, DateTime<Utc>, i32)> = crate::db::query_as(include_str!("sql/release_citus.sql"))
+        .bind(id)
+        .bind(biz_type_id)
+        .bind(receipt)
+        .bind(reason)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some((id, attempt_count, started_at, duration_ms)) = held else {
+        return Ok(0);
+    };
+    let lost = Recovered {
+        id,
+        biz_type: String::new(),
+        status: "pending".into(),
+        attempt_count,
+        started_at,
+        duration_ms,
+        error: reason.into(),
+        node_id: None,
+    };
+    lost_attempts_citus(tx, biz_type_id, std::slice::from_ref(&lost)).await?;
+    Ok(1)
 }
 
 /// What a sweep of expired leases or passed deadlines did: how many tasks it changed, and
@@ -833,9 +1040,38 @@ pub struct Swept {
 /// Ends `expired` up to `limit` pending tasks whose deadline has passed without a claim:
 /// held back by a paused biz type, a backlog, a rate limit, or a pull biz type nobody
 /// reserves from (see expire.sql). Safe on every node at once.
+/// On a Citus cluster, per biz type with such tasks, up to `limit` in all (`expire_overdue_citus`).
 pub async fn expire_overdue(pool: &Pool, limit: i64) -> Result<Swept, sqlx::Error> {
+    if crate::db::citus::active() {
+        return expire_overdue_citus(pool, limit).await;
+    }
     let ended: Vec<String> = crate::db::query_scalar(include_str!("sql/expire.sql")).bind(limit).fetch_all(pool).await?;
     Ok(Swept { tasks: ended.len() as u64, expired: ended })
+}
+
+/// `expire_overdue` on a Citus cluster: per biz type with a pending task past its deadline,
+/// one transaction on the worker of its shard: expire_citus.sql, then the notices of the
+/// tasks it ended (notices_citus.sql); until `limit` tasks are ended in all.
+async fn expire_overdue_citus(pool: &Pool, limit: i64) -> Result<Swept, sqlx::Error> {
+    let mut swept = Swept::default();
+    for biz_type_id in citus_biz_types_with(pool, "status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()").await? {
+        let left = limit - swept.tasks as i64;
+        if left <= 0 {
+            break;
+        }
+        let mut tx = citus_begin(pool).await?;
+        let ended: Vec<(Uuid, String)> =
+            crate::db::query_as(include_str!("sql/expire_citus.sql")).bind(left).bind(biz_type_id).fetch_all(&mut *tx).await?;
+        if !ended.is_empty() {
+            let ids: Vec<Uuid> = ended.iter().map(|(id, _)| *id).collect();
+            let events = vec!["task.expired"; ids.len()];
+            crate::db::query(include_str!("sql/notices_citus.sql")).bind(biz_type_id).bind(&ids).bind(&events).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        swept.tasks += ended.len() as u64;
+        swept.expired.extend(ended.into_iter().map(|(_, name)| name));
+    }
+    Ok(swept)
 }
 
 #[cfg(test)]

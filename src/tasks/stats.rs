@@ -190,8 +190,28 @@ pub async fn lateness_p99_recent(pool: &Pool, minutes: i32) -> Result<HashMap<i3
 
 /// The oldest due task of each biz type delivered by callback (not paused, not rate
 /// limited, not archived) that is more than a minute overdue: what an engine should have
-/// taken long ago. One index probe per biz type.
+/// taken long ago. One index probe per biz type; on a Citus cluster, which refuses the
+/// LATERAL over every biz type, a statement per biz type, each on the worker of its shard.
 pub async fn overdue(pool: &Pool) -> Result<Vec<(String, chrono::DateTime<chrono::Utc>)>, sqlx::Error> {
+    if crate::db::citus::active() {
+        let biz_types: Vec<(i32, String)> = crate::db::query_as(
+            "SELECT id, name FROM biz_types WHERE mode = 'callback' AND NOT paused AND rate_limit IS NULL AND archived_at IS NULL ORDER BY id",
+        )
+        .fetch_all(pool)
+        .await?;
+        let mut overdue = Vec::new();
+        for (id, name) in biz_types {
+            let oldest: Option<chrono::DateTime<chrono::Utc>> = crate::db::query_scalar(
+                "SELECT run_at FROM tasks WHERE biz_type_id = $1 AND status = 'pending' AND run_at < now() - interval '1 minute'
+                  ORDER BY run_at LIMIT 1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+            overdue.extend(oldest.map(|at| (name, at)));
+        }
+        return Ok(overdue);
+    }
     crate::db::query_as(
         "SELECT b.name, o.run_at
            FROM biz_types b

@@ -20,6 +20,8 @@ mod receiver;
 
 mod cluster;
 mod delivery;
+mod kill;
+mod leader;
 mod moving;
 mod placement;
 mod senders;

@@ -6,6 +6,7 @@ use chime::biz_types::{self, Settings};
 use chime::callback_hosts::CallbackHosts;
 use chime::config::ServeArgs;
 use chime::tasks::lease::{self, Want};
+use chime::tasks::placement;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -221,4 +222,67 @@ async fn the_flow_keyed_claims_statements_are_each_one_statement_on_the_worker()
     })
     .await;
     assert!(plan.contains("LockRows"), "{plan}");
+}
+
+/// EXPLAIN's lines for `sql` with its parameters bound by `bind`.
+async fn explain<'q>(
+    app: &TestApp,
+    sql: &'q str,
+    bind: impl FnOnce(
+        sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments>,
+) -> String {
+    let explain: &'q str = Box::leak(format!("EXPLAIN (costs off) {sql}").into_boxed_str());
+    let plan: Vec<String> = bind(sqlx::query_scalar(sqlx::AssertSqlSafe(explain))).fetch_all(&app.pool).await.unwrap();
+    plan.join("\n")
+}
+
+/// One task, on `worker`, and no step through the coordinator.
+fn assert_one_task(what: &str, plan: &str, worker: &str) {
+    assert!(!plan.contains("Distributed Subplan"), "{what}: {plan}");
+    assert!(!plan.contains("pull to coordinator"), "{what}: {plan}");
+    assert_eq!(plan.matches("Task Count: 1").count(), 1, "{what}: {plan}");
+    assert!(!plan.contains("Task Count: 2") && !plan.contains("Task Count: 4"), "{what}: {plan}");
+    assert!(plan.contains(&format!("Node: host={worker} ")), "{what} on {worker}: {plan}");
+}
+
+/// The leader's statements (lease recovery, expiry, cold moves), a release and the record's
+/// move to cold storage, each for one biz type: one task on the biz type's worker.
+#[tokio::test]
+async fn the_leaders_and_the_records_statements_are_one_task_on_the_biz_types_worker() {
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (id, _) = orders(&app).await;
+    let worker = worker_of(&app, id).await;
+    let now = chrono::Utc::now();
+    let task = Uuid::new_v4();
+
+    let plan = explain(&app, include_str!("../../src/tasks/sql/recover_leases_citus.sql"), |q| q.bind(id)).await;
+    assert_one_task("recover_leases_citus.sql", &plan, &worker);
+    assert!(plan.contains("LockRows"), "{plan}");
+    let plan = explain(&app, include_str!("../../src/tasks/sql/expire_citus.sql"), |q| q.bind(1000_i64).bind(id)).await;
+    assert_one_task("expire_citus.sql", &plan, &worker);
+    assert!(plan.contains("LockRows"), "{plan}");
+    let plan =
+        explain(&app, include_str!("../../src/tasks/sql/release_citus.sql"), |q| q.bind(task).bind(id).bind(Uuid::new_v4()).bind("dead")).await;
+    assert_one_task("release_citus.sql", &plan, &worker);
+    let plan = explain(&app, include_str!("../../src/tasks/sql/later_cold_citus.sql"), |q| {
+        q.bind(vec![task]).bind(vec![now]).bind(vec![now + chrono::TimeDelta::days(5)]).bind(vec![false]).bind(vec![Some("HTTP 503")]).bind(id)
+    })
+    .await;
+    assert_one_task("later_cold_citus.sql", &plan, &worker);
+    let plan =
+        explain(&app, lease::LATER_COLD_LOCK_CITUS, |q| q.bind(vec![task]).bind(vec![now]).bind(vec![false]).bind(id).bind(Uuid::new_v4())).await;
+    assert_one_task("later_cold_citus.sql's lock", &plan, &worker);
+    assert!(plan.contains("LockRows"), "{plan}");
+    let plan = explain(&app, lease::LATER_COLD_DELETE_CITUS, |q| q.bind(id).bind(vec![task]).bind(vec![now])).await;
+    assert_one_task("later_cold_citus.sql's delete", &plan, &worker);
+    let plan = explain(&app, include_str!("../../src/tasks/sql/move_cold_citus.sql"), |q| q.bind(id).bind(vec![task])).await;
+    assert_one_task("move_cold_citus.sql", &plan, &worker);
+    let plan = explain(&app, placement::MOVE_COLD_LOCK_CITUS, |q| q.bind(id).bind(now).bind(100_i64)).await;
+    assert_one_task("move_cold_citus.sql's lock", &plan, &worker);
+    assert!(plan.contains("LockRows"), "{plan}");
+    let plan = explain(&app, lease::GIVE_BACK_CITUS, |q| q.bind(id).bind(vec![task]).bind(vec![now]).bind(Uuid::new_v4())).await;
+    assert_one_task("a stopping node's give-back", &plan, &worker);
+    let plan = explain(&app, placement::MOVE_COLD_DELETE_CITUS, |q| q.bind(id).bind(vec![task])).await;
+    assert_one_task("move_cold_citus.sql's delete", &plan, &worker);
 }

@@ -1,0 +1,16 @@
+-- move_cold.sql on a Citus cluster (docs/design/citus.md, The leader): the cold tasks $2 of
+-- biz type $1 copied into the hot partitions. The leader runs it per biz type
+-- (`tasks::placement::move_cold_citus`), in one transaction of three statements, each
+-- routed whole to the worker of the biz type's shard (EXPLAIN: one task):
+--
+--  1. a SELECT of up to a batch of the biz type's cold tasks due before the hot horizon
+--     (read by the leader on the coordinator), oldest first, FOR UPDATE SKIP LOCKED, as
+--     move_cold.sql locks them: a second mover, a reschedule or a cancel pass them by;
+--  2. this INSERT ... SELECT of those rows (Citus pushes it down: tasks_cold and tasks
+--     are colocated, and the partition of `tasks` is chosen on the worker);
+--  3. a DELETE of them from `tasks_cold`.
+--
+-- Why not move_cold.sql: Citus refuses its FOR UPDATE across biz types; with the biz type a
+-- constant it runs its DELETE ... RETURNING feeding an INSERT, but pulls the rows through
+-- the coordinator. Copy and delete commit together or not at all, as there.
+INSERT INTO tasks SELECT * FROM tasks_cold WHERE biz_type_id = $1 AND id = ANY($2)

@@ -353,7 +353,9 @@ impl Load {
                 Err(e) => e.to_string(),
             },
             Ok(response) => response.status().to_string(),
-            Err(e) => e.to_string(),
+            // With its causes: reqwest says "error sending request" for a refused
+            // connection, a reset and a timeout alike.
+            Err(e) => std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source()).map(|e| e.to_string()).collect::<Vec<_>>().join(": "),
         };
         self.error(format!("{what}: {error}"));
         None

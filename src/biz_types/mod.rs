@@ -705,10 +705,12 @@ pub async fn archive(pool: &Pool, name: &str, actor: &str) -> Result<(BizType, B
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(not_found)?;
-    let after = crate::db::query_as::<BizType>(
-        "UPDATE biz_types SET archived_at = coalesce(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
-          WHERE id = $1 RETURNING *",
-    )
+    // Archived once: a second archive changes nothing. Two statements rather than a CASE
+    // over now(), which Citus refuses on biz_types (a reference table there).
+    let after = crate::db::query_as::<BizType>(match before.archived_at {
+        None => "UPDATE biz_types SET archived_at = now(), updated_at = now() WHERE id = $1 RETURNING *",
+        Some(_) => "SELECT * FROM biz_types WHERE id = $1",
+    })
     .bind(before.id)
     .fetch_one(&mut *tx)
     .await?;

@@ -281,16 +281,18 @@ async fn set_previous_secret(
         Some(p) => Some(super::secrets::to_store_one(conn, &name, p).await?),
         None => None,
     };
+    // Without a previous secret the overlap is NULL, and so is its end: no CASE, which
+    // Citus refuses around now() on a distributed (here reference) table.
+    let overlap = stored.as_ref().map(|_| overlap_secs as f64);
     Ok(crate::db::query_scalar(
         "UPDATE biz_types
-            SET previous_secret = $2,
-                previous_secret_until = CASE WHEN $2::text IS NULL THEN NULL ELSE now() + $3 * interval '1 second' END
+            SET previous_secret = $2, previous_secret_until = now() + $3 * interval '1 second'
           WHERE id = $1
          RETURNING previous_secret_until",
     )
     .bind(biz_type_id)
     .bind(stored)
-    .bind(overlap_secs as f64)
+    .bind(overlap)
     .fetch_one(conn)
     .await?)
 }

@@ -18,6 +18,7 @@ mod helpers;
 #[allow(dead_code)]
 mod receiver;
 
+mod admin;
 mod cluster;
 mod delivery;
 mod kill;

@@ -756,8 +756,9 @@ pub(super) async fn requeue(tx: &mut PgConnection, cold: bool, ids: &[Uuid], cha
              RETURNING *
          ), wake AS (
              -- As on create: wake the engines if a task is now due within a second, naming its
-             -- biz type (wake.rs's `Wake::DueFor`).
-             SELECT pg_notify($6, concat('due:', biz_type_id)) FROM new WHERE run_at <= now() + interval '1 second' LIMIT 1
+             -- biz type (wake.rs's `Wake::DueFor`). A boolean rather than pg_notify's void,
+             -- as in insert.sql: Citus keeps a CTE's rows, which cannot hold a void.
+             SELECT pg_notify($6, concat('due:', biz_type_id)) IS NULL AS told FROM new WHERE run_at <= now() + interval '1 second' LIMIT 1
          )
          SELECT t.*, b.name AS biz_type
            FROM (SELECT * FROM hot UNION ALL SELECT * FROM cold) t JOIN biz_types b ON b.id = t.biz_type_id

@@ -19,6 +19,7 @@ mod helpers;
 mod receiver;
 
 mod admin;
+mod bulk;
 mod cluster;
 mod delivery;
 mod kill;

@@ -448,6 +448,12 @@ pub async fn deliver(pool: &Pool, cx: &Context<'_>, channel: Channel) {
             Tried::Retry { after: doubled.min(MAX_BACKOFF), error }
         }
     };
+    let outcome = match tried {
+        Tried::Delivered => "delivered",
+        Tried::Retry { .. } => "retried",
+        Tried::GiveUp { .. } => "failed",
+    };
+    crate::metrics::chat_message(&channel.name, outcome);
     match &tried {
         Tried::Delivered if channel.tries > 0 => {
             tracing::info!(biz_type = %channel.name, platform = %channel.platform, tries = channel.tries + 1, "chat webhook answers again: notice delivered")

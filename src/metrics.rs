@@ -157,6 +157,8 @@ struct Process {
     partitions_dropped: Counter,
     /// Failure notices by biz type and outcome (`failure_notices`).
     failure_notices: Family<NoticeOutcome, Counter>,
+    /// Chat messages by biz type and outcome (`chat_notices`).
+    chat_messages: Family<NoticeOutcome, Counter>,
     /// Failed attempts held by an open receiver breaker, not counted (`engine::breaker`).
     held: Family<BizType, Counter>,
     /// Receiver breakers opened and closed by this node, by biz type and `to`.
@@ -210,7 +212,7 @@ pub fn slowed(biz_type_name: &str) {
     process().slowed.get_or_create(&biz_type(biz_type_name)).inc();
 }
 
-/// A failure notice's attempt: `delivered`, `retried` or `failed` (for good).
+/// A notice's or chat message's attempt: `delivered`, `retried` or `failed` (for good).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NoticeOutcome {
     biz_type: String,
@@ -220,6 +222,11 @@ struct NoticeOutcome {
 /// One failure notice attempt of the biz type: `delivered`, `retried` or `failed` (for good).
 pub fn failure_notice(biz_type_name: &str, outcome: &'static str) {
     process().failure_notices.get_or_create(&NoticeOutcome { biz_type: biz_type_name.to_string(), outcome }).inc();
+}
+
+/// One try of a chat message of the biz type: `delivered`, `retried` or `failed` (given up).
+pub fn chat_message(biz_type_name: &str, outcome: &'static str) {
+    process().chat_messages.get_or_create(&NoticeOutcome { biz_type: biz_type_name.to_string(), outcome }).inc();
 }
 
 fn process() -> &'static Process {
@@ -243,6 +250,7 @@ fn process() -> &'static Process {
             materialize_seconds: Histogram::new(SECONDS_BUCKETS),
             partitions_dropped: Counter::default(),
             failure_notices: Family::default(),
+            chat_messages: Family::default(),
             held: Family::default(),
             breaker_transitions: Family::default(),
             breaker_open: Family::default(),
@@ -275,6 +283,7 @@ fn process() -> &'static Process {
         );
         r.register("chime_partitions_dropped", "Partitions dropped past retention by this node", p.partitions_dropped.clone());
         r.register("chime_failure_notices", "Failure notice attempts by outcome: delivered, retried, failed (for good)", p.failure_notices.clone());
+        r.register("chime_chat_messages", "Chat message tries by outcome: delivered, retried, failed (given up)", p.chat_messages.clone());
         r.register(
             "chime_attempts_held",
             "Failed callbacks held by an open receiver breaker (its probes, and callbacks in flight when it opened): the task is pending again, the attempt not counted",

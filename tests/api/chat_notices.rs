@@ -330,6 +330,12 @@ async fn a_chat_webhook_down_or_hanging_holds_up_no_callback_nor_other_biz_types
     let received = down.wait_for(tried + 1, Duration::from_secs(10)).await;
     let last = received.last().unwrap().json();
     assert!(last["text"].as_str().unwrap().starts_with("down: 2 tasks failed since "), "{last}");
+    let metrics = reqwest::get(format!("{}/metrics", app.address)).await.unwrap().text().await.unwrap();
+    for counted in
+        [r#"chime_chat_messages_total{biz_type="down",outcome="retried"}"#, r#"chime_chat_messages_total{biz_type="fine",outcome="delivered"}"#]
+    {
+        assert!(metrics.contains(counted), "{counted} in {metrics}");
+    }
     // The sender forgets the rows it told of once the webhook has answered: a moment after.
     wait_until("the told rows forgotten", Duration::from_secs(10), || async {
         let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM chat_notices n JOIN biz_types b ON b.id = n.biz_type_id WHERE b.name = 'down'")

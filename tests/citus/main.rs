@@ -20,5 +20,6 @@ mod receiver;
 
 mod cluster;
 mod delivery;
+mod ids;
 mod placement;
 mod statements;

@@ -136,3 +136,70 @@ async fn the_cap_holds_on_citus() {
     assert!(second[&id].leased.is_empty(), "two running already, on another node's claim");
     assert!(second[&id].capped);
 }
+
+/// EXPLAIN of `sql` (its rows joined), with the binds `bind` gives it.
+type Explain = sqlx::query::QueryScalar<'static, sqlx::Postgres, String, sqlx::postgres::PgArguments>;
+
+async fn explain(app: &TestApp, sql: &str, bind: impl FnOnce(Explain) -> Explain) -> String {
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN (costs off) {sql}")));
+    let plan: Vec<String> = bind(query).fetch_all(&app.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    plan.join("\n")
+}
+
+/// One task, on `worker`, with no step through the coordinator.
+fn assert_one_task_on(what: &str, plan: &str, worker: &str) {
+    assert!(!plan.contains("Distributed Subplan"), "{what}: {plan}");
+    assert_eq!(plan.matches("Task Count: ").count(), 1, "{what}: {plan}");
+    assert!(plan.contains("Task Count: 1\n"), "{what}: {plan}");
+    assert!(plan.contains(&format!("Node: host={worker} ")), "{what} on {worker}: {plan}");
+}
+
+#[tokio::test]
+async fn every_by_id_statement_with_the_ids_biz_type_is_one_task_on_its_worker() {
+    use chime::tasks::by_id_sql as sql;
+
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (biz, token) = orders(&app).await;
+    let id: Uuid = app.create_task(&token, json!({"biz_type": "orders", "payload": 1})).await["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(chime::tasks::ids::biz_type_of(id), Some(biz));
+    let worker = worker_of(&app, biz).await;
+    let at = chrono::Utc::now();
+
+    // Read (the API's task, the attempts route's check, the console's task page).
+    let plan = explain(&app, &sql::read(true), |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("read", &plan, &worker);
+    // Attempts: the first page, a page from a cursor, the total, the count before a page.
+    for (cursor, forward) in [(false, false), (false, true), (true, true), (true, false)] {
+        let plan = explain(&app, &sql::attempts(cursor, forward, true), |q| {
+            let q = q.bind(id).bind(101_i64);
+            let q = if cursor { q.bind(at).bind(3_i32) } else { q };
+            q.bind(biz)
+        })
+        .await;
+        assert_one_task_on(&format!("attempts (cursor {cursor}, forward {forward})"), &plan, &worker);
+    }
+    let plan = explain(&app, sql::ATTEMPT_TOTAL_CITUS, |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("attempt total", &plan, &worker);
+    let plan = explain(&app, sql::ATTEMPTS_BEFORE_CITUS, |q| q.bind(id).bind(at).bind(3_i32).bind(biz)).await;
+    assert_one_task_on("attempts before", &plan, &worker);
+    // The console's task page: who holds it.
+    let plan = explain(&app, &sql::holding_citus(true), |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("holding", &plan, &worker);
+    // Cancel, reschedule and replay: the lock, the cancel, the deadline check.
+    for table in ["tasks", "tasks_cold"] {
+        let plan = explain(&app, &sql::lock_citus(table), |q| q.bind(id).bind(biz)).await;
+        assert_one_task_on(&format!("lock in {table}"), &plan, &worker);
+        assert!(plan.contains("LockRows"), "{plan}");
+        let plan = explain(&app, &sql::cancel(table, true), |q| q.bind(id).bind(biz)).await;
+        assert_one_task_on(&format!("cancel in {table}"), &plan, &worker);
+    }
+    // The console's task page: the other tasks of its key.
+    let plan = explain(&app, &sql::others_with_key(true), |q| q.bind(biz).bind("order-17").bind(id)).await;
+    assert_one_task_on("the other tasks of its key", &plan, &worker);
+    let plan = explain(&app, sql::RESCHEDULED_PAST_DEADLINE_CITUS, |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("the reschedule's deadline check", &plan, &worker);
+
+    // Without the biz type (an id that carries none) the read asks every shard: the old way.
+    let plan = explain(&app, &sql::read(false), |q| q.bind(id)).await;
+    assert!(plan.contains("Task Count: 4\n"), "{plan}");
+}

@@ -22,4 +22,5 @@ mod cluster;
 mod delivery;
 mod ids;
 mod placement;
+mod shard_move;
 mod statements;

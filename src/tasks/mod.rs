@@ -187,7 +187,7 @@ pub const MAX_AHEAD: TimeDelta = TimeDelta::days(3660);
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Task {
-    /// A UUIDv7, made by chime at creation; kept through reschedules and replays.
+    /// A UUID made by chime at creation (version 7; on a Citus cluster version 8, carrying the biz type); kept through reschedules and replays.
     pub id: Uuid,
     #[serde(skip)]
     pub biz_type_id: i32,

@@ -26,8 +26,12 @@ const BIN: &str = "/usr/lib/postgresql/15/bin";
 /// each partition of `tasks` and `attempts` is a table per shard, and the tests make a
 /// few partitions per database; two shards a worker is enough to see placement. Logical
 /// WAL: a shard move (`citus_move_shard_placement`, shard_move.rs) copies a shard and
-/// follows its writes by logical replication.
-const CONF: &str = "shared_preload_libraries = 'citus'\ncitus.shard_count = 4\nwal_level = logical\n";
+/// follows its writes by logical replication. Background workers: Citus runs a
+/// maintenance daemon per database on each node, and the tests' databases live side by
+/// side; with PostgreSQL's 8, a move's replication workers could not start beside them
+/// ("could not start maintenance background worker") and the move hung.
+const CONF: &str = "shared_preload_libraries = 'citus'\ncitus.shard_count = 4\nwal_level = logical\n\
+                    max_worker_processes = 64\nmax_logical_replication_workers = 16\nmax_replication_slots = 32\nmax_wal_senders = 32\n";
 
 pub struct Cluster {
     pub coordinator: EmbeddedPg,

@@ -589,7 +589,7 @@ async fn task_page(
     let payload = super::pretty_json(&task.payload);
     let others = tasks::others_with_key(&mut *tx, &task).await?;
     let mut notices = failure_notices::for_task(&mut *tx, task.id).await?;
-    let holding = tasks::holding(&mut *tx, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
+    let holding = tasks::holding(&mut tx, task.id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no task with id {}", task.id)))?;
     // Only the changes among the attempts shown, when there are more.
     let (first, last) = (attempts.first().map(|a| a.started_at), attempts.last().map(|a| a.started_at));
     let since = first.filter(|_| page.older.is_some());

@@ -277,7 +277,7 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
     let mut rows = Rows::default();
     let mut id_of_item: Vec<Uuid> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let id = Uuid::now_v7();
+        let id = super::ids::new(biz_type_id);
         id_of_item.push(id);
         if repeat_of[i].is_none() {
             rows.push_new(id, item);

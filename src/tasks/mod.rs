@@ -48,6 +48,7 @@
 mod batcher;
 pub mod bulk;
 mod create;
+pub mod ids;
 pub mod lease;
 pub mod load;
 mod occurrences;
@@ -65,6 +66,7 @@ pub use queries::{
     ATTEMPTS_SHOWN, AttemptPage, AttemptsFrom, COUNT_CAP, HeldKey, Holding, KeySearch, ListFilter, Page, Reschedule, Target, attempt_total, attempts,
     attempts_before, by_id_prefix, cancel, cancel_archived, cancel_target, count, count_keys, failed_occurrences, find_by_key, get, get_by_key,
     held_flow_keys, holding, ids_with_key, list, others_with_key, read, remove_unfired, replay, reschedule, reschedule_target, search_keys,
+    sql as by_id_sql,
 };
 pub use replace::OnConflict;
 
@@ -185,7 +187,7 @@ pub const MAX_AHEAD: TimeDelta = TimeDelta::days(3660);
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Task {
-    /// A UUIDv7, made by chime at creation; kept through reschedules and replays.
+    /// A UUID made by chime at creation (version 7; on a Citus cluster version 8, carrying the biz type); kept through reschedules and replays.
     pub id: Uuid,
     #[serde(skip)]
     pub biz_type_id: i32,

@@ -21,7 +21,7 @@ impl Occurrences {
     pub fn push(&mut self, timer_id: Uuid, biz_type_id: i32, key: String, run_at: DateTime<Utc>, request_hash: Vec<u8>) {
         self.timer_ids.push(timer_id);
         self.biz_type_ids.push(biz_type_id);
-        self.ids.push(Uuid::now_v7());
+        self.ids.push(super::ids::new(biz_type_id));
         self.keys.push(key);
         self.run_ats.push(run_at);
         self.request_hashes.push(request_hash);

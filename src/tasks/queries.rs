@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
+use super::ids;
 use super::{Attempt, Deadline, Status, Task, When};
 use crate::audit::{self, Action};
 use crate::error::Error;
@@ -57,22 +58,14 @@ pub async fn attempts<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid, from: &Attemp
         AttemptsFrom::Newest => (None, false),
         AttemptsFrom::Before(c) => (Some(decode_attempt_cursor(c)?), false),
     };
-    let bound = match (cursor.is_some(), forward) {
-        (false, _) => "",
-        (true, true) => "AND (started_at, number) > ($3, $4)",
-        (true, false) => "AND (started_at, number) < ($3, $4)",
-    };
-    let order = if forward { "started_at, number" } else { "started_at DESC, number DESC" };
-    // Reads one more than the page, to know whether there is more: a walk of
-    // attempts_task_idx (task_id, started_at) from the cursor, in each partition.
-    let sql = format!(
-        "SELECT number, started_at, duration_ms, status_code, error, response_excerpt, redirected_to, snoozed_until
-           FROM attempts WHERE task_id = $1 {bound}
-          ORDER BY {order} LIMIT $2"
-    );
-    let query = crate::db::query_as::<Attempt>(AssertSqlSafe(sql)).bind(id).bind(limit + 1);
+    let routed = ids::routed(id);
+    let query = crate::db::query_as::<Attempt>(AssertSqlSafe(sql::attempts(cursor.is_some(), forward, routed.is_some()))).bind(id).bind(limit + 1);
     let query = match cursor {
         Some((at, number)) => query.bind(at).bind(number),
+        None => query,
+    };
+    let query = match routed {
+        Some(biz_type_id) => query.bind(biz_type_id).persistent(false),
         None => query,
     };
     let mut items = query.fetch_all(db).await?;
@@ -92,17 +85,28 @@ pub async fn attempts<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid, from: &Attemp
 
 /// How many attempts task `id` has had in all (a count over attempts_task_idx).
 pub async fn attempt_total<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<i64, Error> {
-    Ok(crate::db::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1").bind(id).fetch_one(db).await?)
+    let query = match ids::routed(id) {
+        Some(biz_type_id) => crate::db::query_scalar(sql::ATTEMPT_TOTAL_CITUS).bind(id).bind(biz_type_id).persistent(false),
+        None => crate::db::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1").bind(id),
+    };
+    Ok(query.fetch_one(db).await?)
 }
 
 /// How many attempts task `id` had before `attempt` (in the order `attempts` pages them).
 pub async fn attempts_before<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid, attempt: &Attempt) -> Result<i64, Error> {
-    Ok(crate::db::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1 AND (started_at, number) < ($2, $3)")
-        .bind(id)
-        .bind(attempt.started_at)
-        .bind(attempt.number)
-        .fetch_one(db)
-        .await?)
+    let query = match ids::routed(id) {
+        Some(biz_type_id) => crate::db::query_scalar(sql::ATTEMPTS_BEFORE_CITUS)
+            .bind(id)
+            .bind(attempt.started_at)
+            .bind(attempt.number)
+            .bind(biz_type_id)
+            .persistent(false),
+        None => crate::db::query_scalar("SELECT count(*) FROM attempts WHERE task_id = $1 AND (started_at, number) < ($2, $3)")
+            .bind(id)
+            .bind(attempt.started_at)
+            .bind(attempt.number),
+    };
+    Ok(query.fetch_one(db).await?)
 }
 
 fn encode_attempt_cursor(started_at: DateTime<Utc>, number: i32) -> String {
@@ -121,7 +125,108 @@ fn decode_attempt_cursor(cursor: &str) -> Result<(DateTime<Utc>, i32), Error> {
 
 /// One task, without its attempts (inside the caller's transaction, if given one).
 pub async fn read<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<Option<Task>, Error> {
-    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!("{SELECT_TASK} WHERE t.id = $1"))).bind(id).fetch_optional(db).await?)
+    let query = match ids::routed(id) {
+        Some(biz_type_id) => crate::db::query_as::<Task>(AssertSqlSafe(sql::read(true))).bind(id).bind(biz_type_id).persistent(false),
+        None => crate::db::query_as::<Task>(AssertSqlSafe(sql::read(false))).bind(id),
+    };
+    Ok(query.fetch_optional(db).await?)
+}
+
+/// The by-id statements' text, on a plain install and, with the biz type the id carries
+/// as `$n` (`ids::routed`), on a Citus cluster, where naming it sends the statement to its
+/// shard alone (docs/book/src/design/citus.md, By id; tests/citus/statements.rs EXPLAINs
+/// them). Run unnamed (`persistent(false)`) on Citus: PostgreSQL then plans each run with
+/// the biz type's value, which Citus routes on; a generic plan of a prepared statement
+/// would keep it a parameter, and ask every shard or fail.
+pub mod sql {
+    /// One task by id: `$1` the id, then (`routed`) `$2` its biz type.
+    pub fn read(routed: bool) -> String {
+        format!("{} WHERE t.id = $1{}", super::SELECT_TASK, if routed { " AND t.biz_type_id = $2" } else { "" })
+    }
+
+    /// A page of a task's attempts: `$1` the id, `$2` the limit, `$3` and `$4` the cursor
+    /// when there is one, then (`routed`) the biz type.
+    pub fn attempts(cursor: bool, forward: bool, routed: bool) -> String {
+        let bound = match (cursor, forward) {
+            (false, _) => "",
+            (true, true) => "AND (started_at, number) > ($3, $4)",
+            (true, false) => "AND (started_at, number) < ($3, $4)",
+        };
+        let order = if forward { "started_at, number" } else { "started_at DESC, number DESC" };
+        let biz_type = match (routed, cursor) {
+            (false, _) => "",
+            (true, false) => " AND biz_type_id = $3",
+            (true, true) => " AND biz_type_id = $5",
+        };
+        // Reads one more than the page, to know whether there is more: a walk of
+        // attempts_task_idx (task_id, started_at) from the cursor, in each partition.
+        format!(
+            "SELECT number, started_at, duration_ms, status_code, error, response_excerpt, redirected_to, snoozed_until
+           FROM attempts WHERE task_id = $1 {bound}{biz_type}
+          ORDER BY {order} LIMIT $2"
+        )
+    }
+
+    /// Whether a rescheduled task now runs at or after its deadline: `$1` the id, `$2` its
+    /// biz type (the owner's).
+    pub const RESCHEDULED_PAST_DEADLINE_CITUS: &str = "SELECT expires_at FROM all_tasks WHERE id = $1 AND run_at >= expires_at AND biz_type_id = $2";
+
+    /// The other tasks of a task's key (`others_with_key`): `$1` the biz type, `$2` the
+    /// key, `$3` the task. On Citus (`citus`) the tasks are read on the key's biz type's
+    /// shard too: without it Citus refuses the statement ("complex joins are only
+    /// supported when all distributed tables are co-located and joined on their
+    /// distribution columns").
+    pub fn others_with_key(citus: bool) -> String {
+        format!(
+            "{}
+          WHERE t.id = ANY(ARRAY(SELECT unnest(k.earlier || k.task_id) FROM task_keys k
+                                  WHERE k.biz_type_id = $1 AND k.key = $2))
+            AND t.id <> $3{}
+          ORDER BY t.created_at DESC LIMIT 20",
+            super::SELECT_TASK,
+            if citus { " AND t.biz_type_id = $1" } else { "" }
+        )
+    }
+
+    /// `$1` the id, `$2` the biz type.
+    pub const ATTEMPT_TOTAL_CITUS: &str = "SELECT count(*) FROM attempts WHERE task_id = $1 AND biz_type_id = $2";
+
+    /// `$1` the id, `$2` and `$3` the attempt, `$4` the biz type.
+    pub const ATTEMPTS_BEFORE_CITUS: &str =
+        "SELECT count(*) FROM attempts WHERE task_id = $1 AND (started_at, number) < ($2, $3) AND biz_type_id = $4";
+
+    /// What the task page tells beside the task, but for the holding node's name, on a
+    /// Citus cluster: `nodes` is a coordinator table, and a join of it with the task's
+    /// shard would be planned in steps (every shard read whole into the coordinator).
+    /// `$1` the id, then (`routed`) `$2` the biz type.
+    pub fn holding_citus(routed: bool) -> String {
+        format!(
+            "SELECT t.first_run_at, t.leased_by, t.lease_until, NULL::text AS node, b.mode = 'pull' AS pull
+           FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id
+          WHERE t.id = $1{}",
+            if routed { " AND t.biz_type_id = $2" } else { "" }
+        )
+    }
+
+    /// The lock of a change by id on a Citus cluster, in `table`, on the caller's biz type's
+    /// shard: `$1` the id, `$2` the biz type. Locks the row (Citus refuses FOR UPDATE
+    /// across shards).
+    pub fn lock_citus(table: &str) -> String {
+        format!("SELECT status FROM {table} WHERE id = $1 AND biz_type_id = $2 FOR UPDATE")
+    }
+
+    /// A cancel of the task `lock` locked, in `table`: `$1` the id, then (`routed`) `$2`
+    /// its biz type.
+    pub fn cancel(table: &str, routed: bool) -> String {
+        format!(
+            "WITH t AS (
+             UPDATE {table} SET status = 'cancelled', finished_at = now(), updated_at = now()
+              WHERE id = $1{} RETURNING *
+         )
+         SELECT t.*, b.name AS biz_type FROM t JOIN biz_types b ON b.id = t.biz_type_id",
+            if routed { " AND biz_type_id = $2" } else { "" }
+        )
+    }
 }
 
 pub async fn get_by_key(pool: &Pool, biz_type_id: i32, key: &str) -> Result<Option<Task>, Error> {
@@ -537,18 +642,9 @@ fn decode_key_cursor(cursor: &str) -> Result<(i32, String), Error> {
 /// scan of the view.
 pub async fn others_with_key<'e>(db: impl sqlx::PgExecutor<'e>, task: &Task) -> Result<Vec<Task>, Error> {
     let Some(key) = &task.key else { return Ok(vec![]) };
-    Ok(crate::db::query_as::<Task>(AssertSqlSafe(format!(
-        "{SELECT_TASK}
-          WHERE t.id = ANY(ARRAY(SELECT unnest(k.earlier || k.task_id) FROM task_keys k
-                                  WHERE k.biz_type_id = $1 AND k.key = $2))
-            AND t.id <> $3
-          ORDER BY t.created_at DESC LIMIT 20"
-    )))
-    .bind(task.biz_type_id)
-    .bind(key)
-    .bind(task.id)
-    .fetch_all(db)
-    .await?)
+    let citus = crate::db::citus::active();
+    let query = crate::db::query_as::<Task>(AssertSqlSafe(sql::others_with_key(citus))).bind(task.biz_type_id).bind(key).bind(task.id);
+    Ok(if citus { query.persistent(false) } else { query }.fetch_all(db).await?)
 }
 
 /// The ids of every task that held `key`, in any biz type (the key's current task and
@@ -583,7 +679,10 @@ pub struct Holding {
 
 /// The task's `Holding`, or None: a probe of the primary key of each part of `all_tasks`
 /// (as `read`), and of `nodes`.
-pub async fn holding<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<Option<Holding>, Error> {
+pub async fn holding(db: &mut PgConnection, id: Uuid) -> Result<Option<Holding>, Error> {
+    if crate::db::citus::active() {
+        return holding_citus(db, id).await;
+    }
     Ok(crate::db::query_as::<Holding>(
         "SELECT t.first_run_at, t.leased_by, t.lease_until, n.hostname || ' (pid ' || n.pid || ')' AS node, b.mode = 'pull' AS pull
            FROM all_tasks t JOIN biz_types b ON b.id = t.biz_type_id LEFT JOIN nodes n ON n.id = t.leased_by
@@ -592,6 +691,25 @@ pub async fn holding<'e>(db: impl sqlx::PgExecutor<'e>, id: Uuid) -> Result<Opti
     .bind(id)
     .fetch_optional(db)
     .await?)
+}
+
+/// `holding` on a Citus cluster: the task on its shard (every shard for an id that carries
+/// no biz type), then the holding node's name on the coordinator.
+async fn holding_citus(db: &mut PgConnection, id: Uuid) -> Result<Option<Holding>, Error> {
+    let routed = ids::routed(id);
+    let query = crate::db::query_as::<Holding>(AssertSqlSafe(sql::holding_citus(routed.is_some()))).bind(id);
+    let query = match routed {
+        Some(biz_type_id) => query.bind(biz_type_id).persistent(false),
+        None => query,
+    };
+    let Some(mut holding) = query.fetch_optional(&mut *db).await? else {
+        return Ok(None);
+    };
+    if let Some(node) = holding.leased_by.filter(|_| !holding.pull) {
+        holding.node =
+            crate::db::query_scalar("SELECT hostname || ' (pid ' || pid || ')' FROM nodes WHERE id = $1").bind(node).fetch_optional(&mut *db).await?;
+    }
+    Ok(Some(holding))
 }
 
 /// Of these timers (of these biz types), how many occurrences each has failed or expired
@@ -635,6 +753,9 @@ fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), Error> {
 /// Locks the task wherever it lives and checks that the caller's biz type owns it.
 /// Returns its status and whether it is in cold storage.
 pub(super) async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(Status, bool), Error> {
+    if crate::db::citus::active() {
+        return lock_citus(tx, owner, id).await;
+    }
     for (table, cold) in [("tasks", false), ("tasks_cold", true)] {
         let row: Option<(i32, Status)> =
             crate::db::query_as(AssertSqlSafe(format!("SELECT biz_type_id, status FROM {table} WHERE id = $1 FOR UPDATE")))
@@ -649,6 +770,30 @@ pub(super) async fn lock(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<
         }
     }
     Err(Error::NotFound(format!("no task with id {id}")))
+}
+
+/// `lock` on a Citus cluster, which refuses a FOR UPDATE that asks every shard: the row is
+/// locked on the caller's biz type's shard (whatever the id carries: a change is only ever
+/// the owner's). Not found there, a read by id (on the id's biz type's shard, or on every
+/// shard for an id that carries none) tells another biz type's task from none.
+async fn lock_citus(tx: &mut PgConnection, owner: i32, id: Uuid) -> Result<(Status, bool), Error> {
+    if ids::routed(id).is_none_or(|biz_type_id| biz_type_id == owner) {
+        for (table, cold) in [("tasks", false), ("tasks_cold", true)] {
+            let status: Option<Status> = crate::db::query_scalar(AssertSqlSafe(sql::lock_citus(table)))
+                .bind(id)
+                .bind(owner)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let Some(status) = status {
+                return Ok((status, cold));
+            }
+        }
+    }
+    match read(&mut *tx, id).await? {
+        Some(_) => Err(Error::Forbidden("this task belongs to another biz type".into())),
+        None => Err(Error::NotFound(format!("no task with id {id}"))),
+    }
 }
 
 /// Which task a client's change is for: by chime's id, or by the client's key (the task
@@ -756,8 +901,9 @@ pub(super) async fn requeue(tx: &mut PgConnection, cold: bool, ids: &[Uuid], cha
              RETURNING *
          ), wake AS (
              -- As on create: wake the engines if a task is now due within a second, naming its
-             -- biz type (wake.rs's `Wake::DueFor`). A boolean rather than pg_notify's void,
-             -- as in insert.sql: Citus keeps a CTE's rows, which cannot hold a void.
+             -- biz type (wake.rs's `Wake::DueFor`). A boolean rather than pg_notify's void, as
+             -- in insert.sql: Citus keeps a CTE's rows as an intermediate result, which cannot
+             -- hold a void.
              SELECT pg_notify($6, concat('due:', biz_type_id)) IS NULL AS told FROM new WHERE run_at <= now() + interval '1 second' LIMIT 1
          )
          SELECT t.*, b.name AS biz_type
@@ -809,11 +955,12 @@ pub async fn reschedule_target(pool: &Pool, owner: i32, target: Target<'_>, chan
     let task = one(requeue(&mut tx, cold, &[id], Requeue { when, payload, priority, ..Requeue::default() }).await?)?;
     if let Some(when) = when {
         // No callback starts at or after the deadline: a task moved there could only expire.
-        let deadline: Option<DateTime<Utc>> = crate::db::query_scalar("SELECT expires_at FROM all_tasks WHERE id = $1 AND run_at >= expires_at")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .flatten();
+        let query = if crate::db::citus::active() {
+            crate::db::query_scalar(sql::RESCHEDULED_PAST_DEADLINE_CITUS).bind(id).bind(owner).persistent(false)
+        } else {
+            crate::db::query_scalar("SELECT expires_at FROM all_tasks WHERE id = $1 AND run_at >= expires_at").bind(id)
+        };
+        let deadline: Option<DateTime<Utc>> = query.fetch_optional(&mut *tx).await?.flatten();
         if let Some(deadline) = deadline {
             let field = if matches!(when, When::At(_)) { "run_at" } else { "delay_ms" };
             return Err(Error::invalid(
@@ -862,17 +1009,13 @@ pub async fn cancel_target(pool: &Pool, owner: i32, target: Target<'_>, actor: &
         return Err(Error::invalid_state(format!("only a pending task can be cancelled; this one is {status}")));
     }
     let table = if cold { "tasks_cold" } else { "tasks" };
-    // The row `lock_target` locked.
-    let task = crate::db::query_as::<Task>(AssertSqlSafe(format!(
-        "WITH t AS (
-             UPDATE {table} SET status = 'cancelled', finished_at = now(), updated_at = now()
-              WHERE id = $1 RETURNING *
-         )
-         SELECT t.*, b.name AS biz_type FROM t JOIN biz_types b ON b.id = t.biz_type_id"
-    )))
-    .bind(id)
-    .fetch_one(&mut *tx)
-    .await?;
+    // The row `lock_target` locked; on Citus, on its shard (the owner's: lock_target checked it).
+    let query = if crate::db::citus::active() {
+        crate::db::query_as::<Task>(AssertSqlSafe(sql::cancel(table, true))).bind(id).bind(owner).persistent(false)
+    } else {
+        crate::db::query_as::<Task>(AssertSqlSafe(sql::cancel(table, false))).bind(id)
+    };
+    let task = query.fetch_one(&mut *tx).await?;
     audit::record_task(&mut tx, actor, Action::TaskCancel, id, None, None).await?;
     tx.commit().await?;
     Ok(task)

@@ -139,7 +139,7 @@ async fn give_key(
             .fetch_optional(&mut *tx)
             .await?;
     let mut rows = Rows::default();
-    rows.push_new(Uuid::now_v7(), item);
+    rows.push_new(super::ids::new(biz_type_id), item);
     let created = insert(&mut *tx, biz_type_id, &rows).await?.pop();
     drop(rows);
     let Some(inserted) = created else {

@@ -24,8 +24,14 @@ const BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// Every node preloads Citus. Four shards per distributed table rather than Citus's 32:
 /// each partition of `tasks` and `attempts` is a table per shard, and the tests make a
-/// few partitions per database; two shards a worker is enough to see placement.
-const CONF: &str = "shared_preload_libraries = 'citus'\ncitus.shard_count = 4\n";
+/// few partitions per database; two shards a worker is enough to see placement. Logical
+/// WAL: a shard move (`citus_move_shard_placement`, shard_move.rs) copies a shard and
+/// follows its writes by logical replication. Background workers: Citus runs a
+/// maintenance daemon per database on each node, and the tests' databases live side by
+/// side; with PostgreSQL's 8, a move's replication workers could not start beside them
+/// ("could not start maintenance background worker") and the move hung.
+const CONF: &str = "shared_preload_libraries = 'citus'\ncitus.shard_count = 4\nwal_level = logical\n\
+                    max_worker_processes = 64\nmax_logical_replication_workers = 16\nmax_replication_slots = 32\nmax_wal_senders = 32\n";
 
 pub struct Cluster {
     pub coordinator: EmbeddedPg,
@@ -48,7 +54,15 @@ pub async fn cluster() -> &'static Cluster {
 }
 
 async fn start() -> EmbeddedPg {
-    embedded_pg::start_throwaway_with(Path::new(BIN), CONF).await.expect("starting a PostgreSQL 15 with citus preloaded")
+    let node = embedded_pg::start_throwaway_with(Path::new(BIN), CONF).await.expect("starting a PostgreSQL 15 with citus preloaded");
+    // How a node reaches itself (Citus's default is localhost over TCP, which these servers
+    // do not listen on): a shard move's logical replication connects there.
+    let mut conn = PgConnection::connect(&node.url("postgres")).await.unwrap();
+    let socket_dir = node.socket_dir().to_str().unwrap().replace('\'', "''");
+    conn.execute(sqlx::AssertSqlSafe(format!("ALTER SYSTEM SET citus.local_hostname = '{socket_dir}'"))).await.unwrap();
+    conn.execute("SELECT pg_reload_conf()").await.unwrap();
+    conn.close().await.unwrap();
+    node
 }
 
 /// A fresh database on the cluster, not migrated: made on each node, with the citus

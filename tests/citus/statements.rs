@@ -38,6 +38,32 @@ fn want(biz_type_id: i32, limit: i64) -> Want {
     Want { biz_type_id, limit, ahead_ms: 0, lease_ms: 60_000, oldest: 1, lane: None, flow: None }
 }
 
+/// EXPLAIN of `sql` (its rows joined), with the binds `bind` gives it.
+type Explain = sqlx::query::QueryScalar<'static, sqlx::Postgres, String, sqlx::postgres::PgArguments>;
+
+async fn explain(app: &TestApp, sql: &str, bind: impl FnOnce(Explain) -> Explain) -> String {
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN (costs off) {sql}")));
+    let plan: Vec<String> = bind(query).fetch_all(&app.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    plan.join("\n")
+}
+
+/// One task, on `worker`, with no step through the coordinator.
+fn assert_one_task_on(what: &str, plan: &str, worker: &str) {
+    assert!(!plan.contains("Distributed Subplan"), "{what}: {plan}");
+    assert!(!plan.contains("pull to coordinator"), "{what}: {plan}");
+    assert_eq!(plan.matches("Task Count: ").count(), 1, "{what}: {plan}");
+    assert!(plan.contains("Task Count: 1\n"), "{what}: {plan}");
+    assert!(plan.contains(&format!("Node: host={worker} ")), "{what} on {worker}: {plan}");
+}
+
+/// The plan of `sql` on the coordinator, run with the arguments `bind` gives, as EXPLAIN
+/// shows it: asserted one task on `worker`, with no step through the coordinator.
+async fn assert_single_shard(app: &TestApp, worker: &str, sql: &str, bind: impl FnOnce(Explain) -> Explain) -> String {
+    let plan = explain(app, sql, bind).await;
+    assert_one_task_on(sql, &plan, worker);
+    plan
+}
+
 #[tokio::test]
 async fn the_claim_of_one_biz_type_is_one_statement_on_its_worker() {
     let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
@@ -138,20 +164,6 @@ async fn the_cap_holds_on_citus() {
     assert!(second[&id].capped);
 }
 
-/// The plan of `sql` on the coordinator, run with the arguments `bind` gives, as EXPLAIN
-/// shows it: asserted one task on `worker`, with no step through the coordinator.
-async fn assert_single_shard<'q>(app: &TestApp, worker: &str, sql: &str, bind: impl FnOnce(Explain<'q>) -> Explain<'q>) -> String {
-    let plan: Vec<String> = bind(sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN (costs off) {sql}")))).fetch_all(&app.pool).await.unwrap();
-    let plan = plan.join("\n");
-    assert!(!plan.contains("Distributed Subplan"), "{plan}");
-    assert_eq!(plan.matches("Task Count: ").count(), 1, "{plan}");
-    assert!(plan.contains("Task Count: 1\n"), "{plan}");
-    assert!(plan.contains(&format!("Node: host={worker} ")), "on {worker}: {plan}");
-    plan
-}
-
-type Explain<'q> = sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments>;
-
 #[tokio::test]
 async fn the_pull_reserve_and_the_notice_senders_claims_are_one_statement_on_the_worker() {
     let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
@@ -224,28 +236,6 @@ async fn the_flow_keyed_claims_statements_are_each_one_statement_on_the_worker()
     assert!(plan.contains("LockRows"), "{plan}");
 }
 
-/// EXPLAIN's lines for `sql` with its parameters bound by `bind`.
-async fn explain<'q>(
-    app: &TestApp,
-    sql: &'q str,
-    bind: impl FnOnce(
-        sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, String, sqlx::postgres::PgArguments>,
-) -> String {
-    let explain: &'q str = Box::leak(format!("EXPLAIN (costs off) {sql}").into_boxed_str());
-    let plan: Vec<String> = bind(sqlx::query_scalar(sqlx::AssertSqlSafe(explain))).fetch_all(&app.pool).await.unwrap();
-    plan.join("\n")
-}
-
-/// One task, on `worker`, and no step through the coordinator.
-fn assert_one_task(what: &str, plan: &str, worker: &str) {
-    assert!(!plan.contains("Distributed Subplan"), "{what}: {plan}");
-    assert!(!plan.contains("pull to coordinator"), "{what}: {plan}");
-    assert_eq!(plan.matches("Task Count: 1").count(), 1, "{what}: {plan}");
-    assert!(!plan.contains("Task Count: 2") && !plan.contains("Task Count: 4"), "{what}: {plan}");
-    assert!(plan.contains(&format!("Node: host={worker} ")), "{what} on {worker}: {plan}");
-}
-
 /// The leader's statements (lease recovery, expiry, cold moves), a release and the record's
 /// move to cold storage, each for one biz type: one task on the biz type's worker.
 #[tokio::test]
@@ -257,32 +247,80 @@ async fn the_leaders_and_the_records_statements_are_one_task_on_the_biz_types_wo
     let task = Uuid::new_v4();
 
     let plan = explain(&app, include_str!("../../src/tasks/sql/recover_leases_citus.sql"), |q| q.bind(id)).await;
-    assert_one_task("recover_leases_citus.sql", &plan, &worker);
+    assert_one_task_on("recover_leases_citus.sql", &plan, &worker);
     assert!(plan.contains("LockRows"), "{plan}");
     let plan = explain(&app, include_str!("../../src/tasks/sql/expire_citus.sql"), |q| q.bind(1000_i64).bind(id)).await;
-    assert_one_task("expire_citus.sql", &plan, &worker);
+    assert_one_task_on("expire_citus.sql", &plan, &worker);
     assert!(plan.contains("LockRows"), "{plan}");
     let plan =
         explain(&app, include_str!("../../src/tasks/sql/release_citus.sql"), |q| q.bind(task).bind(id).bind(Uuid::new_v4()).bind("dead")).await;
-    assert_one_task("release_citus.sql", &plan, &worker);
+    assert_one_task_on("release_citus.sql", &plan, &worker);
     let plan = explain(&app, include_str!("../../src/tasks/sql/later_cold_citus.sql"), |q| {
         q.bind(vec![task]).bind(vec![now]).bind(vec![now + chrono::TimeDelta::days(5)]).bind(vec![false]).bind(vec![Some("HTTP 503")]).bind(id)
     })
     .await;
-    assert_one_task("later_cold_citus.sql", &plan, &worker);
+    assert_one_task_on("later_cold_citus.sql", &plan, &worker);
     let plan =
         explain(&app, lease::LATER_COLD_LOCK_CITUS, |q| q.bind(vec![task]).bind(vec![now]).bind(vec![false]).bind(id).bind(Uuid::new_v4())).await;
-    assert_one_task("later_cold_citus.sql's lock", &plan, &worker);
+    assert_one_task_on("later_cold_citus.sql's lock", &plan, &worker);
     assert!(plan.contains("LockRows"), "{plan}");
     let plan = explain(&app, lease::LATER_COLD_DELETE_CITUS, |q| q.bind(id).bind(vec![task]).bind(vec![now])).await;
-    assert_one_task("later_cold_citus.sql's delete", &plan, &worker);
+    assert_one_task_on("later_cold_citus.sql's delete", &plan, &worker);
     let plan = explain(&app, include_str!("../../src/tasks/sql/move_cold_citus.sql"), |q| q.bind(id).bind(vec![task])).await;
-    assert_one_task("move_cold_citus.sql", &plan, &worker);
+    assert_one_task_on("move_cold_citus.sql", &plan, &worker);
     let plan = explain(&app, placement::MOVE_COLD_LOCK_CITUS, |q| q.bind(id).bind(now).bind(100_i64)).await;
-    assert_one_task("move_cold_citus.sql's lock", &plan, &worker);
+    assert_one_task_on("move_cold_citus.sql's lock", &plan, &worker);
     assert!(plan.contains("LockRows"), "{plan}");
     let plan = explain(&app, lease::GIVE_BACK_CITUS, |q| q.bind(id).bind(vec![task]).bind(vec![now]).bind(Uuid::new_v4())).await;
-    assert_one_task("a stopping node's give-back", &plan, &worker);
+    assert_one_task_on("a stopping node's give-back", &plan, &worker);
     let plan = explain(&app, placement::MOVE_COLD_DELETE_CITUS, |q| q.bind(id).bind(vec![task])).await;
-    assert_one_task("move_cold_citus.sql's delete", &plan, &worker);
+    assert_one_task_on("move_cold_citus.sql's delete", &plan, &worker);
+#[tokio::test]
+async fn every_by_id_statement_with_the_ids_biz_type_is_one_task_on_its_worker() {
+    use chime::tasks::by_id_sql as sql;
+
+    let app = helpers::spawn_on(migrated_database().await, ServeArgs { engine: false, ..ServeArgs::default() }).await;
+    let (biz, token) = orders(&app).await;
+    let id: Uuid = app.create_task(&token, json!({"biz_type": "orders", "payload": 1})).await["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(chime::tasks::ids::biz_type_of(id), Some(biz));
+    let worker = worker_of(&app, biz).await;
+    let at = chrono::Utc::now();
+
+    // Read (the API's task, the attempts route's check, the console's task page).
+    let plan = explain(&app, &sql::read(true), |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("read", &plan, &worker);
+    // Attempts: the first page, a page from a cursor, the total, the count before a page.
+    for (cursor, forward) in [(false, false), (false, true), (true, true), (true, false)] {
+        let plan = explain(&app, &sql::attempts(cursor, forward, true), |q| {
+            let q = q.bind(id).bind(101_i64);
+            let q = if cursor { q.bind(at).bind(3_i32) } else { q };
+            q.bind(biz)
+        })
+        .await;
+        assert_one_task_on(&format!("attempts (cursor {cursor}, forward {forward})"), &plan, &worker);
+    }
+    let plan = explain(&app, sql::ATTEMPT_TOTAL_CITUS, |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("attempt total", &plan, &worker);
+    let plan = explain(&app, sql::ATTEMPTS_BEFORE_CITUS, |q| q.bind(id).bind(at).bind(3_i32).bind(biz)).await;
+    assert_one_task_on("attempts before", &plan, &worker);
+    // The console's task page: who holds it.
+    let plan = explain(&app, &sql::holding_citus(true), |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("holding", &plan, &worker);
+    // Cancel, reschedule and replay: the lock, the cancel, the deadline check.
+    for table in ["tasks", "tasks_cold"] {
+        let plan = explain(&app, &sql::lock_citus(table), |q| q.bind(id).bind(biz)).await;
+        assert_one_task_on(&format!("lock in {table}"), &plan, &worker);
+        assert!(plan.contains("LockRows"), "{plan}");
+        let plan = explain(&app, &sql::cancel(table, true), |q| q.bind(id).bind(biz)).await;
+        assert_one_task_on(&format!("cancel in {table}"), &plan, &worker);
+    }
+    // The console's task page: the other tasks of its key.
+    let plan = explain(&app, &sql::others_with_key(true), |q| q.bind(biz).bind("order-17").bind(id)).await;
+    assert_one_task_on("the other tasks of its key", &plan, &worker);
+    let plan = explain(&app, sql::RESCHEDULED_PAST_DEADLINE_CITUS, |q| q.bind(id).bind(biz)).await;
+    assert_one_task_on("the reschedule's deadline check", &plan, &worker);
+
+    // Without the biz type (an id that carries none) the read asks every shard: the old way.
+    let plan = explain(&app, &sql::read(false), |q| q.bind(id)).await;
+    assert!(plan.contains("Task Count: 4\n"), "{plan}");
 }

@@ -1748,7 +1748,7 @@ export interface components {
             flow_key: string | null;
             /**
              * Format: uuid
-             * @description A UUIDv7, made by chime at creation; kept through reschedules and replays.
+             * @description A UUID made by chime at creation (version 7; on a Citus cluster version 8, carrying the biz type); kept through reschedules and replays.
              */
             id: string;
             /**

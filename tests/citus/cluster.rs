@@ -29,9 +29,13 @@ const BIN: &str = "/usr/lib/postgresql/15/bin";
 /// follows its writes by logical replication. Background workers: Citus runs a
 /// maintenance daemon per database on each node, and the tests' databases live side by
 /// side; with PostgreSQL's 8, a move's replication workers could not start beside them
-/// ("could not start maintenance background worker") and the move hung.
+/// ("could not start maintenance background worker") and the move hung. Connections: the
+/// whole suite's tests run at once, each with its nodes' pools and the connections Citus
+/// opens from the coordinator to each worker for them; PostgreSQL's 100 ran out ("failure
+/// on connection marked as essential" when a test registered its workers).
 const CONF: &str = "shared_preload_libraries = 'citus'\ncitus.shard_count = 4\nwal_level = logical\n\
-                    max_worker_processes = 64\nmax_logical_replication_workers = 16\nmax_replication_slots = 32\nmax_wal_senders = 32\n";
+                    max_worker_processes = 64\nmax_logical_replication_workers = 16\nmax_replication_slots = 32\nmax_wal_senders = 32\n\
+                    max_connections = 400\n";
 
 pub struct Cluster {
     pub coordinator: EmbeddedPg,

@@ -275,6 +275,8 @@ async fn the_leaders_and_the_records_statements_are_one_task_on_the_biz_types_wo
     assert_one_task_on("a stopping node's give-back", &plan, &worker);
     let plan = explain(&app, placement::MOVE_COLD_DELETE_CITUS, |q| q.bind(id).bind(vec![task])).await;
     assert_one_task_on("move_cold_citus.sql's delete", &plan, &worker);
+}
+
 #[tokio::test]
 async fn every_by_id_statement_with_the_ids_biz_type_is_one_task_on_its_worker() {
     use chime::tasks::by_id_sql as sql;

@@ -354,6 +354,9 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     if biz_type_id.is_none() && filter.payload.is_some() {
         return list_by_payload(pool, filter, after).await;
     }
+    if biz_type_id.is_none() && crate::db::citus::active() {
+        return Box::pin(list_each(pool, filter, after)).await;
+    }
     // Built per call rather than with `$n IS NULL OR …` so that each filter combination
     // gets a plan that walks an index in (run_at, id) order: tasks_claim_idx holds a biz
     // type's pending tasks, tasks_finished_list_idx the others but running ones. Without a status filter, each walk
@@ -412,6 +415,43 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     drop(rows);
     if filter.backward {
         items.reverse();
+    }
+    let cursor_of = |t: &Task| encode_cursor(t.run_at, t.id);
+    let (next_cursor, prev_cursor) = if filter.backward {
+        (items.last().map(cursor_of), if more { items.first().map(cursor_of) } else { None })
+    } else {
+        (if more { items.last().map(cursor_of) } else { None }, after.and(items.first().map(cursor_of)))
+    };
+    Ok(Page { items, next_cursor, prev_cursor })
+}
+
+/// `list` across every biz type on a Citus cluster, which refuses the walk of each biz type
+/// inside one statement ("cannot push down this subquery"): a page of each biz type (each
+/// on its worker), merged here. Each page holds the `limit` tasks nearest the cursor of its
+/// biz type, so the `limit` nearest of them all are the merged page: a task a page left out
+/// lies beyond its page's last, so beyond the merged page too. A round trip a biz type.
+async fn list_each(pool: &Pool, filter: &ListFilter, after: Option<(DateTime<Utc>, Uuid)>) -> Result<Page, Error> {
+    let ids: Vec<i32> = crate::db::query_scalar("SELECT id FROM biz_types").fetch_all(pool).await?;
+    let (mut items, mut more) = (Vec::new(), false);
+    for id in ids {
+        let page = list(pool, Some(id), filter).await?;
+        // Past this page's tasks, in the direction walked, the biz type has more.
+        more |= if filter.backward { page.prev_cursor.is_some() } else { page.next_cursor.is_some() };
+        items.extend(page.items);
+    }
+    // In the order shown, newest first or not; a page back keeps the last `limit` of it.
+    items.sort_by_key(|t| (t.run_at, t.id));
+    if filter.newest_first {
+        items.reverse();
+    }
+    let limit = filter.limit.max(0) as usize;
+    if items.len() > limit {
+        more = true;
+        if filter.backward {
+            items.drain(..items.len() - limit);
+        } else {
+            items.truncate(limit);
+        }
     }
     let cursor_of = |t: &Task| encode_cursor(t.run_at, t.id);
     let (next_cursor, prev_cursor) = if filter.backward {

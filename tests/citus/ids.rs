@@ -100,7 +100,7 @@ async fn the_consoles_task_page_shows_a_task_on_citus() {
 }
 
 /// Signs the first admin in to the console; returns the session cookie's value.
-async fn sign_in(app: &TestApp) -> String {
+pub async fn sign_in(app: &TestApp) -> String {
     helpers::client();
     let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let form = client.get(format!("{}/console/login", app.address)).send().await.unwrap();

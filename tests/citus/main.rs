@@ -21,6 +21,7 @@ mod receiver;
 mod admin;
 mod bulk;
 mod cluster;
+mod console;
 mod delivery;
 mod ids;
 mod kill;

@@ -29,13 +29,9 @@ const BIN: &str = "/usr/lib/postgresql/15/bin";
 /// follows its writes by logical replication. Background workers: Citus runs a
 /// maintenance daemon per database on each node, and the tests' databases live side by
 /// side; with PostgreSQL's 8, a move's replication workers could not start beside them
-/// ("could not start maintenance background worker") and the move hung. Connections: the
-/// whole suite's tests run at once, each with its nodes' pools and the connections Citus
-/// opens from the coordinator to each worker for them; PostgreSQL's 100 ran out ("failure
-/// on connection marked as essential" when a test registered its workers).
+/// ("could not start maintenance background worker") and the move hung.
 const CONF: &str = "shared_preload_libraries = 'citus'\ncitus.shard_count = 4\nwal_level = logical\n\
-                    max_worker_processes = 64\nmax_logical_replication_workers = 16\nmax_replication_slots = 32\nmax_wal_senders = 32\n\
-                    max_connections = 400\n";
+                    max_worker_processes = 64\nmax_logical_replication_workers = 16\nmax_replication_slots = 32\nmax_wal_senders = 32\n";
 
 pub struct Cluster {
     pub coordinator: EmbeddedPg,
@@ -118,10 +114,30 @@ pub async fn make_cluster_of(name: &str) -> String {
         .await
         .unwrap();
     for worker in &cluster.workers {
-        sqlx::query("SELECT citus_add_node($1, 5432)").bind(worker.socket_dir().to_str().unwrap()).execute(&mut conn).await.unwrap();
+        add_node(&mut conn, worker).await;
     }
     conn.close().await.unwrap();
     url
+}
+
+/// Registers `worker` on the coordinator (`conn`). Tried again, up to five times: with the
+/// whole suite making its databases at once on two cores, Citus's connection to the worker
+/// for it has failed, rarely ("failure on connection marked as essential"); the worker's
+/// log is printed each time, to say why. Registering a node again is harmless.
+async fn add_node(conn: &mut PgConnection, worker: &EmbeddedPg) {
+    let host = worker.socket_dir().to_str().unwrap().to_string();
+    for tries in 1.. {
+        match sqlx::query("SELECT citus_add_node($1, 5432)").bind(&host).execute(&mut *conn).await {
+            Ok(_) => return,
+            Err(e) if tries < 5 => {
+                let log = std::fs::read_to_string(worker.socket_dir().with_file_name("postgres.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+                eprintln!("registering the worker {host} failed ({e}); trying again; its log ends:\n{}", tail.join("\n"));
+                tokio::time::sleep(std::time::Duration::from_millis(500 * tries)).await;
+            }
+            Err(e) => panic!("registering the worker {host}: {e}"),
+        }
+    }
 }
 
 /// A fresh database on the cluster, migrated by chime (the Citus step included).

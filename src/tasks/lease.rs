@@ -881,7 +881,7 @@ async fn give_back_citus(pool: &Pool, node_id: Uuid, tasks: &[(Uuid, DateTime<Ut
         ids.push(*id);
         run_ats.push(*run_at);
     }
-    let mut tx = citus_begin(pool).await?;
+    let mut tx = crate::db::citus::begin_routed(pool).await?;
     let mut given = 0;
     for (biz_type_id, (ids, run_ats)) in by_biz_type {
         let n = crate::db::query(GIVE_BACK_CITUS).bind(biz_type_id).bind(&ids).bind(&run_ats).bind(node_id).execute(&mut *tx).await?.rows_affected();
@@ -919,14 +919,6 @@ async fn citus_biz_types_with(pool: &Pool, which: &'static str) -> Result<Vec<i3
     crate::db::query_scalar(sqlx::AssertSqlSafe(format!("SELECT DISTINCT biz_type_id FROM tasks WHERE {which} ORDER BY 1"))).fetch_all(pool).await
 }
 
-/// A transaction for statements routed per biz type: a plan made for the biz type at each
-/// run (see `claim_each`).
-async fn citus_begin(pool: &Pool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    crate::db::query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)").execute(&mut *tx).await?;
-    Ok(tx)
-}
-
 /// A task recover_leases_citus.sql put back or ended, and its lost attempt.
 #[derive(sqlx::FromRow)]
 struct Recovered {
@@ -946,7 +938,7 @@ struct Recovered {
 async fn recover_expired_leases_citus(pool: &Pool) -> Result<Swept, sqlx::Error> {
     let mut swept = Swept::default();
     for biz_type_id in citus_biz_types_with(pool, "status = 'running' AND lease_until < now()").await? {
-        let mut tx = citus_begin(pool).await?;
+        let mut tx = crate::db::citus::begin_routed(pool).await?;
         let rows: Vec<Recovered> = crate::db::query_as(include_str!("sql/recover_leases_citus.sql")).bind(biz_type_id).fetch_all(&mut *tx).await?;
         if !rows.is_empty() {
             lost_attempts_citus(&mut tx, biz_type_id, &rows).await?;
@@ -1059,7 +1051,7 @@ async fn expire_overdue_citus(pool: &Pool, limit: i64) -> Result<Swept, sqlx::Er
         if left <= 0 {
             break;
         }
-        let mut tx = citus_begin(pool).await?;
+        let mut tx = crate::db::citus::begin_routed(pool).await?;
         let ended: Vec<(Uuid, String)> =
             crate::db::query_as(include_str!("sql/expire_citus.sql")).bind(left).bind(biz_type_id).fetch_all(&mut *tx).await?;
         if !ended.is_empty() {

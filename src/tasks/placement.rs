@@ -44,9 +44,7 @@ async fn move_cold_citus(pool: &Pool, batch: i64) -> Result<u64, sqlx::Error> {
         if left <= 0 {
             break;
         }
-        let mut tx = pool.begin().await?;
-        // A plan made for the biz type at each run (see `tasks::lease::claim_each`).
-        crate::db::query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)").execute(&mut *tx).await?;
+        let mut tx = crate::db::citus::begin_routed(pool).await?;
         let ids: Vec<Uuid> = crate::db::query_scalar(MOVE_COLD_LOCK_CITUS).bind(biz_type_id).bind(horizon).bind(left).fetch_all(&mut *tx).await?;
         if ids.is_empty() {
             continue;

@@ -326,42 +326,10 @@ async fn record(pool: &Pool, channel: &Channel, summary: bool, tried: &Tried) ->
         Tried::Retry { after, error } => (false, *after, Some(error.as_str())),
         Tried::GiveUp { error } => (true, Duration::ZERO, Some(error.as_str())),
     };
-    if crate::db::citus::active() {
-        return record_citus(pool, channel, summary, done, after, error).await;
-    }
-    // Locks the channel's row, only while this claim holds it, then the rows the message took.
-    crate::db::query(
-        "WITH mine AS (
-             UPDATE chat_channels
-                SET claim = NULL, held_by = NULL, held_until = NULL,
-                    tries = CASE WHEN $4 THEN 0 ELSE tries + 1 END,
-                    next_at = CASE WHEN $4 THEN NULL ELSE now() + $5 * interval '1 millisecond' END,
-                    summarised_at = CASE WHEN $4 AND $3 THEN now() ELSE summarised_at END,
-                    last_error = $6
-              WHERE biz_type_id = $1 AND claim = $2
-             RETURNING biz_type_id
-         )
-         DELETE FROM chat_notices WHERE $4 AND taken_by = $2 AND EXISTS (SELECT 1 FROM mine)",
-    )
-    .bind(channel.biz_type_id)
-    .bind(channel.claim)
-    .bind(summary)
-    .bind(done)
-    .bind(after.as_millis() as i64)
-    .bind(error)
-    .execute(pool)
-    .await
-    .map(drop)
-}
-
-/// `record` on a Citus cluster: the same statement with the biz type in the DELETE, so
-/// that Citus routes both parts to the worker holding its shard; planned with the values
-/// (`db::citus::begin_routed`), which fold the CASEs holding `now()` that Citus refuses in
-/// an UPDATE otherwise.
-async fn record_citus(pool: &Pool, channel: &Channel, summary: bool, done: bool, after: Duration, error: Option<&str>) -> Result<(), sqlx::Error> {
-    let mut tx = crate::db::citus::begin_routed(pool).await?;
-    // Locks the channel's row, only while this claim holds it, then the rows the message took.
-    crate::db::query(
+    // Locks the channel's row, only while this claim holds it, then the rows the message
+    // took. The biz type in the DELETE too: Citus then routes both parts to the worker
+    // holding its shard.
+    let query = crate::db::query(
         "WITH mine AS (
              UPDATE chat_channels
                 SET claim = NULL, held_by = NULL, held_until = NULL,
@@ -379,9 +347,14 @@ async fn record_citus(pool: &Pool, channel: &Channel, summary: bool, done: bool,
     .bind(summary)
     .bind(done)
     .bind(after.as_millis() as i64)
-    .bind(error)
-    .execute(&mut *tx)
-    .await?;
+    .bind(error);
+    if !crate::db::citus::active() {
+        return query.execute(pool).await.map(drop);
+    }
+    // On Citus planned with the values (`db::citus::begin_routed`), which fold the CASEs
+    // holding `now()` that Citus refuses in an UPDATE otherwise.
+    let mut tx = crate::db::citus::begin_routed(pool).await?;
+    query.execute(&mut *tx).await?;
     tx.commit().await
 }
 

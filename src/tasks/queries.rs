@@ -416,13 +416,19 @@ pub async fn list(pool: &Pool, biz_type_id: Option<i32>, filter: &ListFilter) ->
     if filter.backward {
         items.reverse();
     }
+    Ok(page_of(items, more, filter.backward, after))
+}
+
+/// A page of `items` (in the order shown) with its cursors: `more`, past them in the
+/// direction walked (a page back walks backward); `after`, the cursor the page began from.
+fn page_of(items: Vec<Task>, more: bool, backward: bool, after: Option<(DateTime<Utc>, Uuid)>) -> Page {
     let cursor_of = |t: &Task| encode_cursor(t.run_at, t.id);
-    let (next_cursor, prev_cursor) = if filter.backward {
+    let (next_cursor, prev_cursor) = if backward {
         (items.last().map(cursor_of), if more { items.first().map(cursor_of) } else { None })
     } else {
         (if more { items.last().map(cursor_of) } else { None }, after.and(items.first().map(cursor_of)))
     };
-    Ok(Page { items, next_cursor, prev_cursor })
+    Page { items, next_cursor, prev_cursor }
 }
 
 /// `list` across every biz type on a Citus cluster, which refuses the walk of each biz type
@@ -453,13 +459,7 @@ async fn list_each(pool: &Pool, filter: &ListFilter, after: Option<(DateTime<Utc
             items.truncate(limit);
         }
     }
-    let cursor_of = |t: &Task| encode_cursor(t.run_at, t.id);
-    let (next_cursor, prev_cursor) = if filter.backward {
-        (items.last().map(cursor_of), if more { items.first().map(cursor_of) } else { None })
-    } else {
-        (if more { items.last().map(cursor_of) } else { None }, after.and(items.first().map(cursor_of)))
-    };
-    Ok(Page { items, next_cursor, prev_cursor })
+    Ok(page_of(items, more, filter.backward, after))
 }
 
 /// Across every biz type, a payload search can no longer walk a biz type's tasks in due

@@ -130,6 +130,11 @@ const SETTINGS_REFRESH: Duration = Duration::from_secs(2);
 /// for the slots it does not take, a node stopping or with nothing left claimed. Shorter
 /// costs each node a claim (a lock and a count of the leases) that often per capped biz type.
 const CAPPED_POLL: Duration = Duration::from_millis(100);
+
+/// How long a biz type found with tasks of several priorities due is claimed with the
+/// priority branches at once (`lease::Want::priorities`), before a claim without them
+/// looks again: a second statement that often at most.
+const PRIORITIZED_FOR: Duration = Duration::from_secs(60);
 /// Most tasks of one biz type claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
 /// Of the tasks a node claims of a biz type, one in this many goes to its longest-due
@@ -490,6 +495,9 @@ pub struct Engine {
     /// Biz types whose last claim took all it asked, so that their next one takes a lane
     /// of this node's (`Lanes`): how many lane claims of each have gone before.
     lane_turns: HashMap<i32, u32>,
+    /// Biz types a claim lately found with tasks of several priorities due, and until
+    /// when their claims take the priority branches at once (`lease::Want::priorities`).
+    prioritized: HashMap<i32, tokio::time::Instant>,
     /// Shared with the callbacks in flight, so that starting one copies no settings.
     biz_types: Vec<Arc<BizTypeConfig>>,
     /// When the settings were last read; `None` until the first turn (or `reread_settings`).
@@ -560,6 +568,7 @@ impl Engine {
             delivering_nodes: 1,
             place: 0,
             lane_turns: HashMap::new(),
+            prioritized: HashMap::new(),
             biz_types: Vec::new(),
             refreshed_at: None,
             unopened_reported: HashSet::new(),
@@ -754,7 +763,8 @@ impl Engine {
                 Some(_) => None,
                 None => self.lane_turns.get(&biz.id).and_then(|turn| Lanes { nodes: self.delivering_nodes, place: self.place }.lane(*turn)),
             };
-            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, lane, flow });
+            let priorities = self.prioritized.get(&biz.id).is_some_and(|until| *until > now);
+            wants.push(lease::Want { biz_type_id: biz.id, limit: free, ahead_ms, lease_ms, oldest, lane, flow, priorities });
             claiming.push(Claiming { due, free, wait, oldest, lane });
         }
         (wants, claiming)
@@ -784,7 +794,10 @@ impl Engine {
     /// claim span).
     fn take(&mut self, claiming: Claiming, claim: lease::Claim, now: tokio::time::Instant, claim_started: Option<SystemTime>, next: &mut Next) {
         let Claiming { due: Due { biz, counter, slots, probe }, free, wait, oldest, lane } = claiming;
-        let lease::Claim { leased: claimed, expired, capped, cursor, .. } = claim;
+        let lease::Claim { leased: claimed, expired, capped, cursor, prioritized, .. } = claim;
+        if prioritized {
+            self.prioritized.insert(biz.id, now + PRIORITIZED_FOR);
+        }
         match cursor {
             Some(cursor) => self.flow_cursors.insert(biz.id, cursor),
             None => self.flow_cursors.remove(&biz.id),
@@ -932,6 +945,7 @@ impl Engine {
                 self.owed_oldest.retain(|id, _| listed.contains(id));
                 self.flow_cursors.retain(|id, _| listed.contains(id));
                 self.lane_turns.retain(|id, _| listed.contains(id));
+                self.prioritized.retain(|id, _| listed.contains(id));
                 *self.looks.flows.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                     list.iter().filter(|b| b.flow().is_some()).map(|b| b.id).collect();
                 self.biz_types = list.into_iter().map(Arc::new).collect();

@@ -75,6 +75,9 @@ pub struct Claim {
     /// When the biz type's settings last changed, as the claim saw them: settings read
     /// before that are too old to deliver what it leased.
     pub settings_at: Option<DateTime<Utc>>,
+    /// The biz type had tasks of another priority than 5 due: its next claims are better
+    /// made with the priority branches (`Want::priorities`).
+    pub prioritized: bool,
 }
 
 /// One biz type's part of a claim: up to `limit` of its tasks due now or within the next
@@ -92,6 +95,10 @@ pub struct Want {
     pub lane: Option<i32>,
     /// The biz type's per-key limits, if it has any (pick_flow.sql picks for it).
     pub flow: Option<FlowWant>,
+    /// Claim with the priority branches (pick_priority.sql) at once: a claim lately found
+    /// the biz type needing them (`Claim::prioritized`). Without, a claim that finds it
+    /// so makes a second statement.
+    pub priorities: bool,
 }
 
 /// A biz type's per-key limits, for a claim.
@@ -108,11 +115,12 @@ pub struct FlowWant {
 }
 
 /// Leases to node `node_id` what each of `wants` asks for, in one statement whatever the
-/// number of biz types: never more of a biz type than its max_in_flight leaves, counting
+/// number of biz types (a second for those that need the priority branches, `Pick`, and
+/// a third for those with per-key limits): never more of a biz type than its max_in_flight leaves, counting
 /// the leases of every node. Tasks it picked whose deadline had passed are ended `expired`
 /// instead (see claim.sql). Returns each biz type's part; one that got nothing is absent.
 /// `floor`: `unfinished_floor()` as last read, or None.
-/// Biz types with per-key limits are claimed in a second statement (pick_flow.sql), so
+/// Biz types with per-key limits are claimed in a statement of their own (pick_flow.sql), so
 /// that the others' claim is what it was.
 /// On a Citus cluster (`db::citus::active`), one statement per biz type (`claim_each`), and
 /// for a biz type with per-key limits a few (`flows_citus`).
@@ -126,21 +134,45 @@ pub async fn claim(pool: &Pool, wants: &[Want], node_id: Uuid, floor: Option<Dat
         }
         return Ok(claims);
     }
-    for part in [plain, flows] {
-        if !part.is_empty() {
-            claim_some(pool, &part, node_id, floor, &mut claims).await?;
-        }
+    // Most biz types never set a priority: their claim leaves out the priority branches
+    // (`Pick::Plain`), and one found to need them is claimed again with them at once
+    // (`Claim::prioritized`; the engine then asks for them, `Want::priorities`, a while).
+    let (mut full, plain): (Vec<&Want>, Vec<&Want>) = plain.into_iter().partition(|w| w.priorities);
+    if !plain.is_empty() {
+        let needing = claim_some(pool, &plain, Pick::Plain, node_id, floor, &mut claims).await?;
+        full.extend(plain.into_iter().filter(|w| needing.contains(&w.biz_type_id)));
+    }
+    if !full.is_empty() {
+        claim_some(pool, &full, Pick::Full, node_id, floor, &mut claims).await?;
+    }
+    if !flows.is_empty() {
+        claim_some(pool, &flows, Pick::Flows, node_id, floor, &mut claims).await?;
     }
     Ok(claims)
 }
 
+/// Which pick a claim statement takes its due tasks with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pick {
+    /// pick.sql without its priority branches: a biz type that needs them gets nothing and
+    /// a `prioritized` row.
+    Plain,
+    /// pick.sql with its priority branches (pick_priority.sql).
+    Full,
+    /// pick_flow.sql, for biz types with per-key limits.
+    Flows,
+}
+
+/// One claim statement for `wants`, its rows sorted into `claims`. Returns the biz types
+/// it passed over because they need the priority branches (`Pick::Plain` only).
 async fn claim_some(
     pool: &Pool,
     wants: &[&Want],
+    pick: Pick,
     node_id: Uuid,
     floor: Option<DateTime<Utc>>,
     claims: &mut HashMap<i32, Claim>,
-) -> Result<(), sqlx::Error> {
+) -> Result<Vec<i32>, sqlx::Error> {
     let ids: Vec<i32> = wants.iter().map(|w| w.biz_type_id).collect();
     let limits: Vec<i64> = wants.iter().map(|w| w.limit).collect();
     let leases: Vec<i64> = wants.iter().map(|w| w.lease_ms + w.ahead_ms).collect();
@@ -148,15 +180,27 @@ async fn claim_some(
     let oldest: Vec<i64> = wants.iter().map(|w| w.oldest).collect();
     let lanes: Vec<Option<i32>> = wants.iter().map(|w| w.lane).collect();
     static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim.sql")));
+    static CLAIM_PLAIN: LazyLock<String> = LazyLock::new(|| {
+        include_str!("sql/claim.sql")
+            .replace("{pick}", include_str!("sql/pick.sql").trim_end())
+            // In place of the priority branches, a row with no task for a biz type that
+            // needs them (claim.sql, its `prioritized` row).
+            .replace("{by_priority}", "UNION ALL\n        (SELECT NULL::uuid, NULL::timestamptz, 0 WHERE x.prioritized)")
+            .replace("{markers}", "")
+    });
     static CLAIM_FLOWS: LazyLock<String> = LazyLock::new(|| {
         include_str!("sql/claim.sql")
             .replace("{pick}", include_str!("sql/pick_flow.sql").trim_end())
             .replace("{markers}", &format!("\n{}", include_str!("sql/flow_markers.sql").trim_end()))
     });
+    let query = crate::db::query_as(match pick {
+        Pick::Plain => CLAIM_PLAIN.as_str(),
+        Pick::Full => CLAIM.as_str(),
+        Pick::Flows => CLAIM_FLOWS.as_str(),
+    });
     let flows: Vec<&FlowWant> = wants.iter().filter_map(|w| w.flow.as_ref()).collect();
-    let query = if flows.is_empty() { crate::db::query_as(CLAIM.as_str()) } else { crate::db::query_as(CLAIM_FLOWS.as_str()) };
     let mut query = query.bind(&ids).bind(&limits).bind(&leases).bind(node_id).bind(&aheads).bind(floor).bind(&oldest).bind(&lanes);
-    if !flows.is_empty() {
+    if pick == Pick::Flows {
         query = query
             .bind(flows.iter().map(|f| f.cap).collect::<Vec<i32>>())
             .bind(flows.iter().map(|f| f.ordered).collect::<Vec<bool>>())
@@ -164,8 +208,9 @@ async fn claim_some(
             .bind(flows.iter().map(|f| f.rate).collect::<Vec<Option<f64>>>());
     }
     let picked: Vec<ClaimRow> = query.fetch_all(pool).await?;
+    let needing: Vec<i32> = picked.iter().filter(|r| r.prioritized).map(|r| r.biz_type_id).collect();
     take(picked, claims);
-    Ok(())
+    Ok(needing)
 }
 
 /// Sorts a claim's rows into each biz type's `Claim`.
@@ -175,6 +220,7 @@ fn take(rows: Vec<ClaimRow>, claims: &mut HashMap<i32, Claim>) {
         claim.settings_at = claim.settings_at.max(row.settings_at);
         if row.task.id.is_nil() {
             claim.capped |= row.capped;
+            claim.prioritized |= row.prioritized;
             claim.cursor = claim.cursor.take().or(row.cursor);
         } else if row.task.expired {
             claim.expired += 1;
@@ -241,9 +287,11 @@ pub fn citus_claim_sql() -> &'static str {
 }
 
 /// claim.sql or reserve.sql with pick.sql's `picked` CTE, which both take due tasks with,
-/// in place of its `{pick}`.
+/// in place of its `{pick}`, priority branches included.
 fn with_pick(sql: &str) -> String {
-    sql.replace("{pick}", include_str!("sql/pick.sql").trim_end()).replace("{markers}", "")
+    sql.replace("{pick}", include_str!("sql/pick.sql").trim_end())
+        .replace("{by_priority}", include_str!("sql/pick_priority.sql").trim_end())
+        .replace("{markers}", "")
 }
 
 /// A row of claim.sql: a task, or (`capped`) the one row per biz type that says the cap
@@ -256,6 +304,9 @@ struct ClaimRow {
     capped: bool,
     cursor: Option<String>,
     settings_at: Option<DateTime<Utc>>,
+    /// The biz type needs the priority branches this claim left out (`Pick::Plain`).
+    #[sqlx(default)]
+    prioritized: bool,
 }
 
 /// When the next pending task of these biz types is due (None: nothing pending).
@@ -694,6 +745,8 @@ pub async fn record_in(tx: &mut PgConnection, holder: Uuid, node: Option<Uuid>, 
             .bind(holder)
             .bind(&snoozed)
             .bind(&uncounted)
+            .bind(run_ats.iter().min())
+            .bind(run_ats.iter().max())
             .execute(&mut *tx)
             .await?;
     }

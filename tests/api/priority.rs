@@ -54,6 +54,42 @@ async fn due_tasks_go_by_priority_and_the_longest_due_are_not_starved() {
     assert_eq!(order[..last_default].iter().find(|p| p.starts_with("low-")).map(String::as_str), Some("low-0"), "the longest-due first");
 }
 
+/// Most claims are made without the priority branches (`lease::Pick::Plain`, cheaper on a
+/// table of many partitions). One that finds a biz type with a task of another priority
+/// due claims that biz type again with them in the same call, so the urgent task is leased
+/// at once, and says so (`Claim::prioritized`) for the engine's next claims; a biz type
+/// whose tasks are all of the default priority is claimed by the first statement, in due order.
+#[tokio::test]
+async fn a_claim_without_the_priority_branches_claims_a_prioritized_biz_type_again_with_them() {
+    use chime::tasks::lease::{self, Want};
+    let app = spawn_app().await;
+    let settings = Settings { callback_url: Some("http://127.0.0.1:9/".into()), ..Default::default() };
+    let mut ids = Vec::new();
+    for name in ["orders", "plain"] {
+        ids.push(biz_types::create(&app.pool, name, &settings, CallbackHosts::Any).await.unwrap().id);
+        let token = biz_types::create_token(&app.pool, name).await.unwrap();
+        let now = Utc::now();
+        let mut items: Vec<_> = (0..3)
+            .map(|i| json!({"biz_type": name, "run_at": (now - chrono::Duration::seconds(30 - i)).to_rfc3339(), "payload": format!("default-{i}")}))
+            .collect();
+        if name == "orders" {
+            items.push(json!({"biz_type": name, "run_at": (now - chrono::Duration::seconds(1)).to_rfc3339(), "priority": 9, "payload": "urgent"}));
+        }
+        let created = app.post("/api/v1/tasks/batch", &token, json!({"tasks": items})).await;
+        assert_eq!(created.status, 200, "{}", created.body);
+    }
+    let want = |biz_type_id| Want { biz_type_id, limit: 1, ahead_ms: 0, lease_ms: 60_000, oldest: 0, lane: None, flow: None, priorities: false };
+    let claims = lease::claim(&app.pool, &[want(ids[0]), want(ids[1])], uuid::Uuid::new_v4(), None).await.unwrap();
+    let orders = &claims[&ids[0]];
+    assert!(orders.prioritized, "the claim says the biz type wants the priority branches");
+    let payloads: Vec<&str> = orders.leased.iter().map(|t| t.payload.as_str()).collect();
+    assert_eq!(payloads, ["\"urgent\""], "the urgent task leased in the same call");
+    let plain = &claims[&ids[1]];
+    assert!(!plain.prioritized);
+    let payloads: Vec<&str> = plain.leased.iter().map(|t| t.payload.as_str()).collect();
+    assert_eq!(payloads, ["\"default-0\""], "the longest-due of a biz type without priorities");
+}
+
 /// `priority` is 0 to 9, 5 when left out; it is answered with the task, kept when the task
 /// moves to cold storage and back, changed by a PATCH and by a replace, shown on the
 /// console's task page and a filter of its task list; anything else is refused with 422

@@ -211,7 +211,7 @@ async fn a_retry_or_snooze_beyond_the_horizon_goes_cold_and_comes_back_on_citus(
     // or backoff reaches past the horizon on the first try).
     let retried = app.create_task(&retried_token, json!({"biz_type": retried_type})).await["id"].as_str().unwrap().to_string();
     let node = Uuid::new_v4();
-    let want = Want { biz_type_id: retried_id, limit: 10, ahead_ms: 0, lease_ms: 60_000, oldest: 1, lane: None, flow: None };
+    let want = Want { biz_type_id: retried_id, limit: 10, ahead_ms: 0, lease_ms: 60_000, oldest: 1, lane: None, flow: None, priorities: false };
     let claims = lease::claim(&app.pool, &[want], node, None).await.unwrap();
     let claimed = &claims[&retried_id].leased[0];
     let until: DateTime<Utc> = Utc::now() + chrono::TimeDelta::days(5);
@@ -366,7 +366,7 @@ async fn a_stopping_node_gives_back_what_it_claimed_ahead_on_citus() {
     let mut claimed = Vec::new();
     for (name, id, token) in on_both_workers(&app, "ahead", &settings).await {
         app.create_task(&token, json!({"biz_type": name, "delay_ms": 2_000})).await;
-        let want = Want { biz_type_id: id, limit: 10, ahead_ms: 60_000, lease_ms: 60_000, oldest: 1, lane: None, flow: None };
+        let want = Want { biz_type_id: id, limit: 10, ahead_ms: 60_000, lease_ms: 60_000, oldest: 1, lane: None, flow: None, priorities: false };
         let claims = lease::claim(&app.pool, &[want], node, None).await.unwrap();
         let task = &claims[&id].leased[0];
         claimed.push((task.id, task.run_at, id));

@@ -35,7 +35,7 @@ async fn orders(app: &TestApp) -> (i32, String) {
 }
 
 fn want(biz_type_id: i32, limit: i64) -> Want {
-    Want { biz_type_id, limit, ahead_ms: 0, lease_ms: 60_000, oldest: 1, lane: None, flow: None }
+    Want { biz_type_id, limit, ahead_ms: 0, lease_ms: 60_000, oldest: 1, lane: None, flow: None, priorities: false }
 }
 
 /// EXPLAIN of `sql` (its rows joined), with the binds `bind` gives it.

@@ -27,6 +27,12 @@
 -- With per-key limits (pick_flow.sql) such a row also says when a key's limit held some
 -- back, and carries where the next claim's walk of the keys starts (`cursor`).
 --
+-- The engine claims most biz types without the pick's priority branches
+-- (pick_priority.sql; `lease::claim`). A biz type that has a due task of another priority
+-- than 5 is then passed over, and the pick gives it one row with no task instead
+-- (`id` NULL), which the gate and the update skip; it comes back as a row with id all
+-- zeros and `prioritized` set, and the engine claims it again with them.
+--
 -- $6, when known, is chime_unfinished_floor() (migration 0036): no unfinished task is due
 -- before it, and with it the partitions of finished tasks are pruned as the statement
 -- starts rather than opened and locked at each claim.
@@ -55,7 +61,9 @@
 -- range narrows the primary key's scan, (id, run_at), and no other index: every other
 -- index on run_at is partial on a status this update does not name, so the planner cannot
 -- walk one through the range (it did when the list index held every status: 50,000 rows
--- read when all were due at one instant).
+-- read when all were due at one instant). That range is known only as the update runs;
+-- the floor ($6) is known as it starts, so the partitions of finished tasks below it are
+-- not even opened (the engine's generic plan prunes by parameters at its start).
 --
 -- Deadlines (docs/design/contract.md, Tasks by key: no callback starts at or after `expires_at`). A picked task whose
 -- deadline has passed is ended `expired` here, in the same UPDATE, rather than skipped:
@@ -75,10 +83,10 @@ WITH wants AS (
     -- changed, as this statement sees them (the engine re-reads its own copy if older).
     SELECT biz_type_id, picked, chime_claim_room(biz_type_id, picked) AS room,
            (SELECT b.updated_at FROM biz_types b WHERE b.id = g.biz_type_id) AS settings_at
-      FROM (SELECT biz_type_id, count(*) AS picked FROM picked GROUP BY biz_type_id ORDER BY biz_type_id) g
+      FROM (SELECT biz_type_id, count(*) AS picked FROM picked WHERE id IS NOT NULL GROUP BY biz_type_id ORDER BY biz_type_id) g
 ), due AS (
     SELECT r.id, r.run_at, r.biz_type_id
-      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.biz_type_id ORDER BY p.ord, p.run_at) AS rank FROM picked p) r
+      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.biz_type_id ORDER BY p.ord, p.run_at) AS rank FROM picked p WHERE p.id IS NOT NULL) r
       JOIN gate g ON g.biz_type_id = r.biz_type_id
      WHERE r.rank <= g.room
 ), leased AS (
@@ -98,6 +106,7 @@ WITH wants AS (
            updated_at = now()
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))
        AND t.run_at BETWEEN (SELECT min(run_at) FROM due) AND (SELECT max(run_at) FROM due)
+       AND t.run_at >= coalesce($6, '-infinity')
     RETURNING t.id, t.biz_type_id, t.key, t.flow_key, t.run_at, t.payload::text AS payload, t.attempt_count, t.timer_id,
               t.expires_at, t.traceparent, t.status = 'expired' AS expired, clock_timestamp() AS db_now
 ), notices AS (
@@ -110,10 +119,15 @@ WITH wants AS (
      WHERE l.expired AND b.chat_url IS NOT NULL
 )
 SELECT l.id, l.biz_type_id, l.key, l.flow_key, l.run_at, l.payload, l.attempt_count, l.timer_id, l.expires_at, l.traceparent,
-       l.expired, l.db_now, false AS capped, NULL::text AS cursor, g.settings_at
+       l.expired, l.db_now, false AS capped, NULL::text AS cursor, g.settings_at, false AS prioritized
   FROM leased l JOIN gate g ON g.biz_type_id = l.biz_type_id
 UNION ALL
 SELECT '00000000-0000-0000-0000-000000000000', g.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), true, NULL,
-       g.settings_at
+       g.settings_at, false
   FROM gate g
- WHERE g.room < g.picked{markers}
+ WHERE g.room < g.picked
+UNION ALL
+SELECT '00000000-0000-0000-0000-000000000000', p.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false, clock_timestamp(), false, NULL,
+       NULL, true
+  FROM picked p
+ WHERE p.id IS NULL{markers}

@@ -4,6 +4,6 @@
 -- neither.
 UNION ALL
 SELECT '00000000-0000-0000-0000-000000000000', h.biz_type_id, NULL, NULL, now(), '', 0, NULL, NULL, NULL, false,
-       clock_timestamp(), h.held, h.cursor, NULL
+       clock_timestamp(), h.held, h.cursor, NULL, false
   FROM held h
  WHERE h.held OR h.cursor IS NOT NULL

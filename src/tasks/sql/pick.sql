@@ -19,6 +19,11 @@
 -- working through one biz type's backlog each take their own lanes, so that no claim reads
 -- and locks the rows another node has just claimed at the shared head of the due order.
 --
+-- The priority branches below, last in the LATERAL, are pick_priority.sql's
+-- (`lease::Pick::Full`), or, in most of the engine's claims (`lease::Pick::Plain`), one row
+-- with no task (id NULL) for a biz type that would need them, which claim.sql reports (its
+-- `prioritized` row).
+--
 picked AS (
     -- Per biz type, in the order it is claimed (`ord`, then run_at). A biz type with no
     -- due task of another priority than 5 (`prioritized`: one probe of
@@ -48,54 +53,6 @@ picked AS (
                    AND status = 'pending' AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity')
                    AND NOT x.prioritized AND w.lane IS NOT NULL
               ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) lane)
-        UNION ALL
-        (SELECT id, run_at, ord FROM (
-            SELECT DISTINCT ON (id) id, run_at, ord FROM (
-                (SELECT id, run_at, 0 AS ord FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND x.prioritized
-                      ORDER BY run_at LIMIT w.oldest FOR UPDATE SKIP LOCKED) o)
-                UNION ALL
-                (SELECT id, run_at, 1 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 9 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l9)
-                UNION ALL
-                (SELECT id, run_at, 2 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 8 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l8)
-                UNION ALL
-                (SELECT id, run_at, 3 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 7 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l7)
-                UNION ALL
-                (SELECT id, run_at, 4 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 6 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l6)
-                UNION ALL
-                (SELECT id, run_at, 5 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 5 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l5)
-                UNION ALL
-                (SELECT id, run_at, 6 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 4 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l4)
-                UNION ALL
-                (SELECT id, run_at, 7 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 3 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l3)
-                UNION ALL
-                (SELECT id, run_at, 8 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 2 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l2)
-                UNION ALL
-                (SELECT id, run_at, 9 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 1 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l1)
-                UNION ALL
-                (SELECT id, run_at, 10 FROM (SELECT id, run_at FROM tasks WHERE biz_type_id = w.biz_type_id AND status = 'pending'
-                   AND run_at <= now() + w.ahead_ms * interval '1 millisecond' AND run_at >= coalesce($6, '-infinity') AND priority = 0 AND x.prioritized
-                      ORDER BY run_at LIMIT w.n FOR UPDATE SKIP LOCKED) l0)
-                LIMIT w.n + w.oldest) u
-             ORDER BY id, ord) d
-          ORDER BY ord, run_at LIMIT w.n)
+        {by_priority}
      ) f
 )

@@ -21,6 +21,12 @@
 -- past the hot horizon was moved to cold storage by later_cold.sql just before, so it is not
 -- here; the `least` only keeps a row inside the partitions should the horizon have been
 -- read differently between the two statements.
+--
+-- $9 and $10 are the least and greatest of the batch's run_at ($2): the engine's sessions
+-- keep one generic plan (src/engine/mod.rs, `hot_path`), which prunes by parameters as the
+-- statement starts, so the partitions outside them are neither opened nor read. Without
+-- them every retained partition's index was opened at each batch (30 days of daily
+-- partitions: 0.10 ms a batch where the pruned one takes 0.056, the empty table's).
 WITH settled AS (
     UPDATE tasks t
        SET status = CASE WHEN o.snoozed AND t.snoozes >= b.max_snoozes THEN 'failed' ELSE o.status END,
@@ -41,6 +47,7 @@ WITH settled AS (
            AS o(id, run_at, status, retry_at, error, snoozed, held),
            biz_types b
      WHERE t.id = o.id AND t.run_at = o.run_at AND t.status = 'running' AND t.leased_by = $6
+       AND t.run_at BETWEEN $9 AND $10
        AND b.id = t.biz_type_id
     RETURNING t.id, t.biz_type_id, t.status, b.failure_url,
               b.chat_url

@@ -29,6 +29,7 @@ WITH wants AS (
            updated_at = now()
      WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
        AND t.run_at BETWEEN (SELECT min(run_at) FROM picked) AND (SELECT max(run_at) FROM picked)
+       AND t.run_at >= coalesce($6, '-infinity')
     RETURNING t.*
 ), notices AS (
     INSERT INTO failure_notices (biz_type_id, task_id, event)

@@ -389,11 +389,25 @@ async fn send(
         Err(e) => return Sent { error: Some(failure(&e, biz.timeout_ms)), ..sent },
     };
     let mut hops = 0;
+    let mut sent_again = false;
     let mut response = loop {
         // The body is bytes, so the copy for a redirect shares them.
         let again = request.try_clone().expect("a callback's body can be cloned");
         let response = match client.execute(request).await {
             Ok(response) => response,
+            // The receiver closed the kept-alive connection as the callback went out on it
+            // (servers close idle ones after a few seconds: 5 in Node.js and actix-web), so
+            // it answered nothing: sent again at once, once, on another connection. Counted
+            // as failures, the ten such at the start of a busy second opened the receiver's
+            // breaker and held every callback for its probe interval (`chime bench`, steady
+            // on 4 nodes: p99 5 s). A receiver that did read it gets it twice, as after any
+            // failed attempt.
+            Err(e) if !sent_again && closed_unanswered(&e) => {
+                sent_again = true;
+                request = again;
+                *request.timeout_mut() = Some(deadline.saturating_duration_since(Instant::now()));
+                continue;
+            }
             Err(e) => return Sent { error: Some(failure(&e, biz.timeout_ms)), ..sent },
         };
         let status = response.status().as_u16();
@@ -444,6 +458,18 @@ async fn send(
 fn location(response: &reqwest::Response) -> Option<url::Url> {
     let to = response.headers().get(reqwest::header::LOCATION)?.to_str().ok()?;
     response.url().join(to).ok()
+}
+
+/// The connection closed before an answer began (hyper's incomplete message).
+fn closed_unanswered(e: &reqwest::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = cause {
+        if error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_incomplete_message) {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// The attempt's error for a request that got no answer.

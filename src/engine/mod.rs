@@ -517,7 +517,7 @@ impl Engine {
         install_tls_provider();
         let sessions = health.pool(Route::Sessions, POOL_SIZE, hot_path);
         let pool = Pool::direct(sessions.clone());
-        let client = hosts.http_client().pool_idle_timeout(Duration::from_secs(90)).build().expect("an HTTP client with the ring TLS provider");
+        let client = hosts.http_client().pool_idle_timeout(POOL_IDLE).build().expect("an HTTP client with the ring TLS provider");
         let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
         let wake = Arc::new(Notify::new());
         let settings_changed = Arc::new(AtomicBool::new(false));
@@ -1016,3 +1016,9 @@ fn hot_path(options: PgConnectOptions) -> PgConnectOptions {
 
 /// The engine's pool size.
 const POOL_SIZE: u32 = 4;
+
+/// How long a connection to a receiver is kept idle for the next callback: under the 5 s
+/// after which Node.js, actix-web, Apache and uvicorn close an idle one, so that chime
+/// drops it first rather than send on it as the receiver closes it (`deliver::send` sends
+/// again once when that happens anyway).
+const POOL_IDLE: Duration = Duration::from_secs(4);

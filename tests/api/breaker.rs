@@ -449,3 +449,67 @@ async fn outage_of_20_s_without_and_with_the_breaker() {
         );
     }
 }
+
+/// A receiver that closes a kept-alive connection as a callback goes out on it answers
+/// nothing (hyper's "connection closed before message completed"); chime sends that callback
+/// again at once on another connection, so each task is delivered at its first attempt and
+/// no failure counts toward the breaker. The receiver here, on raw TCP, answers the first
+/// request on each connection and closes the connection, unanswered, at the second: every
+/// callback after the first goes out on a connection about to close.
+#[tokio::test]
+async fn a_callback_sent_as_the_receiver_closes_its_connection_is_sent_again_at_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one request (headers and a Content-Length body); false at the end of the stream.
+    async fn read_request(socket: &mut tokio::net::TcpStream) -> bool {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                let length: usize = head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
+                if seen.len() >= end + 4 + length {
+                    return true;
+                }
+            }
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    const NAME: &str = "closes-kept-alive";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (answered, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, c) = (answered.clone(), closed.clone());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (a, c) = (a.clone(), c.clone());
+            tokio::spawn(async move {
+                if !read_request(&mut socket).await {
+                    return;
+                }
+                socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+                a.fetch_add(1, Ordering::SeqCst);
+                if read_request(&mut socket).await {
+                    c.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    let app = spawn_node().await;
+    let (token, _) =
+        biz_type(&app, json!({"name": NAME, "callback_url": url, "max_in_flight": 1, "breaker_threshold": 2, "backoff_initial_ms": 60_000})).await;
+    for delay_ms in [0, 300, 600, 900] {
+        let created = app.post("/api/v1/tasks", &token, json!({"biz_type": NAME, "delay_ms": delay_ms})).await;
+        assert_eq!(created.status, 201, "{}", created.body);
+    }
+    wait_all_succeeded(&app, NAME, 4, Duration::from_secs(10)).await;
+    assert_eq!(attempts(&app, NAME).await, (4, 4), "one attempt each, none failed");
+    assert!(closed.load(Ordering::SeqCst) >= 1, "the receiver closed a connection under a callback");
+    assert_eq!(answered.load(Ordering::SeqCst), 4);
+}

@@ -158,6 +158,9 @@ async fn failing_receiver_fixed_and_failed_tasks_replayed_from_the_console() {
     // error would leave it.
     sqlx::query("UPDATE tasks SET status = 'failed', finished_at = now() WHERE id = $1::uuid").bind(&ids[2]).execute(&app.pool).await.unwrap();
     browser.goto(&format!("/console/tasks/{}", ids[2])).await;
+    // The receiver answers after 1.5 s, so that the replayed task is still running when its
+    // page loads: answered at once, it was sometimes delivered before (a CI run).
+    receiver.answer_with(Answer { delay: Duration::from_millis(1500), ..Answer::status(200) });
     browser.submit("#replay").await;
     assert!(browser.text(".flash").await.contains("Task replayed"));
     // The page of a task not yet finished refreshes itself (issue 4): it turns succeeded

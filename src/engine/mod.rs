@@ -135,6 +135,7 @@ const CAPPED_POLL: Duration = Duration::from_millis(100);
 /// priority branches at once (`lease::Want::priorities`), before a claim without them
 /// looks again: a second statement that often at most.
 const PRIORITIZED_FOR: Duration = Duration::from_secs(60);
+
 /// Most tasks of one biz type claimed in one statement.
 const CLAIM_BATCH: i64 = 200;
 /// Of the tasks a node claims of a biz type, one in this many goes to its longest-due

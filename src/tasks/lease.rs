@@ -180,14 +180,7 @@ async fn claim_some(
     let oldest: Vec<i64> = wants.iter().map(|w| w.oldest).collect();
     let lanes: Vec<Option<i32>> = wants.iter().map(|w| w.lane).collect();
     static CLAIM: LazyLock<String> = LazyLock::new(|| with_pick(include_str!("sql/claim.sql")));
-    static CLAIM_PLAIN: LazyLock<String> = LazyLock::new(|| {
-        include_str!("sql/claim.sql")
-            .replace("{pick}", include_str!("sql/pick.sql").trim_end())
-            // In place of the priority branches, a row with no task for a biz type that
-            // needs them (claim.sql, its `prioritized` row).
-            .replace("{by_priority}", "UNION ALL\n        (SELECT NULL::uuid, NULL::timestamptz, 0 WHERE x.prioritized)")
-            .replace("{markers}", "")
-    });
+    static CLAIM_PLAIN: LazyLock<String> = LazyLock::new(|| with_pick_as(include_str!("sql/claim.sql"), NEEDS_PRIORITIES));
     static CLAIM_FLOWS: LazyLock<String> = LazyLock::new(|| {
         include_str!("sql/claim.sql")
             .replace("{pick}", include_str!("sql/pick_flow.sql").trim_end())
@@ -289,10 +282,17 @@ pub fn citus_claim_sql() -> &'static str {
 /// claim.sql or reserve.sql with pick.sql's `picked` CTE, which both take due tasks with,
 /// in place of its `{pick}`, priority branches included.
 fn with_pick(sql: &str) -> String {
-    sql.replace("{pick}", include_str!("sql/pick.sql").trim_end())
-        .replace("{by_priority}", include_str!("sql/pick_priority.sql").trim_end())
-        .replace("{markers}", "")
+    with_pick_as(sql, include_str!("sql/pick_priority.sql").trim_end())
 }
+
+/// `with_pick` with `by_priority` in place of pick.sql's priority branches.
+fn with_pick_as(sql: &str, by_priority: &str) -> String {
+    sql.replace("{pick}", include_str!("sql/pick.sql").trim_end()).replace("{by_priority}", by_priority).replace("{markers}", "")
+}
+
+/// In place of the priority branches (`Pick::Plain`), a row with no task for a biz type that
+/// needs them (claim.sql, its `prioritized` row).
+const NEEDS_PRIORITIES: &str = "UNION ALL\n        (SELECT NULL::uuid, NULL::timestamptz, 0 WHERE x.prioritized)";
 
 /// A row of claim.sql: a task, or (`capped`) the one row per biz type that says the cap
 /// held it back.

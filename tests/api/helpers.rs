@@ -263,18 +263,36 @@ impl Reply {
     }
 }
 
+/// Creates biz type `name` with `settings` (any callback host) and returns an API token for it.
+pub async fn biz_type_with(pool: &Pool, name: &str, settings: &chime::biz_types::Settings) -> String {
+    chime::biz_types::create(pool, name, settings, CallbackHosts::Any).await.unwrap();
+    chime::biz_types::create_token(pool, name).await.unwrap()
+}
+
+/// Creates tasks through the API of the node at `address`, 1000 per request; returns their ids.
+/// (The faults and Citus suites' chime processes; the API suite has no use for it.)
+#[allow(dead_code)]
+pub async fn create_tasks(address: &str, token: &str, tasks: Vec<Value>) -> Vec<String> {
+    let client = client();
+    let mut ids = Vec::with_capacity(tasks.len());
+    for chunk in tasks.chunks(1000) {
+        let body = serde_json::json!({ "tasks": chunk });
+        let response = client.post(format!("{address}/api/v1/tasks/batch")).bearer_auth(token).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body: Value = response.json().await.unwrap();
+        for result in body["results"].as_array().unwrap() {
+            assert_eq!(result["status"], 201, "{result}");
+            ids.push(result["task"]["id"].as_str().unwrap().to_string());
+        }
+    }
+    ids
+}
+
 impl TestApp {
     /// Creates a biz type with a test callback URL and returns an API token for it.
     pub async fn biz_type(&self, name: &str) -> String {
-        chime::biz_types::create(
-            &self.pool,
-            name,
-            &chime::biz_types::Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() },
-            CallbackHosts::Any,
-        )
-        .await
-        .unwrap();
-        chime::biz_types::create_token(&self.pool, name).await.unwrap()
+        let settings = chime::biz_types::Settings { callback_url: Some("http://127.0.0.1:9/callback".into()), ..Default::default() };
+        biz_type_with(&self.pool, name, &settings).await
     }
 
     pub async fn request(&self, method: &str, path: &str, token: Option<&str>, body: Option<Vec<u8>>) -> Reply {

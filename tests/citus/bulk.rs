@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use chime::biz_types::{self, Settings};
-use chime::callback_hosts::CallbackHosts;
+use chime::biz_types::Settings;
 use chime::config::ServeArgs;
 use serde_json::json;
 
@@ -19,8 +18,7 @@ async fn a_biz_types_tasks_are_listed_cancelled_and_replayed_in_bulk_on_citus() 
     // Refused for good at first: the due tasks fail.
     let receiver = Receiver::start(vec![], Answer::status(404)).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
-    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "orders", &settings).await;
     for n in 0..3 {
         app.create_task(&token, json!({"biz_type": "orders", "key": format!("due-{n}")})).await;
         app.create_task(&token, json!({"biz_type": "orders", "key": format!("later-{n}"), "delay_ms": 3_600_000})).await;

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use chime::biz_types::{self, Settings};
-use chime::callback_hosts::CallbackHosts;
+use chime::biz_types::Settings;
 use chime::config::ServeArgs;
 use serde_json::json;
 
@@ -25,8 +24,7 @@ async fn a_biz_types_tasks_are_delivered_retried_and_failed_on_citus() {
         backoff_initial_ms: Some(10),
         ..Default::default()
     };
-    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "orders", &settings).await;
     let mut ids = Vec::new();
     for n in 0..4 {
         ids.push(app.create_task(&token, json!({"biz_type": "orders", "payload": n})).await["id"].as_str().unwrap().to_string());

@@ -4,9 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use chime::biz_types::{self, Settings};
-use chime::callback_hosts::CallbackHosts;
-use serde_json::{Value, json};
+use chime::biz_types::Settings;
+use serde_json::json;
 
 use crate::cluster::migrated_database;
 use crate::helpers::{self, chime_node, node_of, wait_until};
@@ -20,21 +19,6 @@ const BIZ_TYPES: [&str; 3] = ["orders", "refunds", "invoices"];
 /// dead one led) puts them back, and the other node delivers the rest.
 const BOUND: Duration = Duration::from_secs(45);
 
-async fn create(address: &str, token: &str, tasks: Vec<Value>) -> Vec<String> {
-    let client = helpers::client();
-    let mut ids = Vec::with_capacity(tasks.len());
-    for chunk in tasks.chunks(500) {
-        let response = client.post(format!("{address}/api/v1/tasks/batch")).bearer_auth(token).json(&json!({ "tasks": chunk })).send().await.unwrap();
-        assert_eq!(response.status(), 200);
-        let body: Value = response.json().await.unwrap();
-        for result in body["results"].as_array().unwrap() {
-            assert_eq!(result["status"], 201, "{result}");
-            ids.push(result["task"]["id"].as_str().unwrap().to_string());
-        }
-    }
-    ids
-}
-
 /// Every task is delivered at least once and recorded delivered exactly once; none is lost,
 /// none is marked delivered that the receiver did not answer; the tasks delivered twice are
 /// at most those the dead node held; all within `BOUND` of the kill.
@@ -47,8 +31,7 @@ async fn a_node_killed_under_load_loses_nothing_on_citus() {
     let settings = Settings { callback_url: Some(receiver.url.clone()), timeout_ms: Some(2000), max_in_flight: Some(200), ..Default::default() };
     let mut tokens = Vec::new();
     for name in BIZ_TYPES {
-        biz_types::create(&pool, name, &settings, CallbackHosts::Any).await.unwrap();
-        tokens.push(biz_types::create_token(&pool, name).await.unwrap());
+        tokens.push(helpers::biz_type_with(&pool, name, &settings).await);
     }
     let (mut first, address) = chime_node(&url, &[]).await;
     let first_id = node_of(&pool, &first).await;
@@ -59,7 +42,7 @@ async fn a_node_killed_under_load_loses_nothing_on_citus() {
     let mut ids = Vec::new();
     for (name, token) in BIZ_TYPES.iter().zip(&tokens) {
         let tasks = (0..EACH).map(|i| json!({"biz_type": name, "run_at": due, "payload": i})).collect();
-        ids.extend(create(&address, token, tasks).await);
+        ids.extend(helpers::create_tasks(&address, token, tasks).await);
     }
     let total = ids.len();
 

@@ -43,8 +43,7 @@ async fn a_task_failed_on_citus_sends_its_signed_failure_notice() {
         backoff_initial_ms: Some(10),
         ..Default::default()
     };
-    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "orders", &settings).await;
     let task = app.create_task(&token, json!({"biz_type": "orders", "payload": {"n": 1}})).await;
     let id = task["id"].as_str().unwrap();
 
@@ -92,8 +91,7 @@ async fn a_chat_summary_reaches_its_webhook_on_citus() {
         chat_url: Some(chat.url.clone()),
         ..Default::default()
     };
-    biz_types::create(&app.pool, "payments", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "payments").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "payments", &settings).await;
     let biz_type_id = id_of(&app, "payments").await;
     for n in 0..3 {
         app.create_task(&token, json!({"biz_type": "payments", "payload": n})).await;
@@ -139,8 +137,7 @@ async fn reserve(app: &TestApp, token: &str, max: i64) -> Vec<serde_json::Value>
 async fn pull_reserves_acks_nacks_and_touches_on_citus() {
     let app = helpers::spawn_on(migrated_database().await, ServeArgs::default()).await;
     let settings = Settings { mode: Some("pull".into()), failure_url: Some("http://127.0.0.1:9/failed".into()), ..Default::default() };
-    biz_types::create(&app.pool, "jobs", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "jobs").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "jobs", &settings).await;
     let biz_type_id = id_of(&app, "jobs").await;
     let mut ids = Vec::new();
     for n in 0..4 {
@@ -225,8 +222,7 @@ async fn a_flow_keyed_biz_type_delivers_within_its_per_key_limit_on_citus() {
     let receiver = Receiver::start(vec![], Answer { delay: HOLD, ..Answer::status(200) }).await;
     let settings =
         Settings { callback_url: Some(receiver.url.clone()), max_in_flight: Some(10), flow_max_in_flight: Some(CAP as i32), ..Default::default() };
-    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "orders", &settings).await;
     let due = chrono::Utc::now() + chrono::Duration::seconds(1);
     let later = due + chrono::Duration::milliseconds(50);
     let mut tasks: Vec<serde_json::Value> =
@@ -280,8 +276,7 @@ async fn an_ordered_key_is_delivered_one_at_a_time_in_order_on_citus() {
         backoff_max_ms: Some(200),
         ..Default::default()
     };
-    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "orders", &settings).await;
     let due = chrono::Utc::now() + chrono::Duration::seconds(1);
     let at = |ms: i64| (due + chrono::Duration::milliseconds(ms)).to_rfc3339();
     let mut tasks: Vec<serde_json::Value> =

@@ -7,8 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use chime::biz_types::{self, Settings};
-use chime::callback_hosts::CallbackHosts;
+use chime::biz_types::Settings;
 use chime::config::ServeArgs;
 use serde_json::json;
 use sqlx::Connection;
@@ -30,8 +29,7 @@ async fn a_shard_move_under_load_loses_nothing() {
     let app = helpers::spawn_on(migrated_database().await, ServeArgs::default()).await;
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
-    biz_types::create(&app.pool, "busy", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "busy").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "busy", &settings).await;
     let biz: i32 = sqlx::query_scalar("SELECT id FROM biz_types WHERE name = 'busy'").fetch_one(&app.pool).await.unwrap();
     let (shard, from): (i64, String) =
         sqlx::query_as("SELECT shardid, nodename FROM citus_shards WHERE shardid = get_shard_id_for_distribution_column('tasks', $1)")

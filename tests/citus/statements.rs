@@ -2,8 +2,7 @@
 //! worker of the biz type's shard (claim_citus.sql), which leases due tasks and ends those
 //! past their deadline, as claim.sql does on plain PostgreSQL.
 
-use chime::biz_types::{self, Settings};
-use chime::callback_hosts::CallbackHosts;
+use chime::biz_types::Settings;
 use chime::config::ServeArgs;
 use chime::tasks::lease::{self, Want};
 use chime::tasks::placement;
@@ -28,8 +27,7 @@ async fn orders(app: &TestApp) -> (i32, String) {
         failure_url: Some("http://127.0.0.1:9/failed".into()),
         ..Default::default()
     };
-    biz_types::create(&app.pool, "orders", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "orders").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "orders", &settings).await;
     let id = sqlx::query_scalar("SELECT id FROM biz_types WHERE name = 'orders'").fetch_one(&app.pool).await.unwrap();
     (id, token)
 }
@@ -173,8 +171,7 @@ async fn the_pull_reserve_and_the_notice_senders_claims_are_one_statement_on_the
         chat_url: Some("http://127.0.0.1:9/chat".into()),
         ..Default::default()
     };
-    biz_types::create(&app.pool, "jobs", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "jobs").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "jobs", &settings).await;
     app.create_task(&token, json!({"biz_type": "jobs", "payload": 1})).await;
     let id: i32 = sqlx::query_scalar("SELECT id FROM biz_types WHERE name = 'jobs'").fetch_one(&app.pool).await.unwrap();
     let worker = worker_of(&app, id).await;

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use chime::biz_types::{self, Settings};
-use chime::callback_hosts::CallbackHosts;
+use chime::biz_types::Settings;
 use chime::config::ServeArgs;
 use serde_json::json;
 
@@ -18,8 +17,7 @@ async fn a_timers_occurrences_are_written_delivered_and_taken_back_on_citus() {
     let app = helpers::spawn_on(migrated_database().await, ServeArgs::default()).await;
     let receiver = Receiver::start(vec![], Answer::status(200)).await;
     let settings = Settings { callback_url: Some(receiver.url.clone()), ..Default::default() };
-    biz_types::create(&app.pool, "reports", &settings, CallbackHosts::Any).await.unwrap();
-    let token = biz_types::create_token(&app.pool, "reports").await.unwrap();
+    let token = helpers::biz_type_with(&app.pool, "reports", &settings).await;
     let timer = app.post("/api/v1/timers", &token, json!({"biz_type": "reports", "key": "tick", "cron": "* * * * * *", "payload": {"k": 1}})).await;
     assert_eq!(timer.status, 201, "{}", timer.body);
     let id = timer.body["id"].as_str().unwrap().to_string();

@@ -25,13 +25,12 @@ mod receivers;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use chime::biz_types::{self, Settings};
-use chime::callback_hosts::CallbackHosts;
+use chime::biz_types::Settings;
 use chime::db::Pool;
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
 
 use crate::receiver::Received;
+use helpers::create_tasks;
 
 /// Held by the tests that load the machine, so that they run one at a time.
 async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
@@ -41,25 +40,7 @@ async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
 
 /// Creates a biz type whose callbacks go to `url`; returns an API token for it.
 async fn biz_type(pool: &Pool, name: &str, url: &str, settings: Settings) -> String {
-    let settings = Settings { callback_url: Some(url.to_string()), ..settings };
-    biz_types::create(pool, name, &settings, CallbackHosts::Any).await.unwrap();
-    biz_types::create_token(pool, name).await.unwrap()
-}
-
-/// Creates tasks through the API, 1000 per request; returns their ids.
-async fn create_tasks(address: &str, token: &str, tasks: Vec<Value>) -> Vec<String> {
-    let client = helpers::client();
-    let mut ids = Vec::with_capacity(tasks.len());
-    for chunk in tasks.chunks(1000) {
-        let response = client.post(format!("{address}/api/v1/tasks/batch")).bearer_auth(token).json(&json!({ "tasks": chunk })).send().await.unwrap();
-        assert_eq!(response.status(), 200);
-        let body: Value = response.json().await.unwrap();
-        for result in body["results"].as_array().unwrap() {
-            assert_eq!(result["status"], 201, "{result}");
-            ids.push(result["task"]["id"].as_str().unwrap().to_string());
-        }
-    }
-    ids
+    helpers::biz_type_with(pool, name, &Settings { callback_url: Some(url.to_string()), ..settings }).await
 }
 
 async fn db_now(pool: &Pool) -> DateTime<Utc> {

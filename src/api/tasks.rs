@@ -333,13 +333,13 @@ pub(super) struct BatchAnswer<'a> {
         (status = 200, description = r#"One result per item, in order."#, body = BatchAnswer),
         (status = 400, response = super::error::BadBody),
         (status = 401, response = super::error::Unauthenticated),
+        (status = 403, description = r#"The token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "biz type `orders` is archived: its tokens no longer work"}})),
         (status = 408, response = super::error::RequestTimeout),
         (status = 413, description = r#"The request body is larger than 32 MiB (or than 1000 times the payload limit plus 4 KiB, if that is less)."#, body = super::error::Error, example = json!({"error": {"code": "payload_too_large", "message": "request body is larger than 33554432 bytes"}})),
         (status = 422, description = r#"`tasks` is missing, not an array, empty or longer than 1000, `results` is neither `tasks` nor `ids`, or the body has another field. (Invalid items do not fail the request; they fail in their result.)"#, body = super::error::Error, example = json!({"error": {"code": "invalid_argument", "message": "tasks: must hold 1 to 1000 items, not 0"}})),
         (status = 429, description = r#"The biz type's create rate limit is exceeded; nothing was created. Retry after `Retry-After` seconds."#, headers(("Retry-After" = inline(super::error::RetryAfter), description = r#"Whole seconds to wait before trying again (at least 1)."#)), body = super::error::Error, example = json!({"error": {"code": "rate_limited", "message": "create rate limit of this biz type exceeded; retry after 180 ms"}})),
         (status = 500, response = super::error::Internal),
-        (status = 503, response = super::error::Unavailable),
-        (status = 403, description = r#"The token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`). Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`)."#, body = super::error::Error, example = json!({"error": {"code": "permission_denied", "message": "biz type `orders` is archived: its tokens no longer work"}}))
+        (status = 503, response = super::error::Unavailable)
     ),
     security(("bearerAuth" = []))
 )]

@@ -3863,7 +3863,7 @@ export interface operations {
             };
             400: components["responses"]["BadBody"];
             401: components["responses"]["Unauthenticated"];
-            /** @description The token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`). Also: the token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`). */
+            /** @description The token's biz type is archived, or the token is an admin token (which acts only on `/api/v1/admin/`). */
             403: {
                 headers: {
                     [name: string]: unknown;

@@ -28,6 +28,7 @@
 //! The link to the console needs the console's address as users reach it (`--public-url`);
 //! without it messages carry none.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use base64::Engine;
@@ -94,9 +95,52 @@ pub struct Channel {
     receiver_waiting: bool,
 }
 
-/// Holds up to `CLAIM_BATCH` channels with a message due for `node_id`: a receiver row
-/// waiting, or task rows whose summary is due (the oldest `gather` old, the last summary
-/// `window` ago), and not waiting out a retry's backoff.
+/// Whether channel `c` has a message due: a receiver row waiting, or task rows whose summary
+/// is due (the oldest `gather` old, the last summary `window` ago), and neither held by a
+/// live sender nor waiting out a retry's backoff. `biz` names the channel's biz type in the
+/// statement, `gather` and `window` the binds of the pace's, in ms. The one condition of the
+/// three statements below.
+fn due(biz: &str, gather: &str, window: &str) -> String {
+    format!(
+        "(c.held_until IS NULL OR c.held_until <= now())
+         AND (c.next_at IS NULL OR c.next_at <= now())
+         AND (EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = {biz} AND n.task_id IS NULL)
+              OR ((c.summarised_at IS NULL OR c.summarised_at <= now() - {window} * interval '1 millisecond')
+                  AND EXISTS (SELECT 1 FROM chat_notices n
+                               WHERE n.biz_type_id = {biz} AND n.task_id IS NOT NULL
+                                 AND n.created_at <= now() - {gather} * interval '1 millisecond')))"
+    )
+}
+
+/// The claim of up to `$5` channels with a message due (`claim`): `$1` the node, `$2` the
+/// hold, `$3` and `$4` the pace's gather and window, in ms.
+static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH ready AS (
+             SELECT c.biz_type_id
+               FROM chat_channels c JOIN biz_types b ON b.id = c.biz_type_id
+              WHERE b.archived_at IS NULL AND b.chat_url IS NOT NULL
+                AND {due}
+              ORDER BY random()
+              LIMIT $5
+                FOR UPDATE OF c SKIP LOCKED
+         )
+         UPDATE chat_channels c
+            SET claim = gen_random_uuid(), held_by = $1, held_until = now() + $2 * interval '1 millisecond'
+           FROM ready r, biz_types b
+          WHERE c.biz_type_id = r.biz_type_id AND b.id = c.biz_type_id
+         RETURNING c.biz_type_id, c.claim, c.tries, b.name, b.chat_platform AS platform, b.chat_url AS url, b.chat_secret,
+                   EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NULL) AS receiver_waiting",
+        due = due("c.biz_type_id", "$3", "$4")
+    )
+});
+
+/// Every channel and whether it has a message due (`claim_citus`): `$1` and `$2` the pace's
+/// gather and window, in ms.
+static CHANNELS_DUE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT c.biz_type_id, {due} FROM chat_channels c", due = due("c.biz_type_id", "$1", "$2")));
+
+/// Holds up to `CLAIM_BATCH` channels with a message due (`due`) for `node_id`.
 pub async fn claim(pool: &Pool, node_id: Uuid, pace: &Pace) -> Result<Vec<Channel>, sqlx::Error> {
     if crate::db::citus::active() {
         return claim_citus(pool, node_id, pace).await;
@@ -118,62 +162,39 @@ pub async fn claim(pool: &Pool, node_id: Uuid, pace: &Pace) -> Result<Vec<Channe
     // sender (`held_until` ahead) is passed over. Each channel's rows are probed through
     // chat_notices_receiver_idx and chat_notices_tasks_idx, so that an idle channel costs two
     // index probes. Archived biz types' channels are left as they are.
-    crate::db::query_as(
-        "WITH ready AS (
-             SELECT c.biz_type_id
-               FROM chat_channels c JOIN biz_types b ON b.id = c.biz_type_id
-              WHERE b.archived_at IS NULL AND b.chat_url IS NOT NULL
-                AND (c.held_until IS NULL OR c.held_until <= now())
-                AND (c.next_at IS NULL OR c.next_at <= now())
-                AND (EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NULL)
-                     OR ((c.summarised_at IS NULL OR c.summarised_at <= now() - $4 * interval '1 millisecond')
-                         AND EXISTS (SELECT 1 FROM chat_notices n
-                                      WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NOT NULL
-                                        AND n.created_at <= now() - $3 * interval '1 millisecond')))
-              ORDER BY random()
-              LIMIT $5
-                FOR UPDATE OF c SKIP LOCKED
-         )
-         UPDATE chat_channels c
-            SET claim = gen_random_uuid(), held_by = $1, held_until = now() + $2 * interval '1 millisecond'
-           FROM ready r, biz_types b
-          WHERE c.biz_type_id = r.biz_type_id AND b.id = c.biz_type_id
-         RETURNING c.biz_type_id, c.claim, c.tries, b.name, b.chat_platform AS platform, b.chat_url AS url, b.chat_secret,
-                   EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NULL) AS receiver_waiting",
-    )
-    .bind(node_id)
-    .bind(HOLD.as_millis() as i64)
-    .bind(pace.gather.as_millis() as i64)
-    .bind(pace.window.as_millis() as i64)
-    .bind(CLAIM_BATCH)
-    .fetch_all(pool)
-    .await
+    crate::db::query_as(sqlx::AssertSqlSafe(CLAIM.as_str()))
+        .bind(node_id)
+        .bind(HOLD.as_millis() as i64)
+        .bind(pace.gather.as_millis() as i64)
+        .bind(pace.window.as_millis() as i64)
+        .bind(CLAIM_BATCH)
+        .fetch_all(pool)
+        .await
 }
 
 /// One channel's claim on a Citus cluster (`claim_citus`): $1 the biz type, $2 the node,
 /// $3 the claim's id, $4 the hold, $5 and $6 the pace's gather and window, in ms. Routed
 /// whole to the worker holding the biz type's shard (tests/citus/statements.rs EXPLAINs it).
-pub const CITUS_CLAIM: &str = "WITH ready AS (
-         SELECT c.biz_type_id FROM chat_channels c
-          WHERE c.biz_type_id = $1
-            AND EXISTS (SELECT 1 FROM biz_types b WHERE b.id = $1 AND b.archived_at IS NULL AND b.chat_url IS NOT NULL)
-            AND (c.held_until IS NULL OR c.held_until <= now())
-            AND (c.next_at IS NULL OR c.next_at <= now())
-            AND (EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = $1 AND n.task_id IS NULL)
-                 OR ((c.summarised_at IS NULL OR c.summarised_at <= now() - $6 * interval '1 millisecond')
-                     AND EXISTS (SELECT 1 FROM chat_notices n
-                                  WHERE n.biz_type_id = $1 AND n.task_id IS NOT NULL
-                                    AND n.created_at <= now() - $5 * interval '1 millisecond')))
-            FOR UPDATE OF c SKIP LOCKED
-     ), mine AS (
-         UPDATE chat_channels c
-            SET claim = $3, held_by = $2, held_until = now() + $4 * interval '1 millisecond'
-          WHERE c.biz_type_id = $1 AND EXISTS (SELECT 1 FROM ready)
-         RETURNING c.biz_type_id, c.claim, c.tries
-     )
-     SELECT m.biz_type_id, m.claim, m.tries, b.name, b.chat_platform AS platform, b.chat_url AS url, b.chat_secret,
-            EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = $1 AND n.task_id IS NULL) AS receiver_waiting
-       FROM mine m JOIN biz_types b ON b.id = $1";
+pub static CITUS_CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH ready AS (
+             SELECT c.biz_type_id FROM chat_channels c
+              WHERE c.biz_type_id = $1
+                AND EXISTS (SELECT 1 FROM biz_types b WHERE b.id = $1 AND b.archived_at IS NULL AND b.chat_url IS NOT NULL)
+                AND {due}
+                FOR UPDATE OF c SKIP LOCKED
+         ), mine AS (
+             UPDATE chat_channels c
+                SET claim = $3, held_by = $2, held_until = now() + $4 * interval '1 millisecond'
+              WHERE c.biz_type_id = $1 AND EXISTS (SELECT 1 FROM ready)
+             RETURNING c.biz_type_id, c.claim, c.tries
+         )
+         SELECT m.biz_type_id, m.claim, m.tries, b.name, b.chat_platform AS platform, b.chat_url AS url, b.chat_secret,
+                EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = $1 AND n.task_id IS NULL) AS receiver_waiting
+           FROM mine m JOIN biz_types b ON b.id = $1",
+        due = due("$1", "$5", "$6")
+    )
+});
 
 /// `claim` on a Citus cluster (docs/design/citus.md, The notice senders), which refuses the
 /// one statement for every channel ("correlated subqueries are not supported when the FROM
@@ -190,21 +211,11 @@ async fn claim_citus(pool: &Pool, node_id: Uuid, pace: &Pace) -> Result<Vec<Chan
     if chatty.is_empty() {
         return Ok(vec![]);
     }
-    let channels: Vec<(i32, bool)> = crate::db::query_as(
-        "SELECT c.biz_type_id,
-                (c.held_until IS NULL OR c.held_until <= now())
-                AND (c.next_at IS NULL OR c.next_at <= now())
-                AND (EXISTS (SELECT 1 FROM chat_notices n WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NULL)
-                     OR ((c.summarised_at IS NULL OR c.summarised_at <= now() - $2 * interval '1 millisecond')
-                         AND EXISTS (SELECT 1 FROM chat_notices n
-                                      WHERE n.biz_type_id = c.biz_type_id AND n.task_id IS NOT NULL
-                                        AND n.created_at <= now() - $1 * interval '1 millisecond')))
-           FROM chat_channels c",
-    )
-    .bind(pace.gather.as_millis() as i64)
-    .bind(pace.window.as_millis() as i64)
-    .fetch_all(pool)
-    .await?;
+    let channels: Vec<(i32, bool)> = crate::db::query_as(sqlx::AssertSqlSafe(CHANNELS_DUE.as_str()))
+        .bind(pace.gather.as_millis() as i64)
+        .bind(pace.window.as_millis() as i64)
+        .fetch_all(pool)
+        .await?;
     let mut ready: Vec<i32> = channels.iter().filter(|(id, ready)| *ready && chatty.contains(id)).map(|(id, _)| *id).collect();
     for &id in chatty.iter().filter(|id| !channels.iter().any(|(c, _)| c == *id)) {
         // Locks the new row; one another node made meanwhile is left as it is.
@@ -217,7 +228,7 @@ async fn claim_citus(pool: &Pool, node_id: Uuid, pace: &Pace) -> Result<Vec<Chan
         // Locks: the channel, FOR UPDATE SKIP LOCKED, as `claim`'s, and only if it still has
         // a message due and its biz type a chat tool, as this statement sees them.
         let mut tx = crate::db::citus::begin_routed(pool).await?;
-        let channel: Option<Channel> = crate::db::query_as(CITUS_CLAIM)
+        let channel: Option<Channel> = crate::db::query_as(sqlx::AssertSqlSafe(CITUS_CLAIM.as_str()))
             .bind(biz_type_id)
             .bind(node_id)
             // The claim's id: made here, as Citus refuses gen_random_uuid() (VOLATILE) in an UPDATE.

@@ -191,7 +191,7 @@ async fn the_pull_reserve_and_the_notice_senders_claims_are_one_statement_on_the
         assert_single_shard(&app, &worker, chime::failure_notices::CITUS_CLAIM, |q| q.bind(id).bind(10_i64).bind(Uuid::new_v4()).bind(15_000_i64))
             .await;
     assert!(plan.contains("LockRows"), "{plan}");
-    let plan = assert_single_shard(&app, &worker, chime::chat_notices::CITUS_CLAIM, |q| {
+    let plan = assert_single_shard(&app, &worker, &chime::chat_notices::CITUS_CLAIM, |q| {
         q.bind(id).bind(Uuid::new_v4()).bind(Uuid::new_v4()).bind(15_000_i64).bind(0_i64).bind(0_i64)
     })
     .await;

@@ -225,10 +225,11 @@ fn take(rows: Vec<ClaimRow>, claims: &mut HashMap<i32, Claim>) {
 
 /// The claim on a Citus cluster: claim_citus.sql, one statement per biz type (in id
 /// order, as claim.sql gates them), each routed whole to the worker that holds the biz
-/// type's shard, after the biz type's gate (`chime_claim_room`) in its transaction. The failure and chat notices of the tasks it ended expired follow in the
-/// same transaction (notices_citus.sql), a statement of their own: Citus would split a
-/// statement that inserts into one table what another returned into steps through the
-/// coordinator. Both reach the one worker; the gate is the coordinator's.
+/// type's shard, after the biz type's gate (`chime_claim_room`) in its transaction. The
+/// failure and chat notices of the tasks it ended expired follow in the same transaction
+/// (notices_citus.sql), a statement of their own: Citus would split a statement that
+/// inserts into one table what another returned into steps through the coordinator. Both
+/// reach the one worker; the gate is the coordinator's.
 async fn claim_each(
     pool: &Pool,
     wants: &[&Want],
@@ -240,35 +241,61 @@ async fn claim_each(
     wants.sort_by_key(|w| w.biz_type_id);
     for want in wants {
         let mut tx = pool.begin().await?;
-        // The biz type's claim locks, on the coordinator, until the commit (claim_citus.sql,
-        // Locks). And a plan made for the biz type at each claim, for this transaction:
-        // PostgreSQL's generic plan of a statement run often leaves $8 a parameter, which
-        // Citus cannot route ("could not create distributed plan").
-        let room: i32 = crate::db::query_scalar("SELECT chime_claim_room($1, $2) FROM set_config('plan_cache_mode', 'force_custom_plan', true)")
-            .bind(want.biz_type_id)
-            .bind(want.limit)
-            .fetch_one(&mut *tx)
-            .await?;
-        let rows: Vec<ClaimRow> = crate::db::query_as(citus_claim_sql())
-            .bind(vec![want.biz_type_id])
-            .bind(vec![want.limit])
-            .bind(vec![want.lease_ms + want.ahead_ms])
-            .bind(node_id)
-            .bind(vec![want.ahead_ms])
-            .bind(floor)
-            .bind(vec![want.oldest])
-            .bind(want.biz_type_id)
-            .bind(room)
-            .fetch_all(&mut *tx)
-            .await?;
-        let ended: Vec<Uuid> = rows.iter().filter(|r| r.task.expired).map(|r| r.task.id).collect();
-        if !ended.is_empty() {
-            let events = vec!["task.expired"; ended.len()];
-            crate::db::query(include_str!("sql/notices_citus.sql")).bind(want.biz_type_id).bind(&ended).bind(&events).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        take(rows, claims);
+        let room = citus_room(&mut tx, want).await?;
+        let rows: Vec<ClaimRow> = bind_citus_claim(crate::db::query_as(citus_claim_sql()), want, node_id, floor, room).fetch_all(&mut *tx).await?;
+        citus_commit(tx, want.biz_type_id, rows, claims).await?;
     }
+    Ok(())
+}
+
+/// The first statement of a biz type's claim on Citus: its claim locks, on the coordinator,
+/// until the commit (claim_citus.sql, Locks), and its room under the cap. And a plan made
+/// for the biz type at each claim, for every statement of the transaction: PostgreSQL's
+/// generic plan of a statement run often leaves $8 a parameter, which Citus cannot route
+/// ("could not create distributed plan").
+async fn citus_room(tx: &mut PgConnection, want: &Want) -> Result<i32, sqlx::Error> {
+    crate::db::query_scalar("SELECT chime_claim_room($1, $2) FROM set_config('plan_cache_mode', 'force_custom_plan', true)")
+        .bind(want.biz_type_id)
+        .bind(want.limit)
+        .fetch_one(tx)
+        .await
+}
+
+/// claim_citus.sql's parameters `$1`–`$9`, which flows_citus's lease statement shares.
+fn bind_citus_claim<'q>(
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, ClaimRow, sqlx::postgres::PgArguments>,
+    want: &Want,
+    node_id: Uuid,
+    floor: Option<DateTime<Utc>>,
+    room: i32,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, ClaimRow, sqlx::postgres::PgArguments> {
+    query
+        .bind(vec![want.biz_type_id])
+        .bind(vec![want.limit])
+        .bind(vec![want.lease_ms + want.ahead_ms])
+        .bind(node_id)
+        .bind(vec![want.ahead_ms])
+        .bind(floor)
+        .bind(vec![want.oldest])
+        .bind(want.biz_type_id)
+        .bind(room)
+}
+
+/// The end of a biz type's claim on Citus: the failure and chat notices of the tasks it
+/// ended expired (notices_citus.sql), the commit, and the claimed rows taken into `claims`.
+async fn citus_commit(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    biz_type_id: i32,
+    rows: Vec<ClaimRow>,
+    claims: &mut HashMap<i32, Claim>,
+) -> Result<(), sqlx::Error> {
+    let ended: Vec<Uuid> = rows.iter().filter(|r| r.task.expired).map(|r| r.task.id).collect();
+    if !ended.is_empty() {
+        let events = vec!["task.expired"; ended.len()];
+        crate::db::query(include_str!("sql/notices_citus.sql")).bind(biz_type_id).bind(&ended).bind(&events).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    take(rows, claims);
     Ok(())
 }
 
@@ -843,7 +870,7 @@ async fn later_cold_citus(
 }
 
 /// On a Citus cluster, before a record: the hot horizon, and a plan made for the biz type at
-/// each run of a statement for the rest of the transaction (see `claim_each`).
+/// each run of a statement for the rest of the transaction (see `citus_room`).
 async fn citus_record_session(tx: &mut PgConnection) -> Result<DateTime<Utc>, sqlx::Error> {
     crate::db::query_scalar("SELECT until FROM hot_horizon, set_config('plan_cache_mode', 'force_custom_plan', true)").fetch_one(&mut *tx).await
 }

@@ -13,7 +13,7 @@
 //! gate's) and its counts are statements Citus routes by the biz type (the transaction's
 //! `plan_cache_mode = force_custom_plan` makes its parameter a constant).
 //!
-//! The steps, in one transaction: the gate (`chime_claim_room`, as `claim_each`); `HEAD`,
+//! The steps, in one transaction: the gate (`chime_claim_room`, `citus_room`); `HEAD`,
 //! the first n due tasks, locked; their keys' heads when ordered (`HEADS`) and rooms;
 //! when those leave the claim short of n, `WALK`, up to 64 keys after the cursor with due
 //! work, their heads and rooms, and their tasks up to each room (`KEY_TASKS`); then
@@ -125,13 +125,7 @@ pub(super) async fn claim(
     let flow = want.flow.as_ref().expect("a biz type with per-key limits");
     let biz = want.biz_type_id;
     let mut tx = pool.begin().await?;
-    // The biz type's claim locks, on the coordinator, until the commit; and a plan made
-    // with the values for every statement of the transaction (see `claim_each`).
-    let room: i32 = crate::db::query_scalar("SELECT chime_claim_room($1, $2) FROM set_config('plan_cache_mode', 'force_custom_plan', true)")
-        .bind(biz)
-        .bind(want.limit)
-        .fetch_one(&mut *tx)
-        .await?;
+    let room = super::citus_room(&mut tx, want).await?;
     let head: Vec<(Uuid, DateTime<Utc>, Option<String>)> =
         crate::db::query_as(HEAD).bind(biz).bind(want.ahead_ms).bind(floor).bind(want.limit).fetch_all(&mut *tx).await?;
 
@@ -190,28 +184,13 @@ pub(super) async fn claim(
     let rows: Vec<ClaimRow> = if chosen.is_empty() {
         vec![]
     } else {
-        crate::db::query_as(lease_sql())
-            .bind(vec![biz])
-            .bind(vec![want.limit])
-            .bind(vec![want.lease_ms + want.ahead_ms])
-            .bind(node_id)
-            .bind(vec![want.ahead_ms])
-            .bind(floor)
-            .bind(vec![want.oldest])
-            .bind(biz)
-            .bind(room)
+        super::bind_citus_claim(crate::db::query_as(lease_sql()), want, node_id, floor, room)
             .bind(chosen.iter().map(|(_, _, id)| *id).collect::<Vec<_>>())
             .bind(chosen.iter().map(|(_, at, _)| *at).collect::<Vec<_>>())
             .fetch_all(&mut *tx)
             .await?
     };
-    let ended: Vec<Uuid> = rows.iter().filter(|r| r.task.expired).map(|r| r.task.id).collect();
-    if !ended.is_empty() {
-        let events = vec!["task.expired"; ended.len()];
-        crate::db::query(include_str!("../sql/notices_citus.sql")).bind(biz).bind(&ended).bind(&events).execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    super::take(rows, claims);
+    super::citus_commit(tx, biz, rows, claims).await?;
     // Whether a key with due work had no room (the engine then looks again shortly), and
     // where the next claim's walk starts: pick_flow.sql's `held` (-1: another claim held the
     // key's lock, and is taking it).

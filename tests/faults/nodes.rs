@@ -3,11 +3,9 @@
 use std::time::Duration;
 
 use chime::biz_types::Settings;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::helpers::{chime_node, chime_process, fresh_database, node_of};
+use crate::helpers::{chime_node, chime_process, fresh_database, stop_a_node_holding_leases};
 use crate::receiver::{Answer, Receiver};
 use crate::{Tally, biz_type, create_tasks, db_now, heavy, wait_all_finished};
 
@@ -24,9 +22,7 @@ async fn a_node_killed_mid_burst_loses_nothing() {
     let settings = Settings { timeout_ms: Some(2000), max_in_flight: Some(1000), ..Default::default() };
     let token = biz_type(&pool, "burst", &receiver.url, settings).await;
     let mut doomed = chime_process(&db_url, &[]).await;
-    let doomed_id = node_of(&pool, &doomed).await;
     let (mut other, address) = chime_node(&db_url, &[]).await;
-    let other_id = node_of(&pool, &other).await;
 
     let due = db_now(&pool).await + chrono::Duration::seconds(5);
     let tasks = (0..TASKS).map(|i| json!({"biz_type": "burst", "run_at": due, "payload": i})).collect();
@@ -37,35 +33,10 @@ async fn a_node_killed_mid_burst_loses_nothing() {
     // The kill takes whichever node holds leases at that moment: a node delivering fast
     // holds none between two of its claims, and the biz type's max_in_flight, shared by the
     // cluster, may be all the other node's for a while (CI's runs found one node holding
-    // nothing for 10 s). The node is stopped (SIGSTOP) before its leases are counted, so
-    // that it records none between the count and the kill (CI saw one record them all in
-    // that gap); one found holding none is let go on (SIGCONT).
-    let holding = "SELECT count(*) FROM tasks WHERE status = 'running' AND leased_by = $1";
-    let pool_ref = &pool;
-    let held = |node| async move { sqlx::query_scalar::<_, i64>(holding).bind(node).fetch_one(pool_ref).await.unwrap() };
-    let pid = |child: &tokio::process::Child| Pid::from_raw(child.id().unwrap() as i32);
-    let nodes = [(doomed_id, pid(&doomed)), (other_id, pid(&other))];
-    let waiting = std::time::Instant::now();
-    let (victim, in_flight, before_kill) = 'found: loop {
-        assert!(waiting.elapsed() < Duration::from_secs(60), "no node held a lease for a minute of the burst");
-        for (node, pid) in nodes {
-            if held(node).await == 0 {
-                continue;
-            }
-            kill(pid, Signal::SIGSTOP).unwrap();
-            // What the stopped node holds: claimed, and not recorded. Nothing else touches
-            // these rows until their lease ends (2 s timeout + margin); a record it sent
-            // before the stop may still land, which makes the count more, never less, than
-            // what is delivered again.
-            let in_flight = held(node).await;
-            if in_flight > 0 {
-                break 'found (node, in_flight, receiver.received().len());
-            }
-            kill(pid, Signal::SIGCONT).unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
-    if victim == doomed_id { doomed.kill().await } else { other.kill().await }.unwrap(); // SIGKILL
+    // nothing for 10 s).
+    let (victim, _, in_flight) = stop_a_node_holding_leases(&pool, &[&doomed, &other]).await;
+    let before_kill = receiver.received().len();
+    if victim == 0 { doomed.kill().await } else { other.kill().await }.unwrap(); // SIGKILL
     assert!(before_kill < TASKS, "the kill came mid-burst: {before_kill} arrived, {in_flight} in flight");
 
     let statuses = wait_all_finished(&pool, Duration::from_secs(120)).await;

@@ -275,12 +275,10 @@ pub async fn create_batch(pool: &Pool, biz_type_id: i32, biz_type: &str, items: 
     }
 
     let mut rows = Rows::default();
-    let mut id_of_item: Vec<Uuid> = Vec::with_capacity(items.len());
+    let id_of_item: Vec<Uuid> = super::ids::batch(biz_type_id, items.len());
     for (i, item) in items.iter().enumerate() {
-        let id = super::ids::new(biz_type_id);
-        id_of_item.push(id);
         if repeat_of[i].is_none() {
-            rows.push_new(id, item);
+            rows.push_new(id_of_item[i], item);
         }
     }
     let created = insert(pool, biz_type_id, &rows).await?;

@@ -15,9 +15,10 @@
 --
 -- Lanes (docs/design/claim.md, Lanes): with `lane` set, a biz type without priorities has
 -- its due tasks taken from that lane alone (chime_lane(id), migration 0051: 16 lanes by
--- the id's last, random byte), in run_at order, through tasks_lane_idx. Several nodes
--- working through one biz type's backlog each take their own lanes, so that no claim reads
--- and locks the rows another node has just claimed at the shared head of the due order.
+-- the id's last byte, which goes in runs of 32 in a batch: tasks::ids), in run_at order,
+-- through tasks_lane_idx. Several nodes working through one biz type's backlog each take
+-- their own lanes, so that no claim reads and locks the rows another node has just claimed
+-- at the shared head of the due order.
 --
 -- The priority branches below, last in the LATERAL, are pick_priority.sql's
 -- (`lease::Pick::Full`), or, in most of the engine's claims (`lease::Pick::Plain`), one row

@@ -19,9 +19,9 @@
 //! `LANE_RUN` tasks share one lane, so that each heap page holds one or two lanes' tasks:
 //! a node claiming its own lanes then reads and locks pages no other node's claim touches,
 //! and a lone node, claiming in run_at order (which is the batch's order when its tasks
-//! share a run_at), reads the pages one after another as before. A run's ids keep 4 fewer random
-//! bits, but ids of different runs differ in their lane: the odds of two equal ids in one
-//! batch are what they were.
+//! share a run_at), reads the pages one after another as before. A run's ids keep four
+//! random bits fewer, but ids of different runs differ in their lane: the odds of two
+//! equal ids in one batch are what they were.
 //!
 //! 42 random bits per millisecond and biz type: ids are unique with the primary key's
 //! biz type beside them. Why bits rather than a look-up table (id -> biz type): the
@@ -49,7 +49,7 @@ const LANE_RUN: usize = 32;
 
 /// `n` new task ids of biz type `biz_type_id` for one batch, in order: as `new`'s, but the
 /// lane bits go in runs of `LANE_RUN` ids, starting at a random lane, then the next lane.
-/// Over many batches every lane gets its share; 70 bits of each id stay random.
+/// Over many batches every lane gets its share.
 pub fn batch(biz_type_id: i32, n: usize) -> Vec<Uuid> {
     let first: u8 = rand::random();
     (0..n)

@@ -78,13 +78,14 @@ pub async fn create_token(pool: &Pool, biz_type: &str) -> Result<String, Error> 
 
 /// A token's name, as the console, the admin API and `chime token create` take it: what
 /// it is for, at most 64 characters, no control characters (the table's CHECK). Blank or
-/// absent: unnamed.
+/// absent: unnamed. The length is the name's as given, before trimming, since that is what
+/// the API document's `maxLength` counts.
 pub fn token_name(name: Option<&str>) -> Result<Option<String>, Error> {
-    let Some(name) = name.map(str::trim).filter(|n| !n.is_empty()) else { return Ok(None) };
+    let Some(name) = name else { return Ok(None) };
     if name.chars().count() > 64 || name.chars().any(char::is_control) {
         return Err(Error::invalid("name", "must be at most 64 characters, without control characters"));
     }
-    Ok(Some(name.to_string()))
+    Ok(Some(name.trim()).filter(|n| !n.is_empty()).map(str::to_string))
 }
 
 /// The columns lists show (`TokenInfo`).
@@ -410,6 +411,19 @@ impl TokenCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 64 characters are counted as given: a name that fits only once trimmed is
+    /// refused, as the API document's `maxLength` says (schemathesis found the difference).
+    #[test]
+    fn a_token_names_length_is_counted_before_trimming() {
+        let fits = "x".repeat(64);
+        assert_eq!(token_name(Some(&fits)).unwrap().as_deref(), Some(fits.as_str()));
+        assert!(token_name(Some(&format!("\u{a0}{fits}"))).is_err());
+        assert_eq!(token_name(Some("  billing  ")).unwrap().as_deref(), Some("billing"));
+        assert_eq!(token_name(Some("   ")).unwrap(), None);
+        assert_eq!(token_name(None).unwrap(), None);
+        assert!(token_name(Some("a\u{7}b")).is_err());
+    }
 
     /// Chime's secrets are in the form Standard Webhooks decodes; a key is 24 to 64 bytes of
     /// standard, padded base64 after `whsec_`, and a secret given for that scheme is refused

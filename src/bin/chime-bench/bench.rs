@@ -61,7 +61,7 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
         db::migrate(&pool).await?;
         let logs = std::env::temp_dir().join(format!("chime-bench-{}", std::process::id()));
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        eprintln!("bench: node logs in {}", logs.display());
+        eprintln!("bench: node logs in {} (removed if the run succeeds)", logs.display());
         let receiver = match &args.receiver_url {
             Some(_) => None,
             None => Some(Receiver::start(|_| StatusCode::OK).context("starting the bench's receiver")?),
@@ -77,6 +77,7 @@ pub async fn run(db_args: &DbArgs, args: BenchArgs) -> anyhow::Result<()> {
         if let Some(receiver) = &bench.receiver {
             receiver.stop().await;
         }
+        bench.nodes.tidy_logs("bench", outcome.is_ok());
         outcome?;
         bench.report.print();
         bench.report.write_json(&bench.args.json)?;

@@ -38,6 +38,16 @@ impl Nodes {
         }
     }
 
+    /// Once the run is over: removes the nodes' logs if it succeeded, and keeps them, saying
+    /// where, if it failed (they may say why).
+    pub fn tidy_logs(&self, tool: &str, succeeded: bool) {
+        if !succeeded {
+            eprintln!("{tool}: the nodes' logs are kept in {}", self.logs.display());
+        } else if let Err(e) = std::fs::remove_dir_all(&self.logs) {
+            eprintln!("{tool}: could not remove the nodes' logs in {}: {e}", self.logs.display());
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.len()
     }

@@ -50,7 +50,7 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     db::migrate(&pool).await?;
     let logs = std::env::temp_dir().join(format!("chime-soak-{}", std::process::id()));
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    eprintln!("soak: node logs in {}", logs.display());
+    eprintln!("soak: node logs in {} (removed if the soak passes)", logs.display());
     let receiver = Receiver::start(answer()).context("starting the soak's receiver")?;
     let client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).timeout(Duration::from_secs(30)).build()?;
     let tokens = create_biz_types(&pool, &receiver.url).await?;
@@ -81,15 +81,20 @@ async fn soak(url: &str, args: &SoakArgs) -> anyhow::Result<()> {
     .await;
     nodes.stop(0).await;
     receiver.stop().await;
-    let (mut report, memory_start, memory_end) = outcome?;
-    report.memory_mib = memory_start.into_iter().zip(memory_end).collect();
-    report.print(args);
-    std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
-    eprintln!("soak: results written to {}", args.json.display());
-    if report.lost > 0 || report.errors.values().sum::<u64>() > 0 {
-        bail!("soak failed: {} tasks lost, errors {:?}", report.lost, report.errors);
+    let verdict = async {
+        let (mut report, memory_start, memory_end) = outcome?;
+        report.memory_mib = memory_start.into_iter().zip(memory_end).collect();
+        report.print(args);
+        std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
+        eprintln!("soak: results written to {}", args.json.display());
+        if report.lost > 0 || report.errors.values().sum::<u64>() > 0 {
+            bail!("soak failed: {} tasks lost, errors {:?}", report.lost, report.errors);
+        }
+        Ok(())
     }
-    Ok(())
+    .await;
+    nodes.tidy_logs("soak", verdict.is_ok());
+    verdict
 }
 
 async fn create_biz_types(pool: &Pool, receiver_url: &str) -> anyhow::Result<HashMap<&'static str, String>> {
